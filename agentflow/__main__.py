@@ -1,0 +1,5 @@
+import sys
+
+from agentflow.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,222 @@
+"""Schema introspection and the compact schema text that goes into prompts.
+
+Introspection reads each engine's own catalog (SQLite pragmas, DuckDB's ``duckdb_*()``
+functions) rather than SQLAlchemy's generic inspector: both are exact about keys, and
+duckdb-engine's inspector goes through a PostgreSQL catalog emulation that is incomplete.
+Other engines use SQLAlchemy's inspector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from agentflow.sql.database import Database
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    primary_key: bool = False
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class ForeignKey:
+    columns: tuple[str, ...]
+    ref_table: str
+    ref_columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: tuple[Column, ...]
+    foreign_keys: tuple[ForeignKey, ...] = ()
+
+    def column(self, name: str) -> Column | None:
+        lower = name.lower()
+        return next((c for c in self.columns if c.name.lower() == lower), None)
+
+
+@dataclass(frozen=True)
+class Schema:
+    tables: tuple[Table, ...] = field(default_factory=tuple)
+
+    def table(self, name: str) -> Table | None:
+        lower = name.lower()
+        return next((t for t in self.tables if t.name.lower() == lower), None)
+
+    @property
+    def table_names(self) -> list[str]:
+        return [t.name for t in self.tables]
+
+
+def introspect(db: "Database") -> Schema:
+    with db.engine.connect() as conn:
+        if db.kind == "sqlite":
+            return _introspect_sqlite(conn)
+        if db.kind == "duckdb":
+            return _introspect_duckdb(conn)
+    return _introspect_generic(db.engine)
+
+
+def _introspect_sqlite(conn: sa.Connection) -> Schema:
+    names = [r[0] for r in conn.exec_driver_sql(
+        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY rowid")]
+    tables = []
+    for name in names:
+        info = conn.exec_driver_sql(f"SELECT * FROM pragma_table_info({_lit(name)})").fetchall()
+        columns = tuple(Column(name=r[1], type=(r[2] or "").upper(), primary_key=bool(r[5]),
+                               nullable=not r[3] and not r[5]) for r in info)
+        groups: dict[int, tuple[list[str], str, list[str]]] = {}
+        for r in conn.exec_driver_sql(f"SELECT * FROM pragma_foreign_key_list({_lit(name)})"):
+            cols, _, refs = groups.setdefault(r[0], ([], r[2], []))
+            cols.append(r[3])
+            refs.append(r[4] or "")
+        fks = tuple(ForeignKey(tuple(c), ref, tuple(rc)) for c, ref, rc in groups.values())
+        tables.append(Table(name=name, columns=columns, foreign_keys=fks))
+    return Schema(tables=tuple(tables))
+
+
+def _introspect_duckdb(conn: sa.Connection) -> Schema:
+    cols: dict[str, list[tuple[str, str, bool]]] = {}
+    for table, column, dtype, nullable in conn.exec_driver_sql(
+            "SELECT table_name, column_name, data_type, is_nullable FROM duckdb_columns() "
+            "WHERE NOT internal AND schema_name = current_schema() "
+            "ORDER BY table_oid, column_index"):
+        cols.setdefault(table, []).append((column, dtype, bool(nullable)))
+    pks: dict[str, set[str]] = {}
+    fks: dict[str, list[ForeignKey]] = {}
+    for table, ctype, columns, ref_table, ref_columns in conn.exec_driver_sql(
+            "SELECT table_name, constraint_type, constraint_column_names, "
+            "referenced_table, referenced_column_names FROM duckdb_constraints() "
+            "WHERE schema_name = current_schema()"):
+        if ctype == "PRIMARY KEY":
+            pks.setdefault(table, set()).update(columns)
+        elif ctype == "FOREIGN KEY":
+            fks.setdefault(table, []).append(
+                ForeignKey(tuple(columns), ref_table, tuple(ref_columns or ())))
+    tables = tuple(
+        Table(name=t,
+              columns=tuple(Column(c, d, primary_key=c in pks.get(t, ()), nullable=n)
+                            for c, d, n in columns),
+              foreign_keys=tuple(fks.get(t, ())))
+        for t, columns in cols.items())
+    return Schema(tables=tables)
+
+
+def _introspect_generic(engine: sa.Engine) -> Schema:
+    inspector = sa.inspect(engine)
+    tables = []
+    for name in inspector.get_table_names():
+        pk = set(inspector.get_pk_constraint(name).get("constrained_columns") or ())
+        columns = tuple(Column(c["name"], str(c["type"]), c["name"] in pk,
+                               bool(c.get("nullable", True)))
+                        for c in inspector.get_columns(name))
+        fks = tuple(ForeignKey(tuple(f["constrained_columns"]), f["referred_table"],
+                               tuple(f["referred_columns"]))
+                    for f in inspector.get_foreign_keys(name))
+        tables.append(Table(name, columns, fks))
+    return Schema(tables=tuple(tables))
+
+
+def sample_values(db: "Database", table: str, column: str, k: int = 3,
+                  max_len: int = 40) -> list[Any]:
+    """Up to ``k`` distinct non-NULL values of a column (the most frequent first), for prompts."""
+    q = _quote_ident
+    sql = (f"SELECT {q(column)} FROM {q(table)} WHERE {q(column)} IS NOT NULL "
+           f"GROUP BY {q(column)} ORDER BY count(*) DESC, {q(column)} LIMIT {int(k)}")
+    result = db.try_execute(sql, timeout_s=5.0, max_rows=k)
+    if not hasattr(result, "rows"):
+        return []
+    out = []
+    for (value,) in result.rows:
+        if isinstance(value, str) and len(value) > max_len:
+            value = value[: max_len - 1] + "…"
+        elif isinstance(value, (bytes, bytearray)):
+            continue
+        out.append(value)
+    return out
+
+
+def schema_prompt(db: "Database", *, tables: Mapping[str, Sequence[str] | None] | None = None,
+                  samples: int = 3, max_value_len: int = 40) -> str:
+    """Render the schema as CREATE TABLE statements with example values in comments.
+
+    ``tables`` restricts the text to some tables (and, per table, some columns; ``None`` = all
+    columns) — what schema selection in a pipeline produces. Keys stay visible so a model can
+    join: primary-key columns are always kept and foreign keys are listed when both ends remain.
+    """
+    schema = db.schema()
+    chosen = _select(schema, tables)
+    lines: list[str] = []
+    kept_tables = {t.name.lower() for t, _ in chosen}
+    for table, columns in chosen:
+        body = []
+        for col in columns:
+            text = f"  {_quote_ident(col.name)} {col.type or 'TEXT'}"
+            if col.primary_key:
+                text += " PRIMARY KEY" if sum(c.primary_key for c in table.columns) == 1 else ""
+            values = sample_values(db, table.name, col.name, samples, max_value_len) \
+                if samples else []
+            body.append((text, _format_values(values)))
+        pk = [c.name for c in table.columns if c.primary_key]
+        extra = []
+        if len(pk) > 1:
+            extra.append(f"  PRIMARY KEY ({', '.join(_quote_ident(c) for c in pk)})")
+        for fk in table.foreign_keys:
+            if fk.ref_table.lower() in kept_tables:
+                extra.append(
+                    f"  FOREIGN KEY ({', '.join(_quote_ident(c) for c in fk.columns)}) "
+                    f"REFERENCES {_quote_ident(fk.ref_table)}"
+                    f"({', '.join(_quote_ident(c) for c in fk.ref_columns if c)})")
+        entries = [text for text, _ in body] + extra
+        rendered = []
+        for i, entry in enumerate(entries):
+            comma = "," if i < len(entries) - 1 else ""
+            comment = body[i][1] if i < len(body) else ""
+            rendered.append(f"{entry}{comma}{'  -- e.g. ' + comment if comment else ''}")
+        lines.append(f"CREATE TABLE {_quote_ident(table.name)} (\n" + "\n".join(rendered) + "\n);")
+    return "\n".join(lines)
+
+
+def _select(schema: Schema, tables: Mapping[str, Sequence[str] | None] | None
+            ) -> list[tuple[Table, list[Column]]]:
+    if tables is None:
+        return [(t, list(t.columns)) for t in schema.tables]
+    wanted = {name.lower(): cols for name, cols in tables.items()}
+    out = []
+    for table in schema.tables:
+        if table.name.lower() not in wanted:
+            continue
+        cols = wanted[table.name.lower()]
+        if cols is None:
+            out.append((table, list(table.columns)))
+            continue
+        keep = {c.lower() for c in cols}
+        keep |= {c.name.lower() for c in table.columns if c.primary_key}
+        keep |= {c.lower() for fk in table.foreign_keys for c in fk.columns}
+        out.append((table, [c for c in table.columns if c.name.lower() in keep]))
+    return out
+
+
+def _format_values(values: Sequence[Any]) -> str:
+    return ", ".join(repr(v) if isinstance(v, str) else str(v) for v in values)
+
+
+def _quote_ident(name: str) -> str:
+    """Quote only when needed, so prompts stay readable for small models."""
+    if name.isidentifier() and name.isascii():
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

@@ -1,0 +1,113 @@
+"""Shared fixtures: small real databases made on the spot, and the shared Spider copy."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+SHARED_SPIDER = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "spider"
+
+
+def make_library_sqlite(path: Path) -> Path:
+    """A tiny library database: 3 tables with keys, a NULL, a date column."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path)
+    con.executescript("""
+        PRAGMA foreign_keys = ON;
+        CREATE TABLE author (author_id INTEGER PRIMARY KEY, name TEXT NOT NULL, country TEXT);
+        CREATE TABLE book (book_id INTEGER PRIMARY KEY, title TEXT NOT NULL,
+                           author_id INTEGER REFERENCES author(author_id), year INTEGER,
+                           price REAL);
+        CREATE TABLE loan (loan_id INTEGER PRIMARY KEY, book_id INTEGER NOT NULL,
+                           loaned_on TEXT, returned_on TEXT,
+                           FOREIGN KEY (book_id) REFERENCES book(book_id));
+        INSERT INTO author VALUES (1, 'Ursula K. Le Guin', 'USA'), (2, 'Italo Calvino', 'Italy'),
+                                  (3, 'Clarice Lispector', NULL);
+        INSERT INTO book VALUES (1, 'The Dispossessed', 1, 1974, 9.5),
+                                (2, 'Invisible Cities', 2, 1972, 12.0),
+                                (3, 'The Hour of the Star', 3, 1977, 8.25),
+                                (4, 'A Wizard of Earthsea', 1, 1968, 7.0);
+        INSERT INTO loan VALUES (1, 1, '2024-01-03', '2024-01-20'), (2, 2, '2024-02-11', NULL),
+                                (3, 1, '2024-03-05', '2024-03-09'), (4, 4, '2024-03-07', NULL);
+    """)
+    con.commit()
+    con.close()
+    return path
+
+
+LIBRARY_QUESTIONS = [
+    ("How many books are there?", "SELECT count(*) FROM book", "", "simple"),
+    ("Which books did Italo Calvino write?",
+     "SELECT T1.title FROM book AS T1 JOIN author AS T2 ON T1.author_id = T2.author_id "
+     "WHERE T2.name = 'Italo Calvino'", "Italo Calvino refers to author.name", "simple"),
+    ("List the titles of books on loan that were not returned, newest loan first.",
+     "SELECT b.title FROM loan l JOIN book b ON b.book_id = l.book_id "
+     "WHERE l.returned_on IS NULL ORDER BY l.loaned_on DESC",
+     "not returned means returned_on IS NULL", "moderate"),
+    ("What is the average price of books per author country?",
+     "SELECT a.country, avg(b.price) FROM book b JOIN author a ON a.author_id = b.author_id "
+     "GROUP BY a.country", "", "challenging"),
+]
+
+
+def make_bird_layout(root: Path) -> Path:
+    """A BIRD-layout folder (dev.json, dev_tables.json, dev_databases/, descriptions)."""
+    db_dir = root / "dev_databases" / "library"
+    make_library_sqlite(db_dir / "library.sqlite")
+    desc = db_dir / "database_description"
+    desc.mkdir(parents=True)
+    fields = ["original_column_name", "column_name", "column_description", "data_format",
+              "value_description"]
+    rows = {
+        "author": [["author_id", "author id", "unique id of the author", "integer", ""],
+                   ["country", "", "country of birth", "text", "NULL if unknown"]],
+        "book": [["price", "price", "list price in euros", "real", "café prices excluded"]],
+    }
+    for table, table_rows in rows.items():
+        # BIRD ships descriptions in mixed encodings: one UTF-8 with BOM, one cp1252.
+        encoding = "utf-8-sig" if table == "author" else "cp1252"
+        with (desc / f"{table}.csv").open("w", newline="", encoding=encoding) as fh:
+            writer = csv.writer(fh)
+            writer.writerow(fields)
+            writer.writerows(table_rows)
+    questions = [{"question_id": i, "db_id": "library", "question": q, "evidence": ev,
+                  "SQL": sql, "difficulty": diff}
+                 for i, (q, sql, ev, diff) in enumerate(LIBRARY_QUESTIONS)]
+    (root / "dev.json").write_text(json.dumps(questions, indent=1))
+    (root / "dev_tables.json").write_text(json.dumps([{"db_id": "library"}]))
+    return root
+
+
+def make_spider_layout(root: Path) -> Path:
+    """A Spider-layout folder with the same library database."""
+    make_library_sqlite(root / "database" / "library" / "library.sqlite")
+    (root / "tables.json").write_text(json.dumps([{"db_id": "library"}]))
+    (root / "dev.json").write_text(json.dumps(
+        [{"db_id": "library", "question": q, "query": sql} for q, sql, _, _ in LIBRARY_QUESTIONS]))
+    return root
+
+
+@pytest.fixture
+def library_db(tmp_path: Path) -> Path:
+    return make_library_sqlite(tmp_path / "library.sqlite")
+
+
+@pytest.fixture
+def bird_dir(tmp_path: Path) -> Path:
+    return make_bird_layout(tmp_path / "bird")
+
+
+@pytest.fixture
+def spider_dir(tmp_path: Path) -> Path:
+    return make_spider_layout(tmp_path / "spider")
+
+
+@pytest.fixture
+def shared_spider() -> Path:
+    if not (SHARED_SPIDER / "dev.json").is_file():
+        pytest.skip(f"shared Spider dataset not found at {SHARED_SPIDER}")
+    return SHARED_SPIDER
