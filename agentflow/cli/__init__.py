@@ -1,0 +1,1 @@
+"""The ``agentflow`` command line."""

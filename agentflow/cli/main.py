@@ -1,0 +1,39 @@
+"""Entry point of the ``agentflow`` console script: one subcommand group per capability."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from agentflow import __version__
+from agentflow.cli import datasets as datasets_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentflow",
+        description="Serve agentic Text-to-SQL pipelines on heterogeneous GPU clusters.")
+    parser.add_argument("--version", action="version", version=f"agentflow {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    datasets_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (FileNotFoundError, LookupError, ValueError) as err:
+        # Errors a user can fix (bad path, unknown database, bad option): one clear line.
+        message = err.args[0] if isinstance(err, LookupError) and err.args else err
+        print(f"agentflow: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
