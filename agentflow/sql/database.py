@@ -81,6 +81,8 @@ class Database:
             url = f"sqlite+pysqlite:///file:{quote(str(path))}?mode=ro&uri=true"
             engine = sa.create_engine(url, pool_size=_POOL_SIZE, max_overflow=_POOL_OVERFLOW,
                                       connect_args={"check_same_thread": False})
+            # Some benchmark databases hold invalid UTF-8; decode leniently rather than fail.
+            sa.event.listen(engine, "connect", _lenient_text)
         elif kind == "duckdb":
             engine = sa.create_engine(
                 f"duckdb:///{path}", pool_size=_POOL_SIZE, max_overflow=_POOL_OVERFLOW,
@@ -186,6 +188,10 @@ class Database:
         from agentflow.sql.schema import schema_prompt
 
         return schema_prompt(self, **kwargs)
+
+
+def _lenient_text(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.text_factory = lambda b: b.decode("utf-8", errors="replace")
 
 
 def _kind_from_suffix(path: Path) -> EngineKind:
