@@ -1,0 +1,216 @@
+"""A query's pipeline as a DAG of stages, and the bookkeeping of running it.
+
+``WorkflowRun`` is a pure state machine over a networkx DiGraph: which nodes are ready, which
+are running or done, how the graph grew at run time, and how much expected work is left on
+the critical path. It never awaits, sleeps or reads a clock of its own — times are passed in —
+so the asyncio executor and a virtual-time simulator drive the very same object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import networkx as nx
+
+from agentflow.workflow.query import Query, StageRecord
+
+if TYPE_CHECKING:
+    from agentflow.workflow.context import StageContext
+
+
+class NodeKind(str, Enum):
+    LLM = "llm"
+    TOOL = "tool"
+
+
+StageFn = Callable[["StageContext"], Awaitable[Any]]
+
+
+@dataclass
+class Node:
+    """One stage instance. ``stage`` is its type (shared by, e.g., all candidate generators),
+    ``id`` is unique in the run. ``expected_s`` feeds the critical path until a better
+    estimate (the scheduler's time model) is injected into the run."""
+
+    id: str
+    stage: str
+    kind: NodeKind
+    run: StageFn
+    expected_s: float = 1.0
+    # Free-form facts for estimators: e.g. expected prompt/output tokens of an LLM stage.
+    hints: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Expansion:
+    """Graph growth requested by a finished stage: new nodes and the edges that wire them in.
+
+    Edges may point from the finished node (or other finished/new nodes) to new nodes, and from
+    new nodes to nodes that have not started yet — that is how a revision round is inserted
+    before the selection step."""
+
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[tuple[str, str]] = field(default_factory=list)
+
+
+class GraphError(ValueError):
+    """An invalid pipeline graph or expansion (cycle, unknown node, rewiring a started node)."""
+
+
+Estimator = Callable[[Node], float]
+
+
+class WorkflowRun:
+    """The DAG of one query and where each node stands."""
+
+    PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "ok", "error", "cancelled"
+
+    def __init__(self, query: Query, graph: nx.DiGraph, *, estimator: Estimator | None = None):
+        for node_id, data in graph.nodes(data=True):
+            if not isinstance(data.get("node"), Node) or data["node"].id != node_id:
+                raise GraphError(f"graph node {node_id!r} must carry node=Node(id={node_id!r})")
+        if not nx.is_directed_acyclic_graph(graph):
+            raise GraphError(f"pipeline graph has a cycle: {nx.find_cycle(graph)}")
+        self.query = query
+        self.graph = graph
+        self.estimator: Estimator = estimator or (lambda node: node.expected_s)
+        self.outputs: dict[str, Any] = {}
+        self._state: dict[str, str] = {n: self.PENDING for n in graph.nodes}
+        self._started_at: dict[str, float] = {}
+        for node_id in nx.topological_sort(graph):
+            self._add_record(node_id)
+
+    # ----------------------------------------------------------------------------- queries
+    def node(self, node_id: str) -> Node:
+        return self.graph.nodes[node_id]["node"]
+
+    def state(self, node_id: str) -> str:
+        return self._state[node_id]
+
+    def ready(self) -> list[Node]:
+        """Pending nodes whose parents have all finished, in a stable (topological) order."""
+        return [self.node(n) for n in nx.lexicographical_topological_sort(self.graph)
+                if self._state[n] == self.PENDING
+                and all(self._state[p] == self.DONE for p in self.graph.predecessors(n))]
+
+    @property
+    def finished(self) -> bool:
+        return all(s in (self.DONE, self.FAILED, self.CANCELLED) for s in self._state.values())
+
+    @property
+    def running(self) -> list[str]:
+        return [n for n, s in self._state.items() if s == self.RUNNING]
+
+    def remaining_critical_path(self, now: float) -> float:
+        """Expected seconds left on the longest chain of unfinished stages (networkx longest
+        path; a running stage counts only its expected remainder)."""
+        return self._longest_path(now, set(self._unfinished()))
+
+    def downstream_critical_path(self, node_id: str, now: float) -> float:
+        """Expected seconds on the longest chain of stages that must run *after* ``node_id``:
+        the denominator share of HexGen-Flow's per-stage budget."""
+        after = set(nx.descendants(self.graph, node_id)) & set(self._unfinished())
+        return self._longest_path(now, after)
+
+    # ----------------------------------------------------------------------------- events
+    def mark_started(self, node_id: str, now: float) -> None:
+        self._require(node_id, self.PENDING)
+        self._state[node_id] = self.RUNNING
+        self._started_at[node_id] = now
+        record = self.query.stage(node_id)
+        record.status, record.start = "running", now
+
+    def mark_done(self, node_id: str, now: float, output: Any = None,
+                  expansion: Expansion | None = None, summary: str = "") -> None:
+        self._require(node_id, self.RUNNING)
+        if expansion is not None:
+            self._expand(expansion)
+        self._state[node_id] = self.DONE
+        self.outputs[node_id] = output
+        record = self.query.stage(node_id)
+        record.status, record.end, record.summary = "ok", now, summary or record.summary
+
+    def mark_failed(self, node_id: str, now: float, error: str) -> None:
+        self._state[node_id] = self.FAILED
+        record = self.query.stage(node_id)
+        record.status, record.end, record.error = "error", now, error
+
+    def cancel_pending(self, now: float) -> None:
+        """Stop everything not yet finished (query failed, cancelled or timed out)."""
+        for node_id, state in self._state.items():
+            if state in (self.PENDING, self.RUNNING):
+                self._state[node_id] = self.CANCELLED
+                record = self.query.stage(node_id)
+                record.status = "cancelled"
+                if state == self.RUNNING:
+                    record.end = now
+
+    # ----------------------------------------------------------------------------- internals
+    def _unfinished(self) -> Iterable[str]:
+        return (n for n, s in self._state.items() if s in (self.PENDING, self.RUNNING))
+
+    def _remaining(self, node_id: str, now: float) -> float:
+        expected = max(0.0, float(self.estimator(self.node(node_id))))
+        if self._state[node_id] == self.RUNNING:
+            return max(0.0, expected - (now - self._started_at[node_id]))
+        return expected
+
+    def _longest_path(self, now: float, nodes: set[str]) -> float:
+        if not nodes:
+            return 0.0
+        # Node weights become edge weights into the node, from a virtual source.
+        sub = nx.DiGraph()
+        source = object()
+        for n in nodes:
+            weight = self._remaining(n, now)
+            sub.add_edge(source, n, weight=weight)
+            for p in self.graph.predecessors(n):
+                if p in nodes:
+                    sub.add_edge(p, n, weight=weight)
+        return float(nx.dag_longest_path_length(sub, weight="weight"))
+
+    def _require(self, node_id: str, state: str) -> None:
+        if node_id not in self._state:
+            raise GraphError(f"unknown node {node_id!r}")
+        if self._state[node_id] != state:
+            raise GraphError(f"node {node_id!r} is {self._state[node_id]}, expected {state}")
+
+    def _expand(self, expansion: Expansion) -> None:
+        for node in expansion.nodes:
+            if node.id in self.graph:
+                raise GraphError(f"expansion reuses node id {node.id!r}")
+        new_ids = {n.id for n in expansion.nodes}
+        for src, dst in expansion.edges:
+            for end in (src, dst):
+                if end not in self.graph and end not in new_ids:
+                    raise GraphError(f"expansion edge {src!r} -> {dst!r}: unknown {end!r}")
+            if dst not in new_ids and self._state.get(dst) != self.PENDING:
+                raise GraphError(f"expansion cannot add a parent to {dst!r}: it already started")
+        for node in expansion.nodes:
+            self.graph.add_node(node.id, node=node)
+            self._state[node.id] = self.PENDING
+        self.graph.add_edges_from(expansion.edges)
+        if not nx.is_directed_acyclic_graph(self.graph):
+            raise GraphError("expansion would create a cycle")
+        for node_id in nx.topological_sort(self.graph.subgraph(new_ids)):
+            self._add_record(node_id)
+        for _src, dst in expansion.edges:  # keep recorded parents in step with the graph
+            self.query.stage(dst).parents = sorted(self.graph.predecessors(dst))
+
+    def _add_record(self, node_id: str) -> None:
+        node = self.node(node_id)
+        self.query.timeline.append(StageRecord(
+            node_id=node_id, stage=node.stage, kind=node.kind.value,
+            parents=sorted(self.graph.predecessors(node_id))))
+
+
+def chain(*nodes: Node) -> nx.DiGraph:
+    """A graph of ``nodes`` run one after another (helper for simple pipelines)."""
+    graph = nx.DiGraph()
+    for node in nodes:
+        graph.add_node(node.id, node=node)
+    graph.add_edges_from((a.id, b.id) for a, b in zip(nodes, nodes[1:]))
+    return graph

@@ -1,0 +1,72 @@
+"""How a stage's LLM call leaves the workflow runtime: through a ``CallRouter``.
+
+The runtime does not pick instances; it hands each call, with everything a scheduler needs
+(the query and its deadline, the node, the live workflow run for critical-path budgets), to a
+router. ``DirectRouter`` is the plain one (round-robin, no queueing of its own); the
+scheduler's coordinator implements the same protocol.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from agentflow.llm.base import LLMBackend, LLMRequest, LLMResult, ProgressCallback
+from agentflow.workflow.clock import Clock
+
+if TYPE_CHECKING:
+    from agentflow.workflow.graph import Node, WorkflowRun
+
+
+@dataclass
+class LLMCall:
+    request: LLMRequest
+    run: "WorkflowRun"
+    node: "Node"
+
+    @property
+    def query(self):
+        return self.run.query
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    result: LLMResult
+    instance: str
+    submitted: float  # router clock: handed to the router
+    started: float  # router clock: the instance began processing (after all queueing)
+    finished: float
+    priority: int = 0
+
+
+class CallRouter(Protocol):
+    clock: Clock
+
+    async def submit(self, call: LLMCall,
+                     on_progress: ProgressCallback | None = None) -> CallOutcome:
+        """Run the call on some instance; raise ``BackendError`` if it cannot be served."""
+
+
+@dataclass
+class DirectRouter:
+    """Round-robin over named backends; each backend queues internally by priority."""
+
+    backends: dict[str, LLMBackend]
+    clock: Clock
+    _cycle: itertools.cycle = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.backends:
+            raise ValueError("DirectRouter needs at least one backend")
+        self._cycle = itertools.cycle(list(self.backends))
+
+    async def submit(self, call: LLMCall,
+                     on_progress: ProgressCallback | None = None) -> CallOutcome:
+        name = next(self._cycle)
+        submitted = self.clock.now()
+        result = await self.backends[name].generate(call.request, on_progress)
+        finished = self.clock.now()
+        started = max(submitted, finished - result.total_s)
+        return CallOutcome(result=result, instance=name, submitted=submitted, started=started,
+                           finished=finished, priority=call.request.priority)
