@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from agentflow import __version__
+from agentflow.cli import ask as ask_cli
 from agentflow.cli import datasets as datasets_cli
 
 
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agentflow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    ask_cli.register(sub)
     datasets_cli.register(sub)
     return parser
 

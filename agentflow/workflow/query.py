@@ -96,8 +96,11 @@ class Query:
         raise KeyError(node_id)
 
     def timeline_dicts(self) -> list[dict[str, Any]]:
+        """The timeline in start order (stages that never started last), times relative to
+        arrival."""
         out = []
-        for r in self.timeline:
+        ordered = sorted(self.timeline, key=lambda r: (r.start is None, r.start or 0.0))
+        for r in ordered:
             d = asdict(r)
             d["start"] = None if r.start is None else r.start - self.arrival
             d["end"] = None if r.end is None else r.end - self.arrival

@@ -1,0 +1,253 @@
+"""The Python API: ``connect()`` then ``ask()``.
+
+    import agentflow
+    af = agentflow.connect()                       # embedded default: local CPU model, demo DB
+    answer = af.ask("How many stores are there?", db="bookshop", slo=60)
+    print(answer.sql, answer.rows, answer.status)
+
+``AgentFlow`` runs its own event loop in a background thread: the backends (a llama.cpp
+worker, HTTP clients) live on that loop, so ``ask`` works from plain scripts and
+``ask_async`` from any other event loop alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import defaultdict
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentflow.catalog import DatabaseCatalog
+from agentflow.config import AgentFlowConfig
+from agentflow.llm.base import LLMBackend
+from agentflow.sql import SqlError
+from agentflow.workflow import DirectRouter, MonotonicClock, Query, QueryStatus, WorkflowRun, execute
+from agentflow.workflow.pipeline import Pipeline, PipelineEnv
+from agentflow.workflow.router import CallRouter
+from agentflow.workflow.trace import TraceWriter, trace_record
+
+MAX_QUESTION_CHARS = 2000
+
+
+class InvalidRequest(ValueError):
+    """The request cannot be run as given (empty question, bad SLO, unknown pipeline)."""
+
+
+@dataclass
+class Answer:
+    query_id: str
+    question: str
+    db: str
+    pipeline: str
+    status: str  # done | failed | cancelled | rejected
+    error: str | None
+    sql: str | None
+    columns: list[str] = field(default_factory=list)
+    rows: list[list[Any]] = field(default_factory=list)
+    truncated: bool = False
+    latency_s: float | None = None
+    slo_s: float | None = None
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done" and self.error is None
+
+    @property
+    def met_slo(self) -> bool | None:
+        if self.slo_s is None or self.latency_s is None:
+            return None
+        return self.latency_s <= self.slo_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["met_slo"] = self.met_slo
+        return d
+
+
+def usage_of(query: Query) -> dict[str, Any]:
+    """LLM calls and tokens, in total and per stage type."""
+    by_stage: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0})
+    for record in query.timeline:
+        for call in record.llm_calls:
+            s = by_stage[record.stage]
+            s["calls"] += 1
+            s["prompt_tokens"] += call.prompt_tokens
+            s["completion_tokens"] += call.completion_tokens
+    total = {k: sum(s[k] for s in by_stage.values())
+             for k in ("calls", "prompt_tokens", "completion_tokens")}
+    return {**total, "by_stage": dict(by_stage)}
+
+
+class AgentFlow:
+    def __init__(self, config: AgentFlowConfig | None = None, *,
+                 backends: dict[str, LLMBackend] | None = None,
+                 router: CallRouter | None = None):
+        self.config = config or AgentFlowConfig()
+        self.catalog = DatabaseCatalog(self.config.data, engine=self.config.engine)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="agentflow-loop",
+                                        daemon=True)
+        self._thread.start()
+        self.backends = backends if backends is not None else self._create_backends()
+        self.router = router or DirectRouter(self.backends, MonotonicClock())
+        self._fewshot = None
+        self._fewshot_loaded = False
+        self._traces = TraceWriter(self.config.record) if self.config.record else None
+        self._closed = False
+
+    # ----------------------------------------------------------------------------- public
+    def ask(self, question: str, db: str, *, slo: float | None = None,
+            pipeline: str | None = None, evidence: str = "",
+            record: str | Path | None = None) -> Answer:
+        """Answer one question (blocking). Raises ``InvalidRequest`` or
+        ``DatabaseNotFoundError`` for bad input; pipeline failures come back as an Answer
+        with ``status='failed'`` and the reason."""
+        return self._submit(self._ask(question, db, slo, pipeline, evidence, record)).result()
+
+    async def ask_async(self, question: str, db: str, *, slo: float | None = None,
+                        pipeline: str | None = None, evidence: str = "",
+                        record: str | Path | None = None) -> Answer:
+        future = self._submit(self._ask(question, db, slo, pipeline, evidence, record))
+        return await asyncio.wrap_future(future)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._submit(self._close_backends()).result(timeout=30)
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self.catalog.close()
+
+    def __enter__(self) -> "AgentFlow":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------- internals
+    def _submit(self, coro) -> Future:
+        if self._closed:
+            coro.close()
+            raise RuntimeError("this AgentFlow is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _create_backends(self) -> dict[str, LLMBackend]:
+        from agentflow.llm.registry import create_backend
+
+        return {inst.name: create_backend(inst.backend) for inst in self.config.instances}
+
+    async def _close_backends(self) -> None:
+        for backend in self.backends.values():
+            await backend.close()
+
+    def pipeline(self, name: str | None) -> Pipeline:
+        from pipelines import get_pipeline
+
+        name = name or self.config.pipeline
+        try:
+            return get_pipeline(name, **self.config.pipeline_params.get(name, {}))
+        except ValueError as err:
+            raise InvalidRequest(str(err)) from None
+
+    def fewshot_pool(self):
+        """The retrieval pool for few-shot examples: configured, or 'auto' — the train split
+        of a registered Spider/BIRD folder (never the split questions are evaluated on)."""
+        if self._fewshot_loaded:
+            return self._fewshot
+        self._fewshot_loaded = True
+        setting = self.config.fewshot
+        if setting is None:
+            return None
+        from agentflow.datasets import load_dataset
+        from agentflow.retrieval import FewShotPool
+
+        if setting == "auto":
+            for dataset in self.catalog.datasets:
+                if dataset.kind == "demo":
+                    continue
+                try:
+                    self._fewshot = FewShotPool.for_dataset(load_dataset(dataset.root, "train"))
+                    break
+                except FileNotFoundError:
+                    continue
+        else:
+            self._fewshot = FewShotPool.for_dataset(load_dataset(setting.dataset, setting.split))
+        return self._fewshot
+
+    def _validate(self, question: str, slo: float | None) -> str:
+        if not isinstance(question, str) or not question.strip():
+            raise InvalidRequest("the question is empty")
+        if len(question) > MAX_QUESTION_CHARS:
+            raise InvalidRequest(f"the question is too long ({len(question)} characters; "
+                                 f"at most {MAX_QUESTION_CHARS})")
+        if slo is not None and not (0 < slo <= 24 * 3600):
+            raise InvalidRequest(f"slo must be a positive number of seconds, got {slo!r}")
+        return question.strip()
+
+    async def _ask(self, question: str, db: str, slo: float | None, pipeline_name: str | None,
+                   evidence: str, record: str | Path | None) -> Answer:
+        question = self._validate(question, slo)
+        slo = slo if slo is not None else self.config.slo_s
+        pipeline = self.pipeline(pipeline_name)
+        database = await asyncio.to_thread(self.catalog.open, db)
+        entry = self.catalog.entry(db)
+        fewshot = await asyncio.to_thread(self.fewshot_pool)
+        env = PipelineEnv(db=database, fewshot=fewshot,
+                          descriptions=entry.entry.descriptions if entry.entry else {},
+                          sql_timeout_s=self.config.sql_timeout_s, max_rows=self.config.max_rows)
+        clock = self.router.clock
+        query = Query(question=question, db_id=entry.db_id, arrival=clock.now(), slo_s=slo,
+                      evidence=evidence, pipeline=pipeline.name)
+        graph = await asyncio.to_thread(pipeline.build, query, env)
+        run = WorkflowRun(query, graph)
+        state = await execute(run, self.router, env)
+        output = pipeline.output(state)
+        answer = Answer(query_id=query.id, question=question, db=entry.db_id,
+                        pipeline=pipeline.name, status=query.status.value, error=query.error,
+                        sql=output.sql, slo_s=slo, details=output.details)
+        if query.status == QueryStatus.DONE and output.error:
+            query.status, query.error = QueryStatus.FAILED, output.error
+            answer.status, answer.error = "failed", output.error
+        final = state.get("final")
+        if query.status == QueryStatus.DONE and final is not None and final.ok:
+            answer.columns = list(final.columns)
+            answer.rows = [list(r) for r in final.rows]
+            answer.truncated = len(final.rows) >= self.config.max_rows
+        answer.latency_s = query.latency_s
+        answer.stages = query.timeline_dicts()
+        answer.usage = usage_of(query)
+        self._record(query, pipeline, output.sql, state, record)
+        return answer
+
+    def _record(self, query: Query, pipeline: Pipeline, sql: str | None, state: dict,
+                extra_path: str | Path | None) -> None:
+        writers = [w for w in (self._traces, TraceWriter(extra_path) if extra_path else None) if w]
+        if not writers:
+            return
+        rec = trace_record(query, pipeline=pipeline.describe(), sql=sql,
+                           texts=state.get("_llm_texts"))
+        for writer in writers:
+            writer.write(rec)
+
+
+def connect(config: AgentFlowConfig | dict | str | Path | None = None, **kwargs: Any) -> AgentFlow:
+    """Start agentflow. ``config``: a config object, a dict, or a YAML/JSON file path;
+    ``None`` is the embedded default (local CPU model, demo database)."""
+    if isinstance(config, (str, Path)):
+        config = AgentFlowConfig.load(config)
+    elif isinstance(config, dict):
+        config = AgentFlowConfig.model_validate(config)
+    return AgentFlow(config, **kwargs)
+
+
+__all__ = ["AgentFlow", "Answer", "InvalidRequest", "connect", "SqlError"]

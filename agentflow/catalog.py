@@ -1,0 +1,77 @@
+"""Which databases a running agentflow can answer questions about, by id.
+
+The demo database is always there; ``data`` folders (Spider/BIRD layout) add theirs; a path to
+a SQLite/DuckDB file works as an id too. Opened databases are kept (they are read-only and
+thread-safe) so schema text and value indexes are built once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentflow.datasets import Dataset, load_dataset
+from agentflow.datasets.types import DatabaseEntry
+from agentflow.sql import Database, DatabaseNotFoundError
+
+
+@dataclass
+class CatalogEntry:
+    db_id: str
+    dataset: Dataset | None
+    entry: DatabaseEntry | None
+    path: Path | None = None
+
+
+class DatabaseCatalog:
+    def __init__(self, data: list[str] | None = None, *, include_demo: bool = True,
+                 engine: str = "sqlite"):
+        self.engine = engine
+        self.datasets: list[Dataset] = []
+        self._entries: dict[str, CatalogEntry] = {}
+        self._open: dict[str, Database] = {}
+        self._lock = threading.Lock()
+        if include_demo:
+            self.add_dataset(load_dataset("demo"))
+        for folder in data or []:
+            self.add_dataset(load_dataset(folder))
+
+    def add_dataset(self, dataset: Dataset) -> None:
+        self.datasets.append(dataset)
+        for db_id, entry in dataset.databases.items():
+            self._entries.setdefault(db_id, CatalogEntry(db_id, dataset, entry))
+
+    @property
+    def ids(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entry(self, db: str) -> CatalogEntry:
+        if db in self._entries:
+            return self._entries[db]
+        path = Path(db).expanduser()
+        if path.suffix.lower() in {".sqlite", ".sqlite3", ".db", ".duckdb"} and path.is_file():
+            return CatalogEntry(db_id=path.stem, dataset=None, entry=None, path=path.resolve())
+        close = difflib.get_close_matches(db, self.ids, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise DatabaseNotFoundError(
+            f"unknown database {db!r}{hint} (known: {len(self.ids)} databases; add a Spider/BIRD "
+            f"folder with --data, or pass a path to a .sqlite/.duckdb file)")
+
+    def open(self, db: str) -> Database:
+        entry = self.entry(db)
+        key = str(entry.path) if entry.path else entry.db_id
+        with self._lock:
+            if key not in self._open:
+                if entry.path is not None:
+                    self._open[key] = Database.open(entry.path, db_id=entry.db_id)
+                else:
+                    self._open[key] = entry.dataset.open(entry.db_id, engine=self.engine)
+            return self._open[key]
+
+    def close(self) -> None:
+        with self._lock:
+            for db in self._open.values():
+                db.close()
+            self._open.clear()

@@ -1,0 +1,150 @@
+"""Stage building blocks shared by the pipelines: executing candidates, revision rounds,
+few-shot context, node construction with expected costs."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentflow.llm.base import SamplingParams
+from agentflow.sql import QueryResult, SqlError
+from agentflow.workflow import Node, NodeKind, StageContext
+from agentflow.workflow.pipeline import PipelineEnv
+from pipelines import prompts
+from pipelines.sqltext import extract_sql, preview
+
+# Rough CPU costs of the embedded default, used only as the critical-path estimate until the
+# scheduler's time model supplies per-instance estimates.
+_PREFILL_S_PER_TOKEN = 0.002
+_DECODE_S_PER_TOKEN = 0.03
+TOOL_EXPECTED_S = 0.05
+
+
+def expected_llm_s(prompt_tokens: int, output_tokens: int) -> float:
+    return prompt_tokens * _PREFILL_S_PER_TOKEN + output_tokens * _DECODE_S_PER_TOKEN
+
+
+def llm_node(node_id: str, stage: str, fn: Callable[[StageContext], Awaitable[Any]], *,
+             prompt_tokens: int, output_tokens: int) -> Node:
+    return Node(id=node_id, stage=stage, kind=NodeKind.LLM, run=fn,
+                expected_s=expected_llm_s(prompt_tokens, output_tokens),
+                hints={"prompt_tokens": prompt_tokens, "output_tokens": output_tokens})
+
+
+def tool_node(node_id: str, stage: str, fn: Callable[[StageContext], Awaitable[Any]]) -> Node:
+    return Node(id=node_id, stage=stage, kind=NodeKind.TOOL, run=fn, expected_s=TOOL_EXPECTED_S)
+
+
+SQL_PARAMS = SamplingParams(max_tokens=160, temperature=0.0, stop=(";", "\n\n", "\n--"))
+
+
+@dataclass
+class Execution:
+    """What running one SQL string gave: rows, or the reason it is unusable."""
+
+    sql: str
+    ok: bool
+    columns: list[str] = field(default_factory=list)
+    rows: list[tuple] = field(default_factory=list)
+    error: str | None = None
+    error_kind: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.ok and not self.rows
+
+    def feedback(self) -> str:
+        """What the revision prompt tells the model."""
+        if not self.sql:
+            return "no SQL query was written"
+        if not self.ok:
+            return self.error or "the query failed"
+        if self.empty:
+            return "the query ran but returned no rows"
+        return "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sql": self.sql, "ok": self.ok, "rows": len(self.rows), "error": self.error}
+
+
+async def execute_sql(env: PipelineEnv, sql: str) -> Execution:
+    """Run candidate SQL off the event loop (a query may take seconds) and never raise."""
+    import asyncio
+
+    if not sql:
+        return Execution(sql=sql, ok=False, error="no SQL query was written",
+                         error_kind="no_sql")
+    result = await asyncio.to_thread(env.db.try_execute, sql, timeout_s=env.sql_timeout_s,
+                                     max_rows=env.max_rows)
+    if isinstance(result, SqlError):
+        return Execution(sql=sql, ok=False, error=result.message, error_kind=result.kind)
+    assert isinstance(result, QueryResult)
+    return Execution(sql=sql, ok=True, columns=result.columns, rows=result.rows)
+
+
+def needs_revision(execution: Execution) -> bool:
+    """CHESS revises candidates that fail or return nothing."""
+    return not execution.ok or execution.empty
+
+
+def shots(env: PipelineEnv, question: str, k: int) -> list[prompts.Shot]:
+    """Few-shot examples retrieved from the run-time pool (never the evaluated split)."""
+    if env.fewshot is None or k <= 0:
+        return []
+    found = env.fewshot.query(question, k=k, db=env.db)
+    return [prompts.Shot(f.example.question, f.example.gold_sql) for f in found]
+
+
+def add_revision_round(ctx: StageContext, *, candidate: int, round_: int, max_rounds: int,
+                       execution: Execution, sql_context_key: str, downstream: str,
+                       exec_stage: str = "execute", revise_stage: str = "revise") -> bool:
+    """If ``execution`` needs fixing and rounds remain, insert revise -> execute before
+    ``downstream``. Returns whether a round was added."""
+    if not needs_revision(execution) or round_ >= max_rounds:
+        return False
+    tried = [a["sql"] for a in ctx.state.get("attempts", [])[:-1] if a["candidate"] == candidate]
+    if round_ > 0 and execution.sql in tried:
+        # The revision repeated an SQL already tried: another round would only repeat it.
+        return False
+    nxt = round_ + 1
+    rev_id, exec_id = f"{revise_stage}.{candidate}.{nxt}", f"{exec_stage}.{candidate}.{nxt}"
+
+    async def revise(c: StageContext) -> str:
+        prefix = c.state[sql_context_key]
+        prompt = prompts.revise_sql(prefix, c.query.question, c.query.evidence, execution.sql or
+                                    "(none)", execution.feedback())
+        result = await c.llm(prompt, SQL_PARAMS, answer_prefix="SELECT")
+        sql = extract_sql(result.text)
+        c.summary = sql
+        return sql
+
+    async def execute_revised(c: StageContext) -> Execution:
+        sql = c.input(rev_id)
+        run = await execute_sql(c.env, sql)
+        record_attempt(c, candidate, run)
+        add_revision_round(c, candidate=candidate, round_=nxt, max_rounds=max_rounds,
+                           execution=run, sql_context_key=sql_context_key,
+                           downstream=downstream, exec_stage=exec_stage,
+                           revise_stage=revise_stage)
+        return run
+
+    prompt_tokens = ctx.state.get("_context_tokens", 600) + 80
+    ctx.expand(
+        [llm_node(rev_id, revise_stage, revise, prompt_tokens=prompt_tokens, output_tokens=60),
+         tool_node(exec_id, exec_stage, execute_revised)],
+        [(ctx.node.id, rev_id), (rev_id, exec_id), (exec_id, downstream)])
+    return True
+
+
+def record_attempt(ctx: StageContext, candidate: int, execution: Execution) -> None:
+    """Keep every candidate's latest attempt in the query state; the selector reads it."""
+    ctx.state.setdefault("candidates", {})[candidate] = execution
+    ctx.state.setdefault("attempts", []).append({"candidate": candidate,
+                                                 "node": ctx.node.id, **execution.to_dict()})
+    ctx.summary = (f"{len(execution.rows)} rows" if execution.ok
+                   else f"error: {execution.error}")
+
+
+def result_preview(execution: Execution) -> str:
+    return preview(execution.rows, execution.columns) if execution.ok else f"error: {execution.error}"

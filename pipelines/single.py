@@ -1,0 +1,57 @@
+"""``single``: one prompt, one LLM call — the baseline every other pipeline is measured against.
+
+The prompt carries the whole schema (with sample values) and retrieved examples; the SQL is
+executed once for the answer, with no revision.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import networkx as nx
+
+from agentflow.workflow import Query, StageContext, chain
+from agentflow.workflow.pipeline import Pipeline, PipelineEnv, PipelineOutput
+from pipelines import prompts
+from pipelines.common import SQL_PARAMS, execute_sql, llm_node, record_attempt, shots, tool_node
+from pipelines.sqltext import extract_sql
+
+
+class SinglePipeline(Pipeline):
+    name = "single"
+
+    def __init__(self, *, n_shots: int = 3, samples: int = 3):
+        self.n_shots = n_shots
+        self.samples = samples
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "n_shots": self.n_shots, "samples": self.samples}
+
+    def build(self, query: Query, env: PipelineEnv) -> nx.DiGraph:
+        async def generate(ctx: StageContext) -> str:
+            schema = ctx.env.db.schema_prompt(samples=self.samples)
+            prefix = prompts.context(schema, ctx.env.db.dialect,
+                                     shots(ctx.env, ctx.query.question, self.n_shots))
+            prompt = prompts.generate_sql(prefix, ctx.query.question, ctx.query.evidence)
+            result = await ctx.llm(prompt, SQL_PARAMS, answer_prefix="SELECT")
+            sql = extract_sql(result.text)
+            ctx.summary = sql
+            return sql
+
+        async def execute(ctx: StageContext):
+            run = await execute_sql(ctx.env, ctx.input("generate_sql"))
+            record_attempt(ctx, 0, run)
+            ctx.state["final"] = run
+            return run
+
+        return chain(llm_node("generate_sql", "generate_sql", generate, prompt_tokens=900,
+                              output_tokens=40),
+                     tool_node("execute", "execute", execute))
+
+    def output(self, state: dict[str, Any]) -> PipelineOutput:
+        final = state.get("final")
+        if final is None or not final.sql:
+            return PipelineOutput(sql=None, error="the model wrote no SQL")
+        if not final.ok:
+            return PipelineOutput(sql=final.sql, error=f"the SQL does not execute: {final.error}")
+        return PipelineOutput(sql=final.sql)
