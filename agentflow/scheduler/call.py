@@ -1,0 +1,67 @@
+"""The scheduler's view of queries and LLM calls."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from agentflow.scheduler.distribution import Distribution
+
+if TYPE_CHECKING:
+    from agentflow.workflow.graph import WorkflowRun
+
+_seq = itertools.count()
+
+
+class CallState(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(eq=False)
+class QueryState:
+    """What the scheduler tracks per query: its deadline and its live workflow."""
+
+    id: str
+    arrival: float
+    deadline: float | None
+    key_text: str = ""  # what the length predictor embeds (the question)
+    run: "WorkflowRun | None" = None
+    calls: set["ScheduledCall"] = field(default_factory=set)
+    # flowsage: cached distribution of the query's remaining workflow cost
+    remaining_cost: Distribution | None = None
+    remaining_cost_version: tuple | None = None
+
+
+@dataclass(eq=False)
+class ScheduledCall:
+    """One LLM call from ready to done. ``output`` is the predicted output-length
+    distribution; ``true_output_tokens`` is known only to the oracle policy in simulation."""
+
+    id: str
+    query: QueryState
+    stage: str
+    node_id: str
+    prompt_tokens: int
+    output: Distribution
+    ready_at: float
+    true_output_tokens: int | None = None
+    payload: Any = None  # the runtime's own handle (asyncio future, simulator record)
+    seq: int = field(default_factory=lambda: next(_seq))
+    state: CallState = CallState.WAITING
+    instance: str | None = None
+    attained_tokens: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+    priority: int = 0
+    attempts: int = 0
+    excluded: set[str] = field(default_factory=set)  # instances that failed this call
+
+    @property
+    def deadline(self) -> float | None:
+        return self.query.deadline

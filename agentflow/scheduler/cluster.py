@@ -1,0 +1,26 @@
+"""A cluster is a set of model instances: what runs where and how much it may hold at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One model instance as the scheduler sees it.
+
+    ``gpu``/``model`` name profiles in ``agentflow.hardware`` (``gpu=None`` is a CPU instance
+    timed by measurement). ``max_inflight`` caps calls admitted at once; ``kv_token_budget``
+    caps the KV-cache tokens (prompt + predicted output) of admitted calls.
+    """
+
+    name: str
+    gpu: str | None = None
+    model: str | None = None
+    max_inflight: int = 1
+    kv_token_budget: int | None = None
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_inflight < 1:
+            raise ValueError(f"instance {self.name}: max_inflight must be >= 1")

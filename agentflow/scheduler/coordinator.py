@@ -1,0 +1,336 @@
+"""The coordinator: every LLM call of every query passes through here.
+
+Event-driven and clock-injected: the runtime (asyncio serving, or the simulator's virtual
+time) reports events — a query arrived, a call became ready, made progress, finished or
+failed, an instance went down — and gets back decisions: which calls to start where, with
+which backend priority, and which to fail. The coordinator never sleeps and never reads wall
+time, so the same object runs real serving and simulation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
+from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.distribution import Distribution, cost_distribution
+from agentflow.scheduler.instance import InstanceQueue
+from agentflow.scheduler.policies import resolve
+from agentflow.scheduler.time_model import InstanceTimeModel
+from agentflow.workflow.clock import Clock
+from agentflow.workflow.graph import Node, NodeKind
+
+
+@dataclass(frozen=True)
+class StartCall:
+    call: ScheduledCall
+    instance: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class FailCall:
+    call: ScheduledCall
+    reason: str
+
+
+Decision = StartCall | FailCall
+
+
+class QueryRejected(RuntimeError):
+    """Admission refused (overload); ``retry_after_s`` estimates when to try again."""
+
+    def __init__(self, reason: str, retry_after_s: float = 1.0):
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class Coordinator:
+    def __init__(self, instances: list[InstanceSpec], *, clock: Clock, policy: str = "flowsage",
+                 alpha: float | None = None, predictor: Any = None,
+                 max_waiting_calls: int | None = None, max_active_queries: int | None = None,
+                 max_attempts: int = 3, oracle: bool = False, **queue_kwargs: Any):
+        if not instances:
+            raise ValueError("a cluster needs at least one instance")
+        names = [s.name for s in instances]
+        if len(set(names)) != len(names):
+            raise ValueError(f"instance names must be unique: {names}")
+        self.clock = clock
+        self.policy_name = policy
+        self.dispatch, queue_policy = resolve(policy, alpha=alpha, **queue_kwargs)
+        self.queues = {s.name: InstanceQueue(s, queue_policy) for s in instances}
+        self.time_models = {s.name: InstanceTimeModel.for_spec(s) for s in instances}
+        if predictor is None:
+            from agentflow.scheduler.predictor import LengthPredictor
+
+            predictor = LengthPredictor()
+        self.predictor = predictor  # LengthPredictor or anything with predict/observe
+        self.max_waiting_calls = max_waiting_calls
+        self.max_active_queries = max_active_queries
+        self.max_attempts = max_attempts
+        self.oracle = oracle  # use true output lengths when the runtime knows them
+        self.queries: dict[str, QueryState] = {}
+        self._ids = itertools.count()
+        self._stage_prediction: dict[tuple[str, str], Distribution] = {}
+
+    # ============================================================================ events
+    def on_query_arrival(self, query_id: str, *, arrival: float | None = None,
+                         deadline: float | None = None, key_text: str = "",
+                         run: Any = None) -> QueryState:
+        """Admit a query or raise ``QueryRejected`` (bounded queues, never unbounded growth)."""
+        now = self.clock.now()
+        if self.max_active_queries is not None and len(self.queries) >= self.max_active_queries:
+            raise QueryRejected(
+                f"overloaded: {len(self.queries)} queries in progress (limit "
+                f"{self.max_active_queries})", retry_after_s=self._retry_after(now))
+        waiting = self.waiting_calls
+        if self.max_waiting_calls is not None and waiting >= self.max_waiting_calls:
+            raise QueryRejected(f"overloaded: {waiting} LLM calls waiting (limit "
+                                f"{self.max_waiting_calls})", retry_after_s=self._retry_after(now))
+        if not self.up_instances:
+            raise QueryRejected("no model instance is up", retry_after_s=5.0)
+        query = QueryState(id=query_id, arrival=now if arrival is None else arrival,
+                           deadline=deadline, key_text=key_text, run=run)
+        if run is not None:
+            run.estimator = self._node_estimate(query)
+        self.queries[query_id] = query
+        return query
+
+    def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
+                      payload: Any = None, true_output_tokens: int | None = None
+                      ) -> tuple[ScheduledCall, list[Decision]]:
+        now = self.clock.now()
+        query = self.queries[query_id]
+        if self.oracle and true_output_tokens is not None:
+            output = Distribution.point(true_output_tokens)
+        else:
+            output = self.predictor.predict(stage, query.key_text, prompt_tokens)
+        call = ScheduledCall(id=f"c{next(self._ids)}", query=query, stage=stage,
+                             node_id=node_id, prompt_tokens=prompt_tokens, output=output,
+                             ready_at=now, true_output_tokens=true_output_tokens,
+                             payload=payload)
+        query.calls.add(call)
+        return call, self._dispatch(call, now)
+
+    def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
+        """Streaming progress: attained service feeds Gittins ranks and outstanding work."""
+        call.attained_tokens = max(call.attained_tokens, output_tokens)
+        return []
+
+    def on_call_done(self, call: ScheduledCall, *, output_tokens: int, ttft_s: float = 0.0,
+                     total_s: float = 0.0, cached_tokens: int = 0) -> list[Decision]:
+        now = self.clock.now()
+        call.state, call.finished_at = CallState.DONE, now
+        call.attained_tokens = output_tokens
+        queue = self.queues[call.instance]
+        queue.finish(call, self._kv_tokens(call))
+        call.query.calls.discard(call)
+        self.predictor.observe(call.stage, call.query.key_text, output_tokens)
+        self._stage_prediction.pop((call.query.id, call.stage), None)
+        if total_s > 0:
+            self.time_models[call.instance].observe(call.prompt_tokens, output_tokens, ttft_s,
+                                                    total_s, cached_tokens)
+        return self._admit(queue, now)
+
+    def on_call_failed(self, call: ScheduledCall, reason: str, *,
+                       retryable: bool = True) -> list[Decision]:
+        """A call failed on its instance: try another instance if sensible, else fail it."""
+        now = self.clock.now()
+        queue = self.queues[call.instance]
+        queue.finish(call, self._kv_tokens(call))
+        decisions = self._admit(queue, now)
+        call.excluded.add(queue.name)
+        call.attempts += 1
+        if not retryable or call.attempts >= self.max_attempts:
+            call.state = CallState.FAILED
+            call.query.calls.discard(call)
+            return decisions + [FailCall(call, reason)]
+        call.attained_tokens = 0
+        return decisions + self._dispatch(call, now, reason_if_none=reason)
+
+    def on_call_cancelled(self, call: ScheduledCall) -> list[Decision]:
+        """The runtime gave up on a call (its query was cancelled): free its place."""
+        now = self.clock.now()
+        decisions: list[Decision] = []
+        if call.instance is not None:
+            queue = self.queues[call.instance]
+            if call.state == CallState.WAITING:
+                queue.remove(call)
+            elif call.state == CallState.RUNNING:
+                queue.finish(call, self._kv_tokens(call))
+                decisions = self._admit(queue, now)
+        call.state = CallState.CANCELLED
+        call.query.calls.discard(call)
+        return decisions
+
+    def on_instance_down(self, name: str) -> list[Decision]:
+        """Mark an instance down and move its waiting calls elsewhere. Its running calls are
+        the runtime's to cancel; each then comes back through ``on_call_failed``."""
+        now = self.clock.now()
+        queue = self.queues[name]
+        queue.up = False
+        decisions: list[Decision] = []
+        for call in sorted(queue.waiting, key=lambda c: c.seq):
+            queue.remove(call)
+            decisions += self._dispatch(call, now, reason_if_none=f"instance {name} is down")
+        return decisions
+
+    def on_instance_up(self, name: str) -> list[Decision]:
+        queue = self.queues[name]
+        queue.up = True
+        return self._admit(queue, self.clock.now())
+
+    def on_query_done(self, query_id: str) -> None:
+        self.queries.pop(query_id, None)
+        for key in [k for k in self._stage_prediction if k[0] == query_id]:
+            del self._stage_prediction[key]
+
+    def cancel_query(self, query_id: str) -> tuple[list[ScheduledCall], list[Decision]]:
+        """Remove the query's waiting calls everywhere. Returns its running calls (for the
+        runtime to abort) and the admissions their freed capacity allows."""
+        query = self.queries.get(query_id)
+        if query is None:
+            return [], []
+        running, decisions = [], []
+        now = self.clock.now()
+        calls = sorted(query.calls, key=lambda c: c.seq)
+        # Waiting calls go first, so freed capacity is never handed to this query's own calls.
+        for call in calls:
+            if call.state == CallState.WAITING and call.instance is not None:
+                self.queues[call.instance].remove(call)
+                call.state = CallState.CANCELLED
+        for call in calls:
+            if call.state == CallState.RUNNING and call.instance is not None:
+                queue = self.queues[call.instance]
+                queue.finish(call, self._kv_tokens(call))
+                call.state = CallState.CANCELLED
+                running.append(call)
+                decisions += self._admit(queue, now)
+        query.calls.clear()
+        self.on_query_done(query_id)
+        return running, decisions
+
+    # ============================================================================ view
+    @property
+    def up_instances(self) -> list[str]:
+        return [name for name, q in self.queues.items() if q.up]
+
+    @property
+    def waiting_calls(self) -> int:
+        return sum(len(q.waiting) for q in self.queues.values())
+
+    def expected_s(self, call: ScheduledCall, instance: str) -> float:
+        return self.time_models[instance].expected_s(call.prompt_tokens, call.output.mean())
+
+    def outstanding_work(self, instance: str, now: float) -> float:
+        queue = self.queues[instance]
+        model = self.time_models[instance]
+        work = sum(model.expected_s(c.prompt_tokens, c.output.mean()) for c in queue.waiting)
+        for c in queue.running:
+            left = model.expected_s(c.prompt_tokens, c.output.mean())
+            if c.started_at is not None:
+                left -= now - c.started_at
+            work += max(left, 0.0)
+        return work
+
+    def downstream_s(self, call: ScheduledCall, now: float) -> float:
+        run = call.query.run
+        if run is None or call.node_id not in run.graph:
+            return 0.0
+        return run.downstream_critical_path(call.node_id, now)
+
+    def remaining_s(self, query: QueryState, now: float) -> float:
+        if query.run is not None:
+            return query.run.remaining_critical_path(now)
+        return sum(self._mean_time(c.prompt_tokens, c.output.mean()) for c in query.calls)
+
+    def call_cost(self, call: ScheduledCall) -> Distribution:
+        return cost_distribution(call.prompt_tokens, call.output)
+
+    def remaining_cost(self, query: QueryState) -> Distribution:
+        """Sum of the cost distributions of the query's unfinished LLM stages (cached until
+        the workflow changes)."""
+        version = (query.run.version if query.run is not None else None,
+                   tuple(sorted((c.seq, c.attained_tokens) for c in query.calls)))
+        if query.remaining_cost is not None and query.remaining_cost_version == version:
+            return query.remaining_cost
+        by_node = {c.node_id: c for c in query.calls}
+        parts: list[Distribution] = []
+        if query.run is not None:
+            for node in query.run.unfinished():
+                if node.kind != NodeKind.LLM:
+                    continue
+                call = by_node.get(node.id)
+                if call is not None:
+                    parts.append(self._remaining_call_cost(call))
+                else:
+                    tokens = int(node.hints.get("prompt_tokens", 500))
+                    parts.append(cost_distribution(tokens, self._predict_stage(query,
+                                                                               node.stage)))
+        else:
+            parts = [self._remaining_call_cost(c) for c in query.calls]
+        total = Distribution.sum_all(parts) if parts else Distribution.point(0.0)
+        query.remaining_cost, query.remaining_cost_version = total, version
+        return total
+
+    # ============================================================================ internals
+    def _remaining_call_cost(self, call: ScheduledCall) -> Distribution:
+        cost = self.call_cost(call)
+        if call.attained_tokens <= 0:
+            return cost
+        from agentflow.scheduler.distribution import kv_cost
+
+        attained = kv_cost(call.prompt_tokens, call.attained_tokens)
+        if cost.survival(attained) <= 0:
+            return Distribution.point(0.0)
+        return cost.conditional_above(attained).shift(-attained)
+
+    def _dispatch(self, call: ScheduledCall, now: float, *,
+                  reason_if_none: str = "no instance is up") -> list[Decision]:
+        candidates = [n for n in self.up_instances if n not in call.excluded] \
+            or self.up_instances
+        if not candidates:
+            call.state = CallState.FAILED
+            call.query.calls.discard(call)
+            return [FailCall(call, f"no instance can run the call: {reason_if_none}")]
+        instance = self.dispatch.choose(call, candidates, now, self)
+        queue = self.queues[instance]
+        queue.enqueue(call, now, self)
+        return self._admit(queue, now)
+
+    def _admit(self, queue: InstanceQueue, now: float) -> list[Decision]:
+        return [StartCall(c, queue.name, c.priority)
+                for c in queue.admit(now, self, self._kv_tokens)]
+
+    def _kv_tokens(self, call: ScheduledCall) -> int:
+        """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
+        return int(call.prompt_tokens + call.output.quantile(0.9))
+
+    def _predict_stage(self, query: QueryState, stage: str) -> Distribution:
+        key = (query.id, stage)
+        if key not in self._stage_prediction:
+            self._stage_prediction[key] = self.predictor.predict(stage, query.key_text)
+        return self._stage_prediction[key]
+
+    def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
+        """A stage's time averaged over the cluster's up instances (HexGen-Flow's budget
+        estimate, since the stage's instance is not chosen yet)."""
+        names = self.up_instances or list(self.queues)
+        return sum(self.time_models[n].expected_s(prompt_tokens, output_tokens)
+                   for n in names) / len(names)
+
+    def _node_estimate(self, query: QueryState):
+        def estimate(node: Node) -> float:
+            if node.kind != NodeKind.LLM:
+                return node.expected_s
+            prompt = float(node.hints.get("prompt_tokens", 500))
+            return self._mean_time(prompt, self._predict_stage(query, node.stage).mean())
+        return estimate
+
+    def _retry_after(self, now: float) -> float:
+        """Seconds until the least loaded instance would drain its queue (>= 1)."""
+        loads = [self.outstanding_work(n, now) for n in self.up_instances] or [5.0]
+        return max(1.0, min(loads))

@@ -1,0 +1,70 @@
+"""Policy interfaces. A dispatch policy picks an instance for a ready call; a queue policy
+orders the calls waiting on one instance. Both read the cluster through ``SchedulerView``
+(implemented by the coordinator), so they hold no state about calls themselves."""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import QueryState, ScheduledCall
+    from agentflow.scheduler.distribution import Distribution
+
+
+class SchedulerView(Protocol):
+    def expected_s(self, call: "ScheduledCall", instance: str) -> float:
+        """Expected run time of ``call`` on ``instance`` (mean over its length distribution)."""
+
+    def outstanding_work(self, instance: str, now: float) -> float:
+        """``W_i``: expected seconds of work waiting and still running on ``instance``."""
+
+    def downstream_s(self, call: "ScheduledCall", now: float) -> float:
+        """Expected seconds of the query's critical path after this call's stage."""
+
+    def remaining_s(self, query: "QueryState", now: float) -> float:
+        """Expected seconds left on the query's whole remaining critical path."""
+
+    def remaining_cost(self, query: "QueryState") -> "Distribution":
+        """Distribution of the query's remaining workflow cost (sum of its calls' costs)."""
+
+    def call_cost(self, call: "ScheduledCall") -> "Distribution":
+        """Distribution of this call's cost ``O^2/2 + I*O``."""
+
+
+class DispatchPolicy(abc.ABC):
+    name = "dispatch"
+
+    @abc.abstractmethod
+    def choose(self, call: "ScheduledCall", instances: list[str], now: float,
+               view: SchedulerView) -> str:
+        """One of ``instances`` (never empty, all up) for ``call``."""
+
+
+class QueuePolicy(abc.ABC):
+    name = "queue"
+    # Whether a call's key changes as time passes (then queues re-rank at every decision).
+    time_dependent = False
+
+    @abc.abstractmethod
+    def key(self, call: "ScheduledCall", now: float, view: SchedulerView) -> tuple:
+        """Sort key; the smallest runs first. Ties are broken by arrival order."""
+
+
+def budget_and_urgency(call: "ScheduledCall", now: float, view: SchedulerView
+                       ) -> tuple[float, float] | None:
+    """HexGen-Flow's per-stage budget and urgency, or None without a deadline.
+
+    The query's remaining time is split over its remaining critical path in proportion to
+    this stage's expected time: ``budget = (D - now) * t / (t + downstream)``, and
+    ``urgency = t - budget`` (higher is more urgent). Both move as the workflow advances:
+    a slow early stage shrinks every later stage's budget.
+    """
+    if call.deadline is None:
+        return None
+    t = view.expected_s(call, call.instance) if call.instance else 0.0
+    downstream = view.downstream_s(call, now)
+    remaining = call.deadline - now
+    share = t / (t + downstream) if t + downstream > 0 else 1.0
+    budget = remaining * share
+    return budget, t - budget

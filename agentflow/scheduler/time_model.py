@@ -1,0 +1,81 @@
+"""Expected time of an LLM call on an instance: ``t(s, i)`` in HexGen-Flow's rules.
+
+A call's time is prefill (linear in uncached prompt tokens) plus decode (linear in output
+tokens). Starting points come from the hardware profile (a single-request roofline: prefill is
+compute-bound, decode is bandwidth-bound) or, for CPU instances, from measurements; both are
+corrected online by an exponentially weighted ratio of observed to predicted times, so a slow
+or contended instance is seen as such within a few calls. With an output-length distribution
+the time is a distribution too (the map is monotone in the length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentflow.hardware import GPUProfile, ModelProfile
+from agentflow.hardware import gpu as gpu_profile
+from agentflow.hardware import model as model_profile
+from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.distribution import Distribution
+
+# Measured for the embedded default (gemma-3-270m Q4_K_M, llama.cpp, 2 threads): ~1.7 s for
+# a 935-token prompt, ~37 output tokens/s. Corrected online like every other instance.
+CPU_PREFILL_S_PER_TOKEN = 0.0019
+CPU_DECODE_S_PER_TOKEN = 0.027
+
+
+@dataclass
+class InstanceTimeModel:
+    prefill_s_per_token: float
+    decode_s_per_token: float
+    overhead_s: float = 0.0
+    smoothing: float = 0.2  # weight of a new observation in the correction ratios
+    prefill_ratio: float = 1.0
+    decode_ratio: float = 1.0
+    observations: int = 0
+
+    @classmethod
+    def from_profile(cls, gpu: GPUProfile, model: ModelProfile,
+                     tensor_parallel: int = 1) -> "InstanceTimeModel":
+        flops = gpu.peak_tflops * 1e12 * gpu.compute_efficiency * tensor_parallel
+        bandwidth = gpu.mem_bw_gbs * 1e9 * gpu.bw_efficiency * tensor_parallel
+        prefill = 2 * model.active_params_b * 1e9 / flops
+        decode = model.weight_bytes * (model.active_params_b / model.params_b) / bandwidth
+        return cls(prefill_s_per_token=prefill, decode_s_per_token=decode, overhead_s=0.02)
+
+    @classmethod
+    def for_spec(cls, spec: InstanceSpec) -> "InstanceTimeModel":
+        if spec.gpu is None:
+            return cls(CPU_PREFILL_S_PER_TOKEN, CPU_DECODE_S_PER_TOKEN)
+        model = model_profile(spec.model or "Llama-3.1-8B")
+        return cls.from_profile(gpu_profile(spec.gpu), model, spec.tensor_parallel)
+
+    def prefill_s(self, prompt_tokens: float) -> float:
+        return self.overhead_s + prompt_tokens * self.prefill_s_per_token * self.prefill_ratio
+
+    def decode_s(self, output_tokens: float) -> float:
+        return output_tokens * self.decode_s_per_token * self.decode_ratio
+
+    def expected_s(self, prompt_tokens: float, output_tokens: float) -> float:
+        return self.prefill_s(prompt_tokens) + self.decode_s(output_tokens)
+
+    def time_distribution(self, prompt_tokens: float, output: Distribution) -> Distribution:
+        """Distribution of the call's time given its output-length distribution."""
+        base = self.prefill_s(prompt_tokens)
+        per_token = self.decode_s_per_token * self.decode_ratio
+        return output.map(lambda tokens: base + tokens * per_token)
+
+    def observe(self, prompt_tokens: int, output_tokens: int, ttft_s: float, total_s: float,
+                cached_tokens: int = 0) -> None:
+        """Fold in one finished call: time-to-first-token against prefill, the rest against
+        decode."""
+        a = self.smoothing
+        uncached = max(0, prompt_tokens - cached_tokens)
+        predicted_prefill = uncached * self.prefill_s_per_token
+        if predicted_prefill > 1e-6 and ttft_s > 0:
+            ratio = max(ttft_s - self.overhead_s, 1e-6) / predicted_prefill
+            self.prefill_ratio = (1 - a) * self.prefill_ratio + a * min(max(ratio, 0.05), 20)
+        if output_tokens > 1 and total_s > ttft_s:
+            ratio = (total_s - ttft_s) / ((output_tokens - 1) * self.decode_s_per_token)
+            self.decode_ratio = (1 - a) * self.decode_ratio + a * min(max(ratio, 0.05), 20)
+        self.observations += 1

@@ -1,0 +1,203 @@
+"""Policies with hand-computed expectations.
+
+The time model is set so that a call's time is exactly its output tokens (seconds per token
+= 1 on the "fast" instance, 2 on the "slow" one, no prefill cost) and the length predictor is
+a fixed table, so every number below can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import pytest
+
+from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledCall, resolve
+from agentflow.scheduler.distribution import Distribution
+from agentflow.scheduler.time_model import InstanceTimeModel
+from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
+
+
+class FixedLengths:
+    """Test double for the length predictor: a fixed output length per stage."""
+
+    def __init__(self, lengths: dict[str, float | Distribution]):
+        self.lengths = lengths
+
+    def predict(self, stage, key_text="", input_tokens=None):
+        value = self.lengths[stage]
+        return value if isinstance(value, Distribution) else Distribution.point(value)
+
+    def observe(self, stage, key_text, output_tokens):
+        pass
+
+
+def coordinator(policy: str, lengths: dict, *, slow: bool = False, alpha=None, max_inflight=1,
+                **kw) -> Coordinator:
+    specs = [InstanceSpec("fast", max_inflight=max_inflight)]
+    if slow:
+        specs.append(InstanceSpec("slow", max_inflight=max_inflight))
+    c = Coordinator(specs, clock=ManualClock(0.0), policy=policy, alpha=alpha,
+                    predictor=FixedLengths(lengths), **kw)
+    c.time_models["fast"] = InstanceTimeModel(prefill_s_per_token=0.0, decode_s_per_token=1.0)
+    if slow:
+        c.time_models["slow"] = InstanceTimeModel(prefill_s_per_token=0.0, decode_s_per_token=2.0)
+    return c
+
+
+def llm(node_id: str, stage: str) -> Node:
+    async def run(ctx):
+        return None
+    return Node(node_id, stage, NodeKind.LLM, run, hints={"prompt_tokens": 0})
+
+
+def chain_run(query_id: str, deadline: float, stages: list[str]) -> WorkflowRun:
+    g = nx.DiGraph()
+    nodes = [llm(f"{query_id}.{i}", s) for i, s in enumerate(stages)]
+    for n in nodes:
+        g.add_node(n.id, node=n)
+    g.add_edges_from((a.id, b.id) for a, b in zip(nodes, nodes[1:]))
+    return WorkflowRun(Query("q", "db", arrival=0.0, slo_s=deadline, id=query_id), g)
+
+
+def occupy(c: Coordinator, instance: str = "fast", tokens: float = 100) -> None:
+    """Fill ``instance`` with one long call so later calls wait in its queue."""
+    c.predictor.lengths.setdefault("blocker", tokens)
+    c.on_query_arrival("blocker", deadline=None)
+    call, decisions = c.on_call_ready("blocker", stage="blocker", node_id="b", prompt_tokens=0)
+    assert [d.instance for d in decisions] == [instance]
+
+
+def test_workload_balanced_at_alpha_one_picks_the_fast_gpu_and_at_zero_the_empty_one() -> None:
+    # Call of 2 tokens: t(fast) = 2 s, t(slow) = 4 s. fast already holds 6 s of work.
+    # alpha=1: score = t_ref/t_i -> fast 2/2 = 1.0, slow 2/4 = 0.5   -> fast
+    # alpha=0: score = -W_i/W_ref -> fast -6/6 = -1.0, slow -0/6 = 0 -> slow
+    # alpha=.5: fast 0.5 - 0.5 = 0.0, slow 0.25 - 0 = 0.25           -> slow
+    expected_scores = {1.0: {"fast": 1.0, "slow": 0.5}, 0.0: {"fast": -1.0, "slow": 0.0},
+                       0.5: {"fast": 0.0, "slow": 0.25}}
+    for alpha, expected in ((1.0, "fast"), (0.0, "slow"), (0.5, "slow")):
+        c = coordinator("workload_balanced+fcfs", {"s": 2}, slow=True, alpha=alpha)
+        occupy(c, "fast", tokens=6)
+        query = c.on_query_arrival("q", deadline=None)
+        probe = ScheduledCall(id="probe", query=query, stage="s", node_id="p", prompt_tokens=0,
+                              output=Distribution.point(2), ready_at=0.0)
+        assert c.dispatch.scores(probe, ["fast", "slow"], 0.0, c) == pytest.approx(
+            expected_scores[alpha])
+        call, _ = c.on_call_ready("q", stage="s", node_id="n", prompt_tokens=0)
+        assert call.instance == expected, alpha
+
+
+def test_outstanding_work_is_live_and_falls_when_calls_finish() -> None:
+    c = coordinator("least_loaded+fcfs", {"s": 5}, slow=True)
+    c.on_query_arrival("q", deadline=None)
+    first, _ = c.on_call_ready("q", stage="s", node_id="a", prompt_tokens=0)
+    assert first.instance == "fast"  # both empty: tie broken by the faster run time
+    assert c.outstanding_work("fast", 0.0) == 5
+    c.clock.advance(2.0)
+    assert c.outstanding_work("fast", 2.0) == 3  # 3 s of the running call left
+    second, _ = c.on_call_ready("q", stage="s", node_id="b", prompt_tokens=0)
+    assert second.instance == "slow"  # W_fast = 3 > W_slow = 0
+    c.on_call_done(first, output_tokens=5)
+    assert c.outstanding_work("fast", 2.0) == 0  # live: falls when the call finishes
+    third, _ = c.on_call_ready("q", stage="s", node_id="c", prompt_tokens=0)
+    assert third.instance == "fast"
+
+
+def test_round_robin_ignores_speed_and_load() -> None:
+    c = coordinator("vllm", {"s": 1}, slow=True, max_inflight=10)
+    c.on_query_arrival("q", deadline=None)
+    got = [c.on_call_ready("q", stage="s", node_id=f"n{i}", prompt_tokens=0)[0].instance
+           for i in range(4)]
+    assert got == ["fast", "slow", "fast", "slow"]
+
+
+def test_urgency_orders_by_budget_share_and_budgets_shrink_as_time_passes() -> None:
+    # Query A: deadline 10, waiting call t=2 with two 3 s stages after it (downstream 6):
+    #   budget = 10 * 2 / (2 + 6) = 2.5, urgency = 2 - 2.5 = -0.5
+    # Query B: deadline 9, waiting call t=4, nothing after it:
+    #   budget = 9 * 4 / 4 = 9,           urgency = 4 - 9 = -5
+    # urgency runs A first; EDF would run B first (9 < 10).
+    lengths = {"a1": 2, "a2": 3, "a3": 3, "b1": 4}
+    for policy, first in (("least_loaded+urgency", "A"), ("least_loaded+edf", "B")):
+        c = coordinator(policy, lengths)
+        occupy(c)
+        run_a = chain_run("A", 10, ["a1", "a2", "a3"])
+        run_b = chain_run("B", 9, ["b1"])
+        c.on_query_arrival("A", deadline=10, run=run_a)
+        c.on_query_arrival("B", deadline=9, run=run_b)
+        call_b, _ = c.on_call_ready("B", stage="b1", node_id="B.0", prompt_tokens=0)
+        call_a, _ = c.on_call_ready("A", stage="a1", node_id="A.0", prompt_tokens=0)
+        order = [call.query.id for call in c.queues["fast"].ordered_waiting(0.0, c)]
+        assert order[0] == first, policy
+    from agentflow.scheduler.policies.base import budget_and_urgency
+
+    assert budget_and_urgency(call_a, 0.0, c) == pytest.approx((2.5, -0.5))
+    assert budget_and_urgency(call_b, 0.0, c) == pytest.approx((9.0, -5.0))
+    # At t=4 with A still waiting: budget = (10 - 4) * 2 / 8 = 1.5, urgency = +0.5.
+    assert budget_and_urgency(call_a, 4.0, c) == pytest.approx((1.5, 0.5))
+    # A slow first stage: once A.0 ran until t=6, A.1's budget is (10-6) * 3 / (3+3) = 2.
+    run_a.mark_started("A.0", 0.0)
+    run_a.mark_done("A.0", 6.0)
+    call_a2, _ = c.on_call_ready("A", stage="a2", node_id="A.1", prompt_tokens=0)
+    assert budget_and_urgency(call_a2, 6.0, c) == pytest.approx((2.0, 1.0))
+
+
+def test_llf_uses_the_query_remaining_critical_path() -> None:
+    # A: deadline 10, remaining path 2+3+3 = 8 -> laxity 2.  B: deadline 9, path 4 -> laxity 5.
+    c = coordinator("least_loaded+llf", {"a1": 2, "a2": 3, "a3": 3, "b1": 4})
+    occupy(c)
+    c.on_query_arrival("A", deadline=10, run=chain_run("A", 10, ["a1", "a2", "a3"]))
+    c.on_query_arrival("B", deadline=9, run=chain_run("B", 9, ["b1"]))
+    c.on_call_ready("B", stage="b1", node_id="B.0", prompt_tokens=0)
+    c.on_call_ready("A", stage="a1", node_id="A.0", prompt_tokens=0)
+    keys = {call.query.id: c.queues["fast"].policy.key(call, 0.0, c)[0]
+            for call in c.queues["fast"].waiting}
+    assert keys == {"A": 2.0, "B": 5.0}
+
+
+def test_gittins_prefers_the_call_likely_to_finish_soon() -> None:
+    # Costs with I = 0 are O^2/2. "risky": O = 1 (p .9) or 100 (p .1) -> cost .5 or 5000.
+    # "sure": O = 10 -> cost 50. Index(risky) = .9 / (.5) = 1.8 > index(sure) = 1/50.
+    # Mean-length order would run "sure" first (10 < 10.9).
+    risky = Distribution(values=[1.0, 100.0], probs=[0.9, 0.1])
+    c = coordinator("least_loaded+gittins", {"risky": risky, "sure": 10})
+    occupy(c)
+    c.on_query_arrival("q", deadline=None)
+    c.on_call_ready("q", stage="sure", node_id="s", prompt_tokens=0)
+    c.on_call_ready("q", stage="risky", node_id="r", prompt_tokens=0)
+    assert [x.stage for x in c.queues["fast"].ordered_waiting(0.0, c)] == ["risky", "sure"]
+
+
+def test_flowsage_runs_at_risk_calls_first_then_the_query_with_least_work_left() -> None:
+    # Short: one 2 s stage left, deadline 100 -> not at risk; remaining cost 2^2/2 = 2.
+    # Long:  stages 2, 50, 50 left, deadline 1000 -> not at risk; remaining cost 2 + 1250*2.
+    # Late:  one 5 s stage, deadline 3: budget 3 < t = 5 -> at risk (urgency 2): runs first.
+    lengths = {"s1": 2, "l1": 2, "l2": 50, "l3": 50, "x1": 5}
+    c = coordinator("least_loaded+flowsage", lengths)
+    occupy(c)
+    c.on_query_arrival("Long", deadline=1000, run=chain_run("Long", 1000, ["l1", "l2", "l3"]))
+    c.on_query_arrival("Short", deadline=100, run=chain_run("Short", 100, ["s1"]))
+    c.on_query_arrival("Late", deadline=3, run=chain_run("Late", 3, ["x1"]))
+    c.on_call_ready("Long", stage="l1", node_id="Long.0", prompt_tokens=0)
+    c.on_call_ready("Short", stage="s1", node_id="Short.0", prompt_tokens=0)
+    c.on_call_ready("Late", stage="x1", node_id="Late.0", prompt_tokens=0)
+    order = [x.query.id for x in c.queues["fast"].ordered_waiting(0.0, c)]
+    assert order == ["Late", "Short", "Long"]
+    assert c.remaining_cost(c.queries["Long"]).mean() == pytest.approx(2 + 1250 + 1250)
+
+
+def test_presets_and_bad_names() -> None:
+    assert [type(p).__name__ for p in resolve("hexgen-flow")] == [
+        "WorkloadBalancedDispatch", "UrgencyQueue"]
+    assert [type(p).__name__ for p in resolve("sagesched")] == ["LeastLoadedDispatch",
+                                                                 "GittinsQueue"]
+    assert [p.name for p in resolve("vllm")] == ["round_robin", "fcfs"]
+    assert [p.name for p in resolve("flowsage")] == ["workload_balanced", "flowsage"]
+    assert [p.name for p in resolve("llf")] == ["least_loaded", "llf"]
+    with pytest.raises(ValueError, match="unknown policy"):
+        resolve("fastest")
+    with pytest.raises(ValueError, match="unknown queue policy"):
+        resolve("round_robin+sjf")
+    with pytest.raises(ValueError, match="alpha"):
+        resolve("workload_balanced+fcfs", alpha=2.0)
+    assert math.isfinite(resolve("hexgen-flow", alpha=0.3)[0].alpha)

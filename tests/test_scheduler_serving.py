@@ -1,0 +1,70 @@
+"""The scheduler in real serving: AgentFlow over two scripted instances (not models)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentflow.api import AgentFlow
+from agentflow.config import AgentFlowConfig, InstanceConfig, SchedulerConfig
+from agentflow.llm.scripted import ScriptedBackend
+
+GOOD = "SELECT count(*) FROM stores"
+
+
+def script(request):
+    return {"extract_keywords": "stores", "generate_candidate": GOOD}.get(request.stage, GOOD)
+
+
+def make(backends: dict, **sched) -> AgentFlow:
+    config = AgentFlowConfig(
+        fewshot=None,
+        instances=[InstanceConfig(name=n, max_inflight=1) for n in backends],
+        scheduler=SchedulerConfig(**sched))
+    return AgentFlow(config, backends=backends)
+
+
+def test_calls_are_spread_over_instances_and_the_timeline_says_where_and_how_long() -> None:
+    backends = {n: ScriptedBackend(script, latency_s=0.05, name=n) for n in ("gpu-a", "gpu-b")}
+    with make(backends, policy="flowsage") as af:
+        answer = af.ask("How many stores are there?", db="bookshop", slo=30)
+    assert answer.status == "done" and answer.rows == [[12]]
+    calls = [c for s in answer.stages for c in s["llm_calls"]]
+    assert {c["instance"] for c in calls} == {"gpu-a", "gpu-b"}
+    assert all(c["queue_s"] >= 0 and c["run_s"] >= 0.04 for c in calls)
+    # three candidates on two single-slot instances: one of them had to queue
+    cands = [c for s in answer.stages if s["stage"] == "generate_candidate"
+             for c in s["llm_calls"]]
+    assert max(c["queue_s"] for c in cands) >= 0.04
+
+
+def test_a_failing_instance_is_taken_down_and_its_calls_rerun_elsewhere() -> None:
+    backends = {"broken": ScriptedBackend(script, fail_after=0, name="broken"),
+                "healthy": ScriptedBackend(script, latency_s=0.01, name="healthy")}
+    with make(backends, policy="vllm", revive_after_s=None) as af:
+        answer = af.ask("How many stores are there?", db="bookshop")
+        assert answer.status == "done", answer.error
+        assert {c["instance"] for s in answer.stages for c in s["llm_calls"]} == {"healthy"}
+        assert "broken" in af.router.down_reasons
+        assert not af.router.coordinator.queues["broken"].up
+
+
+def test_when_every_instance_fails_the_query_fails_with_the_reason() -> None:
+    backends = {"a": ScriptedBackend(script, fail_after=0, name="a")}
+    with make(backends, revive_after_s=None) as af:
+        answer = af.ask("How many stores are there?", db="bookshop")
+    assert answer.status == "failed"
+    assert "no instance can run the call" in answer.error or "LLM backend error" in answer.error
+
+
+def test_overload_rejects_with_a_reason_instead_of_queueing_forever() -> None:
+    backends = {"a": ScriptedBackend(script, latency_s=0.3, name="a")}
+    with make(backends, max_active_queries=1) as af:
+        async def both():
+            return await asyncio.gather(
+                af.ask_async("How many stores are there?", db="bookshop", pipeline="single"),
+                af.ask_async("How many stores are there?", db="bookshop", pipeline="single"))
+        first, second = asyncio.run(both())
+    statuses = sorted([first.status, second.status])
+    assert statuses == ["done", "rejected"]
+    rejected = first if first.status == "rejected" else second
+    assert "overloaded" in rejected.error and rejected.details["retry_after_s"] >= 1
