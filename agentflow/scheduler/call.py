@@ -33,9 +33,13 @@ class QueryState:
     key_text: str = ""  # what the length predictor embeds (the question)
     run: "WorkflowRun | None" = None
     calls: set["ScheduledCall"] = field(default_factory=set)
+    calls_version: int = 0  # bumped when a call is added, finishes or crosses a bucket
     # flowsage: cached distribution of the query's remaining workflow cost
     remaining_cost: Distribution | None = None
     remaining_cost_version: tuple | None = None
+    # Critical-path lengths by node, valid for one workflow version (see Coordinator).
+    path_cache: dict[str | None, float] = field(default_factory=dict)
+    path_cache_version: int = -1
 
 
 @dataclass(eq=False)
@@ -61,6 +65,12 @@ class ScheduledCall:
     priority: int = 0
     attempts: int = 0
     excluded: set[str] = field(default_factory=set)  # instances that failed this call
+    mean_output: float = field(init=False)
+    # expected run time per instance, tagged with the time model's observation count
+    time_cache: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.mean_output = float(self.output.mean())
 
     @property
     def deadline(self) -> float | None:

@@ -10,8 +10,11 @@ time, so the same object runs real serving and simulation.
 from __future__ import annotations
 
 import itertools
+import zlib
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
@@ -113,10 +116,13 @@ class Coordinator:
                              ready_at=now, true_output_tokens=true_output_tokens,
                              payload=payload)
         query.calls.add(call)
+        query.calls_version += 1
         return call, self._dispatch(call, now)
 
     def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
         """Streaming progress: attained service feeds Gittins ranks and outstanding work."""
+        if self._bucket(call.attained_tokens) != self._bucket(output_tokens):
+            call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
         call.attained_tokens = max(call.attained_tokens, output_tokens)
         return []
 
@@ -128,6 +134,7 @@ class Coordinator:
         queue = self.queues[call.instance]
         queue.finish(call, self._kv_tokens(call))
         call.query.calls.discard(call)
+        call.query.calls_version += 1
         self.predictor.observe(call.stage, call.query.key_text, output_tokens)
         self._stage_prediction.pop((call.query.id, call.stage), None)
         if total_s > 0:
@@ -223,14 +230,21 @@ class Coordinator:
         return sum(len(q.waiting) for q in self.queues.values())
 
     def expected_s(self, call: ScheduledCall, instance: str) -> float:
-        return self.time_models[instance].expected_s(call.prompt_tokens, call.output.mean())
+        model = self.time_models[instance]
+        cached = call.time_cache.get(instance)
+        if cached is None or cached[0] != model.observations:
+            cached = (model.observations, model.expected_s(call.prompt_tokens, call.mean_output))
+            call.time_cache[instance] = cached
+        return cached[1]
 
     def outstanding_work(self, instance: str, now: float) -> float:
         queue = self.queues[instance]
         model = self.time_models[instance]
-        work = sum(model.expected_s(c.prompt_tokens, c.output.mean()) for c in queue.waiting)
+        work = (len(queue.waiting) * model.overhead_s
+                + model.prefill_s(queue.waiting_prompt_tokens) - model.overhead_s
+                + model.decode_s(queue.waiting_output_tokens)) if queue.waiting else 0.0
         for c in queue.running:
-            left = model.expected_s(c.prompt_tokens, c.output.mean())
+            left = self.expected_s(c, instance)
             if c.started_at is not None:
                 left -= now - c.started_at
             work += max(left, 0.0)
@@ -238,23 +252,39 @@ class Coordinator:
 
     def downstream_s(self, call: ScheduledCall, now: float) -> float:
         run = call.query.run
-        if run is None or call.node_id not in run.graph:
+        if run is None:
             return 0.0
-        return run.downstream_critical_path(call.node_id, now)
+        return self._paths(call.query, now).get(call.node_id, 0.0)
 
     def remaining_s(self, query: QueryState, now: float) -> float:
         if query.run is not None:
-            return query.run.remaining_critical_path(now)
+            paths = self._paths(query, now)
+            return paths[None]
         return sum(self._mean_time(c.prompt_tokens, c.output.mean()) for c in query.calls)
+
+    def _paths(self, query: QueryState, now: float) -> dict[str | None, float]:
+        """Critical paths of a query's unfinished stages, recomputed when its workflow changes
+        (a stage starts, finishes or the graph grows), not at every ranking, so a queue of
+        thousands of calls re-ranks in milliseconds. Between changes, running stages'
+        elapsed time is taken as of the last change. Key ``None``: the whole remaining path."""
+        if query.path_cache_version != query.run.version:
+            run = query.run
+            paths: dict[str | None, float] = dict(run.downstream_paths(now))
+            paths[None] = run.remaining_critical_path(now)
+            query.path_cache = paths
+            query.path_cache_version = run.version
+        return query.path_cache
 
     def call_cost(self, call: ScheduledCall) -> Distribution:
         return cost_distribution(call.prompt_tokens, call.output)
 
     def remaining_cost(self, query: QueryState) -> Distribution:
-        """Sum of the cost distributions of the query's unfinished LLM stages (cached until
-        the workflow changes)."""
-        version = (query.run.version if query.run is not None else None,
-                   tuple(sorted((c.seq, c.attained_tokens) for c in query.calls)))
+        """Distribution of the summed cost of the query's unfinished LLM stages.
+
+        Built by Monte Carlo (a fixed number of joint samples, seeded by the query id so runs
+        are reproducible) rather than by convolving ~20 distributions, and cached until the
+        workflow or one of its calls changes."""
+        version = (query.run.version if query.run is not None else None, query.calls_version)
         if query.remaining_cost is not None and query.remaining_cost_version == version:
             return query.remaining_cost
         by_node = {c.node_id: c for c in query.calls}
@@ -272,7 +302,7 @@ class Coordinator:
                                                                                node.stage)))
         else:
             parts = [self._remaining_call_cost(c) for c in query.calls]
-        total = Distribution.sum_all(parts) if parts else Distribution.point(0.0)
+        total = _sum_by_sampling(parts, query.id)
         query.remaining_cost, query.remaining_cost_version = total, version
         return total
 
@@ -287,6 +317,10 @@ class Coordinator:
         if cost.survival(attained) <= 0:
             return Distribution.point(0.0)
         return cost.conditional_above(attained).shift(-attained)
+
+    def _bucket(self, tokens: int) -> int:
+        """Geometric buckets of attained output tokens (1, 2, 4, 8, ...)."""
+        return int(tokens).bit_length()
 
     def _dispatch(self, call: ScheduledCall, now: float, *,
                   reason_if_none: str = "no instance is up") -> list[Decision]:
@@ -334,3 +368,18 @@ class Coordinator:
         """Seconds until the least loaded instance would drain its queue (>= 1)."""
         loads = [self.outstanding_work(n, now) for n in self.up_instances] or [5.0]
         return max(1.0, min(loads))
+
+
+_COST_SAMPLES = 256
+
+
+def _sum_by_sampling(parts: list[Distribution], seed_text: str) -> Distribution:
+    if not parts:
+        return Distribution.point(0.0)
+    if len(parts) == 1:
+        return parts[0]
+    rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
+    total = np.zeros(_COST_SAMPLES)
+    for part in parts:
+        total += part.sample(rng, _COST_SAMPLES)
+    return Distribution.from_samples(total)

@@ -120,6 +120,17 @@ class WorkflowRun:
         after = set(nx.descendants(self.graph, node_id)) & set(self._unfinished())
         return self._longest_path(now, after)
 
+    def downstream_paths(self, now: float) -> dict[str, float]:
+        """``downstream_critical_path`` of every unfinished node in one pass (a DP over the
+        networkx topological order), for schedulers that rank many calls at once."""
+        unfinished = set(self._unfinished())
+        after: dict[str, float] = {}
+        for node_id in reversed(list(nx.topological_sort(self.graph.subgraph(unfinished)))):
+            after[node_id] = max(
+                (self._remaining(s, now) + after[s] for s in self.graph.successors(node_id)
+                 if s in unfinished), default=0.0)
+        return after
+
     # ----------------------------------------------------------------------------- events
     def mark_started(self, node_id: str, now: float) -> None:
         self._require(node_id, self.PENDING)
