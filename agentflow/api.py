@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections import defaultdict
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
@@ -70,6 +71,50 @@ class Answer:
         return d
 
 
+class QueryHandle:
+    """A submitted question: its id at once, its live stage events, its answer when done.
+
+    Events are appended from agentflow's loop thread; ``subscribe`` registers a callback
+    (called in that thread) for each new event, e.g. to feed a Server-Sent-Events stream.
+    """
+
+    def __init__(self, query_id: str, question: str, db: str, pipeline: str,
+                 slo_s: float | None):
+        self.query_id = query_id
+        self.question = question
+        self.db = db
+        self.pipeline = pipeline
+        self.slo_s = slo_s
+        self.events: list[dict[str, Any]] = []
+        self.future: Future = Future()
+        self._listeners: list[Any] = []
+        self._lock = threading.Lock()
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self.events.append(event)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(event)
+
+    def subscribe(self, listener) -> list[dict[str, Any]]:
+        """Register ``listener`` and return the events so far (no event is missed)."""
+        with self._lock:
+            self._listeners.append(listener)
+            return list(self.events)
+
+    def unsubscribe(self, listener) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> Answer:
+        return self.future.result(timeout)
+
+
 def usage_of(query: Query) -> dict[str, Any]:
     """LLM calls and tokens, in total and per stage type."""
     by_stage: dict[str, dict[str, int]] = defaultdict(
@@ -101,6 +146,10 @@ class AgentFlow:
         self._fewshot_loaded = False
         self._traces = TraceWriter(self.config.record) if self.config.record else None
         self._closed = False
+        self._closing = False
+        self.handles: dict[str, QueryHandle] = {}  # recent queries by id (bounded)
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._cancel_reasons: dict[str, str] = {}
 
     # ----------------------------------------------------------------------------- public
     def ask(self, question: str, db: str, *, slo: float | None = None,
@@ -109,18 +158,79 @@ class AgentFlow:
         """Answer one question (blocking). Raises ``InvalidRequest`` or
         ``DatabaseNotFoundError`` for bad input; pipeline failures come back as an Answer
         with ``status='failed'`` and the reason."""
-        return self._submit(self._ask(question, db, slo, pipeline, evidence, record)).result()
+        return self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
+                           record=record).result()
 
     async def ask_async(self, question: str, db: str, *, slo: float | None = None,
                         pipeline: str | None = None, evidence: str = "",
                         record: str | Path | None = None) -> Answer:
-        future = self._submit(self._ask(question, db, slo, pipeline, evidence, record))
-        return await asyncio.wrap_future(future)
+        handle = self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
+                             record=record)
+        return await asyncio.wrap_future(handle.future)
 
-    def close(self) -> None:
+    def submit(self, question: str, db: str, *, slo: float | None = None,
+               pipeline: str | None = None, evidence: str = "",
+               record: str | Path | None = None) -> QueryHandle:
+        """Start answering without waiting: bad input raises here, at once; the handle has
+        the query id, live stage events and, later, the answer."""
+        if self._closed or self._closing:
+            raise RuntimeError("agentflow is shutting down; not accepting questions")
+        question = self._validate(question, slo)
+        pipeline_obj = self.pipeline(pipeline)
+        entry = self.catalog.entry(db)
+        slo = slo if slo is not None else self.config.slo_s
+        query_id = f"q-{uuid.uuid4().hex[:12]}"
+        handle = QueryHandle(query_id, question, entry.db_id, pipeline_obj.name, slo)
+        self.handles[query_id] = handle
+        self._trim_handles()
+        task_future = self._submit(self._ask(handle, db, pipeline_obj, evidence, record))
+
+        def copy_result(f: Future) -> None:
+            if f.cancelled():
+                handle.future.cancel()
+            elif f.exception() is not None:
+                handle.future.set_exception(f.exception())
+            else:
+                handle.future.set_result(f.result())
+        task_future.add_done_callback(copy_result)
+        return handle
+
+    def cancel(self, query_id: str) -> bool:
+        """Cancel a running query; its answer then has ``status='cancelled'``. Returns False
+        when the query is unknown or already finished."""
+        handle = self.handles.get(query_id)
+        if handle is None or handle.done():
+            return False
+        self._loop.call_soon_threadsafe(self._cancel_in_loop, query_id, "cancelled by request")
+        return True
+
+    def _cancel_in_loop(self, query_id: str, reason: str) -> None:
+        task = self._tasks.get(query_id)
+        if task is not None and not task.done():
+            self._cancel_reasons[query_id] = reason
+            task.cancel()
+
+    def close(self, drain_s: float = 0.0) -> None:
+        """Stop: wait up to ``drain_s`` for queries in flight, cancel the rest (their answers
+        say so), then release backends and databases."""
         if self._closed:
             return
+        self._closing = True
+        pending = [h.future for h in self.handles.values() if not h.done()]
+        if pending and drain_s > 0:
+            from concurrent.futures import wait
+
+            wait(pending, timeout=drain_s)
+        for query_id, handle in list(self.handles.items()):
+            if not handle.done():
+                self._loop.call_soon_threadsafe(self._cancel_in_loop, query_id,
+                                                "cancelled: agentflow is shutting down")
         try:
+            for handle in list(self.handles.values()):
+                try:
+                    handle.future.result(timeout=10)
+                except Exception:  # noqa: BLE001 - a failed query must not block shutdown
+                    pass
             self._submit(self._close_backends()).result(timeout=30)
         finally:
             self._closed = True
@@ -140,6 +250,16 @@ class AgentFlow:
             coro.close()
             raise RuntimeError("this AgentFlow is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _trim_handles(self, keep: int = 1000) -> None:
+        """Forget the oldest finished queries beyond ``keep`` (never one still running)."""
+        if len(self.handles) <= keep:
+            return
+        for query_id in list(self.handles):
+            if len(self.handles) <= keep:
+                break
+            if self.handles[query_id].done():
+                del self.handles[query_id]
 
     def _create_backends(self) -> dict[str, LLMBackend]:
         from agentflow.llm.registry import create_backend
@@ -213,11 +333,17 @@ class AgentFlow:
             raise InvalidRequest(f"slo must be a positive number of seconds, got {slo!r}")
         return question.strip()
 
-    async def _ask(self, question: str, db: str, slo: float | None, pipeline_name: str | None,
-                   evidence: str, record: str | Path | None) -> Answer:
-        question = self._validate(question, slo)
-        slo = slo if slo is not None else self.config.slo_s
-        pipeline = self.pipeline(pipeline_name)
+    async def _ask(self, handle: QueryHandle, db: str, pipeline: Pipeline, evidence: str,
+                   record: str | Path | None) -> Answer:
+        self._tasks[handle.query_id] = asyncio.current_task()
+        try:
+            return await self._answer(handle, db, pipeline, evidence, record)
+        finally:
+            self._tasks.pop(handle.query_id, None)
+
+    async def _answer(self, handle: QueryHandle, db: str, pipeline: Pipeline, evidence: str,
+                      record: str | Path | None) -> Answer:
+        question, slo = handle.question, handle.slo_s
         database = await asyncio.to_thread(self.catalog.open, db)
         entry = self.catalog.entry(db)
         fewshot = await asyncio.to_thread(self.fewshot_pool)
@@ -226,7 +352,7 @@ class AgentFlow:
                           sql_timeout_s=self.config.sql_timeout_s, max_rows=self.config.max_rows)
         clock = self.router.clock
         query = Query(question=question, db_id=entry.db_id, arrival=clock.now(), slo_s=slo,
-                      evidence=evidence, pipeline=pipeline.name)
+                      evidence=evidence, pipeline=pipeline.name, id=handle.query_id)
         graph = await asyncio.to_thread(pipeline.build, query, env)
         run = WorkflowRun(query, graph)
         start_query = getattr(self.router, "start_query", None)
@@ -237,12 +363,20 @@ class AgentFlow:
                 start_query(query, run)
             except QueryRejected as err:
                 query.status, query.error = QueryStatus.REJECTED, err.reason
+                handle._emit({"type": "done", "query_id": query.id, "status": "rejected",
+                              "error": err.reason, "latency_s": None})
                 return Answer(query_id=query.id, question=question, db=entry.db_id,
                               pipeline=pipeline.name, status="rejected", error=err.reason,
                               sql=None, slo_s=slo,
                               details={"retry_after_s": err.retry_after_s})
+        state: dict[str, Any] = {}
         try:
-            state = await execute(run, self.router, env)
+            state = await execute(run, self.router, env, state, observer=handle._emit)
+        except asyncio.CancelledError:
+            query.error = self._cancel_reasons.pop(query.id, "cancelled")
+            cancel = getattr(self.router, "cancel_query", None)
+            if cancel is not None:
+                cancel(query.id)
         finally:
             end_query = getattr(self.router, "end_query", None)
             if end_query is not None:
@@ -263,6 +397,8 @@ class AgentFlow:
         answer.stages = query.timeline_dicts()
         answer.usage = usage_of(query)
         self._record(query, pipeline, output.sql, state, record)
+        handle._emit({"type": "done", "query_id": query.id, "status": answer.status,
+                      "error": answer.error, "latency_s": answer.latency_s})
         return answer
 
     def _record(self, query: Query, pipeline: Pipeline, sql: str | None, state: dict,
@@ -286,4 +422,4 @@ def connect(config: AgentFlowConfig | dict | str | Path | None = None, **kwargs:
     return AgentFlow(config, **kwargs)
 
 
-__all__ = ["AgentFlow", "Answer", "InvalidRequest", "connect", "SqlError"]
+__all__ = ["AgentFlow", "Answer", "InvalidRequest", "QueryHandle", "connect", "SqlError"]

@@ -181,3 +181,40 @@ def test_trace_records_the_dag_with_tokens_text_and_timings(tmp_path: Path) -> N
     assert call["output"] == GOOD and call["prompt"].endswith("SELECT")
     assert call["prompt_tokens"] > 0 and call["completion_tokens"] > 0
     json.dumps(rec)
+
+
+def test_submit_streams_stage_events_and_cancel_stops_the_query() -> None:
+    import time
+
+    with connect(by_stage({"extract_keywords": "stores", "generate_candidate": GOOD,
+                           "generate_sql": GOOD}), latency_s=0.5) as af:
+        seen = []
+        handle = af.submit("How many stores are there?", db="bookshop", pipeline="chess")
+        assert handle.query_id.startswith("q-") and handle.db == "bookshop"
+        handle.subscribe(seen.append)
+        deadline = time.monotonic() + 5
+        while not any(e["type"] == "stage_started" for e in handle.events):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert af.cancel(handle.query_id)
+        answer = handle.result(timeout=5)
+        assert answer.status == "cancelled" and answer.error == "cancelled by request"
+        assert seen[-1]["type"] == "done" and seen[-1]["status"] == "cancelled"
+        assert not af.cancel(handle.query_id)  # already finished
+        assert af.router.coordinator.queries == {}  # nothing left in the scheduler
+        done = af.submit("How many stores are there?", db="bookshop", pipeline="single")
+        events = done.result(timeout=10) and done.events
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "stage_started" and kinds[-1] == "done"
+        finished = [e for e in events if e["type"] == "stage_finished"]
+        assert finished[0]["node_id"] == "generate_sql" and finished[0]["instance"] == "scripted-0"
+
+
+def test_graceful_close_cancels_what_is_still_running() -> None:
+    af = connect(by_stage({"generate_sql": GOOD}), latency_s=2.0)
+    handle = af.submit("How many stores are there?", db="bookshop", pipeline="single")
+    af.close(drain_s=0.1)
+    answer = handle.result(timeout=1)
+    assert answer.status == "cancelled" and "shutting down" in answer.error
+    with pytest.raises(RuntimeError, match="closed|shutting down"):
+        af.submit("How many stores are there?", db="bookshop")
