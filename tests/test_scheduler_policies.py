@@ -28,7 +28,7 @@ class FixedLengths:
         value = self.lengths[stage]
         return value if isinstance(value, Distribution) else Distribution.point(value)
 
-    def observe(self, stage, key_text, output_tokens):
+    def observe(self, stage, key_text, output_tokens, input_tokens=None):
         pass
 
 

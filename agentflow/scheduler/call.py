@@ -66,6 +66,7 @@ class ScheduledCall:
     attempts: int = 0
     excluded: set[str] = field(default_factory=set)  # instances that failed this call
     mean_output: float = field(init=False)
+    cost: Distribution | None = field(default=None, repr=False)  # O^2/2 + I*O, cached
     # expected run time per instance, tagged with the time model's observation count
     time_cache: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
 

@@ -20,6 +20,8 @@ class InstanceSpec:
     max_inflight: int = 1
     kv_token_budget: int | None = None
     tensor_parallel: int = 1
+    weight_bits: int | None = None  # None: the model profile's own precision
+    kv_bits: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_inflight < 1:

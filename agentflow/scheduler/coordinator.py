@@ -135,7 +135,8 @@ class Coordinator:
         queue.finish(call, self._kv_tokens(call))
         call.query.calls.discard(call)
         call.query.calls_version += 1
-        self.predictor.observe(call.stage, call.query.key_text, output_tokens)
+        self.predictor.observe(call.stage, call.query.key_text, output_tokens,
+                               call.prompt_tokens)
         self._stage_prediction.pop((call.query.id, call.stage), None)
         if total_s > 0:
             self.time_models[call.instance].observe(call.prompt_tokens, output_tokens, ttft_s,
@@ -276,7 +277,9 @@ class Coordinator:
         return query.path_cache
 
     def call_cost(self, call: ScheduledCall) -> Distribution:
-        return cost_distribution(call.prompt_tokens, call.output)
+        if call.cost is None:
+            call.cost = cost_distribution(call.prompt_tokens, call.output)
+        return call.cost
 
     def remaining_cost(self, query: QueryState) -> Distribution:
         """Distribution of the summed cost of the query's unfinished LLM stages.
@@ -298,8 +301,8 @@ class Coordinator:
                     parts.append(self._remaining_call_cost(call))
                 else:
                     tokens = int(node.hints.get("prompt_tokens", 500))
-                    parts.append(cost_distribution(tokens, self._predict_stage(query,
-                                                                               node.stage)))
+                    parts.append(cost_distribution(tokens, self._predict_stage(
+                        query, node.stage, tokens)))
         else:
             parts = [self._remaining_call_cost(c) for c in query.calls]
         total = _sum_by_sampling(parts, query.id)
@@ -343,10 +346,12 @@ class Coordinator:
         """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
         return int(call.prompt_tokens + call.output.quantile(0.9))
 
-    def _predict_stage(self, query: QueryState, stage: str) -> Distribution:
+    def _predict_stage(self, query: QueryState, stage: str,
+                       prompt_tokens: int | None = None) -> Distribution:
         key = (query.id, stage)
         if key not in self._stage_prediction:
-            self._stage_prediction[key] = self.predictor.predict(stage, query.key_text)
+            self._stage_prediction[key] = self.predictor.predict(stage, query.key_text,
+                                                                 prompt_tokens)
         return self._stage_prediction[key]
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
@@ -360,8 +365,8 @@ class Coordinator:
         def estimate(node: Node) -> float:
             if node.kind != NodeKind.LLM:
                 return node.expected_s
-            prompt = float(node.hints.get("prompt_tokens", 500))
-            return self._mean_time(prompt, self._predict_stage(query, node.stage).mean())
+            prompt = int(node.hints.get("prompt_tokens", 500))
+            return self._mean_time(prompt, self._predict_stage(query, node.stage, prompt).mean())
         return estimate
 
     def _retry_after(self, now: float) -> float:

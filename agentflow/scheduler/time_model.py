@@ -48,6 +48,8 @@ class InstanceTimeModel:
         if spec.gpu is None:
             return cls(CPU_PREFILL_S_PER_TOKEN, CPU_DECODE_S_PER_TOKEN)
         model = model_profile(spec.model or "Llama-3.1-8B")
+        if spec.weight_bits is not None or spec.kv_bits is not None:
+            model = model.quantized(spec.weight_bits or model.weight_bits, spec.kv_bits)
         return cls.from_profile(gpu_profile(spec.gpu), model, spec.tensor_parallel)
 
     def prefill_s(self, prompt_tokens: float) -> float:

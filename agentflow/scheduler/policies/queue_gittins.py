@@ -20,4 +20,4 @@ class GittinsQueue(QueuePolicy):
 
     def key(self, call, now, view) -> tuple:
         attained = kv_cost(call.prompt_tokens, call.attained_tokens)
-        return (-self.ranker.index(view.call_cost(call), attained), call.ready_at)
+        return (-self.ranker.index(view.call_cost(call), attained, key=call.id), call.ready_at)
