@@ -61,8 +61,11 @@ class Answer:
 
     @property
     def met_slo(self) -> bool | None:
-        if self.slo_s is None or self.latency_s is None:
+        """Whether a *completed* answer came within its SLO (None without an SLO)."""
+        if self.slo_s is None:
             return None
+        if self.status != "done" or self.latency_s is None:
+            return False
         return self.latency_s <= self.slo_s
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,7 +169,11 @@ class AgentFlow:
                         record: str | Path | None = None) -> Answer:
         handle = self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
                              record=record)
-        return await asyncio.wrap_future(handle.future)
+        try:
+            return await asyncio.wrap_future(handle.future)
+        except asyncio.CancelledError:
+            self.cancel(handle.query_id)  # the caller stopped waiting: stop the work too
+            raise
 
     def submit(self, question: str, db: str, *, slo: float | None = None,
                pipeline: str | None = None, evidence: str = "",
@@ -186,6 +193,8 @@ class AgentFlow:
         task_future = self._submit(self._ask(handle, db, pipeline_obj, evidence, record))
 
         def copy_result(f: Future) -> None:
+            if handle.future.done():  # the caller gave up waiting (e.g. cancelled ask_async)
+                return
             if f.cancelled():
                 handle.future.cancel()
             elif f.exception() is not None:

@@ -87,4 +87,5 @@ class AgentFlowConfig(BaseModel):
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping at the top level")
+        data.pop("server", None)  # serve.py's own section (agentflow.server.settings)
         return cls.model_validate(data)

@@ -8,6 +8,9 @@ import sys
 from agentflow import __version__
 from agentflow.cli import ask as ask_cli
 from agentflow.cli import datasets as datasets_cli
+from agentflow.cli import evaluate as evaluate_cli
+from agentflow.cli import serve as serve_cli
+from agentflow.cli import simulate as simulate_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     ask_cli.register(sub)
     datasets_cli.register(sub)
+    evaluate_cli.register(sub)
+    serve_cli.register(sub)
+    simulate_cli.register(sub)
     return parser
 
 

@@ -1,0 +1,214 @@
+"""The FastAPI app: routes, error mapping, the web page.
+
+``create_app(config)`` starts agentflow (the embedded default when ``config`` is None) and
+returns an ASGI app; ``create_app(agentflow=af)`` serves an engine the caller already made
+(and still owns). Errors always come back as ``{"error": {"code", "message"}}``:
+
+    400 malformed_json        body is not JSON / empty
+    401 unauthorized          API keys configured, none or a wrong one sent
+    404 unknown_database      db is not one this server serves (ids only, never paths)
+    404 query_not_found       unknown query id
+    409 already_finished      DELETE of a query that has ended
+    413 payload_too_large     body over the limit
+    415 unsupported_media_type body is not JSON-typed
+    422 invalid_request       empty/too long question, bad SLO, unknown pipeline or field
+    429 overloaded            the scheduler's admission bound; Retry-After says when
+    503 unavailable / shutting_down  no instance up, or draining; Retry-After
+    500 internal              a bug; the server log has the traceback
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, Header, Query
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+
+from agentflow import __version__
+from agentflow.api import AgentFlow, connect
+from agentflow.config import AgentFlowConfig
+from agentflow.server import errors
+from agentflow.server.auth import require_key
+from agentflow.server.errors import ApiError, retry_after_header
+from agentflow.server.events import stream
+from agentflow.server.metrics import ServerMetrics
+from agentflow.server.models import (DatabaseList, Health, InstanceList, PipelineList,
+                                     QueryList, QueryRequest, QueryView)
+from agentflow.server.service import QueryService
+from agentflow.server.settings import ServerSettings
+
+STATIC_DIR = Path(__file__).parent / "static"
+log = logging.getLogger("agentflow.server")
+
+
+class BodyTooLarge(ApiError):
+    def __init__(self, limit: int):
+        super().__init__(413, "payload_too_large",
+                         f"the request body is larger than {limit} bytes")
+
+
+class BodyLimit:
+    """Reject bodies over ``limit`` bytes, by Content-Length up front or while reading."""
+
+    def __init__(self, app: Any, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            response = errors.error_response(413, "payload_too_large",
+                                             f"the request body is {int(length)} bytes; at "
+                                             f"most {self.limit} are accepted")
+            return await response(scope, receive, send)
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+        return await self.app(scope, limited, send)
+
+
+def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings | None = None,
+               *, agentflow: AgentFlow | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    metrics = ServerMetrics()
+    owns = agentflow is None
+    af = agentflow if agentflow is not None else connect(config or AgentFlowConfig())
+    service = QueryService(af, settings, metrics, owns_agentflow=owns)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        import asyncio
+
+        await asyncio.to_thread(service.close)
+
+    app = FastAPI(title="agentflow", version=__version__, lifespan=lifespan,
+                  description="Agentic Text-to-SQL as a service: ask a question about a "
+                              "database, get SQL, rows and a per-stage timeline.")
+    app.state.service = service
+    app.state.api_keys = settings.keys()
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    errors.install(app, on_error=metrics.error)
+    keyed = [Depends(require_key)]
+
+    # ------------------------------------------------------------------ queries
+    @app.post("/v1/queries", response_model=QueryView, dependencies=keyed,
+              status_code=200, tags=["queries"],
+              responses={202: {"model": QueryView, "description": "accepted (wait=false, or "
+                                                                  "still running after the "
+                                                                  "wait limit)"},
+                         429: {"description": "overloaded; Retry-After"}})
+    async def post_query(body: QueryRequest) -> Any:
+        """Answer a question. With ``wait`` (default) the response is the answer; otherwise
+        202 with the query id (poll ``GET /v1/queries/{id}`` or stream its events)."""
+        handle = service.submit(body)
+        if body.wait:
+            await service.wait(handle, settings.wait_timeout_s)
+        else:
+            await service.wait_admitted(handle, settings.admission_wait_s)
+        view = service.view(handle)
+        if view.status == "rejected":
+            retry = (view.details or {}).get("retry_after_s")
+            overloaded = (view.error or "").startswith("overloaded")
+            raise ApiError(429 if overloaded else 503, "overloaded" if overloaded else
+                           "unavailable", view.error or "rejected",
+                           headers=retry_after_header(retry), retry_after_s=retry,
+                           query_id=view.query_id)
+        if view.status in ("pending", "running"):
+            return JSONResponse(view.model_dump(), status_code=202,
+                                headers={"Location": view.links["self"]})
+        return view
+
+    @app.get("/v1/queries", response_model=QueryList, dependencies=keyed, tags=["queries"])
+    async def list_queries(limit: int = Query(20, ge=1, le=1000)) -> QueryList:
+        """Recent queries, newest first."""
+        return QueryList(queries=service.recent(min(limit, settings.recent_limit)))
+
+    @app.get("/v1/queries/{query_id}", response_model=QueryView, dependencies=keyed,
+             tags=["queries"])
+    async def get_query(query_id: str) -> QueryView:
+        return service.view(service.handle(query_id))
+
+    @app.delete("/v1/queries/{query_id}", response_model=QueryView, dependencies=keyed,
+                tags=["queries"])
+    async def cancel_query(query_id: str) -> QueryView:
+        """Cancel a running query; the response is its final state (status cancelled)."""
+        handle = service.cancel(query_id)
+        await service.wait(handle, 30)
+        return service.view(handle)
+
+    @app.get("/v1/queries/{query_id}/events", dependencies=keyed, tags=["queries"],
+             response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+    async def query_events(query_id: str,
+                           last_event_id: str | None = Header(None)) -> StreamingResponse:
+        """Server-Sent Events: stage_started / stage_finished / stage_failed, then done
+        (with the answer). Events so far are replayed first."""
+        handle = service.handle(query_id)
+        start = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
+        return StreamingResponse(stream(service, handle, start), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache",
+                                          "X-Accel-Buffering": "no"})
+
+    # ------------------------------------------------------------------ catalog, cluster
+    @app.get("/v1/databases", response_model=DatabaseList, dependencies=keyed,
+             tags=["catalog"])
+    async def databases() -> DatabaseList:
+        import asyncio
+
+        return DatabaseList(databases=await asyncio.to_thread(service.databases))
+
+    @app.get("/v1/pipelines", response_model=PipelineList, dependencies=keyed,
+             tags=["catalog"])
+    async def pipelines() -> PipelineList:
+        from pipelines import pipeline_names
+
+        return PipelineList(pipelines=pipeline_names(), default=af.config.pipeline,
+                            default_slo_s=af.config.slo_s)
+
+    @app.get("/v1/instances", response_model=InstanceList, dependencies=keyed,
+             tags=["cluster"])
+    async def instances() -> InstanceList:
+        return InstanceList(instances=service.instances())
+
+    @app.get("/healthz", response_model=Health, tags=["cluster"])
+    async def healthz() -> Any:
+        """Open without a key. 503 while draining, so load balancers stop sending."""
+        infos = service.instances()
+        health = Health(status="draining" if service.draining else "ok",
+                        instances=len(infos), instances_up=sum(i.up for i in infos))
+        if service.draining:
+            return JSONResponse(health.model_dump(), status_code=503,
+                                headers=retry_after_header(5))
+        return health
+
+    @app.get("/metrics", dependencies=keyed, tags=["cluster"],
+             response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def prometheus() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    # ------------------------------------------------------------------ web page
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+__all__ = ["create_app"]

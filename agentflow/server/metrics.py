@@ -1,0 +1,123 @@
+"""Prometheus metrics for ``GET /metrics``.
+
+Each app gets its own registry (several servers in one process — tests, benchmarks — must
+not share counters). Finished queries are observed once, from their answer; the cluster's
+live state (queue lengths, calls in flight, instances up) is read from the coordinator at
+scrape time rather than mirrored, so it cannot drift. Scheduler decision time is measured
+around the coordinator's event handlers by the service layer (``service._timed``), never by
+clock reads inside the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from agentflow.api import Answer, QueryHandle
+    from agentflow.server.service import QueryService
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
+                    0.05, 0.1, 0.25)
+
+
+class ServerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = self.registry = registry or CollectorRegistry()
+        self.submitted = Counter("agentflow_queries_submitted", "Queries accepted for "
+                                 "answering (before admission)", registry=r)
+        self.queries = Counter("agentflow_queries", "Finished queries by final status "
+                               "(done, failed, cancelled, rejected)", ["status"], registry=r)
+        self.slo = Counter("agentflow_slo_queries", "Finished queries that had an SLO, by "
+                           "whether they were answered (status done) within it", ["met"],
+                           registry=r)
+        self.query_latency = Histogram("agentflow_query_latency_seconds", "End-to-end latency "
+                                       "of answered queries", ["status"],
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.stage_latency = Histogram("agentflow_stage_latency_seconds", "Stage duration by "
+                                       "stage type", ["stage", "kind"], buckets=LATENCY_BUCKETS,
+                                       registry=r)
+        self.call_queue = Histogram("agentflow_llm_call_queue_seconds", "LLM call time waiting "
+                                    "in the scheduler's queues, by instance", ["instance"],
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.call_run = Histogram("agentflow_llm_call_run_seconds", "LLM call time running on "
+                                  "the instance", ["instance"], buckets=LATENCY_BUCKETS,
+                                  registry=r)
+        self.call_failures = Counter("agentflow_llm_call_failures", "LLM call attempts an "
+                                     "instance failed (then re-run elsewhere or failed)",
+                                     ["instance"], registry=r)
+        self.decision_seconds = Histogram("agentflow_scheduler_decision_seconds", "Time the "
+                                          "coordinator spends handling one event, measured "
+                                          "around it", ["event"], buckets=DECISION_BUCKETS,
+                                          registry=r)
+        self.http_errors = Counter("agentflow_http_errors", "Error responses by code",
+                                   ["status", "code"], registry=r)
+        self._slo_met = 0
+        self._slo_total = 0
+
+    def bind(self, service: "QueryService") -> None:
+        self.registry.register(_ClusterCollector(service, self))
+
+    def observe_answer(self, handle: "QueryHandle", answer: "Answer | None") -> None:
+        status = answer.status if answer is not None else "failed"
+        self.queries.labels(status=status).inc()
+        slo = handle.slo_s
+        if slo is not None:
+            met = bool(answer is not None and answer.status == "done" and answer.met_slo)
+            self.slo.labels(met=str(met).lower()).inc()
+            self._slo_total += 1
+            self._slo_met += met
+        if answer is None:
+            return
+        if answer.latency_s is not None:
+            self.query_latency.labels(status=status).observe(answer.latency_s)
+        for stage in answer.stages:
+            if stage.get("start") is not None and stage.get("end") is not None:
+                self.stage_latency.labels(stage=stage["stage"], kind=stage["kind"]).observe(
+                    max(0.0, stage["end"] - stage["start"]))
+            for call in stage.get("llm_calls", []):
+                self.call_queue.labels(instance=call["instance"]).observe(call["queue_s"])
+                self.call_run.labels(instance=call["instance"]).observe(call["run_s"])
+
+    def error(self, status: int, code: str) -> None:
+        self.http_errors.labels(status=str(status), code=code).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ClusterCollector:
+    """Gauges read at scrape time from the coordinator and the service."""
+
+    def __init__(self, service: "QueryService", metrics: ServerMetrics):
+        self.service = service
+        self.metrics = metrics
+
+    def collect(self) -> Any:
+        waiting = GaugeMetricFamily("agentflow_instance_waiting_calls",
+                                    "LLM calls waiting in the instance's queue",
+                                    labels=["instance"])
+        running = GaugeMetricFamily("agentflow_instance_inflight_calls",
+                                    "LLM calls running on the instance", labels=["instance"])
+        up = GaugeMetricFamily("agentflow_instance_up", "1 if the instance takes calls, 0 "
+                               "while it is down after a failure", labels=["instance"])
+        for info in self.service.instances():
+            waiting.add_metric([info.name], info.waiting)
+            running.add_metric([info.name], info.running)
+            up.add_metric([info.name], 1 if info.up else 0)
+        yield from (waiting, running, up)
+        coord = self.service.coordinator
+        active = GaugeMetricFamily("agentflow_active_queries", "Queries admitted and not "
+                                   "finished")
+        active.add_metric([], len(coord.queries) if coord is not None else
+                          sum(1 for h in list(self.service.af.handles.values()) if not h.done()))
+        yield active
+        m = self.metrics
+        attainment = GaugeMetricFamily("agentflow_slo_attainment_ratio", "Share of finished "
+                                       "queries with an SLO that were answered within it "
+                                       "(since start; NaN before the first)")
+        attainment.add_metric([], m._slo_met / m._slo_total if m._slo_total else float("nan"))
+        yield attainment

@@ -1,0 +1,199 @@
+"""The HTTP API's request and response bodies.
+
+Typed at the boundary on purpose: FastAPI validates requests against these models (and
+documents them at ``/docs``), and responses are built from them, so what a client sees never
+depends on the internals' dict shapes (which carry things such as trace extras that do not
+belong on the wire).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentflow.api import MAX_QUESTION_CHARS
+
+MAX_SLO_S = 24 * 3600
+MAX_EVIDENCE_CHARS = 4000
+
+QueryStatusName = Literal["pending", "running", "done", "failed", "cancelled", "rejected"]
+
+
+class QueryRequest(BaseModel):
+    """A question to answer. ``wait=false`` answers 202 with the id at once."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"question": "How many stores are there?", "db": "bookshop", "slo_seconds": 30}]})
+
+    question: str = Field(description="the question, in plain language",
+                          json_schema_extra={"maxLength": MAX_QUESTION_CHARS, "minLength": 1})
+    db: str = Field(min_length=1, max_length=200, description="database id (GET /v1/databases)")
+    slo_seconds: float | None = Field(None, description="end-to-end latency target in seconds")
+    pipeline: str | None = Field(None, max_length=64,
+                                 description="chess, macsql or single (default: the server's)")
+    evidence: str = Field("", max_length=MAX_EVIDENCE_CHARS,
+                          description="BIRD-style hint for the question")
+    wait: bool = Field(True, description="wait for the answer (true) or answer 202 at once")
+
+    @field_validator("question")
+    @classmethod
+    def _question(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("the question is empty; type a question about the database")
+        if len(value) > MAX_QUESTION_CHARS:
+            raise ValueError(f"the question is too long ({len(value)} characters; at most "
+                             f"{MAX_QUESTION_CHARS})")
+        return value
+
+    @field_validator("slo_seconds", mode="before")
+    @classmethod
+    def _slo_type(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # JSON true would otherwise pass as 1.0 seconds
+            raise ValueError(f"must be a number of seconds, got {str(value).lower()}")
+        return value
+
+    @field_validator("slo_seconds")
+    @classmethod
+    def _slo(cls, value: float | None) -> float | None:
+        if value is not None and (not math.isfinite(value) or not 0 < value <= MAX_SLO_S):
+            raise ValueError(f"must be a positive number of seconds (at most {MAX_SLO_S}), "
+                             f"got {value:g}")
+        return value
+
+
+class FailedAttempt(BaseModel):
+    """A try of an LLM call that its instance failed (the call may have been re-run)."""
+
+    instance: str
+    error: str
+    retryable: bool
+
+
+class LLMCallView(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    request_id: str
+    instance: str = Field(description="the instance that ran the call")
+    priority: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+    submitted: float = Field(description="seconds since the query arrived")
+    started: float
+    finished: float
+    queue_s: float = Field(description="waiting in the scheduler's queues")
+    run_s: float = Field(description="running on the instance")
+    finish_reason: str
+    failed_attempts: list[FailedAttempt] = Field(default_factory=list)
+
+
+class StageView(BaseModel):
+    """One stage of the query's workflow; times are seconds since the query arrived."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    node_id: str
+    stage: str
+    kind: str = Field(description="llm or tool")
+    parents: list[str] = Field(default_factory=list)
+    start: float | None = None
+    end: float | None = None
+    status: str = "pending"
+    error: str | None = None
+    summary: str = ""
+    instances: list[str] = Field(default_factory=list)
+    queue_s: float = 0.0
+    run_s: float = 0.0
+    llm_calls: list[LLMCallView] = Field(default_factory=list)
+
+
+class Retry(BaseModel):
+    """A call that failed on one instance; ``rerun_on`` is where it then succeeded."""
+
+    node_id: str
+    stage: str
+    request_id: str
+    failed_on: str
+    error: str
+    rerun_on: str | None
+
+
+class QueryView(BaseModel):
+    """A query as it stands: in progress (stages so far) or finished (the full answer)."""
+
+    query_id: str
+    status: QueryStatusName
+    question: str
+    db: str
+    pipeline: str
+    slo_s: float | None = None
+    sql: str | None = None
+    columns: list[str] = Field(default_factory=list)
+    rows: list[list[Any]] = Field(default_factory=list)
+    truncated: bool = False
+    error: str | None = None
+    latency_s: float | None = None
+    met_slo: bool | None = None
+    stages: list[StageView] = Field(default_factory=list)
+    usage: dict[str, Any] = Field(default_factory=dict)
+    details: dict[str, Any] = Field(default_factory=dict)
+    retries: list[Retry] = Field(default_factory=list,
+                                 description="LLM calls that failed on an instance and were "
+                                             "re-run elsewhere (or not, if the query failed)")
+    links: dict[str, str] = Field(default_factory=dict)
+
+
+class QuerySummary(BaseModel):
+    query_id: str
+    status: QueryStatusName
+    question: str
+    db: str
+    pipeline: str
+    slo_s: float | None = None
+    latency_s: float | None = None
+    met_slo: bool | None = None
+    error: str | None = None
+
+
+class QueryList(BaseModel):
+    queries: list[QuerySummary]
+
+
+class DatabaseInfo(BaseModel):
+    id: str
+    engine: str
+    tables: list[str]
+    examples: list[str] = Field(default_factory=list, description="a few sample questions")
+
+
+class DatabaseList(BaseModel):
+    databases: list[DatabaseInfo]
+
+
+class InstanceInfo(BaseModel):
+    name: str
+    gpu: str | None = None
+    model: str | None = None
+    up: bool
+    waiting: int
+    running: int
+    max_inflight: int
+
+
+class InstanceList(BaseModel):
+    instances: list[InstanceInfo]
+
+
+class PipelineList(BaseModel):
+    pipelines: list[str]
+    default: str
+    default_slo_s: float | None = None
+
+
+class Health(BaseModel):
+    status: Literal["ok", "draining"]
+    instances: int
+    instances_up: int

@@ -1,0 +1,432 @@
+"""The server's side of agentflow: submit, wait, cancel, look up, shut down.
+
+Why a layer between the routes and ``AgentFlow``: the HTTP rules (which database ids a remote
+client may name, how long a request may wait, what a rejection maps to) and the
+observations the API reports (which instance failed a call before another re-ran it, how
+long the scheduler took per event) belong to serving, not to the engine. Everything here
+wraps ``AgentFlow`` from the outside; the scheduler itself is not changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import math
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import Future
+from typing import Any
+
+from agentflow.api import AgentFlow, Answer, InvalidRequest, QueryHandle
+from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
+from agentflow.server.errors import ApiError, retry_after_header
+from agentflow.server.metrics import ServerMetrics
+from agentflow.server.models import (DatabaseInfo, FailedAttempt, InstanceInfo, QueryRequest,
+                                     QuerySummary, QueryView, Retry, StageView)
+from agentflow.server.settings import ServerSettings
+from agentflow.sql import DatabaseNotFoundError
+
+log = logging.getLogger("agentflow.server")
+
+# Coordinator events whose handling time /metrics reports (scheduler decision time).
+COORDINATOR_EVENTS = ("on_query_arrival", "on_call_ready", "on_call_progress", "on_call_done",
+                      "on_call_failed", "on_call_cancelled", "on_instance_down",
+                      "on_instance_up", "on_query_done", "cancel_query")
+
+
+class FailureLog:
+    """Failed LLM call attempts by query id, kept until the query is forgotten."""
+
+    def __init__(self) -> None:
+        self._by_query: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._lock = threading.Lock()
+
+    def add(self, request: LLMRequest, instance: str, error: BackendError) -> None:
+        with self._lock:
+            self._by_query[request.query_id].append({
+                "request_id": request.request_id, "stage": request.stage,
+                "instance": instance, "error": str(error), "retryable": error.retryable})
+
+    def of(self, query_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._by_query.get(query_id, ()))
+
+    def forget(self, keep: set[str]) -> None:
+        with self._lock:
+            for query_id in [q for q in self._by_query if q not in keep]:
+                del self._by_query[query_id]
+
+
+class RecordingBackend(LLMBackend):
+    """Passes calls through to ``inner`` and notes each failure (the scheduler then re-runs
+    the call elsewhere or fails it); the answer reports both, so a client can tell a query
+    that survived a dying instance from one that never met a failure."""
+
+    def __init__(self, inner: LLMBackend, instance: str, failures: FailureLog,
+                 metrics: ServerMetrics):
+        self.inner = inner
+        self.name = getattr(inner, "name", instance)
+        self.instance = instance
+        self._failures = failures
+        self._metrics = metrics
+
+    async def generate(self, request: LLMRequest, on_progress=None) -> LLMResult:
+        try:
+            return await self.inner.generate(request, on_progress)
+        except BackendError as err:
+            self._failures.add(request, self.instance, err)
+            self._metrics.call_failures.labels(instance=self.instance).inc()
+            raise
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # anything else the inner backend offers
+        return getattr(self.inner, name)
+
+
+def _timed(method, histogram):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            histogram.observe(time.perf_counter() - start)
+    wrapper.__wrapped__ = method
+    return wrapper
+
+
+def _jsonable(value: Any) -> Any:
+    """Row values as JSON can carry them (bytes, decimals, dates become text)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _clean(value: Any) -> Any:
+    """Pipeline details may hold arbitrary objects: keep JSON-able structure, stringify the
+    rest."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_clean(v) for v in value]
+    return _jsonable(value)
+
+
+def _progress(handle: QueryHandle) -> str:
+    """Status of a query whose answer is not set yet: running once a stage has started."""
+    return "running" if any(e.get("type") == "stage_started" for e in list(handle.events)) \
+        else "pending"
+
+
+def _met_slo(answer: Answer) -> bool | None:
+    """Answered within the SLO: only a ``done`` query can meet it (a query cancelled or
+    failed early is fast, not successful)."""
+    if answer.slo_s is None:
+        return None
+    return answer.status == "done" and bool(answer.met_slo)
+
+
+class QueryService:
+    def __init__(self, af: AgentFlow, settings: ServerSettings, metrics: ServerMetrics, *,
+                 owns_agentflow: bool = True):
+        self.af = af
+        self.settings = settings
+        self.metrics = metrics
+        self.owns_agentflow = owns_agentflow
+        self.failures = FailureLog()
+        self.draining = False
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._tables: dict[str, list[str]] = {}
+        self.coordinator = getattr(getattr(af, "router", None), "coordinator", None)
+        for name in list(af.backends):
+            if not isinstance(af.backends[name], RecordingBackend):
+                # The router holds the same dict, so wrapping in place reaches it too.
+                af.backends[name] = RecordingBackend(af.backends[name], name, self.failures,
+                                                     metrics)
+        if self.coordinator is not None:
+            for event in COORDINATOR_EVENTS:
+                method = getattr(self.coordinator, event, None)
+                if method is not None and not hasattr(method, "__wrapped__"):
+                    hist = metrics.decision_seconds.labels(event=event.removeprefix("on_"))
+                    setattr(self.coordinator, event, _timed(method, hist))
+        metrics.bind(self)
+
+    # ------------------------------------------------------------------ queries
+    def submit(self, req: QueryRequest) -> QueryHandle:
+        """Start a query or raise ``ApiError`` (bad input, unknown db, shutting down)."""
+        if self.draining:
+            raise ApiError(503, "shutting_down", "the server is shutting down; retry on "
+                           "another replica or in a moment", headers=retry_after_header(5))
+        if req.db not in self.af.catalog.ids:
+            # Only catalog ids: the engine also accepts file paths, which a remote client
+            # must not be able to open on this machine.
+            close = difflib.get_close_matches(req.db, self.af.catalog.ids, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ApiError(404, "unknown_database",
+                           f"unknown database {req.db!r}{hint} (GET /v1/databases lists the "
+                           f"{len(self.af.catalog.ids)} available)")
+        try:
+            handle = self.af.submit(req.question, req.db, slo=req.slo_seconds,
+                                    pipeline=req.pipeline, evidence=req.evidence)
+        except InvalidRequest as err:
+            raise ApiError(422, "invalid_request", str(err)) from None
+        except DatabaseNotFoundError as err:
+            raise ApiError(404, "unknown_database", err.args[0] if err.args else str(err)) \
+                from None
+        except RuntimeError as err:  # closing: AgentFlow refuses new questions
+            raise ApiError(503, "shutting_down", str(err),
+                           headers=retry_after_header(5)) from None
+        self.metrics.submitted.inc()
+        handle.future.add_done_callback(lambda f: self._finished(handle, f))
+        self.failures.forget(set(self.af.handles))
+        return handle
+
+    def _finished(self, handle: QueryHandle, future: Future) -> None:
+        try:
+            answer = None if future.cancelled() or future.exception() else future.result()
+            self.metrics.observe_answer(handle, answer)
+        except Exception:  # noqa: BLE001 - metrics must never break a query
+            log.exception("recording metrics for %s failed", handle.query_id)
+
+    def handle(self, query_id: str) -> QueryHandle:
+        handle = self.af.handles.get(query_id)
+        if handle is None:
+            raise ApiError(404, "query_not_found",
+                           f"unknown query id {query_id!r} (the server keeps the last "
+                           f"1000 finished queries)")
+        return handle
+
+    async def wait(self, handle: QueryHandle, timeout: float | None) -> Answer | None:
+        """The answer, or None after ``timeout``. Waiting is shielded: a client that goes
+        away does not cancel the query (it stays available by id)."""
+        if handle.done():
+            return self._result(handle)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future = loop.create_future()
+
+        def wake(_: Future) -> None:
+            try:
+                loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+            except RuntimeError:  # the HTTP loop is gone (shutdown)
+                pass
+        handle.future.add_done_callback(wake)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except asyncio.TimeoutError:
+            return None
+        return self._result(handle)
+
+    async def wait_admitted(self, handle: QueryHandle, timeout: float) -> None:
+        """Until the query has started (first stage event) or ended (e.g. rejected)."""
+        def started() -> bool:
+            return any(e.get("type") == "stage_started" for e in list(handle.events))
+
+        if timeout <= 0 or handle.done() or started():
+            return
+        loop = asyncio.get_running_loop()
+        seen: asyncio.Future = loop.create_future()
+
+        def wake(event: Any = None) -> None:
+            # A "done" event comes just before the answer is set: wait for the answer then.
+            if isinstance(event, dict) and event.get("type") != "stage_started":
+                return
+            try:
+                loop.call_soon_threadsafe(lambda: seen.done() or seen.set_result(None))
+            except RuntimeError:
+                pass
+        handle.subscribe(wake)
+        handle.future.add_done_callback(lambda _: wake())
+        try:
+            if started() or handle.done():
+                return
+            await asyncio.wait_for(asyncio.shield(seen), timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            handle.unsubscribe(wake)
+
+    def _result(self, handle: QueryHandle) -> Answer:
+        future = handle.future
+        if future.cancelled():
+            return self._synthetic(handle, "cancelled", "cancelled")
+        if future.exception() is not None:
+            err = future.exception()
+            return self._synthetic(handle, "failed", f"{type(err).__name__}: {err}")
+        return future.result()
+
+    def _synthetic(self, handle: QueryHandle, status: str, error: str) -> Answer:
+        return Answer(query_id=handle.query_id, question=handle.question, db=handle.db,
+                      pipeline=handle.pipeline, status=status, error=error, sql=None,
+                      slo_s=handle.slo_s)
+
+    def cancel(self, query_id: str) -> QueryHandle:
+        handle = self.handle(query_id)
+        if handle.done() or not self.af.cancel(query_id):
+            status = self._result(handle).status if handle.done() else "finishing"
+            raise ApiError(409, "already_finished",
+                           f"query {query_id} already finished ({status}); nothing to cancel",
+                           query_status=status)
+        return handle
+
+    # ------------------------------------------------------------------ views
+    def view(self, handle: QueryHandle) -> QueryView:
+        links = {"self": f"/v1/queries/{handle.query_id}",
+                 "events": f"/v1/queries/{handle.query_id}/events"}
+        if not handle.done():
+            return QueryView(query_id=handle.query_id, status=_progress(handle),
+                             question=handle.question, db=handle.db, pipeline=handle.pipeline,
+                             slo_s=handle.slo_s, stages=self._stages_from_events(handle),
+                             links=links)
+        answer = self._result(handle)
+        stages, retries = self._stages_from_answer(answer)
+        return QueryView(
+            query_id=answer.query_id, status=answer.status, question=answer.question,
+            db=answer.db, pipeline=answer.pipeline, slo_s=answer.slo_s, sql=answer.sql,
+            columns=[str(c) for c in answer.columns],
+            rows=[[_jsonable(v) for v in row] for row in answer.rows],
+            truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
+            met_slo=_met_slo(answer), stages=stages, usage=_clean(answer.usage),
+            details=_clean(answer.details), retries=retries, links=links)
+
+    def summary(self, handle: QueryHandle) -> QuerySummary:
+        if not handle.done():
+            return QuerySummary(query_id=handle.query_id, status=_progress(handle),
+                                question=handle.question, db=handle.db,
+                                pipeline=handle.pipeline, slo_s=handle.slo_s)
+        a = self._result(handle)
+        return QuerySummary(query_id=a.query_id, status=a.status, question=a.question, db=a.db,
+                            pipeline=a.pipeline, slo_s=a.slo_s, latency_s=a.latency_s,
+                            met_slo=_met_slo(a), error=a.error)
+
+    def recent(self, limit: int) -> list[QuerySummary]:
+        handles = list(self.af.handles.values())[-limit:]
+        return [self.summary(h) for h in reversed(handles)]
+
+    def _stages_from_events(self, handle: QueryHandle) -> list[StageView]:
+        latest: dict[str, dict[str, Any]] = {}
+        for event in list(handle.events):
+            if event.get("type", "").startswith("stage_"):
+                latest[event["node_id"]] = event
+        stages = []
+        for node_id, e in latest.items():
+            status = {"stage_started": "running", "stage_finished": "ok",
+                      "stage_failed": "error"}[e["type"]]
+            stages.append(StageView(
+                node_id=node_id, stage=e.get("stage", node_id), kind=e.get("kind", ""),
+                parents=e.get("parents") or [], start=e.get("start"), end=e.get("end"),
+                status=status, error=e.get("error"), summary=e.get("summary") or "",
+                instances=[e["instance"]] if e.get("instance") else [],
+                queue_s=e.get("queue_s") or 0.0, run_s=e.get("run_s") or 0.0))
+        return stages
+
+    def _stages_from_answer(self, answer: Answer) -> tuple[list[StageView], list[Retry]]:
+        failed = self.failures.of(answer.query_id)
+        by_request: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for f in failed:
+            by_request[f["request_id"]].append(f)
+        stages, retries, seen = [], [], set()
+        for s in answer.stages:
+            calls = []
+            for c in s.get("llm_calls", []):
+                attempts = by_request.get(c["request_id"], [])
+                seen.add(c["request_id"])
+                calls.append({**c, "failed_attempts": [
+                    FailedAttempt(instance=a["instance"], error=a["error"],
+                                  retryable=a["retryable"]) for a in attempts]})
+                retries += [Retry(node_id=s["node_id"], stage=s["stage"],
+                                  request_id=c["request_id"], failed_on=a["instance"],
+                                  error=a["error"], rerun_on=c["instance"]) for a in attempts]
+            stages.append(StageView(
+                **{k: v for k, v in s.items() if k != "llm_calls"},
+                instances=sorted({c["instance"] for c in calls}),
+                queue_s=sum(c["queue_s"] for c in calls), run_s=sum(c["run_s"] for c in calls),
+                llm_calls=calls))
+        stage_of = {s.node_id: s for s in stages}
+        for f in failed:  # failures of calls that never succeeded anywhere
+            if f["request_id"] in seen:
+                continue
+            node = next((s.node_id for s in stage_of.values()
+                         if s.stage == f["stage"] and s.status == "error"), f["stage"])
+            retries.append(Retry(node_id=node, stage=f["stage"], request_id=f["request_id"],
+                                 failed_on=f["instance"], error=f["error"], rerun_on=None))
+        return stages, retries
+
+    # ------------------------------------------------------------------ catalog, cluster
+    def databases(self) -> list[DatabaseInfo]:
+        catalog = self.af.catalog
+        out = []
+        for db_id in catalog.ids:
+            entry = catalog.entry(db_id)
+            examples = []
+            if entry.dataset is not None:
+                examples = [e.question for e in entry.dataset.examples
+                            if e.db_id == db_id][:6]
+            out.append(DatabaseInfo(id=db_id, engine=catalog.engine,
+                                    tables=self._table_names(db_id), examples=examples))
+        return out
+
+    def _table_names(self, db_id: str) -> list[str]:
+        """From the benchmark's tables.json when there is one (no need to open hundreds of
+        Spider files for a listing), else from the opened database; cached."""
+        if db_id not in self._tables:
+            entry = self.af.catalog.entry(db_id)
+            tables_json = entry.entry.tables_json if entry.entry else None
+            names = (tables_json or {}).get("table_names_original")
+            if not names:
+                try:
+                    names = self.af.catalog.open(db_id).schema().table_names()
+                except Exception as err:  # noqa: BLE001 - a broken file must not break listing
+                    log.warning("cannot list tables of %s: %s", db_id, err)
+                    names = []
+            self._tables[db_id] = list(names)
+        return self._tables[db_id]
+
+    def instances(self) -> list[InstanceInfo]:
+        by_name = {i.name: i for i in self.af.config.instances}
+        out = []
+        for name in self.af.backends:
+            cfg = by_name.get(name)
+            queue = self.coordinator.queues.get(name) if self.coordinator else None
+            out.append(InstanceInfo(
+                name=name, gpu=cfg.gpu if cfg else None, model=cfg.model if cfg else None,
+                up=queue.up if queue else True, waiting=len(queue.waiting) if queue else 0,
+                running=len(queue.running) if queue else 0,
+                max_inflight=cfg.max_inflight if cfg else 1))
+        return out
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self, drain_s: float | None = None) -> None:
+        """Finish or cancel queries in flight (their answers say which), then release the
+        engine. Idempotent and thread-safe: uvicorn's shutdown and the app's lifespan may
+        both call it."""
+        self.draining = True
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if not self.owns_agentflow:
+                return
+            drain = self.settings.drain_s if drain_s is None else drain_s
+            running = sum(1 for h in self.af.handles.values() if not h.done())
+            log.info("shutting down: %d queries in flight, draining up to %.0fs", running, drain)
+            try:
+                self.af.close(drain_s=drain)
+            except Exception:  # noqa: BLE001 - shutdown must finish; say what went wrong
+                log.exception("closing agentflow failed")
+            statuses: dict[str, int] = defaultdict(int)
+            for h in self.af.handles.values():
+                if h.done():
+                    statuses[self._result(h).status] += 1
+            level = logging.WARNING if statuses.get("cancelled") else logging.INFO
+            log.log(level, "agentflow closed; query statuses: %s", dict(statuses))

@@ -1,0 +1,524 @@
+/* agentflow web page: ask a question, watch the pipeline run, see SQL and rows.
+ *
+ * Plain JavaScript, no build step, nothing from the internet. Talks to the same HTTP API
+ * as any client: POST /v1/queries (wait=false), then the query's Server-Sent-Events stream
+ * (read with fetch so an API key can travel in a header), which ends with the answer. */
+(function () {
+  "use strict";
+  const $ = (id) => document.getElementById(id);
+  const esc = window.SqlHighlight.escapeHtml;
+  const PALETTE = ["#4f46e5", "#0891b2", "#d97706", "#db2777", "#059669", "#7c3aed",
+    "#2563eb", "#65a30d"];
+  const state = {
+    key: localStorage.getItem("agentflow.apiKey") || "",
+    databases: [], instances: [], colors: {},
+    live: null,          // the query being shown: {id, t0, slo, stages: Map, final}
+    stream: null,        // AbortController of the open event stream
+  };
+
+  // ------------------------------------------------------------------ HTTP
+  class ApiError extends Error {
+    constructor(status, code, message, retryAfter) {
+      super(message); this.status = status; this.code = code; this.retryAfter = retryAfter;
+    }
+  }
+
+  async function api(path, opts) {
+    opts = opts || {};
+    const headers = Object.assign({}, opts.headers || {});
+    if (state.key) headers["Authorization"] = "Bearer " + state.key;
+    if (opts.body) headers["Content-Type"] = "application/json";
+    const res = await fetch(path, Object.assign({}, opts, { headers: headers }));
+    if (res.status === 401) {
+      $("key-button").hidden = false;
+      askForKey();
+    }
+    return res;
+  }
+
+  async function readJson(res) {
+    let body = null;
+    try { body = await res.json(); } catch (e) { /* not JSON */ }
+    if (!res.ok && res.status !== 202) {
+      const err = body && body.error ? body.error
+        : { code: "http_" + res.status, message: res.statusText || "request failed" };
+      throw new ApiError(res.status, err.code, err.message, res.headers.get("Retry-After"));
+    }
+    return body;
+  }
+
+  async function getJson(path) { return readJson(await api(path)); }
+
+  /* Read a Server-Sent-Events stream with fetch; calls onEvent(type, data) per event and
+   * resolves with the data of the "done" event. */
+  async function streamEvents(queryId, onEvent, signal) {
+    const res = await api("/v1/queries/" + encodeURIComponent(queryId) + "/events",
+      { signal: signal, headers: { Accept: "text/event-stream" } });
+    if (!res.ok) await readJson(res);
+    const reader = res.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const chunk = await reader.read();
+      if (chunk.done) return null;
+      buffer += decoder.decode(chunk.value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        let type = "message";
+        const data = [];
+        block.split("\n").forEach((line) => {
+          if (line.startsWith("event:")) type = line.slice(6).trim();
+          else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+        });
+        if (!data.length) continue;
+        const event = JSON.parse(data.join("\n"));
+        onEvent(type, event);
+        if (type === "done") return event;
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ API key
+  function askForKey() {
+    const dialog = $("key-dialog");
+    if (dialog.open) return;
+    $("key-input").value = state.key;
+    dialog.showModal();
+  }
+  $("key-dialog").addEventListener("close", () => {
+    if ($("key-dialog").returnValue === "ok") {
+      state.key = $("key-input").value.trim();
+      localStorage.setItem("agentflow.apiKey", state.key);
+      boot();
+    }
+  });
+  $("key-button").addEventListener("click", askForKey);
+
+  // ------------------------------------------------------------------ formatting
+  function fmtS(s) {
+    if (s === null || s === undefined) return "–";
+    if (s < 0.0005) return "0 ms";
+    if (s < 0.01) return (s * 1000).toFixed(1) + " ms";
+    if (s < 1) return (s * 1000).toFixed(0) + " ms";
+    if (s < 10) return s.toFixed(2) + " s";
+    if (s < 100) return s.toFixed(1) + " s";
+    return s.toFixed(0) + " s";
+  }
+  function colorOf(instance) {
+    if (!instance) return "#94a3b8";
+    if (!(instance in state.colors)) {
+      state.colors[instance] = PALETTE[Object.keys(state.colors).length % PALETTE.length];
+    }
+    return state.colors[instance];
+  }
+
+  // ------------------------------------------------------------------ cluster, catalog
+  async function loadCatalog() {
+    const [dbs, pipes] = await Promise.all([getJson("/v1/databases"), getJson("/v1/pipelines")]);
+    state.databases = dbs.databases;
+    const select = $("db");
+    const previous = select.value || localStorage.getItem("agentflow.db");
+    select.innerHTML = state.databases.map((d) =>
+      '<option value="' + esc(d.id) + '">' + esc(d.id) + " · " + d.tables.length +
+      " tables</option>").join("");
+    if (previous && state.databases.some((d) => d.id === previous)) select.value = previous;
+    const pipeline = $("pipeline");
+    pipeline.innerHTML = pipes.pipelines.map((p) => '<option value="' + esc(p) + '"' +
+      (p === pipes.default ? " selected" : "") + ">" + esc(p) +
+      (p === pipes.default ? " (default)" : "") + "</option>").join("");
+    if (pipes.default_slo_s && !$("slo").value) $("slo").value = pipes.default_slo_s;
+    showDatabase();
+  }
+
+  function showDatabase() {
+    const db = state.databases.find((d) => d.id === $("db").value);
+    if (!db) return;
+    localStorage.setItem("agentflow.db", db.id);
+    $("tables").innerHTML = db.tables.map((t) => "<span>" + esc(t) + "</span>").join("");
+    const box = $("examples");
+    if (!db.examples.length) { box.innerHTML = ""; return; }
+    box.innerHTML = '<div class="label">Try one of these</div>' + db.examples.slice(0, 4).map(
+      (q) => '<button type="button" class="example">' + esc(q) + "</button>").join("");
+    box.querySelectorAll("button").forEach((b) => b.addEventListener("click", () => {
+      $("question").value = b.textContent;
+      $("question").focus();
+    }));
+  }
+  $("db").addEventListener("change", showDatabase);
+
+  async function refreshInstances() {
+    try {
+      const data = await getJson("/v1/instances");
+      state.instances = data.instances;
+      data.instances.forEach((i) => colorOf(i.name));
+      $("cluster").innerHTML = data.instances.map((i) =>
+        '<span class="inst' + (i.up ? "" : " down") + '" title="' +
+        esc((i.gpu || "CPU") + (i.model ? " · " + i.model : "") + " · " + i.max_inflight +
+          " call(s) at once") + '"><span class="dot" style="background:' +
+        (i.up ? colorOf(i.name) : "#ef4444") + '"></span>' + esc(i.name) +
+        (i.gpu ? ' <span class="load">' + esc(i.gpu) + "</span>" : "") +
+        ' <span class="load">' + (i.up ? i.running + " run · " + i.waiting + " wait" : "down") +
+        "</span></span>").join("");
+      renderLegend();
+    } catch (e) { /* shown elsewhere */ }
+  }
+
+  function renderLegend() {
+    const names = state.instances.map((i) => i.name);
+    $("legend").innerHTML = names.map((n) => '<span><i style="background:' + colorOf(n) +
+      '"></i>' + esc(n) + "</span>").join("") +
+      '<span><i class="tl-bar queue" style="position:static;background-color:#64748b"></i>queued</span>' +
+      '<span><i style="background:#e5e7eb"></i>prompt / parse</span>' +
+      '<span><i style="background:#9ca3af"></i>tool step</span>';
+  }
+
+  // ------------------------------------------------------------------ recent queries
+  async function refreshRecent() {
+    let data;
+    try { data = await getJson("/v1/queries?limit=12"); } catch (e) { return; }
+    const list = $("recent");
+    if (!data.queries.length) { list.innerHTML = '<li class="muted">none yet</li>'; return; }
+    list.innerHTML = data.queries.map((q) => {
+      let bar = "";
+      if (q.slo_s && q.latency_s !== null) {
+        const pct = Math.min(100, 100 * q.latency_s / q.slo_s);
+        bar = '<span class="rbar" title="latency / SLO"><i class="' +
+          (q.met_slo ? "" : "miss") + '" style="width:' + Math.max(2, pct).toFixed(1) +
+          '%"></i></span>';
+      }
+      const timing = q.latency_s !== null
+        ? fmtS(q.latency_s) + (q.slo_s ? " / SLO " + fmtS(q.slo_s) : "")
+        : (q.slo_s ? "SLO " + fmtS(q.slo_s) : "");
+      return '<li data-id="' + esc(q.query_id) + '"><div class="rq"><span class="sdot ' +
+        q.status + '" title="' + q.status + '"></span><span class="q">' + esc(q.question) +
+        '</span></div><div class="rmeta">' + esc(q.db) + " · " + esc(q.status) + bar +
+        "<span>" + timing + "</span></div></li>";
+    }).join("");
+    list.querySelectorAll("li[data-id]").forEach((li) =>
+      li.addEventListener("click", () => openQuery(li.dataset.id)));
+  }
+
+  // ------------------------------------------------------------------ answer
+  function renderStatus(status, latency, slo) {
+    const badge = $("status-badge");
+    badge.hidden = false;
+    badge.className = "badge " + status;
+    badge.textContent = status;
+    let text = "";
+    if (latency !== null && latency !== undefined) {
+      text = "latency <b class=\"" + (slo ? (latency <= slo ? "ok" : "bad") : "") + "\">" +
+        fmtS(latency) + "</b>";
+      if (slo) text += " · SLO " + fmtS(slo) + (latency <= slo ? " ✓ met" : " ✗ missed");
+    } else if (slo) {
+      text = "SLO " + fmtS(slo);
+    }
+    $("latency").innerHTML = text;
+  }
+
+  function renderAnswer(q) {
+    $("answer-empty").hidden = true;
+    $("question-echo").textContent = q.question + "  ";
+    renderStatus(q.status, q.latency_s, q.slo_s);
+    const sql = $("sql");
+    if (q.sql) {
+      sql.hidden = false;
+      $("sql-code").innerHTML = window.SqlHighlight.highlight(q.sql);
+    } else {
+      sql.hidden = true;
+    }
+    const err = $("answer-error");
+    if (q.error) {
+      err.hidden = false;
+      err.className = "error-box" + (q.status === "cancelled" ? " soft" : "");
+      err.textContent = q.status + ": " + q.error;
+    } else {
+      err.hidden = true;
+    }
+    const result = $("result");
+    if (q.status === "done" && q.columns.length) {
+      result.hidden = false;
+      const shown = q.rows.slice(0, 200);
+      $("result-meta").textContent = q.rows.length + (q.rows.length === 1 ? " row" : " rows") +
+        (q.truncated ? " (truncated by the server's row cap)" : "") +
+        (q.rows.length > shown.length ? " · showing the first " + shown.length : "") +
+        " · " + q.db;
+      const numeric = q.columns.map((_, i) => shown.length > 0 && shown.every(
+        (row) => row[i] === null || typeof row[i] === "number"));
+      const head = "<thead><tr>" + q.columns.map((c, i) => "<th" +
+        (numeric[i] ? ' class="num"' : "") + ">" + esc(c) + "</th>").join("") + "</tr></thead>";
+      const body = "<tbody>" + shown.map((row) => "<tr>" + row.map((v) => {
+        if (v === null) return '<td class="null">NULL</td>';
+        const num = typeof v === "number";
+        return "<td" + (num ? ' class="num"' : "") + ">" + esc(String(v)) + "</td>";
+      }).join("") + "</tr>").join("") + "</tbody>";
+      $("result-table").innerHTML = head + body;
+    } else {
+      result.hidden = true;
+    }
+    const retries = $("retries");
+    if (q.retries && q.retries.length) {
+      retries.hidden = false;
+      retries.innerHTML = q.retries.map((r) => "<li><b>" + esc(r.node_id) + "</b>: instance " +
+        esc(r.failed_on) + " failed (" + esc(r.error) + ") — " +
+        (r.rerun_on ? "re-run on <b>" + esc(r.rerun_on) + "</b>" : "not recovered") +
+        "</li>").join("");
+    } else {
+      retries.hidden = true;
+    }
+  }
+
+  // ------------------------------------------------------------------ timeline
+  function stageFromEvent(prev, ev) {
+    const s = Object.assign({ llm_calls: [] }, prev || {});
+    s.node_id = ev.node_id; s.stage = ev.stage; s.kind = ev.kind;
+    s.start = ev.start; s.end = ev.end; s.error = ev.error; s.summary = ev.summary;
+    s.status = { stage_started: "running", stage_finished: "ok", stage_failed: "error" }[ev.type];
+    s.instances = ev.instance ? [ev.instance] : [];
+    s.queue_s = ev.queue_s || 0; s.run_s = ev.run_s || 0;
+    return s;
+  }
+
+  function niceStep(span) {
+    const steps = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120,
+      300, 600, 1800, 3600];
+    for (const s of steps) if (span / s <= 7) return s;
+    return 3600;
+  }
+
+  function renderTimeline() {
+    const live = state.live;
+    const box = $("timeline");
+    if (!live) return;
+    const stages = Array.from(live.stages.values())
+      .filter((s) => s.start !== null && s.start !== undefined)
+      .sort((a, b) => a.start - b.start || a.node_id.localeCompare(b.node_id));
+    const now = live.final ? null : (performance.now() - live.t0) / 1000;
+    let end = 0;
+    stages.forEach((s) => { end = Math.max(end, s.end !== null && s.end !== undefined ? s.end : (now || s.start)); });
+    if (now !== null) end = Math.max(end, now);
+    if (live.latency) end = Math.max(end, live.latency);
+    let span = Math.max(end * 1.04, 0.05);
+    const showSlo = live.slo && live.slo <= span * 2.5;  // else the bars would be slivers
+    if (showSlo) span = Math.max(span, live.slo * 1.04);
+    const step = niceStep(span);
+    const pct = (t) => (100 * Math.max(0, t) / span).toFixed(3) + "%";
+    const ticks = [];
+    for (let t = 0; t <= span + 1e-9; t += step) ticks.push(t);
+    const grid = ticks.map((t) => '<div class="tl-grid" style="left:' + pct(t) + '"></div>').join("");
+    const slo = showSlo ? '<div class="tl-slo" style="left:' + pct(live.slo) + '"><span>SLO ' +
+      fmtS(live.slo) + "</span></div>" : "";
+    let html = '<div class="tl-axis"><div class="muted">stage</div><div class="tl-scale">' +
+      ticks.filter((t) => !showSlo || Math.abs(t - live.slo) > span * 0.05)
+        .map((t) => '<span class="tl-tick" style="left:' + pct(t) + '">' +
+        parseFloat(t.toFixed(3)) + "s</span>").join("") +
+      slo + '</div><div class="muted">' + (showSlo || !live.slo ? "" : "SLO " + fmtS(live.slo) +
+        " (off scale)") + "</div></div>";
+    stages.forEach((s) => {
+      const bars = [];
+      const stageEnd = s.end !== null && s.end !== undefined ? s.end : now;
+      const bar = (cls, a, b, color, title) => {
+        if (b === null || b === undefined || a === null) return;
+        const w = Math.max(0, b - a);
+        bars.push('<div class="tl-bar ' + cls + '" style="left:' + pct(a) + ";width:" +
+          (100 * w / span).toFixed(3) + "%" + (color ? ";background-color:" + color : "") +
+          '" title="' + esc(title) + '"></div>');
+      };
+      let info = "";
+      if (s.status === "running") {
+        bar("running", s.start, stageEnd, s.kind === "llm" ? "#93a3f8" : "#cbd5e1",
+          s.node_id + " running");
+        info = "running…";
+      } else if (s.kind === "llm" && s.llm_calls && s.llm_calls.length) {
+        let cursor = s.start;
+        s.llm_calls.forEach((c) => {
+          bar("prep", cursor, c.submitted, null, "prompt building");
+          bar("queue", c.submitted, c.started, colorOf(c.instance),
+            "queued " + fmtS(c.queue_s) + " for " + c.instance);
+          bar("run", c.started, c.finished, colorOf(c.instance),
+            "ran " + fmtS(c.run_s) + " on " + c.instance + " (" + c.prompt_tokens + " → " +
+            c.completion_tokens + " tokens)");
+          cursor = c.finished;
+        });
+        bar("prep", cursor, s.end, null, "parsing the answer");
+        const inst = Array.from(new Set(s.llm_calls.map((c) => c.instance)));
+        const q = s.llm_calls.reduce((a, c) => a + c.queue_s, 0);
+        const r = s.llm_calls.reduce((a, c) => a + c.run_s, 0);
+        info = "<b>" + esc(inst.join(", ")) + "</b> · queue " + fmtS(q) + " · run " + fmtS(r);
+      } else if (s.kind === "llm" && s.end !== null && s.end !== undefined) {
+        const runStart = s.end - s.run_s;
+        const queueStart = runStart - s.queue_s;
+        const inst = (s.instances || [])[0];
+        bar("prep", s.start, queueStart, null, "prompt building");
+        bar("queue", queueStart, runStart, colorOf(inst), "queued " + fmtS(s.queue_s));
+        bar("run", runStart, s.end, colorOf(inst), "ran " + fmtS(s.run_s));
+        info = inst ? "<b>" + esc(inst) + "</b> · queue " + fmtS(s.queue_s) + " · run " +
+          fmtS(s.run_s) : "";
+      } else {
+        bar("tool", s.start, stageEnd, null, s.summary || s.node_id);
+        info = esc(s.summary || "") || fmtS(stageEnd - s.start);
+      }
+      const failed = s.status === "error" || s.status === "cancelled";
+      if (failed) info = esc(s.status + (s.error ? ": " + s.error : ""));
+      html += '<div class="tl-row"><div class="tl-name" title="' + esc(s.node_id) + '">' +
+        esc(s.node_id) + '<span class="kind">' + esc(s.kind) + "</span></div>" +
+        '<div class="tl-track">' + grid + (showSlo ? '<div class="tl-slo" style="top:0;left:' +
+        pct(live.slo) + '"></div>' : "") + bars.join("").replace(/class="tl-bar /g,
+          failed ? 'class="tl-bar error ' : 'class="tl-bar ') + "</div>" +
+        '<div class="tl-info' + (failed ? " err" : "") + '" title="' +
+        esc(info.replace(/<[^>]+>/g, "")) + '">' + info + "</div></div>";
+    });
+    if (!stages.length) html += '<div class="muted" style="padding:8px 0">waiting for the first stage…</div>';
+    if (live.final) html += usageLine(live.final);
+    box.innerHTML = html;
+  }
+
+  function usageLine(q) {
+    const calls = [];
+    q.stages.forEach((s) => (s.llm_calls || []).forEach((c) => calls.push(c)));
+    if (!calls.length) return "";
+    const instances = new Set(calls.map((c) => c.instance));
+    const queued = calls.filter((c) => c.queue_s >= 0.001);
+    const waited = queued.reduce((a, c) => a + c.queue_s, 0);
+    const tokensIn = calls.reduce((a, c) => a + c.prompt_tokens, 0);
+    const tokensOut = calls.reduce((a, c) => a + c.completion_tokens, 0);
+    return '<div class="tl-usage">' + calls.length + " LLM call" + (calls.length === 1 ? "" : "s") +
+      " on " + instances.size + " instance" + (instances.size === 1 ? "" : "s") + " · " +
+      (queued.length ? queued.length + " queued for " + fmtS(waited) + " in total" : "none queued") +
+      " · " + tokensIn.toLocaleString() + " prompt → " + tokensOut.toLocaleString() +
+      " output tokens · pipeline " + esc(q.pipeline) + "</div>";
+  }
+
+  function tick() {
+    if (!state.live || state.live.final) return;
+    renderTimeline();
+    if (state.live.id) {
+      const elapsed = (performance.now() - state.live.t0) / 1000;
+      renderStatus("running", null, state.live.slo);
+      $("latency").innerHTML = "elapsed <b>" + fmtS(elapsed) + "</b>" +
+        (state.live.slo ? " · SLO " + fmtS(state.live.slo) : "");
+    }
+    requestAnimationFrame(tick);
+  }
+
+  function showFinal(q) {
+    const live = state.live;
+    if (!live || live.id !== q.query_id) return;
+    live.final = q;
+    live.latency = q.latency_s;
+    live.stages = new Map(q.stages.map((s) => [s.node_id, s]));
+    renderAnswer(q);
+    renderTimeline();
+    setBusy(false);
+    refreshRecent();
+    refreshInstances();
+  }
+
+  function follow(view, t0) {
+    if (state.stream) state.stream.abort();
+    state.live = { id: view.query_id, t0: t0, slo: view.slo_s, stages: new Map(), final: null };
+    view.stages.forEach((s) => state.live.stages.set(s.node_id, s));
+    $("answer-empty").hidden = true;
+    $("question-echo").textContent = view.question;
+    $("sql").hidden = true; $("result").hidden = true; $("answer-error").hidden = true;
+    $("retries").hidden = true;
+    if (["done", "failed", "cancelled", "rejected"].indexOf(view.status) >= 0) {
+      showFinal(view);
+      return;
+    }
+    setBusy(true);
+    requestAnimationFrame(tick);
+    const controller = new AbortController();
+    state.stream = controller;
+    streamEvents(view.query_id, (type, ev) => {
+      if (!state.live || state.live.id !== view.query_id) return;
+      if (type.startsWith("stage_")) {
+        state.live.stages.set(ev.node_id, stageFromEvent(state.live.stages.get(ev.node_id), ev));
+        const now = performance.now();  // queue lengths move with the stages: refresh, throttled
+        if (!state.lastInstances || now - state.lastInstances > 300) {
+          state.lastInstances = now;
+          refreshInstances();
+        }
+      } else if (type === "done" && ev.answer) {
+        showFinal(ev.answer);
+      }
+    }, controller.signal).then(async (done) => {
+      if (state.live && state.live.id === view.query_id && !state.live.final) {
+        // stream ended without the answer attached: fetch it
+        showFinal(await getJson("/v1/queries/" + encodeURIComponent(view.query_id)));
+      }
+    }).catch((e) => {
+      if (e.name !== "AbortError") showFormError(e.message);
+      setBusy(false);
+    });
+  }
+
+  async function openQuery(id) {
+    try {
+      const view = await getJson("/v1/queries/" + encodeURIComponent(id));
+      // A query still running is followed live; its elapsed time is estimated from stages.
+      const started = view.stages.reduce((a, s) => Math.max(a, s.end || s.start || 0), 0);
+      follow(view, performance.now() - started * 1000);
+    } catch (e) { showFormError(e.message); }
+  }
+
+  // ------------------------------------------------------------------ asking
+  function setBusy(busy) {
+    $("ask-button").disabled = busy;
+    $("ask-button").textContent = busy ? "Running…" : "Ask";
+  }
+  function showFormError(message) {
+    const box = $("form-error");
+    box.hidden = !message;
+    box.textContent = message || "";
+  }
+
+  $("ask-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    showFormError("");
+    const question = $("question").value.trim();
+    if (!question) { showFormError("Type a question first."); return; }
+    const body = { question: question, db: $("db").value, wait: false };
+    // The server checks the SLO (and everything else) and says what is wrong.
+    if ($("slo").value !== "") body.slo_seconds = Number($("slo").value);
+    if ($("pipeline").value) body.pipeline = $("pipeline").value;
+    setBusy(true);
+    const t0 = performance.now();
+    try {
+      const view = await readJson(await api("/v1/queries",
+        { method: "POST", body: JSON.stringify(body) }));
+      follow(view, t0);
+      refreshRecent();
+    } catch (err) {
+      setBusy(false);
+      let message = err.message;
+      if (err.status === 429 || err.status === 503) {
+        message = "The cluster is busy: " + err.message +
+          (err.retryAfter ? ". Try again in " + err.retryAfter + " s." : ".");
+      }
+      showFormError(message);
+    }
+  });
+
+  $("question").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("ask-form").requestSubmit();
+  });
+
+  // ------------------------------------------------------------------ start
+  async function boot() {
+    try {
+      await loadCatalog();
+      showFormError("");
+    } catch (e) {
+      showFormError(e.status === 401 ? "This server needs an API key." : e.message);
+      return;
+    }
+    refreshInstances();
+    refreshRecent();
+  }
+  renderLegend();
+  boot();
+  setInterval(() => { if (!document.hidden) refreshInstances(); }, 2000);
+  setInterval(() => { if (!document.hidden && !(state.live && !state.live.final)) refreshRecent(); }, 5000);
+})();
