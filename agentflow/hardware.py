@@ -3,12 +3,21 @@ and an LLM, from public spec sheets and model configs.
 
 Numbers are dense (no sparsity) FP16/BF16 tensor throughput and HBM/GDDR bandwidth. Real
 kernels reach a fraction of these; ``efficiency`` factors say how much, and the scheduler's
-time model corrects them online from observed timings.
+time model corrects them online from observed timings. ``mem_gb`` is read as GiB (2**30
+bytes), the unit ``nvidia-smi`` reports.
+
+Calibration: ``CALIBRATIONS`` holds per-(GPU, model, weight precision) constants fitted to
+measured vLLM single-request latencies (``benchmarks/sim_calibration.py`` re-derives them and
+prints the fit); ``calibrated(gpu, model)`` returns the GPU profile with them applied, or the
+profile unchanged where no calibration exists. Only physical constants are fitted: the
+fraction of peak bandwidth reached streaming weights, the fraction reached reading the KV
+cache in decode attention, and a fixed per-request front-end cost.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -16,9 +25,21 @@ class GPUProfile:
     name: str
     peak_tflops: float  # dense FP16/BF16 tensor-core TFLOP/s
     mem_bw_gbs: float  # memory bandwidth, GB/s
-    mem_gb: float
+    mem_gb: float  # GiB
     compute_efficiency: float = 0.55  # fraction of peak FLOP/s reached in prefill GEMMs
-    bw_efficiency: float = 0.6  # fraction of peak bandwidth reached in decode
+    bw_efficiency: float = 0.6  # fraction of peak bandwidth reached streaming weights (decode)
+    # Fraction of peak bandwidth reached by decode attention reading the KV cache (paged
+    # attention over few KV heads keeps few SMs busy at small batch). 0.403 is the value
+    # fitted jointly over A100/A6000/L40S (see CALIBRATIONS); a default for other GPUs.
+    attn_bw_efficiency: float = 0.403
+    # Fixed cost of one engine iteration: scheduling, input preparation, sampling and the
+    # launch of the (CUDA-graph) forward pass. Not identifiable from single-request timings
+    # (it trades off against bw_efficiency); a prior from vLLM V1's per-step CPU time.
+    step_overhead_s: float = 0.002
+    # Fixed cost per request outside the GPU loop (HTTP, tokenisation, streaming).
+    request_overhead_s: float = 0.0
+    interconnect_gbs: float = 25.0  # per-direction GPU-GPU bandwidth (PCIe 4.0 x16 ~ 25)
+    comm_latency_s: float = 2e-5  # latency of one all-reduce
 
 
 @dataclass(frozen=True)
@@ -33,6 +54,8 @@ class ModelProfile:
     head_dim: int
     weight_bits: int = 16
     kv_bits: int = 16
+    ffn_hidden: int = 0  # MLP intermediate size per token (MoE: active experts'); 0: 4*hidden
+    vocab: int = 128256
 
     @property
     def weight_bytes(self) -> float:
@@ -43,18 +66,22 @@ class ModelProfile:
         """Keys and values of every layer for one token."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bits / 8
 
-    def quantized(self, weight_bits: int, kv_bits: int | None = None) -> "ModelProfile":
-        from dataclasses import replace
+    @property
+    def base_name(self) -> str:
+        """The model's name without the ``-wN`` suffixes ``quantized`` adds."""
+        return re.sub(r"(-w\d+)+$", "", self.name)
 
-        return replace(self, name=f"{self.name}-w{weight_bits}", weight_bits=weight_bits,
+    def quantized(self, weight_bits: int, kv_bits: int | None = None) -> ModelProfile:
+        return replace(self, name=f"{self.base_name}-w{weight_bits}", weight_bits=weight_bits,
                        kv_bits=kv_bits if kv_bits is not None else self.kv_bits)
 
 
 GPUS: dict[str, GPUProfile] = {g.name: g for g in (
-    GPUProfile("A100-80G", peak_tflops=312, mem_bw_gbs=2039, mem_gb=80),
-    GPUProfile("A100-40G", peak_tflops=312, mem_bw_gbs=1555, mem_gb=40),
-    GPUProfile("H100", peak_tflops=989, mem_bw_gbs=3350, mem_gb=80),
-    GPUProfile("H200", peak_tflops=989, mem_bw_gbs=4800, mem_gb=141),
+    GPUProfile("A100-80G", peak_tflops=312, mem_bw_gbs=2039, mem_gb=80,
+               interconnect_gbs=300),  # NVLink3: 600 GB/s both directions
+    GPUProfile("A100-40G", peak_tflops=312, mem_bw_gbs=1555, mem_gb=40, interconnect_gbs=300),
+    GPUProfile("H100", peak_tflops=989, mem_bw_gbs=3350, mem_gb=80, interconnect_gbs=450),
+    GPUProfile("H200", peak_tflops=989, mem_bw_gbs=4800, mem_gb=141, interconnect_gbs=450),
     GPUProfile("A6000", peak_tflops=154.8, mem_bw_gbs=768, mem_gb=48),
     GPUProfile("L40S", peak_tflops=362, mem_bw_gbs=864, mem_gb=48),
     GPUProfile("A40", peak_tflops=149.7, mem_bw_gbs=696, mem_gb=48),
@@ -62,15 +89,66 @@ GPUS: dict[str, GPUProfile] = {g.name: g for g in (
 
 MODELS: dict[str, ModelProfile] = {m.name: m for m in (
     ModelProfile("Llama-3.1-70B", params_b=70.6, active_params_b=70.6, layers=80, hidden=8192,
-                 heads=64, kv_heads=8, head_dim=128),
+                 heads=64, kv_heads=8, head_dim=128, ffn_hidden=28672),
     ModelProfile("Llama-3.1-8B", params_b=8.03, active_params_b=8.03, layers=32, hidden=4096,
-                 heads=32, kv_heads=8, head_dim=128),
+                 heads=32, kv_heads=8, head_dim=128, ffn_hidden=14336),
     ModelProfile("Qwen3-30B-A3B", params_b=30.5, active_params_b=3.3, layers=48, hidden=2048,
-                 heads=32, kv_heads=4, head_dim=128),
+                 heads=32, kv_heads=4, head_dim=128, ffn_hidden=8 * 768, vocab=151936),
     # The embedded default (llama.cpp on CPU): timed by measurement, not by a roofline.
     ModelProfile("gemma-3-270m", params_b=0.27, active_params_b=0.27, layers=18, hidden=640,
-                 heads=4, kv_heads=1, head_dim=256, weight_bits=4),
+                 heads=4, kv_heads=1, head_dim=256, weight_bits=4, ffn_hidden=2048,
+                 vocab=262144),
 )}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants fitted for one GPU serving one model at one weight precision."""
+
+    bw_efficiency: float
+    attn_bw_efficiency: float
+    request_overhead_s: float
+    source: str = ""
+
+
+# Fitted by benchmarks/sim_calibration.py (agentflow.sim.calibration.fit_constants): weighted
+# least squares of the simulator's single-request latency (relative error) on the
+# even-indexed half of traces/vllm-latency (Llama-3.1-70B on vLLM, one request at a time),
+# attn_bw_efficiency shared by the three GPUs, step_overhead_s fixed at the 2 ms prior; the
+# odd half is held out. Assumes 4-bit weights and KV (HexGen-Flow's setup) and, as the data
+# show, prompts served from vLLM's prefix cache (see agentflow/sim/calibration.py).
+_VLLM_70B = "traces/vllm-latency, Llama-3.1-70B w4/kv4, vLLM, single requests"
+CALIBRATIONS: dict[tuple[str, str, int], Calibration] = {
+    ("A100-80G", "Llama-3.1-70B", 4): Calibration(0.475, 0.403, 0.0485, _VLLM_70B),
+    ("A6000", "Llama-3.1-70B", 4): Calibration(0.813, 0.403, 0.0300, _VLLM_70B),
+    ("L40S", "Llama-3.1-70B", 4): Calibration(0.782, 0.403, 0.0185, _VLLM_70B),
+}
+
+# HexGen-Flow's testbed: four GPUs of three kinds, each serving Llama-3.1-70B w4/kv4 alone.
+PAPER_4GPU: tuple[tuple[str, str], ...] = (
+    ("A100-0", "A100-80G"), ("A100-1", "A100-80G"), ("A6000", "A6000"), ("L40S", "L40S"))
+
+
+def paper_model() -> ModelProfile:
+    """Llama-3.1-70B with 4-bit weights and 4-bit KV cache, as in the HexGen-Flow runs."""
+    return model("Llama-3.1-70B").quantized(4, 4)
+
+
+def calibration_for(gpu_profile: GPUProfile, model_profile: ModelProfile) -> Calibration | None:
+    return CALIBRATIONS.get((gpu_profile.name, model_profile.base_name,
+                             model_profile.weight_bits))
+
+
+def calibrated(gpu_profile: GPUProfile | str, model_profile: ModelProfile | str) -> GPUProfile:
+    """``gpu_profile`` with the fitted constants for this model applied, if any exist."""
+    g = gpu(gpu_profile) if isinstance(gpu_profile, str) else gpu_profile
+    m = model(model_profile) if isinstance(model_profile, str) else model_profile
+    cal = calibration_for(g, m)
+    if cal is None:
+        return g
+    return replace(g, bw_efficiency=cal.bw_efficiency,
+                   attn_bw_efficiency=cal.attn_bw_efficiency,
+                   request_overhead_s=cal.request_overhead_s)
 
 
 def gpu(name: str) -> GPUProfile:

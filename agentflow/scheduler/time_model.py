@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentflow.hardware import GPUProfile, ModelProfile
+from agentflow.hardware import GPUProfile, ModelProfile, calibrated
 from agentflow.hardware import gpu as gpu_profile
 from agentflow.hardware import model as model_profile
 from agentflow.scheduler.cluster import InstanceSpec
@@ -41,7 +41,8 @@ class InstanceTimeModel:
         bandwidth = gpu.mem_bw_gbs * 1e9 * gpu.bw_efficiency * tensor_parallel
         prefill = 2 * model.active_params_b * 1e9 / flops
         decode = model.weight_bytes * (model.active_params_b / model.params_b) / bandwidth
-        return cls(prefill_s_per_token=prefill, decode_s_per_token=decode, overhead_s=0.02)
+        return cls(prefill_s_per_token=prefill, decode_s_per_token=decode,
+                   overhead_s=gpu.request_overhead_s)
 
     @classmethod
     def for_spec(cls, spec: InstanceSpec) -> "InstanceTimeModel":
@@ -50,7 +51,9 @@ class InstanceTimeModel:
         model = model_profile(spec.model or "Llama-3.1-8B")
         if spec.weight_bits is not None or spec.kv_bits is not None:
             model = model.quantized(spec.weight_bits or model.weight_bits, spec.kv_bits)
-        return cls.from_profile(gpu_profile(spec.gpu), model, spec.tensor_parallel)
+        # Constants fitted to measured vLLM latencies where they exist (agentflow.hardware).
+        gpu = calibrated(gpu_profile(spec.gpu), model)
+        return cls.from_profile(gpu, model, spec.tensor_parallel)
 
     def prefill_s(self, prompt_tokens: float) -> float:
         return self.overhead_s + prompt_tokens * self.prefill_s_per_token * self.prefill_ratio

@@ -1,0 +1,1 @@
+"""The heterogeneous GPU cluster simulator."""

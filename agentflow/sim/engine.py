@@ -1,0 +1,681 @@
+"""A simulated GPU instance with vLLM-like continuous batching, in virtual time.
+
+``SimInstance`` replays what a vLLM (V1) engine does with the requests a coordinator admits:
+iteration-level scheduling over a paged KV cache, chunked prefill, priority order and
+preemption by recomputation; only the clock is simulated. Nothing reads the wall clock and
+nothing is random, so the same calls in the same order give the same events.
+
+Scheduling, one iteration (vLLM V1, ``--scheduling-policy priority``)
+-------------------------------------------------------------------
+* Token budget ``max_num_batched_tokens``. Running sequences first, in admission order: each
+  asks for all of its uncomputed tokens (1 when decoding; the rest of its prompt when it is
+  prefilling), cut to the budget left (chunked prefill). A sequence that needs a KV block when
+  none is free preempts the running sequence with the largest priority value (ties: latest
+  arrival), possibly itself: its blocks are freed and it goes back to the waiting queue with
+  its progress reset, to prefill prompt + generated tokens again (recompute mode).
+* If nothing was preempted, waiting sequences are admitted in (priority, arrival) order while
+  the budget, ``max_num_seqs`` and free blocks allow; the first that does not fit stops
+  admission (no skipping ahead). Without chunked prefill a prompt is admitted only whole.
+* A sequence whose uncomputed tokens are all computed in an iteration samples one token.
+  A preempted sequence re-enters the queue at its (priority, arrival) position, which is the
+  front among its own priority class.
+* ``cached_tokens`` (prefix-cache hits) skip prefill compute on first admission; like vLLM
+  only whole blocks count, and at least one prompt token is always computed.
+
+KV-cache capacity (blocks of ``block_size`` tokens)
+---------------------------------------------------
+    per GPU free  = mem * gpu_memory_utilization - weight_bytes / tp - activation_reserve
+    activation_reserve = max_num_batched_tokens * (4 * hidden + 2 * ffn_hidden / tp) * 2 B
+                         + max_num_seqs * vocab * 4 B (logits) + 1 GiB (context, graphs)
+    blocks        = floor(per GPU free / (kv_bytes_per_token / tp * block_size))
+
+Step time (a roofline over the hardware and model profiles)
+-----------------------------------------------------------
+For an iteration computing ``T`` tokens, where sequence ``i`` computes ``n_i`` tokens on top
+of ``c_i`` tokens already in its KV cache::
+
+    FLOPs    = 2 * active_params * T + 4 * layers * heads * head_dim * sum_i (n_i*c_i + n_i*(n_i+1)/2)
+    compute  = FLOPs / (peak_flops * compute_efficiency * tp)
+    memory   = (weight_bytes * f(T) + kv_bytes_per_token * T) / (bandwidth * bw_efficiency * tp)
+             + kv_bytes_per_token * sum_i c_i / (bandwidth * attn_bw_efficiency * tp)
+    comm     = 2 * layers * (comm_latency + 2 (tp-1)/tp * T * hidden * 2 B / interconnect)   (tp > 1)
+    step     = max(compute, memory) + step_overhead + comm
+
+``f(T) = 1`` for dense models; for MoE ``f(T) = 1 - (1 - active/total)^T``, the expected
+fraction of (expert) weights a batch of T tokens touches. So a decode step reads the weights
+once for the whole batch (batch 32 costs far less than 32 single steps) but each sequence
+adds its KV reads and its share of the FLOPs (batch 32 costs more than one).
+
+Requests also pay ``request_overhead_s`` (HTTP, tokenisation) before they can be scheduled;
+it counts as queue time. Measured from a fitted profile (``hardware.CALIBRATIONS``).
+
+Jumping ahead
+-------------
+When an iteration is pure decode of every running sequence and nothing can be admitted, the
+batch stays the same until a sequence finishes, a KV block runs out, or a new request
+becomes eligible; ``K`` such iterations are planned at once (their times from one vectorised
+roofline with the contexts growing by one token per step) and committed lazily, emitting
+first-token / power-of-two progress / finish events at the exact iteration ends. An ``add``
+or ``abort`` cuts the plan after the iteration in flight. ``jump_ahead=False`` plans one
+iteration at a time; both give identical times (same integer operands, same float order).
+
+Driving it
+----------
+``add(..., now)`` and ``abort(..., now)`` first run every iteration ending at or before
+``now`` (events are kept for the next ``step_until``). ``next_event_time()`` is the end of
+the iteration in flight or, inside a planned decode run, the next iteration that emits an
+event (so a driver is not woken for silent decode steps); ``step_until(t)`` runs every
+iteration ending at or before ``t`` and returns the events in time order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from agentflow import hardware
+from agentflow.hardware import GPUProfile, ModelProfile
+
+_WAITING, _PENDING, _RUNNING, _DONE, _ABORTED = range(5)
+_GIB = 2 ** 30
+
+
+@dataclass(slots=True)
+class SeqEvent:
+    """``first_token`` (1 token), ``progress`` (2, 4, 8, ... tokens) or ``finished``.
+
+    ``ttft_s`` and ``total_s`` (only on ``finished``) are measured from when the sequence
+    first started running; ``queue_s`` is its wait inside the instance before that.
+    """
+
+    kind: str
+    seq_id: str
+    time: float
+    output_tokens_so_far: int
+    ttft_s: float | None = None
+    total_s: float | None = None
+    queue_s: float | None = None
+    preempted: int = 0
+
+    @property
+    def output_tokens(self) -> int:
+        return self.output_tokens_so_far
+
+
+@dataclass(frozen=True, slots=True)
+class SimLoad:
+    running: int
+    waiting: int  # includes requests still in the front end (request overhead)
+    kv_blocks_used: int
+    kv_blocks_total: int
+    preemptions: int  # so far, over the instance's life
+
+
+class _Seq:
+    __slots__ = (
+        "arrival",
+        "blocks",
+        "cached",
+        "computed",
+        "eligible",
+        "first_sched",
+        "first_token",
+        "generated",
+        "id",
+        "order",
+        "output",
+        "preempted",
+        "priority",
+        "prompt",
+        "state",
+    )
+
+    def __init__(self, seq_id, prompt, output, priority, arrival, order, cached, eligible):
+        self.id = seq_id
+        self.prompt = prompt
+        self.output = output
+        self.priority = priority
+        self.arrival = arrival
+        self.order = order
+        self.cached = cached
+        self.computed = 0
+        self.generated = 0
+        self.blocks = 0
+        self.state = _PENDING
+        self.eligible = eligible
+        self.first_sched: float | None = None
+        self.first_token: float | None = None
+        self.preempted = 0
+
+
+class _Plan:
+    """``K`` iterations starting at ``t0``; ``m`` of them committed so far."""
+
+    __slots__ = (
+        "K",
+        "c0",
+        "ends",
+        "ev_ptr",
+        "evs",
+        "g0",
+        "m",
+        "ns",
+        "out",
+        "run",
+        "seqs",
+        "t0",
+    )
+
+    def __init__(self, seqs, ns, K, t0, ends, run):
+        self.seqs = seqs
+        self.ns = ns
+        self.K = K
+        self.t0 = t0
+        self.ends = ends
+        self.m = 0
+        self.run = run  # True: every sequence decodes one token per iteration
+        # runs: (iteration, sequence index, token count) of every first-token/progress
+        # event, in iteration order; ev_ptr: the first not yet emitted
+        self.evs: list[tuple[int, int, int]] = []
+        self.ev_ptr = 0
+
+
+class SimInstance:
+    """One model instance (``tensor_parallel`` GPUs of one kind) with continuous batching.
+
+    ``use_calibration``: when ``gpu`` is the stock profile of ``hardware.GPUS`` and
+    ``hardware.CALIBRATIONS`` has constants for this GPU and model, they are applied.
+    ``step_overhead_s`` / ``request_overhead_s`` override the profile's values;
+    ``num_gpu_blocks`` overrides the computed KV capacity (like vLLM's
+    ``num_gpu_blocks_override``).
+    """
+
+    def __init__(self, gpu: GPUProfile, model: ModelProfile, tensor_parallel: int = 1, *,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                 block_size: int = 16, gpu_memory_utilization: float = 0.9,
+                 chunked_prefill: bool = True, name: str | None = None,
+                 jump_ahead: bool = True, use_calibration: bool = True,
+                 step_overhead_s: float | None = None,
+                 request_overhead_s: float | None = None,
+                 num_gpu_blocks: int | None = None):
+        if tensor_parallel < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1 \
+                or block_size < 1 or not 0 < gpu_memory_utilization <= 1:
+            raise ValueError("invalid engine limits")
+        if use_calibration and hardware.GPUS.get(gpu.name) == gpu:
+            gpu = hardware.calibrated(gpu, model)
+        if step_overhead_s is not None:
+            gpu = replace(gpu, step_overhead_s=step_overhead_s)
+        if request_overhead_s is not None:
+            gpu = replace(gpu, request_overhead_s=request_overhead_s)
+        self.gpu, self.model, self.tp = gpu, model, tensor_parallel
+        self.name = name or f"{gpu.name}/{model.name}"
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_size = block_size
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.chunked_prefill = chunked_prefill
+        self.jump_ahead = jump_ahead
+        self.request_overhead_s = gpu.request_overhead_s
+
+        tp = tensor_parallel
+        kvb = model.kv_bytes_per_token
+        # KV heads are split across TP ranks, replicated when there are fewer than ranks.
+        kv_per_gpu = kvb * max(1, tp // max(1, model.kv_heads)) / tp if tp > 1 else kvb
+        ffn = model.ffn_hidden or 4 * model.hidden
+        reserve = (max_num_batched_tokens * (4 * model.hidden + 2 * ffn / tp) * 2
+                   + max_num_seqs * model.vocab * 4 + _GIB)
+        free = gpu.mem_gb * _GIB * gpu_memory_utilization - model.weight_bytes / tp - reserve
+        self.kv_blocks_total = int(free // (kv_per_gpu * block_size)) if free > 0 else 0
+        if num_gpu_blocks is not None:
+            self.kv_blocks_total = int(num_gpu_blocks)
+        if self.kv_blocks_total < 1:
+            raise ValueError(f"{model.name} does not fit on {tp} x {gpu.name} "
+                             f"({gpu.mem_gb} GiB at utilization {gpu_memory_utilization})")
+
+        # Roofline constants.
+        self._flops = gpu.peak_tflops * 1e12 * gpu.compute_efficiency * tp
+        self._flop_tok = 2.0 * model.active_params_b * 1e9
+        self._flop_pair = 4.0 * model.layers * model.heads * model.head_dim
+        self._bw_w = gpu.mem_bw_gbs * 1e9 * gpu.bw_efficiency * tp
+        self._bw_a = gpu.mem_bw_gbs * 1e9 * gpu.attn_bw_efficiency * tp
+        self._kvb = kvb
+        self._weights = model.weight_bytes
+        self._moe_rho = model.active_params_b / model.params_b
+        self._overhead = gpu.step_overhead_s
+        self._comm = None
+        if tp > 1:
+            self._comm = (2 * model.layers * gpu.comm_latency_s,
+                          2 * model.layers * 2 * (tp - 1) / tp * model.hidden * 2
+                          / (gpu.interconnect_gbs * 1e9))
+
+        self._seqs: dict[str, _Seq] = {}
+        self._running: list[_Seq] = []
+        self._waiting: list[tuple] = []  # heap of (priority, arrival, order, seq)
+        self._pending: list[tuple] = []  # heap of (eligible, order, seq): in the front end
+        self._n_waiting = 0
+        self._free = self.kv_blocks_total
+        self._plan: _Plan | None = None
+        self._t_bound = 0.0  # when the engine is next free to start an iteration
+        self._now = 0.0
+        self._buf: list = []  # (time, order, kind rank, SeqEvent)
+        self._order = 0
+        self.steps = 0  # iterations simulated
+        self.tokens_computed = 0  # prefill + decode tokens over all iterations
+        self.plans = 0  # scheduling decisions (a decode run counts once)
+        self.preemptions = 0
+
+    # ------------------------------------------------------------------------------ timing
+    def _fixed(self, T: int) -> tuple[float, float]:
+        """(memory seconds independent of contexts, per-step additive seconds) for T tokens."""
+        f = 1.0 if self._moe_rho >= 1.0 else 1.0 - (1.0 - self._moe_rho) ** T
+        mem = (self._weights * f + self._kvb * T) / self._bw_w
+        add = self._overhead
+        if self._comm is not None:
+            add += self._comm[0] + self._comm[1] * T
+        return mem, add
+
+    def _durations(self, T: int, attn: np.ndarray, kv_read: np.ndarray) -> np.ndarray:
+        compute = (self._flop_tok * T + self._flop_pair * attn) / self._flops
+        mem0, add = self._fixed(T)
+        memory = mem0 + self._kvb * kv_read / self._bw_a
+        return np.maximum(compute, memory) + add
+
+    def _duration(self, T: int, attn: int, kv_read: int) -> float:
+        """``_durations`` for one iteration, with the same float operations in the same order
+        (so one-at-a-time and vectorised runs give bit-identical times)."""
+        compute = (self._flop_tok * T + self._flop_pair * float(attn)) / self._flops
+        mem0, add = self._fixed(T)
+        memory = mem0 + self._kvb * float(kv_read) / self._bw_a
+        return max(memory, compute) + add
+
+    def step_time(self, ns, contexts) -> float:
+        """Seconds of one iteration in which sequence i computes ``ns[i]`` tokens on top of
+        ``contexts[i]`` cached ones."""
+        attn = sum(n * c + n * (n + 1) // 2 for n, c in zip(ns, contexts))
+        return self._duration(int(sum(ns)), attn, sum(contexts))
+
+    def decode_step_time(self, batch: int, context_tokens: int) -> float:
+        """One decode iteration of ``batch`` sequences that each hold ``context_tokens``."""
+        return self.step_time([1] * batch, [context_tokens] * batch)
+
+    # --------------------------------------------------------------------------------- API
+    def add(self, seq_id: str, prompt_tokens: int, output_tokens: int, priority: int,
+            now: float, cached_tokens: int = 0) -> None:
+        """Admit a request at ``now``; it generates exactly ``output_tokens`` (at least 1).
+
+        Raises ValueError if it can never fit in the KV cache on its own."""
+        if seq_id in self._seqs:
+            raise ValueError(f"{self.name}: duplicate sequence id {seq_id!r}")
+        prompt_tokens = max(1, int(prompt_tokens))
+        output_tokens = max(1, int(output_tokens))
+        need = -(-(prompt_tokens + output_tokens) // self.block_size)
+        if need > self.kv_blocks_total:
+            raise ValueError(f"{self.name}: {prompt_tokens}+{output_tokens} tokens exceed the "
+                             f"KV cache ({self.kv_blocks_total * self.block_size} tokens)")
+        self._advance(now, self._buf)
+        self._now = max(self._now, now)
+        cached = min(max(0, int(cached_tokens)), prompt_tokens - 1)
+        cached -= cached % self.block_size
+        s = _Seq(seq_id, prompt_tokens, output_tokens, priority, now, self._order, cached,
+                 now + self.request_overhead_s)
+        self._order += 1
+        self._seqs[seq_id] = s
+        self._n_waiting += 1
+        if self._plan is None:
+            self._t_bound = max(self._t_bound, now)
+        if self.request_overhead_s > 0:
+            heapq.heappush(self._pending, (s.eligible, s.order, s))
+            self._cut_plan(s.eligible)
+        else:
+            self._push_waiting(s)
+            self._cut_plan(now)
+
+    def abort(self, seq_id: str, now: float | None = None) -> bool:
+        """Cancel a sequence; its KV blocks are freed at once. False if unknown/finished."""
+        if now is not None:
+            self._advance(now, self._buf)
+            self._now = max(self._now, now)
+        s = self._seqs.pop(seq_id, None)
+        if s is None:
+            return False
+        if s.state in (_WAITING, _PENDING):
+            self._n_waiting -= 1
+            if s.state == _WAITING:  # it may have been blocking the head of the queue
+                self._cut_plan(self._now)
+        elif s.state == _RUNNING:
+            self._free += s.blocks
+            s.blocks = 0
+            self._running.remove(s)
+            self._cut_plan(self._now)
+        s.state = _ABORTED
+        return True
+
+    def next_event_time(self) -> float | None:
+        """When ``step_until`` next has something to do, or None when idle."""
+        if self._buf:
+            return min(e[0] for e in self._buf)
+        p = self._plan
+        if p is None:
+            if not self._running and self._n_waiting == 0:
+                return None
+            t0 = max(self._t_bound, self._now)
+            if not self._running and not self._has_waiting():  # only front-end requests
+                te = max(self._t_bound, self._pending[0][0])
+                if te > self._now:
+                    return te
+                t0 = te
+            self._build_plan(t0)
+            p = self._plan
+            if p is None:  # nothing schedulable until a pending request becomes eligible
+                return self._pending[0][0] if self._pending else None
+        if not p.run:
+            return p.ends[0]
+        k = p.evs[p.ev_ptr][0] if p.ev_ptr < len(p.evs) else p.K - 1
+        return float(p.ends[k if k < p.K else p.K - 1])
+
+    def step_until(self, t: float) -> list[SeqEvent]:
+        """Run every iteration that ends at or before ``t``; the events, in time order (ties:
+        admission order, then first_token < progress < finished)."""
+        events, self._buf = self._buf, []
+        self._advance(t, events)
+        self._now = max(self._now, t)
+        if len(events) > 1:
+            events.sort(key=lambda e: e[:3])
+        return [e[3] for e in events]
+
+    def load(self) -> SimLoad:
+        used = self.kv_blocks_total - self._free
+        p = self._plan
+        if p is not None and p.run and p.m > 0:  # blocks taken lazily inside a decode run
+            alive = np.array([s.state == _RUNNING for s in p.seqs])
+            need = -(-(p.c0 + p.m + 1) // self.block_size)
+            had = -(-(p.c0 + 1) // self.block_size)
+            used += int(np.maximum(need - had, 0)[alive].sum())
+        return SimLoad(running=len(self._running), waiting=self._n_waiting,
+                       kv_blocks_used=used, kv_blocks_total=self.kv_blocks_total,
+                       preemptions=self.preemptions)
+
+    @property
+    def idle(self) -> bool:
+        return self._plan is None and not self._running and self._n_waiting == 0
+
+    # ---------------------------------------------------------------------------- internals
+    def _push_waiting(self, s: _Seq) -> None:
+        s.state = _WAITING
+        heapq.heappush(self._waiting, (s.priority, s.arrival, s.order, s))
+
+    def _has_waiting(self) -> bool:
+        w = self._waiting
+        while w and w[0][3].state != _WAITING:
+            heapq.heappop(w)
+        return bool(w)
+
+    def _cut_plan(self, t: float) -> None:
+        """Inputs change at ``t``: a decode run ends with the iteration in flight at ``t``, or
+        at ``t`` itself when an iteration ends exactly then (as if planned one at a time)."""
+        p = self._plan
+        if p is None or not p.run:
+            return
+        k = max(p.m, int(np.searchsorted(p.ends, t, side="left")) + 1)
+        if k < p.K:
+            p.K = k
+            p.ends = p.ends[:k]
+        if p.m == p.K:
+            self._finish_plan(p, self._buf)
+
+    def _advance(self, t: float, events: list) -> None:
+        while True:
+            p = self._plan
+            if p is None:
+                if not self._running and self._n_waiting == 0:
+                    return
+                tb = self._t_bound
+                if not self._running and not self._has_waiting():
+                    tb = max(tb, self._pending[0][0])
+                if tb >= t:  # a plan starting at t is built later, once inputs at t are in
+                    return
+                self._build_plan(tb)
+                p = self._plan
+                if p is None:
+                    if self._pending and self._pending[0][0] < t:
+                        self._t_bound = max(tb, self._pending[0][0])
+                        continue
+                    return
+            if p.run:
+                m = int(np.searchsorted(p.ends, t, side="right"))
+                m = min(m, p.K)
+            else:
+                m = 1 if p.ends[0] <= t else 0
+            if m > p.m:
+                self._commit(p, m, events)
+            if p.m < p.K:
+                return
+            self._finish_plan(p, events)
+
+    def _build_plan(self, tb: float) -> None:
+        self._t_bound = tb
+        pend = self._pending
+        while pend and pend[0][0] <= tb:
+            s = heapq.heappop(pend)[2]
+            if s.state == _PENDING:
+                self._push_waiting(s)
+        B = self.block_size
+        budget = self.max_num_batched_tokens
+        running = self._running
+        sched: list[_Seq] = []
+        ns: dict[_Seq, int] = {}
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            n = s.prompt + s.generated - s.computed
+            n = min(n, budget)
+            need = -(-(s.computed + n) // B) - s.blocks
+            if need > self._free:
+                while need > self._free:
+                    victim = max(running, key=lambda r: (r.priority, r.arrival, r.order))
+                    vi = running.index(victim)
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is s:
+                        break
+                    if victim in ns:
+                        budget += ns.pop(victim)
+                        sched.remove(victim)
+                    if vi < i:
+                        i -= 1
+                if s.state != _RUNNING:
+                    continue
+            s.blocks += need
+            self._free -= need
+            sched.append(s)
+            ns[s] = n
+            budget -= n
+            i += 1
+        if not preempted:
+            w = self._waiting
+            M = self.max_num_batched_tokens
+            while w and budget > 0 and len(running) < self.max_num_seqs:
+                s = w[0][3]
+                if s.state != _WAITING:
+                    heapq.heappop(w)
+                    continue
+                comp = s.cached if s.first_sched is None else 0
+                unc = s.prompt + s.generated - comp
+                if unc > budget:
+                    if self.chunked_prefill:
+                        n = budget
+                    elif budget == M:  # longer than the budget: runs alone, whole
+                        n = unc
+                    else:
+                        break
+                else:
+                    n = unc
+                need = -(-(comp + n) // B)
+                if need > self._free:
+                    break
+                heapq.heappop(w)
+                self._n_waiting -= 1
+                s.state = _RUNNING
+                s.computed = comp
+                s.blocks = need
+                self._free -= need
+                if s.first_sched is None:
+                    s.first_sched = tb
+                running.append(s)
+                sched.append(s)
+                ns[s] = n
+                budget -= n
+        if not sched:
+            self._plan = None
+            if preempted:  # everything running was preempted: admit from the queue now
+                self._build_plan(tb)
+            return
+        self.plans += 1
+        nl = [ns[s] for s in sched]
+        T = sum(nl)
+        attn = 0
+        kv_read = 0
+        for s, n in zip(sched, nl):
+            attn += n * s.computed + n * (n + 1) // 2
+            kv_read += s.computed
+        run = (self.jump_ahead and not preempted and T == len(sched) == len(running)
+               and all(s.prompt + s.generated - s.computed == 1 for s in sched))
+        if not run:
+            self._plan = _Plan(sched, nl, 1, tb, [tb + self._duration(T, attn, kv_read)], False)
+            return
+        S = len(sched)
+        c0 = np.fromiter((s.computed for s in sched), dtype=np.int64, count=S)
+        g0 = np.fromiter((s.generated for s in sched), dtype=np.int64, count=S)
+        out = np.fromiter((s.output for s in sched), dtype=np.int64, count=S)
+        K = int((out - g0).min())
+        if K > 1:  # blocks for iterations 1..K-1 must come from the free pool
+            first = B - (c0 % B)  # iteration at which each sequence next needs a block
+            cnt = np.where(first <= K - 1, (K - 1 - first) // B + 1, 0)
+            if int(cnt.sum()) > self._free:
+                steps = np.sort(np.concatenate(
+                    [np.arange(f, K, B) for f in first[cnt > 0].tolist()]))
+                K = int(steps[self._free])
+        if K == 1:
+            ends = np.array([tb + self._duration(T, attn, kv_read)])
+        else:
+            j = np.arange(K, dtype=np.int64)
+            dt = self._durations(T, attn + S * j, kv_read + S * j)
+            dt[0] += tb
+            ends = np.cumsum(dt)  # sequential: ((tb + dt0) + dt1) + ...
+        if self._pending:  # cut after the iteration in flight when a request turns eligible
+            te = self._pending[0][0]
+            k = int(np.searchsorted(ends, te, side="left")) + 1
+            if k < K:
+                K = k
+                ends = ends[:K]
+        p = _Plan(sched, nl, K, tb, ends, True)
+        p.c0, p.g0, p.out = c0, g0, out
+        # token counts that are powers of two, reached at iteration pw - g0 - 1 (a sequence's
+        # last token is reported by its finish event instead, unless it is its first)
+        top = int((g0 + K).max()).bit_length()
+        pw = np.left_shift(np.int64(1), np.arange(top, dtype=np.int64))[:, None]
+        it = pw - g0[None, :] - 1
+        ok = (it >= 0) & (it < K) & ((pw != out[None, :]) | (pw == 1))
+        kk, ss = np.nonzero(ok)
+        if len(kk):
+            its = it[kk, ss]
+            order = np.argsort(its, kind="stable")
+            p.evs = list(zip(its[order].tolist(), ss[order].tolist(),
+                             pw[kk[order], 0].tolist()))
+        self._plan = p
+
+    def _preempt(self, s: _Seq) -> None:
+        self._running.remove(s)
+        self._free += s.blocks
+        s.blocks = 0
+        s.computed = 0
+        s.preempted += 1
+        self.preemptions += 1
+        self._n_waiting += 1
+        self._push_waiting(s)
+
+    def _commit(self, p: _Plan, m: int, events: list) -> None:
+        """Commit iterations p.m .. m-1 of the plan (emit their events)."""
+        if not p.run:  # one general iteration
+            t = p.ends[0]
+            for s, n in zip(p.seqs, p.ns):
+                if s.state != _RUNNING:
+                    continue
+                s.computed += n
+                if s.computed == s.prompt + s.generated:
+                    s.generated += 1
+                    self._token_event(s, s.generated, t, events)
+            p.m = 1
+            self.steps += 1
+            self.tokens_computed += sum(p.ns)
+            return
+        evs, k = p.evs, p.ev_ptr
+        n_evs = len(evs)
+        while k < n_evs and evs[k][0] < m:
+            it, i, pw = evs[k]
+            k += 1
+            s = p.seqs[i]
+            if s.state == _RUNNING:
+                t = float(p.ends[it])
+                if pw == 1:
+                    s.first_token = t
+                    events.append((t, s.order, 0, SeqEvent("first_token", s.id, t, 1,
+                                                            preempted=s.preempted)))
+                else:
+                    events.append((t, s.order, 1, SeqEvent("progress", s.id, t, pw,
+                                                            preempted=s.preempted)))
+        p.ev_ptr = k
+        self.steps += m - p.m
+        self.tokens_computed += (m - p.m) * len(p.seqs)
+        p.m = m
+
+    def _token_event(self, s: _Seq, g: int, t: float, events: list) -> None:
+        if g == 1:
+            s.first_token = t
+            events.append((t, s.order, 0, SeqEvent("first_token", s.id, t, 1,
+                                                    preempted=s.preempted)))
+        if g == s.output:
+            self._finish_seq(s, t, events)
+        elif g > 1 and g & (g - 1) == 0:
+            events.append((t, s.order, 1, SeqEvent("progress", s.id, t, g,
+                                                    preempted=s.preempted)))
+
+    def _finish_seq(self, s: _Seq, t: float, events: list) -> None:
+        s.state = _DONE
+        self._free += s.blocks
+        s.blocks = 0
+        self._seqs.pop(s.id, None)
+        events.append((t, s.order, 2, SeqEvent(
+            "finished", s.id, t, s.generated, ttft_s=s.first_token - s.first_sched,
+            total_s=t - s.first_sched, queue_s=s.first_sched - s.arrival,
+            preempted=s.preempted)))
+
+    def _finish_plan(self, p: _Plan, events: list) -> None:
+        """All of the plan's iterations are committed: write the run's state back."""
+        self._plan = None
+        self._t_bound = float(p.ends[p.K - 1])
+        if p.run:
+            B = self.block_size
+            m = p.m
+            t = float(p.ends[m - 1])
+            done = False
+            for i, s in enumerate(p.seqs):
+                if s.state != _RUNNING:
+                    continue
+                s.computed = int(p.c0[i]) + m
+                s.generated = g = int(p.g0[i]) + m
+                nb = -(-s.computed // B)
+                if nb > s.blocks:
+                    self._free -= nb - s.blocks
+                    s.blocks = nb
+                if g == s.output:
+                    self._finish_seq(s, t, events)
+                    done = True
+            if done:
+                self._running = [s for s in self._running if s.state == _RUNNING]
+        else:
+            if any(s.state == _DONE for s in p.seqs):
+                self._running = [s for s in self._running if s.state == _RUNNING]

@@ -1,0 +1,166 @@
+"""Workloads for the simulator: recorded query DAGs and their arrival times.
+
+Two trace formats import into one ``TraceQuery`` shape (a DAG of LLM calls with token counts
+and tool steps with durations):
+
+* HexGen-Flow traces — a JSON list of ``{"Text2SQLRequest": [{"step", "input_length",
+  "output_length"}, ...]}``. As the reference simulator reads them: consecutive calls of
+  ``generate_candidate_llama-agent`` form one stage whose calls run in parallel, so do
+  consecutive ``evaluate`` calls; every other call is a stage of its own; each stage starts
+  when the previous one has finished.
+* agentflow traces — the JSONL written by ``--record`` (``agentflow.workflow.trace``): the DAG
+  as it actually ran, with each LLM call's tokens and each tool step's duration.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PARALLEL_STEPS = ("generate_candidate_llama-agent", "evaluate")
+
+
+@dataclass(frozen=True)
+class TraceNode:
+    id: str
+    stage: str
+    kind: str  # "llm" | "tool"
+    parents: tuple[str, ...]
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    duration_s: float = 0.0  # tool steps only
+
+
+@dataclass
+class TraceQuery:
+    id: str
+    nodes: list[TraceNode]
+    question: str = ""  # what the length predictor embeds (empty for HexGen traces)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def llm_calls(self) -> int:
+        return sum(n.kind == "llm" for n in self.nodes)
+
+
+def load_hexgen(path: str | Path) -> list[TraceQuery]:
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of queries (HexGen-Flow format)")
+    queries = []
+    for qi, item in enumerate(data):
+        steps = item.get("Text2SQLRequest") if isinstance(item, dict) else None
+        if not steps:
+            raise ValueError(f"{path}: query {qi} has no Text2SQLRequest steps")
+        nodes: list[TraceNode] = []
+        previous: tuple[str, ...] = ()
+        current: list[str] = []
+        current_step = None
+        for si, step in enumerate(steps):
+            name = step["step"]
+            joins = name in PARALLEL_STEPS and name == current_step
+            if not joins and current:
+                previous, current = tuple(current), []
+            node_id = f"{si}:{name}"
+            nodes.append(TraceNode(node_id, name, "llm", previous,
+                                   int(step["input_length"]), int(step["output_length"])))
+            current.append(node_id)
+            current_step = name
+        queries.append(TraceQuery(id=f"{Path(path).stem}-{qi}", nodes=nodes))
+    return queries
+
+
+def load_agentflow(path: str | Path) -> list[TraceQuery]:
+    queries = []
+    with Path(path).open() as fh:
+        for li, line in enumerate(fh):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            nodes = []
+            for n in rec["nodes"]:
+                if n.get("status") not in ("ok", None):
+                    continue  # stages that never finished are not replayed
+                parents = tuple(p for p in n["parents"])
+                if n["kind"] == "llm":
+                    calls = n.get("calls") or []
+                    nodes.append(TraceNode(
+                        n["id"], n["stage"], "llm", parents,
+                        sum(c["prompt_tokens"] for c in calls),
+                        sum(c["completion_tokens"] for c in calls)))
+                else:
+                    duration = (n["end"] or 0.0) - (n["start"] or 0.0)
+                    nodes.append(TraceNode(n["id"], n["stage"], "tool", parents,
+                                           duration_s=max(0.0, duration)))
+            kept = {n.id for n in nodes}
+            nodes = [TraceNode(n.id, n.stage, n.kind, tuple(p for p in n.parents if p in kept),
+                               n.prompt_tokens, n.output_tokens, n.duration_s) for n in nodes]
+            queries.append(TraceQuery(id=f"{rec.get('query_id', li)}", nodes=nodes,
+                                      question=rec.get("question", ""),
+                                      meta={"db_id": rec.get("db_id"), "sql": rec.get("sql"),
+                                            "status": rec.get("status")}))
+    return queries
+
+
+def load_trace(path: str | Path, fmt: str = "auto") -> list[TraceQuery]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"trace file not found: {path}")
+    if fmt == "auto":
+        fmt = "agentflow" if path.suffix == ".jsonl" else "hexgen"
+    if fmt == "hexgen":
+        return load_hexgen(path)
+    if fmt == "agentflow":
+        return load_agentflow(path)
+    raise ValueError(f"unknown trace format {fmt!r}; expected hexgen or agentflow")
+
+
+# ------------------------------------------------------------------------------ arrivals
+def arrival_times(n: int, rate: float, process: str = "poisson", *, seed: int = 0
+                  ) -> np.ndarray:
+    """``n`` arrival times (seconds from 0) at mean ``rate`` queries/s.
+
+    ``poisson``; ``gamma:CV`` (bursty: gamma inter-arrivals with coefficient of variation CV);
+    ``steps:R1/D1,R2/D2,...`` (fluctuating: rate R1 for D1 seconds, then R2 for D2, cycling;
+    ``rate`` is ignored) — each segment Poisson.
+    """
+    if n <= 0:
+        return np.zeros(0)
+    rng = np.random.default_rng(seed)
+    if process == "poisson":
+        return np.cumsum(rng.exponential(1.0 / _positive(rate), n))
+    if process.startswith("gamma:"):
+        cv = float(process.split(":", 1)[1])
+        if cv <= 0:
+            raise ValueError("gamma CV must be positive")
+        shape = 1.0 / cv ** 2
+        return np.cumsum(rng.gamma(shape, 1.0 / (_positive(rate) * shape), n))
+    if process.startswith("steps:"):
+        segments = []
+        for part in process.split(":", 1)[1].split(","):
+            r, d = part.split("/")
+            segments.append((_positive(float(r)), float(d)))
+        times, t, seg = [], 0.0, 0
+        segment_end = segments[0][1]
+        while len(times) < n:
+            r, d = segments[seg % len(segments)]
+            gap = rng.exponential(1.0 / r)
+            if t + gap > segment_end:  # memoryless: restart at the next segment's rate
+                t = segment_end
+                seg += 1
+                segment_end = t + segments[seg % len(segments)][1]
+                continue
+            t += gap
+            times.append(t)
+        return np.asarray(times)
+    raise ValueError(f"unknown arrival process {process!r}; use poisson, gamma:CV or "
+                     "steps:RATE/SECONDS,...")
+
+
+def _positive(rate: float) -> float:
+    if rate <= 0:
+        raise ValueError(f"rate must be positive, got {rate}")
+    return rate
