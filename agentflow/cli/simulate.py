@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-scale", type=float, default=2.0,
                    help="deadline given to the scheduler, as a multiple of idle latency")
     p.add_argument("--alpha", type=float, default=None, help="fixed workload_balanced alpha")
+    p.add_argument("--cached-prefix", type=float, default=0.0,
+                   help="fraction of each prompt served from a prefix cache (default 0: "
+                        "cold prompts)")
     p.add_argument("--tune-alpha", action="store_true",
                    help="re-tune alpha online from forked simulations of the recent window")
     p.add_argument("--goodput", action="store_true",
@@ -49,7 +52,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     trace = load_trace(args.trace, args.format)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-    idle = IdleLatency(cluster)
+    idle = IdleLatency(cluster, cached_prefix=args.cached_prefix)
     workload = build_workload(trace, cluster, n=args.queries, rate=args.rate,
                               arrival=args.arrival, seed=args.seed, idle=idle)
     results = {}
@@ -57,7 +60,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         tuner = OnlineAlphaTuner(cluster, slo_scale=args.slo_scale) if args.tune_alpha else None
         result = run_policy(cluster, workload, policy, slo_scale=args.slo_scale,
-                            alpha=args.alpha, alpha_tuner=tuner)
+                            alpha=args.alpha, alpha_tuner=tuner,
+                            cached_prefix=args.cached_prefix)
         summary = result.summary()
         summary["sim_wall_s"] = time.perf_counter() - start
         if result.alpha_history:
@@ -65,12 +69,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.goodput:
             summary["goodput_qps"] = goodput(cluster, trace, policy, n=args.queries,
                                              slo_scale=args.slo_scale, arrival=args.arrival,
-                                             seed=args.seed, idle=idle)
+                                             seed=args.seed, idle=idle,
+                                             cached_prefix=args.cached_prefix)
         results[policy] = summary
         console.print(f"  {policy}: done in {summary['sim_wall_s']:.1f}s", highlight=False)
     out = {"config": {"trace": str(args.trace), "cluster": cluster.name,
                       "rate": args.rate, "arrival": args.arrival, "queries": args.queries,
                       "seed": args.seed, "slo_scale": args.slo_scale, "alpha": args.alpha,
+                      "cached_prefix": args.cached_prefix,
                       "tune_alpha": args.tune_alpha},
            "policies": results}
     console_out = Console()

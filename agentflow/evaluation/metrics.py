@@ -1,0 +1,131 @@
+"""From per-question records to one run's numbers: accuracy, latency, SLO attainment, cost."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import numpy as np
+
+from agentflow.eval import REASONS
+
+TABLE_SCALES = (1.0, 1.5, 2.0, 3.0, 5.0)
+CURVE_SCALES = tuple(float(x) for x in np.round(np.arange(1.0, 10.001, 0.25), 2))
+LEVEL_ORDER = ("easy", "medium", "hard", "extra", "simple", "moderate", "challenging", "unknown")
+COMPLETED = ("done", "failed")  # the query came back: an answer, or a reason it has none
+
+
+def pct(values, q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def dist(values) -> dict[str, Any]:
+    values = [float(v) for v in values if v is not None]
+    return {"n": len(values), "mean": float(np.mean(values)) if values else None,
+            "p50": pct(values, 50), "p95": pct(values, 95), "p99": pct(values, 99),
+            "max": max(values) if values else None}
+
+
+def _acc(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Execution accuracy over the questions that could be judged (a replayed trace without
+    a gold answer cannot); a question with no answer at all counts as wrong."""
+    judged = [r for r in records if r.get("correct") is not None]
+    n = len(judged)
+    correct = sum(bool(r["correct"]) for r in judged)
+    correct_bird = sum(bool(r.get("correct_bird")) for r in judged)
+    return {"n": n, "correct": correct, "accuracy": correct / n if n else None,
+            "correct_bird": correct_bird, "accuracy_bird": correct_bird / n if n else None}
+
+
+def level_key(level: str) -> tuple[int, str]:
+    return (LEVEL_ORDER.index(level) if level in LEVEL_ORDER else len(LEVEL_ORDER), level)
+
+
+def attainment(records: list[dict[str, Any]], scale: float) -> float | None:
+    """Share of all questions that came back within ``scale`` x their idle latency."""
+    if not records:
+        return None
+    met = sum(1 for r in records
+              if r.get("status") in COMPLETED and r.get("latency_s") is not None
+              and r.get("idle_latency_s") is not None
+              and r["latency_s"] <= scale * r["idle_latency_s"] + 1e-9)
+    return met / len(records)
+
+
+def throughput(records: list[dict[str, Any]]) -> tuple[float | None, float]:
+    """Completed questions per second of serving time. A resumed run adds up each session's
+    span (first arrival to last finish), so time between sessions is not counted."""
+    spans: dict[str, list[float]] = defaultdict(lambda: [float("inf"), float("-inf")])
+    completed = 0
+    for r in records:
+        if r.get("arrival_s") is None:
+            continue
+        span = spans[str(r.get("session", ""))]
+        span[0] = min(span[0], r["arrival_s"])
+        if r.get("status") in COMPLETED and r.get("finish_s") is not None:
+            completed += 1
+            span[1] = max(span[1], r["finish_s"])
+    total = sum(max(0.0, b - a) for a, b in spans.values() if b > float("-inf"))
+    return (completed / total if total > 0 else None), total
+
+
+def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[str, Any]:
+    completed = [r for r in records if r.get("status") in COMPLETED]
+    reasons = Counter(r.get("reason", "unknown") for r in records)
+    by_reason = {k: reasons.get(k, 0) for k in (*REASONS, "no_sql")}
+    by_reason.update({k: v for k, v in reasons.items() if k not in by_reason})
+
+    by_level: dict[str, list] = defaultdict(list)
+    by_db: dict[str, list] = defaultdict(list)
+    for r in records:
+        by_level[r.get("difficulty") or "unknown"].append(r)
+        by_db[r.get("db_id") or "?"].append(r)
+
+    stage_nodes: dict[str, list[dict]] = defaultdict(list)
+    for r in completed:
+        for row in r.get("stages") or []:
+            stage_nodes[row["stage"]].append(row)
+    stages = {}
+    for stage, rows in stage_nodes.items():
+        stages[stage] = {
+            "nodes": len(rows),
+            "per_question": len(rows) / len(completed) if completed else None,
+            "duration_s": dist([row["end"] - row["start"] for row in rows]),
+            "queue_s_mean": float(np.mean([row.get("queue_s", 0.0) for row in rows])),
+            "run_s_mean": float(np.mean([row.get("run_s", 0.0) for row in rows])),
+            "calls": sum(row.get("calls", 0) for row in rows),
+        }
+    qps, span = throughput(records)
+    statuses = Counter(r.get("status", "?") for r in records)
+    slo_scales = sorted({*TABLE_SCALES, float(slo_scale)})
+    absolute = [r for r in records if r.get("slo_s")]
+    n_c = len(completed)
+    return {
+        "questions": len(records),
+        "status": dict(statuses),
+        "accuracy": {**_acc(records), "by_reason": by_reason},
+        "by_difficulty": {k: _acc(by_level[k]) for k in sorted(by_level, key=level_key)},
+        "by_database": {k: _acc(by_db[k]) for k in sorted(by_db)},
+        "latency_s": dist([r["latency_s"] for r in completed]),
+        "idle_latency_s": dist([r.get("idle_latency_s") for r in completed]),
+        "queue_s_per_question": dist([r.get("queue_s", 0.0) for r in completed]),
+        "run_s_per_question": dist([r.get("run_s", 0.0) for r in completed]),
+        "stages": dict(sorted(stages.items(), key=lambda kv: -kv[1]["duration_s"]["mean"])),
+        "slo_attainment": {f"{s:g}": attainment(records, s) for s in slo_scales},
+        "slo_curve": {f"{s:g}": attainment(records, s) for s in CURVE_SCALES},
+        "slo_scale": float(slo_scale),
+        "slo_absolute": ({"n": len(absolute),
+                          "met": sum(1 for r in absolute if r.get("met_slo")),
+                          "attainment": sum(1 for r in absolute if r.get("met_slo"))
+                          / len(absolute)} if absolute else None),
+        "throughput_qps": qps,
+        "serving_span_s": span,
+        "usage_per_question": {
+            "calls": float(np.mean([r.get("calls", 0) for r in completed])) if n_c else None,
+            "prompt_tokens": float(np.mean([r.get("prompt_tokens", 0) for r in completed]))
+            if n_c else None,
+            "completion_tokens": float(np.mean([r.get("completion_tokens", 0)
+                                                for r in completed])) if n_c else None},
+        "usage_total": {k: int(sum(r.get(k, 0) for r in records))
+                        for k in ("calls", "prompt_tokens", "completion_tokens")},
+    }
