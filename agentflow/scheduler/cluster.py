@@ -20,6 +20,10 @@ class InstanceSpec:
     max_inflight: int = 1
     kv_token_budget: int | None = None
     tensor_parallel: int = 1
+    # Admitted calls still waiting for their first token (queued or prefilling inside the
+    # engine). Bounding them keeps the waiting in the coordinator's queue, where the queue
+    # policy orders it, instead of in the engine's own queue. None: no bound.
+    max_pending_prefill: int | None = None
     weight_bits: int | None = None  # None: the model profile's own precision
     kv_bits: int | None = None
 

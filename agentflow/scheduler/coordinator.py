@@ -120,10 +120,16 @@ class Coordinator:
         return call, self._dispatch(call, now)
 
     def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
-        """Streaming progress: attained service feeds Gittins ranks and outstanding work."""
+        """Streaming progress: attained service feeds Gittins ranks and outstanding work; a
+        first token frees a pending-prefill slot, so more calls may be admitted."""
+        first = call.attained_tokens == 0 and output_tokens > 0
         if self._bucket(call.attained_tokens) != self._bucket(output_tokens):
             call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
         call.attained_tokens = max(call.attained_tokens, output_tokens)
+        if first and call.instance is not None and call.state == CallState.RUNNING:
+            queue = self.queues[call.instance]
+            if queue.spec.max_pending_prefill is not None:
+                return self._admit(queue, self.clock.now())
         return []
 
     def on_call_done(self, call: ScheduledCall, *, output_tokens: int, ttft_s: float = 0.0,

@@ -53,7 +53,10 @@ class InstanceQueue:
         """Start waiting calls in queue order while capacity allows; each gets its admission
         number as the backend priority (vLLM: lower runs earlier)."""
         started: list[ScheduledCall] = []
+        pending_limit = self.spec.max_pending_prefill
         while self.up and self.waiting and len(self.running) < self.spec.max_inflight:
+            if pending_limit is not None and self.pending_prefill() >= pending_limit:
+                break  # admit more once an admitted call produces its first token
             call = self._peek(now, view)
             need = kv_tokens(call)
             budget = self.spec.kv_token_budget
@@ -68,6 +71,10 @@ class InstanceQueue:
             self.kv_tokens_in_use += need
             started.append(call)
         return started
+
+    def pending_prefill(self) -> int:
+        """Admitted calls that have not produced a token yet."""
+        return sum(1 for c in self.running if c.attained_tokens == 0)
 
     def finish(self, call: ScheduledCall, kv_tokens: int) -> None:
         if call in self.running:

@@ -78,7 +78,7 @@ class ScheduledRouter:
             request = replace(call.request, priority=priority)
 
             def progress(tokens: int, sc=sc) -> None:
-                self.coordinator.on_call_progress(sc, tokens)
+                self._apply(self.coordinator.on_call_progress(sc, tokens))
                 if on_progress:
                     on_progress(tokens)
 

@@ -28,9 +28,13 @@ class SimInstanceConfig(BaseModel):
     name: str | None = None  # defaults to "<gpu>-<n>"
     max_num_seqs: int = 64  # the engine's batch limit
     max_num_batched_tokens: int = 8192
-    # Calls the coordinator admits to the instance at once; the rest wait in its local
-    # queue, where the queue policy orders them.
-    max_inflight: int = 16
+    # Calls the coordinator admits to the instance at once (also bounded by the engine's KV
+    # cache); the rest wait in its local queue, where the queue policy orders them.
+    max_inflight: int = 64
+    # Admitted calls without a first token yet: the engine prefills at most
+    # max_num_batched_tokens per step, so a couple of pending prefills keep it busy while
+    # the rest wait where the queue policy can order them.
+    max_pending_prefill: int | None = 2
 
     @field_validator("gpu")
     @classmethod

@@ -76,9 +76,15 @@ class Simulation:
         self.instances: dict[str, SimInstance] = {}
         specs = []
         for name, cfg in cluster.expanded():
-            self.instances[name] = make_engine(name, cfg)
+            engine = make_engine(name, cfg)
+            self.instances[name] = engine
+            # The coordinator admits no more than the engine's KV cache holds, so calls wait
+            # in the coordinator's queue — ordered by the queue policy — rather than inside
+            # the engine, where only admission order counts.
             specs.append(InstanceSpec(name=name, gpu=cfg.gpu, model=cfg.model,
                                       max_inflight=cfg.max_inflight,
+                                      max_pending_prefill=cfg.max_pending_prefill,
+                                      kv_token_budget=engine.kv_blocks_total * engine.block_size,
                                       tensor_parallel=cfg.tensor_parallel,
                                       weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits))
         oracle = policy == "oracle"
@@ -197,7 +203,7 @@ class Simulation:
                     total_s=ev.total_s or 0.0))
                 self._on_node_done(*call.payload)
             else:
-                self.coordinator.on_call_progress(call, ev.output_tokens)
+                self._apply(self.coordinator.on_call_progress(call, ev.output_tokens))
         self._reschedule(name)
 
     # ------------------------------------------------------------------------------ helpers

@@ -1,0 +1,120 @@
+"""A scripted backend for unit tests and load tests. It is NOT a model.
+
+Its answers come from a script (a function of the request, or canned text per pipeline stage),
+its timing from a simple latency model (fixed seconds + seconds per output token, slept with
+``asyncio.sleep``), and it can be told to fail. Use it to test pipelines, schedulers and the
+serving path without a model; never to report accuracy or real-hardware speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from agentflow.llm.base import (BackendError, LLMBackend, LLMRequest, LLMResult,
+                                ProgressCallback)
+
+Script = Callable[[LLMRequest], str] | Mapping[str, str | Sequence[str]]
+
+
+def estimate_tokens(text: str) -> int:
+    """Rough token count: the larger of the word count and characters / 4."""
+    return max(len(text.split()), math.ceil(len(text) / 4)) if text else 0
+
+
+class ScriptedBackend(LLMBackend):
+    """Not a model: answers from ``script``.
+
+    ``script`` is a function ``(LLMRequest) -> str`` or a mapping ``stage -> text`` /
+    ``stage -> [texts]`` (the i-th call of a stage gets text i, cycling). ``default`` answers
+    stages the mapping lacks (otherwise such a call fails, non-retryable). The answer is the
+    continuation of ``answer_prefix``; the prefix is prepended unless the answer already
+    starts with it. Stop strings cut the answer; ``max_tokens`` cuts it by whole words.
+
+    Latency: ``latency_s`` before the first token, then ``per_token_s`` per output token.
+    Failures: ``fail_after=N`` makes every call after the N-th raise ``BackendError``;
+    ``fail_when(request)`` makes matching calls raise; both use ``fail_retryable``.
+    """
+
+    def __init__(self, script: Script, *, default: str | None = None, latency_s: float = 0.0,
+                 per_token_s: float = 0.0, fail_after: int | None = None,
+                 fail_when: Callable[[LLMRequest], bool] | None = None,
+                 fail_retryable: bool = True, name: str = "scripted"):
+        if latency_s < 0 or per_token_s < 0:
+            raise ValueError("latencies must be non-negative")
+        self.name = name
+        self._script = script
+        self._default = default
+        self._cycles: dict[str, Iterator[str]] = {}
+        self.latency_s = latency_s
+        self.per_token_s = per_token_s
+        self.fail_after = fail_after
+        self.fail_when = fail_when
+        self.fail_retryable = fail_retryable
+        self.calls: list[LLMRequest] = []  # every request received, in order
+        self.calls_by_stage: dict[str, int] = defaultdict(int)
+
+    def count_tokens(self, text: str) -> int:
+        return max(1, estimate_tokens(text))
+
+    def _answer(self, request: LLMRequest) -> str:
+        if callable(self._script):
+            return self._script(request)
+        texts = self._script.get(request.stage)
+        if texts is None:
+            if self._default is None:
+                raise BackendError(f"{self.name}: no scripted answer for stage "
+                                   f"{request.stage!r}", retryable=False)
+            return self._default
+        if isinstance(texts, str):
+            return texts
+        if request.stage not in self._cycles:
+            if not texts:
+                raise BackendError(f"{self.name}: empty script for stage {request.stage!r}",
+                                   retryable=False)
+            self._cycles[request.stage] = itertools.cycle(list(texts))
+        return next(self._cycles[request.stage])
+
+    async def generate(self, request: LLMRequest,
+                       on_progress: ProgressCallback | None = None) -> LLMResult:
+        self.calls.append(request)
+        self.calls_by_stage[request.stage] += 1
+        n_call = len(self.calls)
+        if self.fail_after is not None and n_call > self.fail_after:
+            raise BackendError(f"{self.name}: injected failure (call {n_call} > "
+                               f"{self.fail_after})", retryable=self.fail_retryable)
+        if self.fail_when is not None and self.fail_when(request):
+            raise BackendError(f"{self.name}: injected failure for {request.request_id}",
+                               retryable=self.fail_retryable)
+        start = time.perf_counter()
+        text = self._answer(request)
+        prefix = request.answer_prefix
+        if prefix and text.startswith(prefix):
+            text = text[len(prefix):]
+        finish = "stop"
+        for stop in request.params.stop:
+            if stop and stop in text:
+                text = text[:text.index(stop)]
+        if request.params.max_tokens > 0 and estimate_tokens(text) > request.params.max_tokens:
+            words = text.split(" ")
+            while words and estimate_tokens(" ".join(words)) > request.params.max_tokens:
+                words.pop()
+            text, finish = " ".join(words), "length"
+        n_out = estimate_tokens(text)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        ttft = time.perf_counter() - start
+        if self.per_token_s:
+            for i in range(1, n_out + 1):
+                await asyncio.sleep(self.per_token_s)
+                if on_progress is not None:
+                    on_progress(i)
+        elif on_progress is not None and n_out:
+            on_progress(n_out)
+        return LLMResult(prefix + text, self.count_tokens(request.prompt + prefix), n_out,
+                         finish, queue_s=0.0, ttft_s=ttft, total_s=time.perf_counter() - start,
+                         backend=self.name)
