@@ -358,7 +358,8 @@ class AgentFlow:
         fewshot = await asyncio.to_thread(self.fewshot_pool)
         env = PipelineEnv(db=database, fewshot=fewshot,
                           descriptions=entry.entry.descriptions if entry.entry else {},
-                          sql_timeout_s=self.config.sql_timeout_s, max_rows=self.config.max_rows)
+                          sql_timeout_s=self.config.sql_timeout_s, max_rows=self.config.max_rows,
+                          constrain_sql=self.config.constrain_sql)
         clock = self.router.clock
         query = Query(question=question, db_id=entry.db_id, arrival=clock.now(), slo_s=slo,
                       evidence=evidence, pipeline=pipeline.name, id=handle.query_id)

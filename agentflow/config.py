@@ -73,6 +73,7 @@ class AgentFlowConfig(BaseModel):
     slo_s: float | None = None  # default end-to-end target per question
     sql_timeout_s: float = 10.0
     max_rows: int = 1000
+    constrain_sql: bool = True  # grammar-constrained SQL decoding (see PipelineEnv)
     record: str | None = None  # append one trace line per query to this JSONL file
 
     @field_validator("instances")

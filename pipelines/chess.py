@@ -22,13 +22,14 @@ from agentflow.workflow import Query, StageContext
 from agentflow.workflow.pipeline import Pipeline, PipelineEnv, PipelineOutput
 from pipelines import prompts
 from pipelines.common import (
-    SQL_PARAMS,
     Execution,
     add_revision_round,
     execute_sql,
     llm_node,
     record_attempt,
     result_preview,
+    set_schema_grammar,
+    sql_params,
     shots,
     tool_node,
 )
@@ -120,6 +121,7 @@ class ChessPipeline(Pipeline):
                                  shots(ctx.env, q.question, self.n_shots))
         ctx.state["sql_context"] = prefix
         ctx.state["_context_tokens"] = len(prefix) // 4
+        set_schema_grammar(ctx.env, ctx.state, tables)
         ctx.summary = ", ".join(f"{t}({len(c) if c else 'all'})" for t, c in tables.items())
         return tables
 
@@ -131,8 +133,7 @@ class ChessPipeline(Pipeline):
             values = [f"{m.table}.{m.column} = {m.value!r}" for m in ctx.state.get("values", [])]
             prompt = prompts.generate_sql(ctx.state["sql_context"], q.question, q.evidence,
                                           values=values, style=style)
-            params = SamplingParams(max_tokens=SQL_PARAMS.max_tokens, temperature=temperature,
-                                    stop=SQL_PARAMS.stop, seed=i)
+            params = sql_params(ctx.env, ctx.state, temperature=temperature, seed=i)
             result = await ctx.llm(prompt, params, answer_prefix="SELECT")
             sql = extract_sql(result.text)
             ctx.summary = sql

@@ -96,6 +96,38 @@ def shots(env: PipelineEnv, question: str, k: int) -> list[prompts.Shot]:
     return [prompts.Shot(f.example.question, f.example.gold_sql) for f in found]
 
 
+def sql_params(env: PipelineEnv, state: dict, **overrides) -> SamplingParams:
+    """Sampling parameters for an SQL-writing call: the shared defaults, plus the schema
+    grammar the pipeline stored in ``state["sql_grammar"]`` when constraining is on."""
+    from dataclasses import replace
+
+    params = replace(SQL_PARAMS, **overrides)
+    grammar = state.get("sql_grammar") if env.constrain_sql else None
+    return replace(params, grammar=grammar) if grammar else params
+
+
+def set_schema_grammar(env: PipelineEnv, state: dict,
+                       tables: dict[str, list[str] | None] | None) -> None:
+    """Store the grammar of the tables/columns a prompt shows (None: every table)."""
+    if not env.constrain_sql:
+        return
+    from agentflow.llm.grammars import schema_sql_grammar
+
+    schema = env.db.schema()
+    chosen = tables or {t.name: None for t in schema.tables}
+    resolved: dict[str, list[str]] = {}
+    for name, cols in chosen.items():
+        table = schema.table(name)
+        if table is None:
+            continue
+        keep = {c.lower() for c in cols} if cols else None
+        resolved[table.name] = [c.name for c in table.columns
+                                if keep is None or c.name.lower() in keep or c.primary_key
+                                or any(c.name in fk.columns for fk in table.foreign_keys)]
+    if resolved:
+        state["sql_grammar"] = schema_sql_grammar(resolved, "SELECT")
+
+
 def add_revision_round(ctx: StageContext, *, candidate: int, round_: int, max_rounds: int,
                        execution: Execution, sql_context_key: str, downstream: str,
                        exec_stage: str = "execute", revise_stage: str = "revise") -> bool:
@@ -114,7 +146,7 @@ def add_revision_round(ctx: StageContext, *, candidate: int, round_: int, max_ro
         prefix = c.state[sql_context_key]
         prompt = prompts.revise_sql(prefix, c.query.question, c.query.evidence, execution.sql or
                                     "(none)", execution.feedback())
-        result = await c.llm(prompt, SQL_PARAMS, answer_prefix="SELECT")
+        result = await c.llm(prompt, sql_params(c.env, c.state), answer_prefix="SELECT")
         sql = extract_sql(result.text)
         c.summary = sql
         return sql

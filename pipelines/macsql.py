@@ -27,6 +27,7 @@ from pipelines.common import (
     execute_sql,
     llm_node,
     record_attempt,
+    set_schema_grammar,
     shots,
     tool_node,
 )
@@ -84,6 +85,7 @@ class MacSqlPipeline(Pipeline):
                                  shots(ctx.env, ctx.query.question, self.n_shots))
         ctx.state["sql_context"] = prefix
         ctx.state["_context_tokens"] = len(prefix) // 4
+        set_schema_grammar(ctx.env, ctx.state, tables)
 
     async def _decomposer(self, ctx: StageContext) -> str:
         q = ctx.query

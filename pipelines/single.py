@@ -13,7 +13,15 @@ import networkx as nx
 from agentflow.workflow import Query, StageContext, chain
 from agentflow.workflow.pipeline import Pipeline, PipelineEnv, PipelineOutput
 from pipelines import prompts
-from pipelines.common import SQL_PARAMS, execute_sql, llm_node, record_attempt, shots, tool_node
+from pipelines.common import (
+    execute_sql,
+    llm_node,
+    record_attempt,
+    set_schema_grammar,
+    shots,
+    sql_params,
+    tool_node,
+)
 from pipelines.sqltext import extract_sql
 
 
@@ -33,7 +41,8 @@ class SinglePipeline(Pipeline):
             prefix = prompts.context(schema, ctx.env.db.dialect,
                                      shots(ctx.env, ctx.query.question, self.n_shots))
             prompt = prompts.generate_sql(prefix, ctx.query.question, ctx.query.evidence)
-            result = await ctx.llm(prompt, SQL_PARAMS, answer_prefix="SELECT")
+            set_schema_grammar(ctx.env, ctx.state, None)
+            result = await ctx.llm(prompt, sql_params(ctx.env, ctx.state), answer_prefix="SELECT")
             sql = extract_sql(result.text)
             ctx.summary = sql
             return sql

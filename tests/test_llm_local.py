@@ -225,3 +225,29 @@ def test_models_load_without_extra_buffer_types_by_default():
     assert C.llama_model_default_params is original
     with extra_bufts(True):
         assert C.llama_model_default_params is original
+
+
+def test_schema_grammar_keeps_the_model_on_known_tables_and_columns(backend) -> None:
+    """With identifiers restricted to the schema, whatever the model writes names only
+    real tables and columns (the tiny model otherwise invents 'Singers', 'SONGS_ID', ...)."""
+    import asyncio
+
+    import sqlglot
+    from sqlglot import exp
+
+    from agentflow.llm.base import LLMRequest, SamplingParams
+    from agentflow.llm.grammars import schema_sql_grammar
+
+    tables = {"singer": ["Singer_ID", "Name", "Country", "Age"], "concert": ["concert_ID", "Year"]}
+    grammar = schema_sql_grammar(tables, "SELECT")
+    prompt = ("-- SQLite database schema:\nCREATE TABLE singer (Singer_ID INTEGER, Name TEXT, "
+              "Country TEXT, Age INTEGER);\nCREATE TABLE concert (concert_ID INTEGER, Year TEXT);"
+              "\n-- Question: How many singers are from each country?\n-- SQL:\n")
+    result = asyncio.run(backend.generate(LLMRequest(
+        prompt=prompt, answer_prefix="SELECT",
+        params=SamplingParams(max_tokens=48, temperature=0.0, grammar=grammar))))
+    tree = sqlglot.parse_one(result.text.rstrip(";").strip(), read="sqlite")
+    names = {t.name for t in tree.find_all(exp.Table)}
+    assert names <= {"singer", "concert"}
+    columns = {c.name for c in tree.find_all(exp.Column)}
+    assert columns <= {"Singer_ID", "Name", "Country", "Age", "concert_ID", "Year", "*"}

@@ -99,3 +99,44 @@ def sql_select_grammar(answer_prefix: str = "") -> str:
     raise ValueError(
         f"no SQL grammar for answer_prefix {answer_prefix!r}: use '' or 'SELECT' "
         "(keywords in the grammar are uppercase)")
+
+
+def schema_sql_grammar(tables: dict[str, list[str]], answer_prefix: str = "SELECT") -> str:
+    """The SELECT grammar with table and column names restricted to ``tables``.
+
+    Why: a tiny model's most common error is a table or column that does not exist
+    ("Singers" for ``singer``). Restricting identifiers to the schema shown in the prompt
+    removes that whole class of failures; aliases (``T1``) and ``AS`` names stay free.
+    Names that are not plain identifiers (spaces, all-uppercase) must be double-quoted.
+    """
+    if not tables:
+        raise ValueError("schema_sql_grammar needs at least one table")
+    base = sql_select_grammar(answer_prefix)
+    table_alts = sorted({alt for t in tables for alt in _name_forms(t)})
+    column_alts = sorted({alt for cols in tables.values() for c in cols for alt in _name_forms(c)})
+    rules = [
+        'table-name  ::= ' + " | ".join(table_alts),
+        'column-name ::= ' + " | ".join(column_alts),
+        "qualifier   ::= table-name | short-alias",
+        'column      ::= (qualifier ".")? (column-name | "*")',
+        "qualified   ::= table-name",
+    ]
+    kept = [line for line in base.splitlines()
+            if not line.startswith(("column      ::=", "qualified   ::="))]
+    # Only known SQL functions: a free name here lets the model call a column as a function.
+    kept = [line.replace('| "NULLIF" | "IIF" | "STRFTIME" | "DATE" | "JULIANDAY" | name)',
+                         '| "NULLIF" | "IIF" | "STRFTIME" | "DATE" | "JULIANDAY")')
+            for line in kept]
+    return "\n".join(kept + rules) + "\n"
+
+
+def _name_forms(name: str) -> list[str]:
+    """GBNF literals for a name: quoted always, bare when the bare form parses as a name."""
+    escaped = name.replace("\\", "\\\\").replace('"', '\\"\\"')  # SQL doubles a quote
+    quoted = '"\\"' + escaped + '\\""'
+    forms = [quoted]
+    import re
+
+    if re.fullmatch(r"[a-z_][a-zA-Z0-9_]*|[A-Z][A-Z]*[a-z0-9_][a-zA-Z0-9_]*", name):
+        forms.append('"' + name + '"')
+    return forms

@@ -29,6 +29,9 @@ class PipelineEnv:
     descriptions: dict[str, Any] = field(default_factory=dict)
     sql_timeout_s: float = 10.0
     max_rows: int = 1000
+    # Constrain SQL-writing calls with a grammar of the shown schema (llama.cpp, or servers
+    # that accept a GBNF ``grammar`` field); off for endpoints that reject unknown fields.
+    constrain_sql: bool = True
 
 
 @dataclass
