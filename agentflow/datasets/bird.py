@@ -12,7 +12,7 @@ import io
 import json
 from pathlib import Path
 
-from agentflow.datasets.types import ColumnDescription, Dataset, DatabaseEntry, Example
+from agentflow.datasets.types import require_databases, ColumnDescription, Dataset, DatabaseEntry, Example
 
 _DESCRIPTION_FIELDS = ("original_column_name", "column_name", "column_description",
                        "data_format", "value_description")
@@ -45,11 +45,7 @@ def load_bird(root: str | Path, split: str = "dev", *, name: str | None = None) 
                 evidence=item.get("evidence") or "", difficulty=item.get("difficulty"))
         for i, item in enumerate(json.loads(questions.read_text()))
     ]
-    unknown = sorted({e.db_id for e in examples} - set(databases))
-    if unknown:
-        raise FileNotFoundError(
-            f"{len(unknown)} databases used by {split} questions are missing under {db_dir}: "
-            f"{', '.join(unknown[:5])}")
+    require_databases(examples, databases, db_dir, split)
     return Dataset(name=name or root.name, kind="bird", root=root, split=split,
                    examples=examples, databases=databases)
 

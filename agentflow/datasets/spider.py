@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentflow.datasets.types import Dataset, DatabaseEntry, Example
+from agentflow.datasets.types import require_databases, Dataset, DatabaseEntry, Example
 
 
 def is_spider_layout(root: Path) -> bool:
@@ -49,10 +49,6 @@ def load_spider(root: str | Path, split: str = "dev", *, name: str | None = None
                 id=f"{split}_{len(examples)}", db_id=item["db_id"], question=item["question"],
                 gold_sql=item.get("query") or item.get("SQL") or "",
                 evidence=item.get("evidence", ""), difficulty=item.get("difficulty")))
-    unknown = sorted({e.db_id for e in examples} - set(databases))
-    if unknown:
-        raise FileNotFoundError(
-            f"{len(unknown)} databases used by {split} questions are missing under {db_dir}: "
-            f"{', '.join(unknown[:5])}")
+    require_databases(examples, databases, db_dir, split)
     return Dataset(name=name or root.name, kind="spider", root=root, split=split,
                    examples=examples, databases=databases)

@@ -108,6 +108,16 @@ class Dataset:
         return Database.open(path, db_id=db_id, kind="duckdb")
 
 
+def require_databases(examples: list[Example], databases: dict[str, DatabaseEntry],
+                      db_dir: Path, split: str) -> None:
+    """Fail at load time, naming them, if questions refer to databases the folder lacks."""
+    unknown = sorted({e.db_id for e in examples} - set(databases))
+    if unknown:
+        raise FileNotFoundError(
+            f"{len(unknown)} databases used by {split} questions are missing under {db_dir}: "
+            f"{', '.join(unknown[:5])}")
+
+
 def cache_dir() -> Path:
     """agentflow's cache root (``AGENTFLOW_CACHE`` or ``~/.cache/agentflow``)."""
     return Path(os.environ.get("AGENTFLOW_CACHE", Path.home() / ".cache" / "agentflow"))
