@@ -67,7 +67,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
                           "query_id": d["query_id"], "db": d["db"], "pipeline": d["pipeline"]},
                          default=str, indent=2))
     else:
-        print_answer(Console(), answer)
+        out = Console()
+        if not out.is_terminal:
+            out = Console(width=160)  # files and pipes: keep the timeline readable
+        print_answer(out, answer)
     return 0 if answer.status == "done" else 1
 
 
