@@ -89,7 +89,9 @@ class Dataset:
              duckdb_dir: Path | None = None, convert: bool = True) -> Database:
         """Open one database read-only, on SQLite or on its DuckDB copy.
 
-        With ``convert`` the DuckDB copy is made on first use when it is missing.
+        With ``convert`` the DuckDB copy is made on first use when it is missing. DuckDB runs
+        single-threaded here: benchmark databases are small, and evaluation needs the same
+        answer every time (several gold queries leave ties to the engine).
         """
         entry = self.database(db_id)
         if engine == "sqlite":
@@ -105,7 +107,7 @@ class Dataset:
             from agentflow.datasets.to_duckdb import convert_sqlite_to_duckdb
 
             convert_sqlite_to_duckdb(entry.sqlite_path, path)
-        return Database.open(path, db_id=db_id, kind="duckdb")
+        return Database.open(path, db_id=db_id, kind="duckdb", duckdb_threads=1)
 
 
 def require_databases(examples: list[Example], databases: dict[str, DatabaseEntry],

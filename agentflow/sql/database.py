@@ -67,8 +67,12 @@ class Database:
     # ----------------------------------------------------------------------------- opening
     @classmethod
     def open(cls, target: str | Path, *, db_id: str | None = None,
-             kind: EngineKind | None = None) -> "Database":
-        """Open a SQLite/DuckDB file (kind from the suffix unless given) or a SQLAlchemy URL."""
+             kind: EngineKind | None = None, duckdb_threads: int | None = None) -> "Database":
+        """Open a SQLite/DuckDB file (kind from the suffix unless given) or a SQLAlchemy URL.
+
+        ``duckdb_threads=1`` makes DuckDB results reproducible where SQL leaves them open
+        (ties under ORDER BY ... LIMIT, GROUP BY output order): with several threads the hash
+        aggregate's output order varies from run to run."""
         text = str(target)
         if "://" in text:
             return cls._open_url(text, db_id=db_id)
@@ -87,7 +91,9 @@ class Database:
             engine = sa.create_engine(
                 f"duckdb:///{path}", pool_size=_POOL_SIZE, max_overflow=_POOL_OVERFLOW,
                 connect_args={"read_only": True,
-                              "config": {"enable_external_access": False}})
+                              "config": {"enable_external_access": False,
+                                         **({"threads": duckdb_threads}
+                                            if duckdb_threads else {})}})
         else:
             raise ValueError(f"unknown engine kind {kind!r}; expected 'sqlite' or 'duckdb'")
         return cls(id=name, engine=engine, kind=kind, path=path)
