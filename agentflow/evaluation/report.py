@@ -216,10 +216,7 @@ def _level_source(runs: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------ plots
 def write_plots(folder: Path, summary: dict[str, Any],
                 records: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from agentflow.plotting import finish_figure, plt
 
     folder.mkdir(parents=True, exist_ok=True)
     runs = summary["runs"]
@@ -233,12 +230,8 @@ def write_plots(folder: Path, summary: dict[str, Any],
     ax.set_xlabel("SLO scale (x idle latency)")
     ax.set_ylabel("SLO attainment")
     ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"SLO attainment ({mode})")
-    fig.tight_layout()
-    fig.savefig(folder / "slo_attainment.png", dpi=110)
-    plt.close(fig)
+    finish_figure(fig, ax, folder / "slo_attainment.png", title=f"SLO attainment ({mode})",
+                  dpi=110, legend_fontsize=8)
     made["SLO attainment vs SLO scale"] = "plots/slo_attainment.png"
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -250,12 +243,8 @@ def write_plots(folder: Path, summary: dict[str, Any],
     ax.set_xlabel("end-to-end latency (s)")
     ax.set_ylabel("share of questions")
     ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"Latency CDF ({mode})")
-    fig.tight_layout()
-    fig.savefig(folder / "latency_cdf.png", dpi=110)
-    plt.close(fig)
+    finish_figure(fig, ax, folder / "latency_cdf.png", title=f"Latency CDF ({mode})", dpi=110,
+                  legend_fontsize=8)
     made["Latency CDF"] = "plots/latency_cdf.png"
 
     stages: list[str] = []
@@ -278,11 +267,8 @@ def write_plots(folder: Path, summary: dict[str, Any],
     ax.set_xticks(x)
     ax.set_xticklabels(stages, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("mean seconds per stage node")
-    ax.set_title(f"Per-stage time ({mode}; faint: prompt building and other overhead)")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(folder / "stage_breakdown.png", dpi=110)
-    plt.close(fig)
+    finish_figure(fig, ax, folder / "stage_breakdown.png",
+                  title=f"Per-stage time ({mode}; faint: prompt building and other overhead)",
+                  dpi=110, grid_axis="y", legend_fontsize=7, legend_ncol=2)
     made["Per-stage breakdown"] = "plots/stage_breakdown.png"
     return made

@@ -5,10 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from agentflow.plotting import finish_figure, plt
 
 
 def plot_attainment(summaries: dict[str, dict[str, Any]], path: str | Path, *,
@@ -21,13 +18,7 @@ def plot_attainment(summaries: dict[str, dict[str, Any]], path: str | Path, *,
     ax.set_xlabel("SLO scale (x idle latency)")
     ax.set_ylabel("SLO attainment")
     ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return finish_figure(fig, ax, path, title=title)
 
 
 def plot_p95_vs_rate(series: dict[str, list[tuple[float, float]]], path: str | Path, *,
@@ -38,10 +29,4 @@ def plot_p95_vs_rate(series: dict[str, list[tuple[float, float]]], path: str | P
         ax.plot([r for r, _ in points], [p for _, p in points], marker="o", label=policy)
     ax.set_xlabel("arrival rate (queries/s)")
     ax.set_ylabel("P95 latency (s)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return finish_figure(fig, ax, path, title=title)

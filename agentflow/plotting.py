@@ -1,0 +1,23 @@
+"""The finishing steps every agentflow plot shares (headless backend, grid, legend, save)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers or CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def finish_figure(fig, ax, path: str | Path, *, title: str = "", dpi: int = 120,
+                  grid_axis: str = "both", legend_fontsize: float | None = None,
+                  legend_ncol: int = 1) -> Path:
+    """Grid, legend and title, then save ``fig`` to ``path`` and free it."""
+    ax.grid(alpha=0.3, axis=grid_axis)
+    ax.legend(fontsize=legend_fontsize, ncol=legend_ncol)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
