@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
+from agentflow.cli import table_console
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ask", help="answer one question about a database",
@@ -67,10 +69,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
                           "query_id": d["query_id"], "db": d["db"], "pipeline": d["pipeline"]},
                          default=str, indent=2))
     else:
-        out = Console()
-        if not out.is_terminal:
-            out = Console(width=160)  # files and pipes: keep the timeline readable
-        print_answer(out, answer)
+        print_answer(table_console(), answer)
     return 0 if answer.status == "done" else 1
 
 

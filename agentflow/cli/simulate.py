@@ -10,6 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from agentflow.cli import table_console
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="compare scheduling policies on a simulated cluster",
@@ -79,10 +81,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                       "cached_prefix": args.cached_prefix,
                       "tune_alpha": args.tune_alpha},
            "policies": results}
-    console_out = Console()
-    if not console_out.is_terminal:
-        console_out = Console(width=140)  # files and pipes: no column truncation
-    print_table(console_out, out)
+    print_table(table_console(140), out)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         clean = json.loads(json.dumps(out))

@@ -121,31 +121,6 @@ class Retry(BaseModel):
     rerun_on: str | None
 
 
-class QueryView(BaseModel):
-    """A query as it stands: in progress (stages so far) or finished (the full answer)."""
-
-    query_id: str
-    status: QueryStatusName
-    question: str
-    db: str
-    pipeline: str
-    slo_s: float | None = None
-    sql: str | None = None
-    columns: list[str] = Field(default_factory=list)
-    rows: list[list[Any]] = Field(default_factory=list)
-    truncated: bool = False
-    error: str | None = None
-    latency_s: float | None = None
-    met_slo: bool | None = None
-    stages: list[StageView] = Field(default_factory=list)
-    usage: dict[str, Any] = Field(default_factory=dict)
-    details: dict[str, Any] = Field(default_factory=dict)
-    retries: list[Retry] = Field(default_factory=list,
-                                 description="LLM calls that failed on an instance and were "
-                                             "re-run elsewhere (or not, if the query failed)")
-    links: dict[str, str] = Field(default_factory=dict)
-
-
 class QuerySummary(BaseModel):
     query_id: str
     status: QueryStatusName
@@ -156,6 +131,22 @@ class QuerySummary(BaseModel):
     latency_s: float | None = None
     met_slo: bool | None = None
     error: str | None = None
+
+
+class QueryView(QuerySummary):
+    """A query as it stands: in progress (stages so far) or finished (the full answer)."""
+
+    sql: str | None = None
+    columns: list[str] = Field(default_factory=list)
+    rows: list[list[Any]] = Field(default_factory=list)
+    truncated: bool = False
+    stages: list[StageView] = Field(default_factory=list)
+    usage: dict[str, Any] = Field(default_factory=dict)
+    details: dict[str, Any] = Field(default_factory=dict)
+    retries: list[Retry] = Field(default_factory=list,
+                                 description="LLM calls that failed on an instance and were "
+                                             "re-run elsewhere (or not, if the query failed)")
+    links: dict[str, str] = Field(default_factory=dict)
 
 
 class QueryList(BaseModel):
