@@ -5,6 +5,11 @@ that instance's backend with the coordinator's priority; progress, completion an
 go back to the coordinator as events. A backend that fails with a retryable error takes its
 instance down (its other in-flight calls are re-dispatched too) until ``revive_after_s``
 passes; a query's cancellation removes its calls everywhere.
+
+A backend that supervises itself (a Ray actor, ``agentflow.distributed``) has
+``watch_health(listener)`` — it reports a death noticed between calls — and
+``until_healthy()``; its instance comes back up when that returns (the restarted actor answered
+a probe) instead of after a fixed ``revive_after_s``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ class ScheduledRouter:
         self._inflight: dict[ScheduledCall, asyncio.Task] = {}
         self._moved: set[ScheduledCall] = set()
         self.down_reasons: dict[str, str] = {}
+        for name, backend in backends.items():
+            watch = getattr(backend, "watch_health", None)
+            if watch is not None:
+                watch(lambda reason, name=name: self._take_down(name, reason))
 
     # ------------------------------------------------------------------ query lifecycle
     def start_query(self, query: Query, run: WorkflowRun) -> None:
@@ -133,8 +142,20 @@ class ScheduledRouter:
             if sc.instance == instance and not task.done():
                 self._moved.add(sc)
                 task.cancel()
-        if self.revive_after_s is not None:
+        healthy = getattr(self.backends[instance], "until_healthy", None)
+        if healthy is not None:
+            asyncio.ensure_future(self._revive_when(instance, healthy()))
+        elif self.revive_after_s is not None:
             asyncio.get_running_loop().call_later(self.revive_after_s, self._revive, instance)
+
+    async def _revive_when(self, instance: str, healthy) -> None:
+        try:
+            await healthy
+        except BackendError as err:  # closed, or gone for good: the instance stays down
+            self.down_reasons[instance] = str(err)
+            return
+        if not self.coordinator.queues[instance].up:
+            self._revive(instance)
 
     def _revive(self, instance: str) -> None:
         self.down_reasons.pop(instance, None)

@@ -398,11 +398,14 @@ class QueryService:
         for name in self.af.backends:
             cfg = by_name.get(name)
             queue = self.coordinator.queues.get(name) if self.coordinator else None
+            placed = getattr(self.af.backends[name], "placement_info", None)
+            where = placed() if callable(placed) else {}
             out.append(InstanceInfo(
                 name=name, gpu=cfg.gpu if cfg else None, model=cfg.model if cfg else None,
                 up=queue.up if queue else True, waiting=len(queue.waiting) if queue else 0,
                 running=len(queue.running) if queue else 0,
-                max_inflight=cfg.max_inflight if cfg else 1))
+                max_inflight=cfg.max_inflight if cfg else 1, node=where.get("node"),
+                gpu_ids=where.get("gpu_ids"), restarts=where.get("restarts")))
         return out
 
     # ------------------------------------------------------------------ shutdown

@@ -31,6 +31,7 @@ class LLMCallRecord:
     started: float  # clock time the instance started processing it
     finished: float
     finish_reason: str
+    node: str = ""  # the machine that ran it, for instances placed elsewhere (Ray)
 
     @property
     def queue_s(self) -> float:

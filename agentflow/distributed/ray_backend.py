@@ -1,0 +1,308 @@
+"""The coordinator's side of Ray-hosted instances.
+
+``RayActorBackend`` is an ordinary ``LLMBackend``: the coordinator and its router do not
+know the instance runs elsewhere. A call is a Ray *streaming* generator task on the actor
+(progress items as the backend reports them, then the result); cancelling the call cancels
+the task with ``ray.cancel``; the request's ``priority`` travels inside the request.
+
+Supervision: a dead actor (node lost, OOM, ``ray.kill``) fails its calls with a *retryable*
+``BackendError``, so the router takes the instance down and re-dispatches them; an actor
+that dies while idle is noticed by a never-returning ``watch`` call that fails. Ray restarts
+the actor (``max_restarts``); ``until_healthy`` probes it until it answers, and the router
+then brings the instance back up. Restarts are counted by the actor's incarnation id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from agentflow.distributed import require_ray
+from agentflow.distributed.actor import InstanceHost
+from agentflow.distributed.placement import ActorResources, RayPlacement, actor_resources, fits
+from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
+
+log = logging.getLogger("agentflow.distributed")
+
+HealthListener = Callable[[str], None]  # called with the reason when the instance goes down
+
+
+class PlacementError(RuntimeError):
+    """The instances cannot be placed or did not start (no node has the GPU, model failed)."""
+
+
+def connect(placement: RayPlacement) -> None:
+    """Join (or, for ``local``, start) the Ray cluster unless this process already has."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"namespace": placement.namespace, "log_to_driver": False}
+    if placement.runtime_env:
+        kwargs["runtime_env"] = placement.runtime_env
+    if placement.address == "local":
+        ray.init(include_dashboard=False, **kwargs)
+    else:
+        ray.init(address=placement.address, **kwargs)
+
+
+class RayActorBackend(LLMBackend):
+    """An instance hosted by a Ray actor (see the module doc)."""
+
+    def __init__(self, name: str, actor: Any, *, resources: ActorResources,
+                 gpu: str | None = None, probe_timeout_s: float = 10.0,
+                 count_tokens: Callable[[str], int] | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 backend_failure_down_s: float | None = 30.0):
+        self.ray = require_ray()
+        self.name = name
+        self.actor = actor
+        self.resources = resources
+        self.gpu = gpu
+        self.probe_timeout_s = probe_timeout_s
+        self._count = count_tokens
+        self._loop = loop
+        self.location: dict[str, Any] = {}
+        self.restarts = 0
+        self.state = "starting"  # starting | up | down | closed
+        self.last_error: str | None = None
+        self._listeners: list[HealthListener] = []
+        # A live actor whose backend failed a call (retryable) stays down this long, as an
+        # in-process backend would (the scheduler's revive_after_s); a restart needs none.
+        self.backend_failure_down_s = backend_failure_down_s
+        self._backend_failed_at: float | None = None
+        self._watch_task: asyncio.Task | None = None
+        self._watched: str | None = None  # incarnation the pending watch call is on
+        self._healing: asyncio.Future | None = None
+
+    # ------------------------------------------------------------------ the backend interface
+    async def generate(self, request: LLMRequest,
+                       on_progress: ProgressCallback | None = None) -> LLMResult:
+        self._arm_watch()
+        ray = self.ray
+        try:
+            stream = self.actor.generate.options(num_returns="streaming").remote(request)
+        except ray.exceptions.RayError as err:
+            raise self._died(err) from None
+        result: LLMResult | None = None
+        try:
+            async for ref in stream:
+                item = await ref
+                if item[0] == "progress":
+                    if on_progress is not None:
+                        on_progress(item[1])
+                elif item[0] == "result":
+                    result = item[1]
+                else:
+                    if item[2]:
+                        self._backend_failed_at = time.monotonic()
+                    raise BackendError(f"{self.name}: {item[1]}", retryable=item[2])
+        except asyncio.CancelledError:
+            try:
+                ray.cancel(stream)
+            except Exception:  # noqa: BLE001 - the actor may be gone already
+                pass
+            raise
+        except ray.exceptions.RayError as err:
+            raise self._died(err) from None
+        if result is None:
+            raise BackendError(f"{self.name}: the actor's stream ended without a result")
+        return replace(result, node=self.node_label)
+
+    def count_tokens(self, text: str) -> int:
+        # Counted here, not on the actor: the router sizes every call before dispatch and a
+        # round trip per call would put Ray's latency on the scheduler's path.
+        return self._count(text) if self._count else super().count_tokens(text)
+
+    async def close(self) -> None:
+        self.state = "closed"
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        try:
+            await asyncio.wait_for(self.actor.close.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - dead or slow: kill it anyway
+            pass
+        self.ray.kill(self.actor, no_restart=True)
+
+    # ------------------------------------------------------------------ supervision
+    def watch_health(self, listener: HealthListener) -> None:
+        """``listener(reason)`` is called (on the event loop) when the actor dies."""
+        self._listeners.append(listener)
+
+    async def until_healthy(self) -> None:
+        """Return once the actor (restarted by Ray) answers a probe; one probe loop per
+        outage however many callers wait."""
+        if self._healing is None or self._healing.done():
+            self._healing = asyncio.ensure_future(self._heal())
+        await asyncio.shield(self._healing)
+
+    @property
+    def node_label(self) -> str:
+        """Where the instance runs, for timelines: node name or IP, and the node id."""
+        loc = self.location
+        if not loc:
+            return ""
+        return f"{loc.get('node_name') or loc.get('node_ip')}/{loc['node_id'][:8]}"
+
+    def placement_info(self) -> dict[str, Any]:
+        """For /v1/instances and /metrics."""
+        loc = self.location
+        return {"node": self.node_label or None, "node_id": loc.get("node_id"),
+                "node_ip": loc.get("node_ip"), "gpu_ids": loc.get("gpu_ids", []),
+                "accelerator_type": loc.get("accelerator_type"), "pid": loc.get("pid"),
+                "restarts": self.restarts, "state": self.state, "last_error": self.last_error,
+                "resources": self.resources.describe()}
+
+    def started(self, location: dict[str, Any]) -> None:
+        """Record the first probe's answer (``start_instances`` waits for it)."""
+        self.location = location
+        self.state = "up"
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._arm_watch)
+
+    # ------------------------------------------------------------------ internals
+    def _died(self, err: Exception) -> BackendError:
+        reason = f"{self.name}: actor unavailable on {self.node_label or 'its node'} " \
+                 f"({type(err).__name__})"
+        self._mark_down(reason)
+        return BackendError(reason, retryable=True)
+
+    def _mark_down(self, reason: str) -> None:
+        if self.state in ("down", "closed"):
+            return
+        self.state, self.last_error = "down", reason
+        log.warning("instance %s down: %s", self.name, reason)
+
+    def _arm_watch(self) -> None:
+        if self.state != "up":
+            return
+        incarnation = self.location.get("incarnation")
+        if self._watch_task is not None and not self._watch_task.done():
+            if self._watched == incarnation:
+                return
+            self._watch_task.cancel()  # still pending on an incarnation that has died
+        self._watched = incarnation
+        self._watch_task = asyncio.ensure_future(self._watch(incarnation))
+
+    async def _watch(self, incarnation: str | None) -> None:
+        try:
+            await self.actor.watch.remote()
+        except asyncio.CancelledError:
+            raise
+        except self.ray.exceptions.RayError as err:
+            if self.state == "closed" or incarnation != self.location.get("incarnation"):
+                return  # closing, or news of an incarnation already replaced
+            reason = f"{self.name}: actor died on {self.node_label or 'its node'} " \
+                     f"({type(err).__name__})"
+            self._mark_down(reason)
+            for listener in list(self._listeners):
+                try:
+                    listener(reason)
+                except Exception:  # noqa: BLE001 - one listener must not stop the others
+                    log.exception("health listener of %s failed", self.name)
+
+    async def _heal(self) -> None:
+        delay = 0.1
+        while self.state != "closed":
+            try:
+                location = await asyncio.wait_for(self.actor.probe.remote(),
+                                                  self.probe_timeout_s)
+            except (asyncio.TimeoutError, self.ray.exceptions.RayError) as err:
+                self.last_error = f"probe failed: {type(err).__name__}"
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if self.location and location["incarnation"] != self.location.get("incarnation"):
+                self.restarts += 1
+                log.warning("instance %s restarted on %s (restart %d)", self.name,
+                            location.get("node_name") or location.get("node_ip"),
+                            self.restarts)
+            elif self._backend_failed_at is not None and self.backend_failure_down_s:
+                left = self._backend_failed_at + self.backend_failure_down_s - time.monotonic()
+                if left > 0:  # same actor, its backend failed: back off like in-process
+                    await asyncio.sleep(left)
+            self._backend_failed_at = None
+            self.location, self.state = location, "up"
+            self._arm_watch()
+            return
+        raise BackendError(f"{self.name}: closed", retryable=False)
+
+
+def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = None
+                    ) -> dict[str, RayActorBackend]:
+    """Start one actor per instance of ``config`` (an ``AgentFlowConfig`` with a
+    ``placement``), wait until every one answers a probe, and return their backends.
+
+    Fails fast, naming the instance, when no node of the cluster could ever host it, when an
+    actor's backend fails to build, or when start-up exceeds ``startup_timeout_s``; actors
+    already started are then killed."""
+    placement: RayPlacement = config.placement
+    ray = require_ray()
+    connect(placement)
+    needs = {inst.name: actor_resources(inst, placement) for inst in config.instances}
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    for inst in config.instances:
+        if not any(fits(needs[inst.name], n.get("Resources", {})) for n in nodes):
+            offered = "; ".join(
+                f"{n.get('NodeManagerAddress')}: " + ", ".join(
+                    f"{k}={v:g}" for k, v in sorted(n.get("Resources", {}).items())
+                    if not k.startswith(("node:", "memory", "object_store")))
+                for n in nodes)
+            raise PlacementError(
+                f"instance {inst.name!r} needs {needs[inst.name].describe()}, which no node "
+                f"of the Ray cluster has ({offered or 'no nodes'})")
+    remote_cls = ray.remote(InstanceHost)
+    backends: dict[str, RayActorBackend] = {}
+    for inst in config.instances:
+        need = needs[inst.name]
+        actor = remote_cls.options(
+            num_cpus=need.num_cpus, num_gpus=need.num_gpus, resources=need.resources,
+            max_restarts=placement.max_restarts, max_task_retries=0,
+            max_concurrency=1000).remote(inst.name, dict(inst.backend))
+        backends[inst.name] = RayActorBackend(
+            inst.name, actor, resources=need, gpu=inst.gpu,
+            probe_timeout_s=placement.probe_timeout_s, count_tokens=_token_counter(inst),
+            loop=loop, backend_failure_down_s=config.scheduler.revive_after_s)
+    probes = {b.actor.probe.remote(): name for name, b in backends.items()}
+    deadline = time.monotonic() + placement.startup_timeout_s
+    pending = list(probes)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                names = sorted(probes[r] for r in pending)
+                raise PlacementError(
+                    f"instances {names} did not start within {placement.startup_timeout_s:g}s "
+                    f"(still waiting for resources, or loading)")
+            name = probes[ready[0]]
+            try:
+                backends[name].started(ray.get(ready[0]))
+            except ray.exceptions.RayError as err:
+                raise PlacementError(f"instance {name!r} failed to start: "
+                                     f"{_first_line(err)}") from None
+    except BaseException:
+        for b in backends.values():
+            ray.kill(b.actor, no_restart=True)
+        raise
+    for name, b in backends.items():
+        log.info("instance %s runs on %s (%s)", name, b.node_label, b.resources.describe())
+    return backends
+
+
+def _token_counter(instance: Any) -> Callable[[str], int] | None:
+    if (instance.backend or {}).get("type") == "scripted":
+        from agentflow.llm.scripted import ScriptedBackend
+
+        return ScriptedBackend({}).count_tokens
+    return None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    # Ray's error text ends with the original exception; that line says what went wrong.
+    return lines[-1] if lines else type(err).__name__
