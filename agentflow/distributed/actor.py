@@ -34,6 +34,7 @@ class InstanceHost:
         # A new id per (re)start: the coordinator counts restarts by seeing it change.
         self.incarnation = uuid.uuid4().hex
         self.started_at = time.time()
+        self.calls_in_flight = 0
         self.backend = create_backend(spec)  # loads the model on this node
 
     def where(self) -> dict[str, Any]:
@@ -55,6 +56,7 @@ class InstanceHost:
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
                 "accelerator_type": accelerators[0] if accelerators else None,
                 "incarnation": self.incarnation, "started_at": self.started_at,
+                "calls_in_flight": self.calls_in_flight,
                 "backend": getattr(self.backend, "name", "")}
 
     async def probe(self) -> dict[str, Any]:
@@ -75,6 +77,7 @@ class InstanceHost:
         backend's call, which frees its slot."""
         updates: asyncio.Queue[int] = asyncio.Queue()
         task = asyncio.ensure_future(self.backend.generate(request, updates.put_nowait))
+        self.calls_in_flight += 1
         try:
             while True:
                 getter = asyncio.ensure_future(updates.get())
@@ -99,6 +102,7 @@ class InstanceHost:
                 return
             yield ("result", result)
         finally:
+            self.calls_in_flight -= 1
             if not task.done():
                 task.cancel()
                 try:

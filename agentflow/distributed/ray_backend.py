@@ -31,8 +31,10 @@ log = logging.getLogger("agentflow.distributed")
 HealthListener = Callable[[str], None]  # called with the reason when the instance goes down
 
 
-class PlacementError(RuntimeError):
-    """The instances cannot be placed or did not start (no node has the GPU, model failed)."""
+class PlacementError(ValueError):
+    """The config cannot be placed on this cluster: no node has what an instance needs, an
+    actor's backend failed to build, or start-up timed out. (A ValueError: like any bad
+    config, the CLI reports it in one line.)"""
 
 
 def connect(placement: RayPlacement) -> None:
