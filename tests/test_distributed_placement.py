@@ -8,8 +8,9 @@ from pydantic import ValidationError
 
 from agentflow.config import AgentFlowConfig, InstanceConfig
 from agentflow.distributed.grid import run_grid_timed
-from agentflow.distributed.placement import (ACCELERATOR_SLIVER, RayPlacement, actor_resources,
-                                             fits, tensor_parallel)
+from agentflow.distributed.placement import (ACCELERATOR_SLIVER, RayPlacement,
+                                             actor_backend_spec, actor_resources, fits,
+                                             tensor_parallel)
 
 
 def test_placement_shorthand_and_full_form():
@@ -53,6 +54,26 @@ def test_tp_from_the_instance_field_when_the_config_has_one():
     WithTP.backend = {"type": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 2}}
     with pytest.raises(ValueError, match="disagrees"):
         actor_resources(WithTP(), RayPlacement())
+
+
+def test_vllm_actor_spec_gets_tp_and_in_actor_workers():
+    inst = InstanceConfig(name="a", gpu="A100-80G", backend={
+        "type": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 4}})
+    args = actor_backend_spec(inst)["engine_args"]
+    assert args == {"tensor_parallel_size": 4, "distributed_executor_backend": "mp"}
+    one = InstanceConfig(name="b", gpu="L40S", backend={"type": "vllm", "model": "m"})
+    assert actor_backend_spec(one)["engine_args"] == {"tensor_parallel_size": 1}
+    assert inst.backend["engine_args"] == {"tensor_parallel_size": 4}  # config untouched
+
+
+def test_example_ray_cluster_file_loads():
+    from pathlib import Path
+
+    cfg = AgentFlowConfig.load(Path(__file__).parents[1] / "examples" / "ray-cluster.yaml")
+    needs = [actor_resources(i, cfg.placement) for i in cfg.instances]
+    assert [n.num_gpus for n in needs] == [4, 4, 4]
+    assert [list(n.resources) for n in needs] == [["accelerator_type:A100"]] * 2 + \
+        [["accelerator_type:L40S"]]
 
 
 def test_cpu_instances():

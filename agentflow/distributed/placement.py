@@ -119,6 +119,23 @@ def actor_resources(instance: Any, placement: RayPlacement) -> ActorResources:
     return ActorResources(num_cpus=cpus, num_gpus=0, resources={})
 
 
+def actor_backend_spec(instance: Any) -> dict[str, Any]:
+    """The backend spec the actor builds. A vLLM engine gets the instance's tensor-parallel
+    size, and, when it spans several GPUs, multiprocessing workers inside the actor
+    (``distributed_executor_backend: mp``): vLLM's Ray executor would ask Ray for the GPUs
+    this actor already holds and wait forever. Untested here (no GPUs); explicit engine
+    args win."""
+    spec = dict(instance.backend or {})
+    if spec.get("type") == "vllm":
+        args = dict(spec.get("engine_args") or {})
+        tp = tensor_parallel(instance)
+        args.setdefault("tensor_parallel_size", tp)
+        if tp > 1:
+            args.setdefault("distributed_executor_backend", "mp")
+        spec["engine_args"] = args
+    return spec
+
+
 def fits(need: ActorResources, node_resources: dict[str, float]) -> bool:
     """Whether a node with these *total* resources could ever host the actor."""
     if need.num_cpus and node_resources.get("CPU", 0.0) < need.num_cpus:

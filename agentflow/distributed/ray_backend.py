@@ -23,7 +23,8 @@ from typing import Any
 
 from agentflow.distributed import require_ray
 from agentflow.distributed.actor import InstanceHost
-from agentflow.distributed.placement import ActorResources, RayPlacement, actor_resources, fits
+from agentflow.distributed.placement import (ActorResources, RayPlacement, actor_backend_spec,
+                                             actor_resources, fits)
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 
 log = logging.getLogger("agentflow.distributed")
@@ -263,7 +264,7 @@ def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = Non
         actor = remote_cls.options(
             num_cpus=need.num_cpus, num_gpus=need.num_gpus, resources=need.resources,
             max_restarts=placement.max_restarts, max_task_retries=0,
-            max_concurrency=1000).remote(inst.name, dict(inst.backend))
+            max_concurrency=1000).remote(inst.name, actor_backend_spec(inst))
         backends[inst.name] = RayActorBackend(
             inst.name, actor, resources=need, gpu=inst.gpu,
             probe_timeout_s=placement.probe_timeout_s, count_tokens=_token_counter(inst),
