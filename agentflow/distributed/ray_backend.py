@@ -109,8 +109,11 @@ class RayActorBackend(LLMBackend):
             except Exception:  # noqa: BLE001 - the actor may be gone already
                 pass
             raise
-        except ray.exceptions.RayError as err:
+        except ray.exceptions.RayActorError as err:  # the actor died (or is restarting)
             raise self._died(err) from None
+        except ray.exceptions.RayError as err:  # the call failed, the actor lives on
+            self._backend_failed_at = time.monotonic()
+            raise BackendError(f"{self.name}: {_first_line(err)}", retryable=True) from None
         if result is None:
             raise BackendError(f"{self.name}: the actor's stream ended without a result")
         return replace(result, node=self.node_label)
