@@ -97,8 +97,8 @@ def test_actors_land_on_their_gpu_nodes_and_answer_a_stream(server, ray_nodes):
                 used.add(call["instance"])
     assert used == {"a100-0", "a100-1", "l40s"}
     metrics = client.get("/metrics").text
-    assert f'agentflow_instance_placement{{instance="l40s",node="{node_of["l40s"]}",' \
-           f'gpu="L40S",gpu_ids="0"}} 1.0' in metrics
+    assert f'agentflow_instance_placement{{gpu="L40S",gpu_ids="0",instance="l40s",' \
+           f'node="{node_of["l40s"]}"}} 1.0' in metrics
 
 
 def test_a_killed_actor_loses_no_query_restarts_and_serves_again(server):

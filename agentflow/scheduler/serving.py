@@ -42,6 +42,9 @@ class ScheduledRouter:
         self._inflight: dict[ScheduledCall, asyncio.Task] = {}
         self._moved: set[ScheduledCall] = set()
         self.down_reasons: dict[str, str] = {}
+        # Told (request, instance, reason) for each running call moved off an instance that
+        # went down, so the answer can say where the call was before it was re-run.
+        self.on_moved = None
         for name, backend in backends.items():
             watch = getattr(backend, "watch_health", None)
             if watch is not None:
@@ -99,6 +102,9 @@ class ScheduledRouter:
                 self._inflight.pop(sc, None)
                 if sc in self._moved and not _outer_cancelled():
                     self._moved.discard(sc)
+                    if self.on_moved is not None:
+                        self.on_moved(request, instance, f"instance {instance} went down: "
+                                      f"{self.down_reasons.get(instance, 'unknown reason')}")
                     sc.payload = loop.create_future()
                     self._apply(self.coordinator.on_call_failed(
                         sc, f"instance {instance} went down", retryable=True))

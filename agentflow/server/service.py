@@ -154,6 +154,9 @@ class QueryService:
                 # The router holds the same dict, so wrapping in place reaches it too.
                 af.backends[name] = RecordingBackend(af.backends[name], name, self.failures,
                                                      metrics)
+        router = getattr(af, "router", None)
+        if router is not None and hasattr(router, "on_moved"):
+            router.on_moved = self._call_moved
         if self.coordinator is not None:
             for event in COORDINATOR_EVENTS:
                 method = getattr(self.coordinator, event, None)
@@ -161,6 +164,12 @@ class QueryService:
                     hist = metrics.decision_seconds.labels(event=event.removeprefix("on_"))
                     setattr(self.coordinator, event, _timed(method, hist))
         metrics.bind(self)
+
+    def _call_moved(self, request: LLMRequest, instance: str, reason: str) -> None:
+        """A running call lost its instance (it went down) and is re-run elsewhere: a failed
+        attempt like any other, so the answer's ``retries`` show it."""
+        self.failures.add(request, instance, BackendError(reason, retryable=True))
+        self.metrics.call_failures.labels(instance=instance).inc()
 
     # ------------------------------------------------------------------ queries
     def submit(self, req: QueryRequest) -> QueryHandle:
