@@ -24,7 +24,7 @@ class FixedLengths:
     def __init__(self, lengths: dict[str, float | Distribution]):
         self.lengths = lengths
 
-    def predict(self, stage, key_text="", input_tokens=None):
+    def predict(self, stage, key_text="", input_tokens=None, *, max_tokens=None):
         value = self.lengths[stage]
         return value if isinstance(value, Distribution) else Distribution.point(value)
 

@@ -103,14 +103,17 @@ class Coordinator:
         return query
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
-                      payload: Any = None, true_output_tokens: int | None = None
-                      ) -> tuple[ScheduledCall, list[Decision]]:
+                      payload: Any = None, true_output_tokens: int | None = None,
+                      max_tokens: int | None = None) -> tuple[ScheduledCall, list[Decision]]:
+        """A call is ready. ``max_tokens`` is its output cap: the prediction is clipped to
+        it (a call cannot write more), which bounds ranking, outstanding work and KV use."""
         now = self.clock.now()
         query = self.queries[query_id]
         if self.oracle and true_output_tokens is not None:
             output = Distribution.point(true_output_tokens)
         else:
-            output = self.predictor.predict(stage, query.key_text, prompt_tokens)
+            output = self.predictor.predict(stage, query.key_text, prompt_tokens,
+                                            max_tokens=max_tokens)
         call = ScheduledCall(id=f"c{next(self._ids)}", query=query, stage=stage,
                              node_id=node_id, prompt_tokens=prompt_tokens, output=output,
                              ready_at=now, true_output_tokens=true_output_tokens,
@@ -308,7 +311,7 @@ class Coordinator:
                 else:
                     tokens = int(node.hints.get("prompt_tokens", 500))
                     parts.append(cost_distribution(tokens, self._predict_stage(
-                        query, node.stage, tokens)))
+                        query, node.stage, tokens, node.hints.get("max_tokens"))))
         else:
             parts = [self._remaining_call_cost(c) for c in query.calls]
         total = _sum_by_sampling(parts, query.id)
@@ -352,12 +355,12 @@ class Coordinator:
         """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
         return int(call.prompt_tokens + call.output.quantile(0.9))
 
-    def _predict_stage(self, query: QueryState, stage: str,
-                       prompt_tokens: int | None = None) -> Distribution:
+    def _predict_stage(self, query: QueryState, stage: str, prompt_tokens: int | None = None,
+                       max_tokens: int | None = None) -> Distribution:
         key = (query.id, stage)
         if key not in self._stage_prediction:
-            self._stage_prediction[key] = self.predictor.predict(stage, query.key_text,
-                                                                 prompt_tokens)
+            self._stage_prediction[key] = self.predictor.predict(
+                stage, query.key_text, prompt_tokens, max_tokens=max_tokens)
         return self._stage_prediction[key]
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
@@ -372,7 +375,8 @@ class Coordinator:
             if node.kind != NodeKind.LLM:
                 return node.expected_s
             prompt = int(node.hints.get("prompt_tokens", 500))
-            return self._mean_time(prompt, self._predict_stage(query, node.stage, prompt).mean())
+            output = self._predict_stage(query, node.stage, prompt, node.hints.get("max_tokens"))
+            return self._mean_time(prompt, output.mean())
         return estimate
 
     def _retry_after(self, now: float) -> float:

@@ -145,7 +145,8 @@ class Simulation:
             graph.add_node(n.id, node=Node(n.id, n.stage, kind, _replayed,
                                            expected_s=n.duration_s,
                                            hints={"prompt_tokens": n.prompt_tokens,
-                                                  "output_tokens": n.output_tokens}))
+                                                  "output_tokens": n.output_tokens,
+                                                  "max_tokens": n.max_tokens}))
         graph.add_edges_from((p, n.id) for n in trace.nodes for p in n.parents)
         query = Query(question=trace.question, db_id="", arrival=now, slo_s=record.slo_s,
                       id=record.id)
@@ -172,7 +173,8 @@ class Simulation:
             call, decisions = self.coordinator.on_call_ready(
                 query_id, stage=node.stage, node_id=node.id,
                 prompt_tokens=int(node.hints["prompt_tokens"]), payload=(query_id, node.id),
-                true_output_tokens=int(node.hints["output_tokens"]))
+                true_output_tokens=int(node.hints["output_tokens"]),
+                max_tokens=node.hints["max_tokens"])
             self._calls[call.id] = call
             self._apply(decisions)
 
