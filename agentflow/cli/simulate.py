@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "cold prompts)")
     p.add_argument("--tune-alpha", action="store_true",
                    help="re-tune alpha online from forked simulations of the recent window")
+    p.add_argument("--fault", action="append", default=[], metavar="KIND:INSTANCE@T",
+                   help="inject a fault (repeatable): down:NAME@SECONDS, up:NAME@SECONDS, "
+                        "slow:NAME@SECONDSxFACTOR; instances are named <gpu>-<n> "
+                        "(e.g. a100-80g-0)")
     p.add_argument("--goodput", action="store_true",
                    help="also find each policy's goodput (>= 90%% within --slo-scale)")
     p.add_argument("--json", type=Path, default=None)
@@ -55,7 +59,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from agentflow.sim.workload import load_trace
 
     console = Console(stderr=True)
+    from agentflow.sim.faults import Fault
+
     cluster = load_cluster(args.cluster)
+    faults = [Fault.parse(f) for f in args.fault]
     trace = load_trace(args.trace, args.format)
     from agentflow.scheduler.policies import parse_policy, with_predictor
 
@@ -72,7 +79,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         tuner = OnlineAlphaTuner(cluster, slo_scale=args.slo_scale) if args.tune_alpha else None
         result = run_policy(cluster, workload, policy, slo_scale=args.slo_scale,
                             alpha=args.alpha, alpha_tuner=tuner,
-                            cached_prefix=args.cached_prefix)
+                            cached_prefix=args.cached_prefix, faults=faults)
         summary = result.summary()
         summary["sim_wall_s"] = time.perf_counter() - start
         if result.alpha_history:
@@ -87,7 +94,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out = {"config": {"trace": str(args.trace), "cluster": cluster.name,
                       "rate": args.rate, "arrival": args.arrival, "queries": args.queries,
                       "seed": args.seed, "slo_scale": args.slo_scale, "alpha": args.alpha,
-                      "cached_prefix": args.cached_prefix,
+                      "cached_prefix": args.cached_prefix, "faults": args.fault,
                       "tune_alpha": args.tune_alpha},
            "policies": results}
     print_table(table_console(140), out)

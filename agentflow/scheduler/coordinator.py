@@ -134,6 +134,8 @@ class Coordinator:
     def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
         """Streaming progress: attained service feeds Gittins ranks and outstanding work; a
         first token frees a pending-prefill slot, so more calls may be admitted."""
+        if not self._live(call):
+            return []
         first = call.attained_tokens == 0 and output_tokens > 0
         if self._bucket(call.attained_tokens) != self._bucket(output_tokens):
             call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
@@ -146,6 +148,8 @@ class Coordinator:
 
     def on_call_done(self, call: ScheduledCall, *, output_tokens: int, ttft_s: float = 0.0,
                      total_s: float = 0.0, cached_tokens: int = 0) -> list[Decision]:
+        if not self._live(call):
+            return []  # its query was cancelled or failed: nothing to free, nothing to learn
         now = self.clock.now()
         call.state, call.finished_at = CallState.DONE, now
         call.attained_tokens = output_tokens
@@ -164,6 +168,8 @@ class Coordinator:
     def on_call_failed(self, call: ScheduledCall, reason: str, *,
                        retryable: bool = True) -> list[Decision]:
         """A call failed on its instance: try another instance if sensible, else fail it."""
+        if not self._live(call):
+            return []
         now = self.clock.now()
         queue = self.queues[call.instance]
         queue.finish(call, self._kv_tokens(call))
@@ -326,6 +332,10 @@ class Coordinator:
         return total
 
     # ============================================================================ internals
+    def _live(self, call: ScheduledCall) -> bool:
+        """Whether a runtime's report on ``call`` still concerns the coordinator: the call is
+        running and its query is still known (a cancelled query's calls may report late)."""
+        return call.state == CallState.RUNNING and self.queries.get(call.query.id) is call.query
     def _remaining_call_cost(self, call: ScheduledCall) -> Distribution:
         cost = self.call_cost(call)
         if call.attained_tokens <= 0:

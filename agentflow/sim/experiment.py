@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.driver import SimResult, Simulation
+from agentflow.sim.faults import Fault
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import TraceQuery, arrival_times
 
@@ -50,9 +52,10 @@ def build_workload(trace: list[TraceQuery], cluster: SimClusterConfig, *, n: int
 
 def run_policy(cluster: SimClusterConfig, workload: Workload, policy: str, *,
                slo_scale: float = 2.0, alpha: float | None = None, alpha_tuner: Any = None,
-               embedder: str = "hashing", cached_prefix: float = 0.0) -> SimResult:
+               embedder: str = "hashing", cached_prefix: float = 0.0,
+               faults: Sequence[Fault] = ()) -> SimResult:
     sim = Simulation(cluster, policy, alpha=alpha, alpha_tuner=alpha_tuner, embedder=embedder,
-                     cached_prefix=cached_prefix)
+                     cached_prefix=cached_prefix, faults=faults)
     return sim.run(workload.queries, workload.arrivals, workload.deadlines(slo_scale),
                    workload.idle_latency_s)
 
