@@ -277,22 +277,17 @@ class AgentFlow:
 
     def _create_router(self) -> CallRouter:
         """Every call goes through the scheduler: one instance spec per configured backend."""
-        from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledRouter
-        from agentflow.scheduler.embedders import make_embedder
-        from agentflow.scheduler.predictor import LengthPredictor
+        from agentflow.config import InstanceConfig
+        from agentflow.scheduler import ScheduledRouter, build_coordinator
+        from agentflow.scheduler.setup import scheduler_settings
 
         by_name = {i.name: i for i in self.config.instances}
-        specs = [InstanceSpec(name=name, gpu=by_name[name].gpu if name in by_name else None,
-                              model=by_name[name].model if name in by_name else None,
-                              max_inflight=by_name[name].max_inflight if name in by_name else 1)
-                 for name in self.backends]
-        sched = self.config.scheduler
-        coordinator = Coordinator(
-            specs, clock=MonotonicClock(), policy=sched.policy, alpha=sched.alpha,
-            predictor=LengthPredictor(embedder=make_embedder(sched.embedder)),
-            max_waiting_calls=sched.max_waiting_calls,
-            max_active_queries=sched.max_active_queries)
-        return ScheduledRouter(coordinator, self.backends, revive_after_s=sched.revive_after_s)
+        # Backends passed in code without a configured instance run as plain CPU instances.
+        instances = [by_name.get(name) or InstanceConfig(name=name) for name in self.backends]
+        coordinator = build_coordinator(instances, clock=MonotonicClock(),
+                                        **scheduler_settings(self.config.scheduler))
+        return ScheduledRouter(coordinator, self.backends,
+                               revive_after_s=self.config.scheduler.revive_after_s)
 
     async def _close_backends(self) -> None:
         for backend in self.backends.values():

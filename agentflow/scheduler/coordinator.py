@@ -110,10 +110,13 @@ class Coordinator:
         return query
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
-                      payload: Any = None, max_tokens: int | None = None
+                      payload: Any = None, max_tokens: int | None = None,
+                      prompt_tokens_by_instance: dict[str, int] | None = None
                       ) -> tuple[ScheduledCall, list[Decision]]:
         """A call is ready. ``max_tokens`` is its output cap: the prediction is clipped to
-        it (a call cannot write more), which bounds ranking, outstanding work and KV use."""
+        it (a call cannot write more), which bounds ranking, outstanding work and KV use.
+        ``prompt_tokens_by_instance``: the prompt's length on each instance when their
+        tokenizers disagree (different models); run times and KV use are priced with it."""
         now = self.clock.now()
         query = self.queries[query_id]
         truth = self.predictor.true_lengths(query_id, node_id)
@@ -126,7 +129,8 @@ class Coordinator:
         self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
         call = ScheduledCall(id=f"c{next(self._ids)}", query=query, stage=stage,
                              node_id=node_id, prompt_tokens=prompt_tokens, output=output,
-                             ready_at=now, payload=payload)
+                             ready_at=now, payload=payload,
+                             prompt_tokens_on=prompt_tokens_by_instance)
         query.calls.add(call)
         query.calls_version += 1
         return call, self._dispatch(call, now)
@@ -161,8 +165,9 @@ class Coordinator:
                                call.prompt_tokens)
         self._stage_prediction.pop((call.query.id, call.stage), None)
         if total_s > 0:
-            self.time_models[call.instance].observe(call.prompt_tokens, output_tokens, ttft_s,
-                                                    total_s, cached_tokens)
+            self.time_models[call.instance].observe(call.tokens_on(call.instance),
+                                                    output_tokens, ttft_s, total_s,
+                                                    cached_tokens)
         return self._admit(queue, now)
 
     def on_call_failed(self, call: ScheduledCall, reason: str, *,
@@ -258,7 +263,8 @@ class Coordinator:
         model = self.time_models[instance]
         cached = call.time_cache.get(instance)
         if cached is None or cached[0] != model.observations:
-            cached = (model.observations, model.expected_s(call.prompt_tokens, call.mean_output))
+            cached = (model.observations,
+                      model.expected_s(call.tokens_on(instance), call.mean_output))
             call.time_cache[instance] = cached
         return cached[1]
 
@@ -370,7 +376,7 @@ class Coordinator:
 
     def _kv_tokens(self, call: ScheduledCall) -> int:
         """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
-        return int(call.prompt_tokens + call.output.quantile(0.9))
+        return int(call.tokens_on(call.instance) + call.output.quantile(0.9))
 
     def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
         """Prompt tokens and output distribution of an LLM stage that has no call yet, from

@@ -402,7 +402,7 @@ class QueryService:
                 name=name, gpu=cfg.gpu if cfg else None, model=cfg.model if cfg else None,
                 up=queue.up if queue else True, waiting=len(queue.waiting) if queue else 0,
                 running=len(queue.running) if queue else 0,
-                max_inflight=cfg.max_inflight if cfg else 1))
+                max_inflight=cfg.inflight_limit if cfg else 1))
         return out
 
     # ------------------------------------------------------------------ shutdown

@@ -23,15 +23,8 @@ from typing import Any
 
 import networkx as nx
 
-from agentflow import hardware
-from agentflow.scheduler import (
-    CallState,
-    Coordinator,
-    FailCall,
-    InstanceSpec,
-    QueryRejected,
-    StartCall,
-)
+from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
+from agentflow.scheduler.setup import build_coordinator
 from agentflow.scheduler.length_models import TrueLengths, make_predictor
 from agentflow.scheduler.policies import parse_policy
 from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
@@ -82,6 +75,7 @@ class SimResult:
 class Simulation:
     def __init__(self, cluster: SimClusterConfig, policy: str, *, alpha: float | None = None,
                  embedder: str = "hashing", max_waiting_calls: int | None = None,
+                 max_active_queries: int | None = None,
                  alpha_tuner: Any = None, cached_prefix: float = 0.0,
                  faults: Sequence[Fault] = ()):
         if not 0.0 <= cached_prefix < 1.0:
@@ -93,23 +87,17 @@ class Simulation:
         self.policy = policy
         self.clock = ManualClock(0.0)
         self.instances: dict[str, SimInstance] = {}
-        specs = []
+        instances = []
         for name, cfg in cluster.expanded():
-            engine = make_engine(name, cfg)
-            self.instances[name] = engine
-            # The coordinator admits no more than the engine's KV cache holds, so calls wait
-            # in the coordinator's queue — ordered by the queue policy — rather than inside
-            # the engine, where only admission order counts.
-            specs.append(InstanceSpec(name=name, gpu=cfg.gpu, model=cfg.model,
-                                      max_inflight=cfg.max_inflight,
-                                      max_pending_prefill=cfg.max_pending_prefill,
-                                      kv_token_budget=engine.kv_blocks_total * engine.block_size,
-                                      tensor_parallel=cfg.tensor_parallel,
-                                      weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits))
+            self.instances[name] = make_engine(name, cfg)
+            instances.append(cfg)
+        # The coordinator serving builds from the same description (build_coordinator): it
+        # admits no more than each engine's KV cache holds, so calls wait in its queues —
+        # ordered by the queue policy — rather than inside the engines.
         self.predictor = make_predictor(parse_policy(policy).predictor, embedder=embedder)
-        self.coordinator = Coordinator(
-            specs, clock=self.clock, policy=policy, alpha=alpha, predictor=self.predictor,
-            max_waiting_calls=max_waiting_calls)
+        self.coordinator = build_coordinator(
+            instances, clock=self.clock, policy=policy, alpha=alpha, predictor=self.predictor,
+            max_waiting_calls=max_waiting_calls, max_active_queries=max_active_queries)
         self.alpha_tuner = alpha_tuner
         for fault in faults:
             if fault.instance not in self.instances:
@@ -327,8 +315,7 @@ class Simulation:
 
 
 def make_engine(name: str, cfg: SimInstanceConfig) -> SimInstance:
-    model = hardware.model(cfg.model).quantized(cfg.weight_bits, cfg.kv_bits) \
-        if (cfg.weight_bits, cfg.kv_bits) != (16, 16) else hardware.model(cfg.model)
-    return SimInstance(gpu=hardware.gpu(cfg.gpu), model=model,
-                       tensor_parallel=cfg.tensor_parallel, max_num_seqs=cfg.max_num_seqs,
-                       max_num_batched_tokens=cfg.max_num_batched_tokens, name=name)
+    """The simulated engine of an instance (see ``agentflow.sim.engine.engine_for``)."""
+    from agentflow.sim.engine import engine_for
+
+    return engine_for(name, cfg)

@@ -697,3 +697,15 @@ class SimInstance:
         else:
             if any(s.state == _DONE for s in p.seqs):
                 self._running = [s for s in self._running if s.state == _RUNNING]
+
+
+def engine_for(name: str, cfg) -> "SimInstance":
+    """The engine an ``InstanceConfig`` describes: its GPU and model profiles at its weight
+    and KV precision, tensor parallelism and vLLM limits."""
+    model = hardware.model(cfg.model)
+    if (cfg.weight_bits, cfg.kv_bits) != (16, 16):
+        model = model.quantized(cfg.weight_bits, cfg.kv_bits)
+    return SimInstance(gpu=hardware.gpu(cfg.gpu), model=model,
+                       tensor_parallel=cfg.tensor_parallel, max_num_seqs=cfg.max_num_seqs,
+                       max_num_batched_tokens=cfg.max_num_batched_tokens,
+                       gpu_memory_utilization=cfg.gpu_memory_utilization, name=name)
