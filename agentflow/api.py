@@ -61,12 +61,11 @@ class Answer:
 
     @property
     def met_slo(self) -> bool | None:
-        """Whether a *completed* answer came within its SLO (None without an SLO)."""
-        if self.slo_s is None:
-            return None
-        if self.status != "done" or self.latency_s is None:
-            return False
-        return self.latency_s <= self.slo_s
+        """Whether the answer came back done within its SLO (None without an SLO); see
+        ``agentflow.metrics``."""
+        from agentflow.metrics import Outcome, met_slo
+
+        return met_slo(Outcome(self.status, self.latency_s, slo_s=self.slo_s))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentflow.cli import table_console
+from agentflow.metrics import scale_key
 from agentflow.scheduler.length_models import PREDICTORS
 from agentflow.scheduler.policies import policy_help
 
@@ -127,8 +128,7 @@ def print_table(console: Console, out: dict) -> None:
             return "-" if v is None else f"{v:.{d}f}"
         row = [policy, str(s["completed"]), str(s["rejected"]), f(s["mean"]), f(s["p50"]),
                f(s["p95"]), f(s["p99"]), f(s["throughput_qps"], 3),
-               f(s["slo_attainment"]["1.0"], 2), f(s["slo_attainment"]["2.0"], 2),
-               f(s["slo_attainment"]["5.0"], 2)]
+               *(f(s["slo_attainment"].get(scale_key(x)), 2) for x in (1, 2, 5))]
         if has_goodput:
             row.append(f(s.get("goodput_qps"), 3))
         table.add_row(*row)

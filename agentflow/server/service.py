@@ -128,14 +128,6 @@ def _progress(handle: QueryHandle) -> str:
         else "pending"
 
 
-def _met_slo(answer: Answer) -> bool | None:
-    """Answered within the SLO: only a ``done`` query can meet it (a query cancelled or
-    failed early is fast, not successful)."""
-    if answer.slo_s is None:
-        return None
-    return answer.status == "done" and bool(answer.met_slo)
-
-
 class QueryService:
     def __init__(self, af: AgentFlow, settings: ServerSettings, metrics: ServerMetrics, *,
                  owns_agentflow: bool = True):
@@ -296,7 +288,7 @@ class QueryService:
             columns=[str(c) for c in answer.columns],
             rows=[[_jsonable(v) for v in row] for row in answer.rows],
             truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
-            met_slo=_met_slo(answer), stages=stages, usage=_clean(answer.usage),
+            met_slo=answer.met_slo, stages=stages, usage=_clean(answer.usage),
             details=_clean(answer.details), retries=retries, links=links)
 
     def summary(self, handle: QueryHandle) -> QuerySummary:
@@ -307,7 +299,7 @@ class QueryService:
         a = self._result(handle)
         return QuerySummary(query_id=a.query_id, status=a.status, question=a.question, db=a.db,
                             pipeline=a.pipeline, slo_s=a.slo_s, latency_s=a.latency_s,
-                            met_slo=_met_slo(a), error=a.error)
+                            met_slo=a.met_slo, error=a.error)
 
     def recent(self, limit: int) -> list[QuerySummary]:
         handles = list(self.af.handles.values())[-limit:]

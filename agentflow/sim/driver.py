@@ -215,7 +215,11 @@ class Simulation:
             self._tool_s[done.stage] = (mean + (done.duration_s - mean) / (n + 1), n + 1)
         run.mark_done(node_id, self.clock.now())
         if run.finished:
-            record.status, record.finish = "done", self.clock.now()
+            record.finish = self.clock.now()
+            if trace.meta.get("status") == "failed":  # back on time, with no answer
+                record.status, record.reason = "failed", "the recorded run failed"
+            else:
+                record.status = "done"
             self.coordinator.on_query_done(query_id)
             self._forget(query_id)
         else:
