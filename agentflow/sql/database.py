@@ -186,6 +186,9 @@ class Database:
             if self.kind == "postgresql":
                 # A server-side cursor: only the rows asked for cross the network.
                 conn = conn.execution_options(stream_results=True, max_row_buffer=1000)
+                # psycopg reads %-placeholders in any statement sent with parameters (SQLAlchemy
+                # always sends some): a literal % (LIKE 'a%') must be doubled.
+                run_sql = run_sql.replace("%", "%%")
             try:
                 with interrupter:
                     cursor = conn.exec_driver_sql(run_sql)
@@ -304,6 +307,7 @@ class _Interrupter:
     a timeout reset by the query)."""
 
     _PG_CANCEL_FACTOR = 1.5
+    _PG_SERVER_TIMEOUT = True  # tests turn it off to show the client-side cancel alone
 
     def __init__(self, kind: str, raw: Any, timeout_s: float | None):
         self.kind = kind
@@ -324,10 +328,11 @@ class _Interrupter:
         if self.timeout_s is None:
             return self
         if self.kind == "postgresql":
-            cur = self.raw.cursor()
-            # SET LOCAL lasts until the end of this (read-only) transaction only.
-            cur.execute(f"SET LOCAL statement_timeout = {max(1, int(self.timeout_s * 1000))}")
-            cur.close()
+            if self._PG_SERVER_TIMEOUT:
+                cur = self.raw.cursor()
+                # SET LOCAL lasts until the end of this (read-only) transaction only.
+                cur.execute(f"SET LOCAL statement_timeout = {max(1, int(self.timeout_s * 1000))}")
+                cur.close()
             delay = self.timeout_s * self._PG_CANCEL_FACTOR
         else:
             if getattr(self.raw, "interrupt", None) is None:
