@@ -350,3 +350,28 @@ def test_credentials_never_appear_in_errors_or_logs(shop, monkeypatch, caplog,
         messages.append(str(err))
     for text in messages + [r.getMessage() for r in caplog.records]:
         assert PASSWORD not in text.replace(f"'{PASSWORD}'", "")  # the query's own literal
+
+
+def test_catalog_serves_named_postgres_databases_without_showing_the_url(shop, monkeypatch,
+                                                                        tmp_path) -> None:
+    from agentflow.catalog import DatabaseCatalog
+    from agentflow.config import AgentFlowConfig
+
+    monkeypatch.setenv("SHOP_DB_PASSWORD", PASSWORD)
+    config_file = tmp_path / "agentflow.yaml"
+    config_file.write_text(f"databases:\n  shop_pg:\n    url: {shop.url('reader', 'shop')}\n"
+                           "    search_path: [sales, hr]\n    password_env: SHOP_DB_PASSWORD\n"
+                           "    pool_size: 2\n")
+    config = AgentFlowConfig.load(config_file)
+    catalog = DatabaseCatalog(include_demo=False, databases=config.databases)
+    try:
+        assert catalog.ids == ["shop_pg"] and catalog.engine_of("shop_pg") == "postgresql"
+        db = catalog.open("shop_pg")
+        assert db.engine.pool.size() == 2
+        assert db.execute("SELECT count(*) FROM orders").rows == [(4,)]
+        assert str(shop.port) not in repr(catalog.entry("shop_pg"))
+        # A URL works as a database id too (agentflow ask --db postgresql://...).
+        entry = catalog.entry(shop.url("reader", "shop"))
+        assert entry.db_id == "shop" and entry.url
+    finally:
+        catalog.close()
