@@ -20,7 +20,8 @@ from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.distribution import Distribution, cost_distribution
 from agentflow.scheduler.instance import InstanceQueue
-from agentflow.scheduler.policies import resolve
+from agentflow.scheduler.length_models import LengthModel, make_predictor
+from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow.clock import Clock
 from agentflow.workflow.graph import Node, NodeKind
@@ -51,11 +52,18 @@ class QueryRejected(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
+# Prompt tokens assumed for a future stage when neither its pipeline hints nor any earlier
+# call of its stage says more.
+DEFAULT_PROMPT_TOKENS = 500
+
+
 class Coordinator:
     def __init__(self, instances: list[InstanceSpec], *, clock: Clock, policy: str = "flowsage",
-                 alpha: float | None = None, predictor: Any = None,
+                 alpha: float | None = None, predictor: LengthModel | None = None,
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
-                 max_attempts: int = 3, oracle: bool = False, **queue_kwargs: Any):
+                 max_attempts: int = 3, **queue_kwargs: Any):
+        """``predictor``: the length model; None builds the one the policy name picks
+        (``flowsage@oracle``; the learned predictor by default)."""
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         names = [s.name for s in instances]
@@ -66,18 +74,17 @@ class Coordinator:
         self.dispatch, queue_policy = resolve(policy, alpha=alpha, **queue_kwargs)
         self.queues = {s.name: InstanceQueue(s, queue_policy) for s in instances}
         self.time_models = {s.name: InstanceTimeModel.for_spec(s) for s in instances}
-        if predictor is None:
-            from agentflow.scheduler.predictor import LengthPredictor
-
-            predictor = LengthPredictor()
-        self.predictor = predictor  # LengthPredictor or anything with predict/observe
+        self.predictor: LengthModel = predictor if predictor is not None \
+            else make_predictor(parse_policy(policy).predictor)
         self.max_waiting_calls = max_waiting_calls
         self.max_active_queries = max_active_queries
         self.max_attempts = max_attempts
-        self.oracle = oracle  # use true output lengths when the runtime knows them
         self.queries: dict[str, QueryState] = {}
         self._ids = itertools.count()
         self._stage_prediction: dict[tuple[str, str], Distribution] = {}
+        # Mean prompt tokens of each stage's calls so far: the estimate for future calls of
+        # the stage when the pipeline gives no hint (what serving knows before a prompt exists).
+        self._stage_prompts: dict[str, tuple[float, int]] = {}
 
     # ============================================================================ events
     def on_query_arrival(self, query_id: str, *, arrival: float | None = None,
@@ -103,18 +110,23 @@ class Coordinator:
         return query
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
-                      payload: Any = None, true_output_tokens: int | None = None
+                      payload: Any = None, max_tokens: int | None = None
                       ) -> tuple[ScheduledCall, list[Decision]]:
+        """A call is ready. ``max_tokens`` is its output cap: the prediction is clipped to
+        it (a call cannot write more), which bounds ranking, outstanding work and KV use."""
         now = self.clock.now()
         query = self.queries[query_id]
-        if self.oracle and true_output_tokens is not None:
-            output = Distribution.point(true_output_tokens)
+        truth = self.predictor.true_lengths(query_id, node_id)
+        if truth is not None:
+            output = Distribution.point(truth.output_tokens)
         else:
-            output = self.predictor.predict(stage, query.key_text, prompt_tokens)
+            output = self.predictor.predict(stage, query.key_text, prompt_tokens,
+                                            max_tokens=max_tokens)
+        mean, n = self._stage_prompts.get(stage, (0.0, 0))
+        self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
         call = ScheduledCall(id=f"c{next(self._ids)}", query=query, stage=stage,
                              node_id=node_id, prompt_tokens=prompt_tokens, output=output,
-                             ready_at=now, true_output_tokens=true_output_tokens,
-                             payload=payload)
+                             ready_at=now, payload=payload)
         query.calls.add(call)
         query.calls_version += 1
         return call, self._dispatch(call, now)
@@ -306,9 +318,7 @@ class Coordinator:
                 if call is not None:
                     parts.append(self._remaining_call_cost(call))
                 else:
-                    tokens = int(node.hints.get("prompt_tokens", 500))
-                    parts.append(cost_distribution(tokens, self._predict_stage(
-                        query, node.stage, tokens)))
+                    parts.append(cost_distribution(*self._future_lengths(query, node)))
         else:
             parts = [self._remaining_call_cost(c) for c in query.calls]
         total = _sum_by_sampling(parts, query.id)
@@ -352,12 +362,27 @@ class Coordinator:
         """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
         return int(call.prompt_tokens + call.output.quantile(0.9))
 
-    def _predict_stage(self, query: QueryState, stage: str,
-                       prompt_tokens: int | None = None) -> Distribution:
+    def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
+        """Prompt tokens and output distribution of an LLM stage that has no call yet, from
+        what serving knows: the length model (the oracle knows the truth), the node's
+        ``max_tokens``, and its prompt size from the pipeline's hint, else the stage's
+        calls so far, else ``DEFAULT_PROMPT_TOKENS``."""
+        truth = self.predictor.true_lengths(query.id, node.id)
+        if truth is not None:
+            return truth.prompt_tokens, Distribution.point(truth.output_tokens)
+        prompt = node.hints.get("prompt_tokens")
+        if prompt is None:
+            seen = self._stage_prompts.get(node.stage)
+            prompt = seen[0] if seen is not None else DEFAULT_PROMPT_TOKENS
+        prompt = int(prompt)
+        return prompt, self._predict_stage(query, node.stage, prompt, node.hints.get("max_tokens"))
+
+    def _predict_stage(self, query: QueryState, stage: str, prompt_tokens: int | None = None,
+                       max_tokens: int | None = None) -> Distribution:
         key = (query.id, stage)
         if key not in self._stage_prediction:
-            self._stage_prediction[key] = self.predictor.predict(stage, query.key_text,
-                                                                 prompt_tokens)
+            self._stage_prediction[key] = self.predictor.predict(
+                stage, query.key_text, prompt_tokens, max_tokens=max_tokens)
         return self._stage_prediction[key]
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
@@ -370,9 +395,12 @@ class Coordinator:
     def _node_estimate(self, query: QueryState):
         def estimate(node: Node) -> float:
             if node.kind != NodeKind.LLM:
+                truth = self.predictor.true_lengths(query.id, node.id)
+                if truth is not None and truth.duration_s is not None:
+                    return truth.duration_s
                 return node.expected_s
-            prompt = int(node.hints.get("prompt_tokens", 500))
-            return self._mean_time(prompt, self._predict_stage(query, node.stage, prompt).mean())
+            prompt, output = self._future_lengths(query, node)
+            return self._mean_time(prompt, output.mean())
         return estimate
 
     def _retry_after(self, now: float) -> float:
