@@ -136,6 +136,21 @@ def default_instances() -> list[InstanceConfig]:
             for i in range(count)]
 
 
+class DatabaseConfig(BaseModel):
+    """A named database (PostgreSQL or any SQLAlchemy URL) served under its name; the URL is
+    never shown. Put no password in it: name an environment variable or a .pgpass file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    search_path: list[str] | None = None
+    pool_size: int = Field(default=4, ge=1, le=100)
+    max_overflow: int = Field(default=4, ge=0, le=100)
+    password_env: str | None = None
+    passfile: str | None = None
+    require_read_only_role: bool = False
+
+
 class AgentFlowConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -145,6 +160,7 @@ class AgentFlowConfig(BaseModel):
     pipeline_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     data: list[str] = Field(default_factory=list)  # Spider/BIRD folders whose databases to serve
     engine: str = "sqlite"  # run SQL on the SQLite files or on their DuckDB copies
+    databases: dict[str, DatabaseConfig] = Field(default_factory=dict)  # named, e.g. PostgreSQL
     fewshot: FewShotConfig | None | str = "auto"  # "auto": a registered folder's train split
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     slo_s: float | None = None  # default end-to-end target per question

@@ -364,7 +364,7 @@ class QueryService:
             if entry.dataset is not None:
                 examples = [e.question for e in entry.dataset.examples
                             if e.db_id == db_id][:6]
-            out.append(DatabaseInfo(id=db_id, engine=catalog.engine,
+            out.append(DatabaseInfo(id=db_id, engine=catalog.engine_of(db_id),
                                     tables=self._table_names(db_id), examples=examples))
         return out
 
@@ -377,7 +377,7 @@ class QueryService:
             names = (tables_json or {}).get("table_names_original")
             if not names:
                 try:
-                    names = self.af.catalog.open(db_id).schema().table_names()
+                    names = self.af.catalog.open(db_id).schema().table_names
                 except Exception as err:  # noqa: BLE001 - a broken file must not break listing
                     log.warning("cannot list tables of %s: %s", db_id, err)
                     names = []
