@@ -214,14 +214,22 @@ class AgentFlow:
         return True
 
     def _cancel_in_loop(self, query_id: str, reason: str) -> None:
+        # Remember the request even when the query's task has not started yet (a cancel
+        # right after submit): ``_ask`` checks it before doing any work.
+        if query_id in self._cancel_reasons:
+            return  # already cancelling: a second cancel would interrupt its clean-up
+        self._cancel_reasons[query_id] = reason
         task = self._tasks.get(query_id)
         if task is not None and not task.done():
-            self._cancel_reasons[query_id] = reason
             task.cancel()
 
     def close(self, drain_s: float = 0.0) -> None:
         """Stop: wait up to ``drain_s`` for queries in flight, cancel the rest (their answers
-        say so), then release backends and databases."""
+        say so), then release backends and databases.
+
+        Every task that may still call a backend (a query, one of its stages, a call being
+        tokenized) is cancelled *and joined* on the loop before any backend is closed: a
+        llama.cpp model freed under a running stage crashes the process (SIGSEGV)."""
         if self._closed:
             return
         self._closing = True
@@ -230,22 +238,35 @@ class AgentFlow:
             from concurrent.futures import wait
 
             wait(pending, timeout=drain_s)
-        for query_id, handle in list(self.handles.items()):
-            if not handle.done():
-                self._loop.call_soon_threadsafe(self._cancel_in_loop, query_id,
-                                                "cancelled: agentflow is shutting down")
         try:
-            for handle in list(self.handles.values()):
-                try:
-                    handle.future.result(timeout=10)
-                except Exception:  # noqa: BLE001 - a failed query must not block shutdown
-                    pass
-            self._submit(self._close_backends()).result(timeout=30)
+            self._submit(self._cancel_and_join("cancelled: agentflow is shutting down")) \
+                .result(timeout=60)
+            self._submit(self._close_backends()).result(timeout=60)
         finally:
             self._closed = True
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self.catalog.close()
+
+    async def _cancel_and_join(self, reason: str, patience_s: float = 30.0) -> None:
+        """Cancel every unfinished query and wait until no task but this one is left on the
+        loop (stage tasks included), so nothing touches a backend after this returns."""
+        for query_id, handle in list(self.handles.items()):
+            if not handle.done():
+                self._cancel_in_loop(query_id, reason)
+        me = asyncio.current_task()
+        deadline = self._loop.time() + patience_s
+        while True:
+            others = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+            if not others:
+                return
+            left = deadline - self._loop.time()
+            if left <= 0:  # a stage ignores cancellation: cancel it directly, then wait
+                for task in others:
+                    task.cancel()
+                await asyncio.wait(others, timeout=5)
+                return
+            await asyncio.wait(others, timeout=min(left, 1.0))
 
     def __enter__(self) -> "AgentFlow":
         return self
@@ -346,9 +367,20 @@ class AgentFlow:
                    record: str | Path | None) -> Answer:
         self._tasks[handle.query_id] = asyncio.current_task()
         try:
+            if handle.query_id in self._cancel_reasons:  # cancelled before it started
+                raise asyncio.CancelledError
             return await self._answer(handle, db, pipeline, evidence, record)
+        except asyncio.CancelledError:
+            # Cancelled before the pipeline ran (execute() answers for itself after that).
+            reason = self._cancel_reasons.pop(handle.query_id, "cancelled")
+            handle._emit({"type": "done", "query_id": handle.query_id, "status": "cancelled",
+                          "error": reason, "latency_s": None})
+            return Answer(query_id=handle.query_id, question=handle.question, db=handle.db,
+                          pipeline=handle.pipeline, status="cancelled", error=reason,
+                          sql=None, slo_s=handle.slo_s)
         finally:
             self._tasks.pop(handle.query_id, None)
+            self._cancel_reasons.pop(handle.query_id, None)
 
     async def _answer(self, handle: QueryHandle, db: str, pipeline: Pipeline, evidence: str,
                       record: str | Path | None) -> Answer:

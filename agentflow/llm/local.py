@@ -96,20 +96,27 @@ class LocalLlamaBackend(LLMBackend):
             request.priority, lambda job: self._run(job, request, on_progress))
 
     def count_tokens(self, text: str) -> int:
-        # Tokenising reads only the vocabulary, so it is safe beside a running generation.
-        return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        # Tokenising reads only the vocabulary, so it is safe beside a running generation,
+        # but not beside close(), which frees the vocabulary: the lock keeps them apart.
+        with self._close_lock:
+            if self._closed:
+                raise BackendError(f"{self.name}: backend is closed", retryable=True)
+            return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     @property
     def queued(self) -> int:
         return self._worker.queued
 
     async def close(self) -> None:
+        """Stop the worker (joining its thread), then free the model. A call or token count
+        that comes later gets a BackendError, never a freed model."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         await self._worker.close()
-        self._llm.close()
+        with self._close_lock:
+            self._llm.close()
 
     # -- worker thread ------------------------------------------------------------------
 
