@@ -51,13 +51,24 @@ class DatabaseCatalog:
         if db in self._entries:
             return self._entries[db]
         path = Path(db).expanduser()
-        if path.suffix.lower() in {".sqlite", ".sqlite3", ".db", ".duckdb"} and path.is_file():
+        is_file_name = path.suffix.lower() in {".sqlite", ".sqlite3", ".db", ".duckdb"}
+        if is_file_name and path.is_file():
             return CatalogEntry(db_id=path.stem, dataset=None, entry=None, path=path.resolve())
+        if is_file_name or "/" in db:
+            raise DatabaseNotFoundError(f"database file not found: {path}")
+        raise DatabaseNotFoundError(self._unknown_message(db))
+
+    def _unknown_message(self, db: str) -> str:
+        """Name the known databases (the first few) and say how to add more."""
         close = difflib.get_close_matches(db, self.ids, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise DatabaseNotFoundError(
-            f"unknown database {db!r}{hint} (known: {len(self.ids)} databases; add a Spider/BIRD "
-            f"folder with --data, or pass a path to a .sqlite/.duckdb file)")
+        shown = ", ".join(self.ids[:8]) + (f" and {len(self.ids) - 8} more"
+                                          if len(self.ids) > 8 else "")
+        benchmarks = [d for d in self.datasets if d.kind != "demo"]
+        how = ("if it is a Spider/BIRD database, add the benchmark's folder with --data DIR"
+               if not benchmarks else "add another Spider/BIRD folder with --data DIR")
+        return (f"unknown database {db!r}{hint} (known: {shown}); {how}, or pass a path to a "
+                f".sqlite/.duckdb file")
 
     def open(self, db: str) -> Database:
         entry = self.entry(db)
