@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "against itself. Prints a per-database table and 'N passed, M failed'.")
     check.add_argument("dir", help="dataset folder (Spider or BIRD layout) or 'demo'")
     check.add_argument("--split", default="dev", help="split to load (default: dev)")
-    check.add_argument("--engine", choices=["sqlite", "duckdb"], default="sqlite")
+    check.add_argument("--engine", choices=["sqlite", "duckdb"], default="sqlite",
+                       help="run the gold queries on SQLite (default) or the DuckDB copies")
     check.add_argument("--rule", choices=[r.value for r in MatchRule], default="spider",
                        help="execution-accuracy rule (default: spider test-suite)")
     check.add_argument("--duckdb-dir", type=Path, default=None,
@@ -45,12 +46,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     conv.add_argument("--out", type=Path, default=None,
                       help="output file (for one database) or folder (for a dataset); default: "
                            "beside the file, or agentflow's cache for a dataset")
-    conv.add_argument("--split", default="dev")
+    conv.add_argument("--split", default="dev",
+                      help="for a dataset folder: the split whose databases to convert "
+                           "(default: dev)")
     conv.set_defaults(func=cmd_to_duckdb)
 
     demo = dsub.add_parser("build-demo", help="build the demo database (SQLite and DuckDB)")
-    demo.add_argument("--out", type=Path, default=None)
-    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--out", type=Path, default=None,
+                      help="folder to build it in (default: agentflow's cache)")
+    demo.add_argument("--seed", type=int, default=7,
+                      help="seed of the generated rows (default 7: the documented database)")
     demo.add_argument("--force", action="store_true", help="rebuild even if present")
     demo.set_defaults(func=cmd_build_demo)
 
