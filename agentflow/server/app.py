@@ -202,6 +202,10 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
 
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    from agentflow.server.results import router as results_router
+
+    app.include_router(results_router)  # CSV and charts of finished queries
+
     # ------------------------------------------------------------------ web page
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
