@@ -11,6 +11,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from contextlib import nullcontext
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
@@ -176,20 +177,17 @@ def print_answer(console: Console, answer: Any) -> None:
         console.print(table)
         if len(answer.rows) > 20:
             console.print(f"... {len(answer.rows) - 20} more rows")
-    console.print(timeline_table(answer))
+    console.print(timeline_table(answer, console.width))
     slo = f" / SLO {answer.slo_s:g}s" if answer.slo_s else ""
     console.print(f"latency {answer.latency_s:.2f}s{slo}; {answer.usage.get('calls', 0)} LLM "
                   f"calls, {answer.usage.get('prompt_tokens', 0)} prompt + "
                   f"{answer.usage.get('completion_tokens', 0)} output tokens")
 
 
-def timeline_table(answer: Any) -> Table:
-    table = Table(title="stage timeline (seconds since arrival)")
-    # Stage names and numbers never wrap (a folded "execute.1.1" reads as two stages); the
-    # free-text result column takes what width is left and is cut with an ellipsis.
-    for col in ("stage", "kind", "start", "end", "instance", "queue", "run", "tokens in/out"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("result", overflow="ellipsis", no_wrap=True, ratio=1, min_width=12)
+def timeline_table(answer: Any, width: int = 160) -> Table:
+    """Stage names and numbers never wrap (a folded "execute.1.1" reads as two stages); the
+    free-text result column gets the width that is left and ends with an ellipsis."""
+    rows = []
     for s in answer.stages:
         calls = s["llm_calls"]
         instance = ", ".join(sorted({c["instance"] for c in calls}))
@@ -197,9 +195,22 @@ def timeline_table(answer: Any) -> Table:
         run = sum(c["run_s"] for c in calls)
         tokens = (f"{sum(c['prompt_tokens'] for c in calls)}/"
                   f"{sum(c['completion_tokens'] for c in calls)}") if calls else ""
-        table.add_row(s["node_id"], s["kind"], _t(s["start"]), _t(s["end"]), instance,
-                      f"{queue:.2f}" if calls else "", f"{run:.2f}" if calls else "", tokens,
-                      (s["error"] or s["summary"] or "")[:80])
+        rows.append((s["node_id"], s["kind"], _t(s["start"]), _t(s["end"]), instance,
+                     f"{queue:.2f}" if calls else "", f"{run:.2f}" if calls else "", tokens,
+                     (s["error"] or s["summary"] or "")[:80]))
+    table = Table(title="stage timeline (seconds since arrival)", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), collapse_padding=True)
+    headers = ("stage", "kind", "start", "end", "instance", "queue", "run", "tokens")
+    used = 2
+    for i, col in enumerate(headers):
+        col_width = max([len(col)] + [len(r[i]) for r in rows])
+        table.add_column(col, no_wrap=True, min_width=col_width)
+        used += col_width + 2
+    room = min(80, width - used - 2)
+    if room >= 8:  # else there is no room for it: one line per stage matters more
+        table.add_column("result", no_wrap=True, overflow="ellipsis", max_width=room)
+    for row in rows:
+        table.add_row(*(row if room >= 8 else row[:-1]))
     return table
 
 

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentflow.cli import table_console
+
 from agentflow.datasets import load_dataset
 from agentflow.datasets.check import CheckRecord, check_dataset
 from agentflow.eval import MatchRule
@@ -61,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    console = Console(stderr=False)
+    console = table_console()
     dataset = load_dataset(args.dir, args.split)
     total = min(len(dataset), args.limit) if args.limit else len(dataset)
     console.print(f"[bold]{dataset.kind}[/] {dataset.root} split={args.split}: {total} questions, "

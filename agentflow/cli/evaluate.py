@@ -8,6 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from agentflow.cli import table_console
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -81,7 +83,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        arrival=args.arrival, slo_scale=args.slo_scale, slo_s=args.slo,
                        eval_timeout_s=args.eval_timeout, plots=not args.no_plots,
                        console=console)
-    print_summary(Console(), summary)
+    print_summary(table_console(), summary)
     return 0
 
 
