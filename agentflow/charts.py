@@ -36,7 +36,7 @@ def _is_number(v: Any) -> bool:
 
 def choose(columns: list[str], rows: list[list[Any]]) -> ChartChoice | None:
     """Which chart fits this result, if any (cheap: no Altair needed)."""
-    if not rows or not columns or len(rows) > MAX_POINTS or len(columns) < 2:
+    if len(rows) < 2 or len(rows) > MAX_POINTS or len(columns) < 2:  # one bar says nothing
         return None
     kinds = []
     for i, name in enumerate(columns):

@@ -22,6 +22,7 @@ from typing import Any
 from agentflow.api import AgentFlow, Answer, ConversationNotFoundError, InvalidRequest, QueryHandle
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.server.errors import ApiError, retry_after_header
+from agentflow.server.examples import ExampleQuestions
 from agentflow.server.metrics import ServerMetrics
 from agentflow.server.results import result_links
 from agentflow.server.models import (DatabaseInfo, FailedAttempt, InstanceInfo, QueryRequest,
@@ -149,6 +150,7 @@ class QueryService:
         self._close_lock = threading.Lock()
         self._closed = False
         self._tables: dict[str, list[str]] = {}
+        self._examples = ExampleQuestions()
         self.coordinator = getattr(getattr(af, "router", None), "coordinator", None)
         for name in list(af.backends):
             if not isinstance(af.backends[name], RecordingBackend):
@@ -376,10 +378,7 @@ class QueryService:
         out = []
         for db_id in catalog.ids:
             entry = catalog.entry(db_id)
-            examples = []
-            if entry.dataset is not None:
-                examples = [e.question for e in entry.dataset.examples
-                            if e.db_id == db_id][:6]
+            examples = self._examples.for_db(entry.dataset, db_id)  # train split only
             out.append(DatabaseInfo(id=db_id, engine=catalog.engine,
                                     tables=self._table_names(db_id), examples=examples))
         return out
