@@ -58,8 +58,9 @@ class DatabaseCatalog:
             raise DatabaseNotFoundError(f"database file not found: {path}")
         raise DatabaseNotFoundError(self._unknown_message(db))
 
-    def _unknown_message(self, db: str) -> str:
-        """Name the known databases (the first few) and say how to add more."""
+    def _unknown_message(self, db: str, paths: bool = True) -> str:
+        """Name the known databases (the first few) and say how to add more (``paths``:
+        whether this caller may name a file instead, as local callers may)."""
         close = difflib.get_close_matches(db, self.ids, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         shown = ", ".join(self.ids[:8]) + (f" and {len(self.ids) - 8} more"
@@ -67,8 +68,8 @@ class DatabaseCatalog:
         benchmarks = [d for d in self.datasets if d.kind != "demo"]
         how = ("if it is a Spider/BIRD database, add the benchmark's folder with --data DIR"
                if not benchmarks else "add another Spider/BIRD folder with --data DIR")
-        return (f"unknown database {db!r}{hint} (known: {shown}); {how}, or pass a path to a "
-                f".sqlite/.duckdb file")
+        tail = ", or pass a path to a .sqlite/.duckdb file" if paths else ""
+        return f"unknown database {db!r}{hint} (known: {shown}); {how}{tail}"
 
     def open(self, db: str) -> Database:
         entry = self.entry(db)

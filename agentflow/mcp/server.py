@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from agentflow.api import AgentFlow, AgentflowError
-from agentflow.errors import InvalidRequest
+from agentflow.sql import DatabaseNotFoundError
 
 MAX_ROWS = 200
 
@@ -69,8 +69,8 @@ class AgentflowTools:
 
     def _db(self, db: str) -> str:
         if db not in self.af.catalog.ids:
-            # reuse the catalog's message (it names the known databases)
-            raise InvalidRequest(self.af.catalog._unknown_message(db))
+            # the catalog's message names the known databases; no file paths over MCP
+            raise DatabaseNotFoundError(self.af.catalog._unknown_message(db, paths=False))
         return db
 
     def list_databases(self) -> dict[str, Any]:
