@@ -38,8 +38,11 @@ class AgentFlowServer(uvicorn.Server):
 def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
                 log_level: str = "info", access_log: bool = True) -> AgentFlowServer:
     service: QueryService = app.state.service
+    from agentflow.server.logs import log_config
+
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             access_log=access_log, lifespan="on",
+                            log_config=log_config(log_level),
                             # a backstop: close() already bounds the drain
                             timeout_graceful_shutdown=service.settings.drain_s + 30)
     return AgentFlowServer(config, service)

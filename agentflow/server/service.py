@@ -19,10 +19,12 @@ from collections import defaultdict
 from concurrent.futures import Future
 from typing import Any
 
-from agentflow.api import AgentFlow, Answer, InvalidRequest, QueryHandle
+from agentflow.api import AgentFlow, Answer, ConversationNotFoundError, InvalidRequest, QueryHandle
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.server.errors import ApiError, retry_after_header
+from agentflow.server.examples import ExampleQuestions
 from agentflow.server.metrics import ServerMetrics
+from agentflow.server.results import result_links
 from agentflow.server.models import (DatabaseInfo, FailedAttempt, InstanceInfo, QueryRequest,
                                      QuerySummary, QueryView, Retry, StageView)
 from agentflow.server.settings import ServerSettings
@@ -140,6 +142,7 @@ class QueryService:
         self._close_lock = threading.Lock()
         self._closed = False
         self._tables: dict[str, list[str]] = {}
+        self._examples = ExampleQuestions()
         self.coordinator = getattr(getattr(af, "router", None), "coordinator", None)
         for name in list(af.backends):
             if not isinstance(af.backends[name], RecordingBackend):
@@ -170,7 +173,10 @@ class QueryService:
                            f"{len(self.af.catalog.ids)} available)")
         try:
             handle = self.af.submit(req.question, req.db, slo=req.slo_seconds,
-                                    pipeline=req.pipeline, evidence=req.evidence)
+                                    pipeline=req.pipeline, evidence=req.evidence,
+                                    conversation=req.conversation_id)
+        except ConversationNotFoundError as err:
+            raise ApiError(404, "conversation_not_found", str(err)) from None
         except InvalidRequest as err:
             raise ApiError(422, "invalid_request", str(err)) from None
         except DatabaseNotFoundError as err:
@@ -279,9 +285,10 @@ class QueryService:
             return QueryView(query_id=handle.query_id, status=_progress(handle),
                              question=handle.question, db=handle.db, pipeline=handle.pipeline,
                              slo_s=handle.slo_s, stages=self._stages_from_events(handle),
-                             links=links)
+                             links=links, conversation_id=handle.conversation_id)
         answer = self._result(handle)
         stages, retries = self._stages_from_answer(answer)
+        links.update(result_links(handle.query_id, answer))
         return QueryView(
             query_id=answer.query_id, status=answer.status, question=answer.question,
             db=answer.db, pipeline=answer.pipeline, slo_s=answer.slo_s, sql=answer.sql,
@@ -289,17 +296,20 @@ class QueryService:
             rows=[[_jsonable(v) for v in row] for row in answer.rows],
             truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
             met_slo=answer.met_slo, stages=stages, usage=_clean(answer.usage),
-            details=_clean(answer.details), retries=retries, links=links)
+            details=_clean(answer.details), retries=retries, links=links,
+            conversation_id=handle.conversation_id)
 
     def summary(self, handle: QueryHandle) -> QuerySummary:
         if not handle.done():
             return QuerySummary(query_id=handle.query_id, status=_progress(handle),
                                 question=handle.question, db=handle.db,
-                                pipeline=handle.pipeline, slo_s=handle.slo_s)
+                                pipeline=handle.pipeline, slo_s=handle.slo_s,
+                                conversation_id=handle.conversation_id)
         a = self._result(handle)
         return QuerySummary(query_id=a.query_id, status=a.status, question=a.question, db=a.db,
                             pipeline=a.pipeline, slo_s=a.slo_s, latency_s=a.latency_s,
-                            met_slo=a.met_slo, error=a.error)
+                            met_slo=a.met_slo, error=a.error,
+                            conversation_id=handle.conversation_id)
 
     def recent(self, limit: int) -> list[QuerySummary]:
         handles = list(self.af.handles.values())[-limit:]
@@ -360,10 +370,7 @@ class QueryService:
         out = []
         for db_id in catalog.ids:
             entry = catalog.entry(db_id)
-            examples = []
-            if entry.dataset is not None:
-                examples = [e.question for e in entry.dataset.examples
-                            if e.db_id == db_id][:6]
+            examples = self._examples.for_db(entry.dataset, db_id)  # train split only
             out.append(DatabaseInfo(id=db_id, engine=catalog.engine_of(db_id),
                                     tables=self._table_names(db_id), examples=examples))
         return out
@@ -410,15 +417,19 @@ class QueryService:
             if not self.owns_agentflow:
                 return
             drain = self.settings.drain_s if drain_s is None else drain_s
-            running = sum(1 for h in self.af.handles.values() if not h.done())
+            in_flight = [h for h in self.af.handles.values() if not h.done()]
+            running = len(in_flight)
             log.info("shutting down: %d queries in flight, draining up to %.0fs", running, drain)
             try:
                 self.af.close(drain_s=drain)
             except Exception:  # noqa: BLE001 - shutdown must finish; say what went wrong
                 log.exception("closing agentflow failed")
+            # Only the queries the shutdown met: a query a user cancelled an hour ago is no
+            # reason to warn on a normal Ctrl+C.
             statuses: dict[str, int] = defaultdict(int)
-            for h in self.af.handles.values():
+            for h in in_flight:
                 if h.done():
                     statuses[self._result(h).status] += 1
             level = logging.WARNING if statuses.get("cancelled") else logging.INFO
-            log.log(level, "agentflow closed; query statuses: %s", dict(statuses))
+            log.log(level, "agentflow closed; query statuses: %s (of those in flight at "
+                    "shutdown)", dict(statuses))
