@@ -292,7 +292,8 @@ class AgentFlow:
             predictor=LengthPredictor(embedder=make_embedder(sched.embedder)),
             max_waiting_calls=sched.max_waiting_calls,
             max_active_queries=sched.max_active_queries)
-        return ScheduledRouter(coordinator, self.backends, revive_after_s=sched.revive_after_s)
+        return ScheduledRouter(coordinator, self.backends, revive_after_s=sched.revive_after_s,
+                               health=sched.health)
 
     async def _close_backends(self) -> None:
         for backend in self.backends.values():
