@@ -9,6 +9,7 @@ belong on the wire).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -17,6 +18,9 @@ from agentflow.api import MAX_QUESTION_CHARS
 
 MAX_SLO_S = 24 * 3600
 MAX_EVIDENCE_CHARS = 4000
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
 
 def first_lone_surrogate(text: str) -> int | None:
     """Index of the first code point that UTF-8 cannot encode (a lone surrogate), if any."""
@@ -31,7 +35,7 @@ def valid_text(text: str) -> str:
     """``text`` with lone surrogates replaced by U+FFFD, so it always serialises."""
     if first_lone_surrogate(text) is None:
         return text
-    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return _SURROGATES.sub("\ufffd", text)
 
 
 QueryStatusName = Literal["pending", "running", "done", "failed", "cancelled", "rejected"]
