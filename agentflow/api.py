@@ -325,7 +325,8 @@ class AgentFlow:
         coordinator = build_coordinator(instances, clock=MonotonicClock(),
                                         **scheduler_settings(self.config.scheduler))
         return ScheduledRouter(coordinator, self.backends,
-                               revive_after_s=self.config.scheduler.revive_after_s)
+                               revive_after_s=self.config.scheduler.revive_after_s,
+                               health=self.config.scheduler.health)
 
     async def _close_backends(self) -> None:
         for backend in self.backends.values():

