@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from agentflow.distributed.grid import run_grid
+from agentflow.metrics import scale_key
 from agentflow.sim.alpha import OnlineAlphaTuner
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.experiment import build_workload, goodput, run_policy
@@ -64,7 +65,7 @@ def main() -> None:
                                 idle=idle)
             def show(i: int, summary: dict, rate: float = rate) -> None:
                 print(f"{name} rate={rate:.4f} {POLICIES[i]:<12} p95={summary['p95']:.1f}s "
-                      f"slo@{args.slo_scale:g}={summary['slo_attainment'][f'{args.slo_scale:.1f}']:.2f}"
+                      f"slo@{args.slo_scale:g}={summary['slo_attainment'][scale_key(args.slo_scale)]:.2f}"
                       f" ({summary['sim_wall_s']}s)", flush=True)
             summaries = run_grid(policy_run, POLICIES,
                                  context=(cluster, wl, args.slo_scale, args.window),
@@ -130,7 +131,7 @@ def find_level(cluster, trace, args, idle) -> float:
 
 
 def report(results: dict, args) -> str:
-    s = f"{args.slo_scale:.1f}"
+    s = scale_key(args.slo_scale)
     lines = ["# Head-to-head on the shared HexGen-Flow traces", "",
              f"Cluster `{args.cluster}`, {args.queries} queries per run, seed {args.seed}, "
              f"deadlines = {args.slo_scale:g} x idle latency; alpha tuned online for "
@@ -144,7 +145,7 @@ def report(results: dict, args) -> str:
             for pol, m in per.items():
                 lines.append(f"| {float(rate):.4f} | {pol} | {m['p95']:.1f} | {v / m['p95']:.2f}x"
                              f" | {m['mean']:.1f} | {m['slo_attainment'][s]:.2f} | "
-                             f"{m['slo_attainment']['1.0']:.2f} | {m['slo_attainment']['5.0']:.2f} |")
+                             f"{m['slo_attainment']['1']:.2f} | {m['slo_attainment']['5']:.2f} |")
         if "goodput" in entry:
             g = entry["goodput"]
             lines += ["", f"Goodput (>= 90% within {args.slo_scale:g} x idle latency):", "",

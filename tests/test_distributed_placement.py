@@ -33,8 +33,8 @@ def test_bad_placement_is_rejected_with_the_field(bad):
 
 def test_gpu_instance_asks_for_its_tp_gpus_and_gpu_type():
     placement = RayPlacement()
-    a100 = InstanceConfig(name="a", gpu="A100-80G", backend={
-        "type": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 2}})
+    a100 = InstanceConfig(name="a", gpu="A100-80G", tensor_parallel=2,
+                          backend={"type": "vllm", "model": "m"})
     need = actor_resources(a100, placement)
     assert need.num_gpus == 2 and need.num_cpus == 0
     assert need.resources == {"accelerator_type:A100": ACCELERATOR_SLIVER}
@@ -46,24 +46,24 @@ def test_gpu_instance_asks_for_its_tp_gpus_and_gpu_type():
     assert list(actor_resources(l40s, custom).resources) == ["accelerator_type:NVIDIA-L40S"]
 
 
-def test_tp_from_the_instance_field_when_the_config_has_one():
-    class WithTP:  # issue 12 adds a tensor-parallel field to the instance description
-        name, gpu, tensor_parallel = "x", "H100", 4
-        backend = {"type": "vllm", "model": "m"}
-    assert actor_resources(WithTP(), RayPlacement()).num_gpus == 4
-    WithTP.backend = {"type": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 2}}
-    with pytest.raises(ValueError, match="disagrees"):
-        actor_resources(WithTP(), RayPlacement())
+def test_tp_in_engine_args_must_agree_with_the_instance_field():
+    inst = InstanceConfig(name="x", gpu="H100", tensor_parallel=4, backend={
+        "type": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 4}})
+    assert actor_resources(inst, RayPlacement()).num_gpus == 4
+    inst = InstanceConfig(name="x", gpu="H100", backend={
+        "type": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 2}})
+    with pytest.raises(ValueError, match="set tensor_parallel: 2"):
+        actor_resources(inst, RayPlacement())
 
 
 def test_vllm_actor_spec_gets_tp_and_in_actor_workers():
-    inst = InstanceConfig(name="a", gpu="A100-80G", backend={
-        "type": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 4}})
+    inst = InstanceConfig(name="a", gpu="A100-80G", tensor_parallel=4,
+                          backend={"type": "vllm", "model": "m"})
     args = actor_backend_spec(inst)["engine_args"]
     assert args == {"tensor_parallel_size": 4, "distributed_executor_backend": "mp"}
     one = InstanceConfig(name="b", gpu="L40S", backend={"type": "vllm", "model": "m"})
     assert actor_backend_spec(one)["engine_args"] == {"tensor_parallel_size": 1}
-    assert inst.backend["engine_args"] == {"tensor_parallel_size": 4}  # config untouched
+    assert "engine_args" not in inst.backend  # the config itself is untouched
 
 
 def test_example_ray_cluster_file_loads():

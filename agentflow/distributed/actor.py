@@ -72,7 +72,7 @@ class InstanceHost:
         await asyncio.Event().wait()
 
     async def generate(self, request: LLMRequest) -> AsyncIterator[tuple]:
-        """Stream ``("progress", tokens)`` items, then ``("result", LLMResult)`` or
+        """Stream ``("progress", tokens)`` items, then ``("result", LLMResult, incarnation)`` or
         ``("error", message, retryable)``. Cancelling the stream (``ray.cancel``) cancels the
         backend's call, which frees its slot."""
         updates: asyncio.Queue[int] = asyncio.Queue()
@@ -100,7 +100,7 @@ class InstanceHost:
             except Exception as err:  # noqa: BLE001 - a bug in a backend fails the call
                 yield ("error", f"{type(err).__name__}: {err}", True)
                 return
-            yield ("result", result)
+            yield ("result", result, self.incarnation)
         finally:
             self.calls_in_flight -= 1
             if not task.done():

@@ -84,12 +84,12 @@ class ActorResources(BaseModel):
 
 
 def tensor_parallel(instance: Any) -> int:
-    """The instance's tensor-parallel size: its own field (``tensor_parallel`` / ``tp``) when
-    the config has one, else vLLM's ``tensor_parallel_size`` engine arg, else 1."""
-    for attr in ("tensor_parallel", "tp"):
-        value = getattr(instance, attr, None)
-        if value:
-            return int(value)
+    """The instance's tensor-parallel size: its ``tensor_parallel`` field (the one the
+    scheduler's time model reads too), else vLLM's ``tensor_parallel_size`` engine arg, else
+    1."""
+    value = getattr(instance, "tensor_parallel", None)
+    if value:
+        return int(value)
     backend = getattr(instance, "backend", None) or {}
     engine_args = backend.get("engine_args") or {}
     return int(engine_args.get("tensor_parallel_size") or 1)
@@ -107,8 +107,10 @@ def actor_resources(instance: Any, placement: RayPlacement) -> ActorResources:
             raise ValueError(f"instance {instance.name}: tensor-parallel size must be >= 1")
         args_tp = (backend.get("engine_args") or {}).get("tensor_parallel_size")
         if kind == "vllm" and args_tp is not None and int(args_tp) != tp:
-            raise ValueError(f"instance {instance.name}: tensor-parallel size {tp} disagrees "
-                             f"with engine_args.tensor_parallel_size={args_tp}")
+            raise ValueError(f"instance {instance.name}: tensor_parallel is {tp} but "
+                             f"engine_args.tensor_parallel_size is {args_tp}; set "
+                             f"tensor_parallel: {args_tp} (the scheduler and the placement "
+                             f"both read it)")
         marker = f"accelerator_type:{placement.accelerator_type(instance.gpu)}"
         return ActorResources(num_cpus=placement.cpus_per_gpu_instance, num_gpus=tp,
                               resources={marker: ACCELERATOR_SLIVER})

@@ -6,10 +6,12 @@ know the instance runs elsewhere. A call is a Ray *streaming* generator task on 
 the task with ``ray.cancel``; the request's ``priority`` travels inside the request.
 
 Supervision: a dead actor (node lost, OOM, ``ray.kill``) fails its calls with a *retryable*
-``BackendError``, so the router takes the instance down and re-dispatches them; an actor
-that dies while idle is noticed by a never-returning ``watch`` call that fails. Ray restarts
-the actor (``max_restarts``); ``until_healthy`` probes it until it answers, and the router
-then brings the instance back up. Restarts are counted by the actor's incarnation id.
+``BackendError``, so the router's health tracker takes the instance down and its calls are
+re-dispatched; an actor that dies while idle is noticed by a never-returning ``watch`` call
+that fails (``watch_health``). Ray restarts the actor (``max_restarts``); the router probes the
+instance with a tiny call, which Ray delivers once the new actor is up, and the instance is
+back when it answers. Each result names the actor's incarnation, so a restart is counted (and
+the new actor's node looked up) the first time a call comes back from it.
 """
 
 from __future__ import annotations
@@ -57,29 +59,24 @@ class RayActorBackend(LLMBackend):
 
     def __init__(self, name: str, actor: Any, *, resources: ActorResources,
                  gpu: str | None = None, probe_timeout_s: float = 10.0,
-                 count_tokens: Callable[[str], int] | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None,
-                 backend_failure_down_s: float | None = 30.0):
+                 count_tokens: tuple[tuple, Callable[[str], int]] | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None):
         self.ray = require_ray()
         self.name = name
         self.actor = actor
         self.resources = resources
         self.gpu = gpu
         self.probe_timeout_s = probe_timeout_s
-        self._count = count_tokens
+        self._tokenizer = count_tokens
         self._loop = loop
         self.location: dict[str, Any] = {}
         self.restarts = 0
         self.state = "starting"  # starting | up | down | closed
         self.last_error: str | None = None
         self._listeners: list[HealthListener] = []
-        # A live actor whose backend failed a call (retryable) stays down this long, as an
-        # in-process backend would (the scheduler's revive_after_s); a restart needs none.
-        self.backend_failure_down_s = backend_failure_down_s
-        self._backend_failed_at: float | None = None
         self._watch_task: asyncio.Task | None = None
         self._watched: str | None = None  # incarnation the pending watch call is on
-        self._healing: asyncio.Future | None = None
+        self._refreshing: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ the backend interface
     async def generate(self, request: LLMRequest,
@@ -99,9 +96,8 @@ class RayActorBackend(LLMBackend):
                         on_progress(item[1])
                 elif item[0] == "result":
                     result = item[1]
+                    self._answered_from(item[2])
                 else:
-                    if item[2]:
-                        self._backend_failed_at = time.monotonic()
                     raise BackendError(f"{self.name}: {item[1]}", retryable=item[2])
         except asyncio.CancelledError:
             try:
@@ -112,7 +108,6 @@ class RayActorBackend(LLMBackend):
         except ray.exceptions.RayActorError as err:  # the actor died (or is restarting)
             raise self._died(err) from None
         except ray.exceptions.RayError as err:  # the call failed, the actor lives on
-            self._backend_failed_at = time.monotonic()
             raise BackendError(f"{self.name}: {_first_line(err)}", retryable=True) from None
         if result is None:
             raise BackendError(f"{self.name}: the actor's stream ended without a result")
@@ -121,12 +116,17 @@ class RayActorBackend(LLMBackend):
     def count_tokens(self, text: str) -> int:
         # Counted here, not on the actor: the router sizes every call before dispatch and a
         # round trip per call would put Ray's latency on the scheduler's path.
-        return self._count(text) if self._count else super().count_tokens(text)
+        return self._tokenizer[1](text) if self._tokenizer else super().count_tokens(text)
+
+    @property
+    def tokenizer_key(self) -> tuple:
+        return self._tokenizer[0] if self._tokenizer else super().tokenizer_key
 
     async def close(self) -> None:
         self.state = "closed"
-        if self._watch_task is not None:
-            self._watch_task.cancel()
+        for task in (self._watch_task, self._refreshing):
+            if task is not None:
+                task.cancel()
         try:
             await asyncio.wait_for(self.actor.close.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - dead or slow: kill it anyway
@@ -137,13 +137,6 @@ class RayActorBackend(LLMBackend):
     def watch_health(self, listener: HealthListener) -> None:
         """``listener(reason)`` is called (on the event loop) when the actor dies."""
         self._listeners.append(listener)
-
-    async def until_healthy(self) -> None:
-        """Return once the actor (restarted by Ray) answers a probe; one probe loop per
-        outage however many callers wait."""
-        if self._healing is None or self._healing.done():
-            self._healing = asyncio.ensure_future(self._heal())
-        await asyncio.shield(self._healing)
 
     @property
     def node_label(self) -> str:
@@ -182,6 +175,29 @@ class RayActorBackend(LLMBackend):
         self.state, self.last_error = "down", reason
         log.warning("instance %s down: %s", self.name, reason)
 
+    def _answered_from(self, incarnation: str) -> None:
+        """A call came back: from the actor we knew, or from a restarted one."""
+        if self.state == "closed":
+            return
+        if incarnation != self.location.get("incarnation"):
+            self.restarts += 1
+            self.location = {**self.location, "incarnation": incarnation}
+            log.warning("instance %s answers again from a restarted actor (restart %d)",
+                        self.name, self.restarts)
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = asyncio.ensure_future(self._refresh())
+        self.state = "up"
+        self._arm_watch()
+
+    async def _refresh(self) -> None:
+        """Where the restarted actor runs (it may be on another node now)."""
+        try:
+            location = await asyncio.wait_for(self.actor.probe.remote(), self.probe_timeout_s)
+        except (asyncio.TimeoutError, self.ray.exceptions.RayError):
+            return  # the next restart, or the next call, tries again
+        self.location = location
+        self._arm_watch()
+
     def _arm_watch(self) -> None:
         if self.state != "up":
             return
@@ -209,32 +225,6 @@ class RayActorBackend(LLMBackend):
                     listener(reason)
                 except Exception:  # noqa: BLE001 - one listener must not stop the others
                     log.exception("health listener of %s failed", self.name)
-
-    async def _heal(self) -> None:
-        delay = 0.1
-        while self.state != "closed":
-            try:
-                location = await asyncio.wait_for(self.actor.probe.remote(),
-                                                  self.probe_timeout_s)
-            except (asyncio.TimeoutError, self.ray.exceptions.RayError) as err:
-                self.last_error = f"probe failed: {type(err).__name__}"
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            if self.location and location["incarnation"] != self.location.get("incarnation"):
-                self.restarts += 1
-                log.warning("instance %s restarted on %s (restart %d)", self.name,
-                            location.get("node_name") or location.get("node_ip"),
-                            self.restarts)
-            elif self._backend_failed_at is not None and self.backend_failure_down_s:
-                left = self._backend_failed_at + self.backend_failure_down_s - time.monotonic()
-                if left > 0:  # same actor, its backend failed: back off like in-process
-                    await asyncio.sleep(left)
-            self._backend_failed_at = None
-            self.location, self.state = location, "up"
-            self._arm_watch()
-            return
-        raise BackendError(f"{self.name}: closed", retryable=False)
 
 
 def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = None
@@ -271,7 +261,7 @@ def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = Non
         backends[inst.name] = RayActorBackend(
             inst.name, actor, resources=need, gpu=inst.gpu,
             probe_timeout_s=placement.probe_timeout_s, count_tokens=_token_counter(inst),
-            loop=loop, backend_failure_down_s=config.scheduler.revive_after_s)
+            loop=loop)
     probes = {b.actor.probe.remote(): name for name, b in backends.items()}
     deadline = time.monotonic() + placement.startup_timeout_s
     pending = list(probes)
@@ -299,11 +289,15 @@ def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = Non
     return backends
 
 
-def _token_counter(instance: Any) -> Callable[[str], int] | None:
+def _token_counter(instance: Any) -> tuple[tuple, Callable[[str], int]] | None:
+    """The scripted backend counts without a model, so its count is exact here too; other
+    backends' tokenizers live with their model on the actor's node, so the router uses the
+    base rule (characters / 4) for them."""
     if (instance.backend or {}).get("type") == "scripted":
         from agentflow.llm.scripted import ScriptedBackend
 
-        return ScriptedBackend({}).count_tokens
+        counter = ScriptedBackend({})
+        return counter.tokenizer_key, counter.count_tokens
     return None
 
 
