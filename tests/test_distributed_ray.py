@@ -170,6 +170,22 @@ def test_progress_streams_and_cancel_frees_the_actor(server):
         time.sleep(0.05)
 
 
+def test_an_idle_actor_that_dies_is_taken_out_at_once_and_comes_back(server):
+    queue = server.service.coordinator.queues["l40s"]
+    backend = server.service.af.backends["l40s"].inner
+    assert queue.up and not queue.running
+    ray.kill(backend.actor, no_restart=False)
+    deadline = time.monotonic() + 10
+    while queue.up:  # no call was running: the pending watch call noticed
+        assert time.monotonic() < deadline, "the idle actor's death went unnoticed"
+        time.sleep(0.01)
+    assert "actor died" in server.service.af.router.down_reasons["l40s"]
+    deadline = time.monotonic() + 60
+    while not (queue.up and backend.restarts == 1):  # the router's probe call answered
+        assert time.monotonic() < deadline, backend.placement_info()
+        time.sleep(0.05)
+
+
 def test_an_instance_no_node_can_host_fails_fast(ray_nodes):
     with pytest.raises(PlacementError, match="'h100'.*accelerator_type:H100"):
         agentflow.connect({"placement": "ray", "fewshot": None,

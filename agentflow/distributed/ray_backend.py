@@ -74,7 +74,7 @@ class RayActorBackend(LLMBackend):
         self.state = "starting"  # starting | up | down | closed
         self.last_error: str | None = None
         self._listeners: list[HealthListener] = []
-        self._watch_task: asyncio.Task | None = None
+        self._watch_ref: Any = None  # the pending ``watch`` call (an ObjectRef)
         self._watched: str | None = None  # incarnation the pending watch call is on
         self._refreshing: asyncio.Task | None = None
 
@@ -124,9 +124,8 @@ class RayActorBackend(LLMBackend):
 
     async def close(self) -> None:
         self.state = "closed"
-        for task in (self._watch_task, self._refreshing):
-            if task is not None:
-                task.cancel()
+        if self._refreshing is not None:
+            self._refreshing.cancel()
         try:
             await asyncio.wait_for(self.actor.close.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - dead or slow: kill it anyway
@@ -199,32 +198,41 @@ class RayActorBackend(LLMBackend):
         self._arm_watch()
 
     def _arm_watch(self) -> None:
+        """Keep one ``watch`` call pending on the current incarnation. It is a plain future
+        with a callback, not a task on the loop: a task that never ends would hold up the
+        engine's shutdown, which waits for every task on its loop."""
         if self.state != "up":
             return
         incarnation = self.location.get("incarnation")
-        if self._watch_task is not None and not self._watch_task.done():
-            if self._watched == incarnation:
-                return
-            self._watch_task.cancel()  # still pending on an incarnation that has died
+        if self._watch_ref is not None and self._watched == incarnation:
+            return
+        loop = asyncio.get_running_loop()
         self._watched = incarnation
-        self._watch_task = asyncio.ensure_future(self._watch(incarnation))
+        self._watch_ref = self.actor.watch.remote()
 
-    async def _watch(self, incarnation: str | None) -> None:
-        try:
-            await self.actor.watch.remote()
-        except asyncio.CancelledError:
-            raise
-        except self.ray.exceptions.RayError as err:
-            if self.state == "closed" or incarnation != self.location.get("incarnation"):
-                return  # closing, or news of an incarnation already replaced
-            reason = f"{self.name}: actor died on {self.node_label or 'its node'} " \
-                     f"({type(err).__name__})"
-            self._mark_down(reason)
-            for listener in list(self._listeners):
-                try:
-                    listener(reason)
-                except Exception:  # noqa: BLE001 - one listener must not stop the others
-                    log.exception("health listener of %s failed", self.name)
+        def done(future, incarnation=incarnation) -> None:  # in a Ray thread
+            try:
+                loop.call_soon_threadsafe(self._watch_ended, future, incarnation)
+            except RuntimeError:  # the loop is closed: nobody is listening
+                pass
+        self._watch_ref.future().add_done_callback(done)
+
+    def _watch_ended(self, future: Any, incarnation: str | None) -> None:
+        if self._watched == incarnation:
+            self._watch_ref = None
+        if self.state == "closed" or incarnation != self.location.get("incarnation"):
+            return  # closing, or news of an incarnation already replaced
+        err = future.exception() if not future.cancelled() else None
+        if not isinstance(err, self.ray.exceptions.RayError):
+            return
+        reason = f"{self.name}: actor died on {self.node_label or 'its node'} " \
+                 f"({type(err).__name__})"
+        self._mark_down(reason)
+        for listener in list(self._listeners):
+            try:
+                listener(reason)
+            except Exception:  # noqa: BLE001 - one listener must not stop the others
+                log.exception("health listener of %s failed", self.name)
 
 
 def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = None
