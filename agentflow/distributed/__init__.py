@@ -26,3 +26,23 @@ def require_ray():
     except ImportError as err:
         raise ImportError(ray_missing_message()) from err
     return ray
+
+
+def connect_ray(address: str, *, namespace: str | None = None,
+                runtime_env: dict | None = None):
+    """Join the cluster at ``address`` (``auto``, ``HOST:6379``, ``ray://HOST:10001``) or, for
+    ``local``, start a private Ray on this machine; a connection this process already has is
+    reused (tests and notebooks start their own)."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return ray
+    kwargs: dict = {"log_to_driver": False}
+    if namespace:
+        kwargs["namespace"] = namespace
+    if runtime_env:
+        kwargs["runtime_env"] = runtime_env
+    if address == "local":
+        ray.init(include_dashboard=False, **kwargs)
+    else:
+        ray.init(address=address, **kwargs)
+    return ray

@@ -35,20 +35,6 @@ class GridRun:
     where: str  # "serial" or "ray: N CPUs"
 
 
-def connect_ray(address: str) -> Any:
-    """Join the cluster at ``address`` (``auto``, ``HOST:6379``, ``ray://HOST:10001``) or,
-    for ``local``, start a private Ray on this machine; reuse a connection already made."""
-    from agentflow.distributed import require_ray
-
-    ray = require_ray()
-    if not ray.is_initialized():
-        if address == "local":
-            ray.init(include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
-    return ray
-
-
 def _run_cell(fn: Callable[[Any, Any], Any], cell: Any, context: Any) -> Any:
     return fn(cell, context)
 
@@ -76,6 +62,8 @@ def run_grid_timed(fn: Callable[[C, Any], R], cells: Sequence[C], *, context: An
             if on_result is not None:
                 on_result(i, results[-1])
         return GridRun(results, time.perf_counter() - start, "serial")
+    from agentflow.distributed import connect_ray
+
     rt = connect_ray(ray)
     start = time.perf_counter()
     task = rt.remote(num_cpus=num_cpus)(_run_cell)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from agentflow.distributed import require_ray
+from agentflow.distributed import connect_ray, require_ray
 from agentflow.distributed.actor import InstanceHost
 from agentflow.distributed.placement import (ActorResources, RayPlacement, actor_backend_spec,
                                              actor_resources, fits)
@@ -38,20 +38,6 @@ class PlacementError(ValueError):
     """The config cannot be placed on this cluster: no node has what an instance needs, an
     actor's backend failed to build, or start-up timed out. (A ValueError: like any bad
     config, the CLI reports it in one line.)"""
-
-
-def connect(placement: RayPlacement) -> None:
-    """Join (or, for ``local``, start) the Ray cluster unless this process already has."""
-    ray = require_ray()
-    if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"namespace": placement.namespace, "log_to_driver": False}
-    if placement.runtime_env:
-        kwargs["runtime_env"] = placement.runtime_env
-    if placement.address == "local":
-        ray.init(include_dashboard=False, **kwargs)
-    else:
-        ray.init(address=placement.address, **kwargs)
 
 
 class RayActorBackend(LLMBackend):
@@ -245,7 +231,8 @@ def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = Non
     already started are then killed."""
     placement: RayPlacement = config.placement
     ray = require_ray()
-    connect(placement)
+    connect_ray(placement.address, namespace=placement.namespace,
+                runtime_env=placement.runtime_env)
     needs = {inst.name: actor_resources(inst, placement) for inst in config.instances}
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     for inst in config.instances:
