@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agentflow.cli.simulate import PolicyCellInputs, policy_cell
 from agentflow.distributed.grid import run_grid_timed
+from agentflow.metrics import scale_key
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.experiment import build_workload
 from agentflow.sim.slo import IdleLatency
@@ -66,7 +67,7 @@ def main() -> None:
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     print(f"{'policy':<12} {'p95 s':>8} {'SLO@2':>6} {'cell s serial':>14} {'cell s ray':>11}")
     for pol, a, b in zip(policies, serial.results, on_ray.results):
-        print(f"{pol:<12} {a['p95']:>8.1f} {a['slo_attainment']['2.0']:>6.2f} "
+        print(f"{pol:<12} {a['p95']:>8.1f} {a['slo_attainment'][scale_key(2.0)]:>6.2f} "
               f"{a['sim_wall_s']:>14.1f} {b['sim_wall_s']:>11.1f}")
     print(f"serial: {serial.wall_s:.1f} s; {on_ray.where}: {on_ray.wall_s:.1f} s; "
           f"wall-time ratio serial/ray = {serial.wall_s / on_ray.wall_s:.2f}x; "
