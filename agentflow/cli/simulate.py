@@ -21,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Replay a trace on a simulated heterogeneous cluster under "
                                    "each policy, with identical arrivals.")
     p.add_argument("--trace", required=True, help="HexGen-Flow JSON or agentflow JSONL trace")
-    p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto")
+    p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto",
+                   help="trace format: HexGen-Flow JSON, agentflow JSONL, or auto (default: "
+                        "by content)")
     p.add_argument("--cluster", default="paper-4gpu", help="a name (paper-4gpu, ...) or YAML")
     p.add_argument("--policy", default="vllm,hexgen-flow,sagesched,flowsage",
                    help="comma-separated policies; " + policy_help().replace("%", "%%"))
@@ -31,8 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=1.0, help="mean arrival rate, queries/s")
     p.add_argument("--arrival", default="poisson",
                    help="poisson | gamma:CV | steps:RATE/SECONDS,RATE/SECONDS,...")
-    p.add_argument("--queries", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--queries", type=int, default=200,
+                   help="number of queries to replay (default 200; the trace is cycled)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed for arrivals and sampling; same seed, same result (default 0)")
     p.add_argument("--slo-scale", type=float, default=2.0,
                    help="deadline given to the scheduler, as a multiple of idle latency")
     p.add_argument("--alpha", type=float, default=None, help="fixed workload_balanced alpha")
@@ -47,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(e.g. a100-80g-0)")
     p.add_argument("--goodput", action="store_true",
                    help="also find each policy's goodput (>= 90%% within --slo-scale)")
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None,
+                   help="also write every policy's metrics to this JSON file")
     p.add_argument("--plot", type=Path, default=None, help="SLO attainment vs scale (PNG)")
     p.set_defaults(func=cmd_simulate)
 
@@ -110,6 +115,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         plot_attainment(results, args.plot, title=f"{cluster.name}, {args.rate:g} q/s "
                                                   f"({args.arrival})")
+        console.print(f"plot: {args.plot}", highlight=False)
+    if args.json:
+        console.print(f"metrics: {args.json}", highlight=False)
     return 0
 
 

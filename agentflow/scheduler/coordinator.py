@@ -196,7 +196,11 @@ class Coordinator:
         decisions = self._admit(queue, now)
         call.excluded.add(queue.name)
         call.attempts += 1
-        if not retryable or call.attempts >= self.max_attempts:
+        # A non-retryable error may still be the instance's fault (a broken server): try
+        # an instance that has not failed this call, if one is up; a second instance
+        # failing it too means the call itself is bad.
+        untried = any(n not in call.excluded for n in self.up_instances)
+        if (not retryable and not untried) or call.attempts >= self.max_attempts:
             call.state = CallState.FAILED
             call.query.calls.discard(call)
             return decisions + [FailCall(call, reason)]
