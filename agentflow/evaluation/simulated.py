@@ -76,7 +76,7 @@ def load_source(pipeline: str, trace_path: Path, recorded_policy: str | None, *,
                 "question": rec.get("question"), "difficulty": "unknown",
                 "difficulty_source": None, "gold_sql": None, "pred_sql": rec.get("sql"),
                 "correct": None, "reason": "no_gold", "correct_bird": None,
-                "reason_bird": "no_gold"}
+                "reason_bird": "no_gold", **_usage(rec)}
         base = {**base, "recorded_status": rec.get("status"),
                 "recorded_latency_s": rec.get("latency_s"), "query_id": query.id}
         if base["example_id"] in chosen:
@@ -94,16 +94,20 @@ def _judged(rec: dict[str, Any], examples_by_question: dict[tuple[str, str], Exa
     example = examples_by_question.get((rec.get("db_id"), rec.get("question")))
     if example is None or judge is None:
         return None
-    calls = [c for n in rec.get("nodes", []) for c in n.get("calls") or []]
     level, src = difficulty_of(example, kind or "spider")
     return {"example_id": example.id, "db_id": example.db_id, "question": example.question,
             "difficulty": level, "difficulty_source": src,
             "spider_hardness": hardness_or_none(example.gold_sql),
             "gold_sql": example.gold_sql, "pred_sql": rec.get("sql"),
-            **judge.judge(example, rec.get("sql")),
-            "calls": len(calls),
-            "prompt_tokens": sum(c.get("prompt_tokens", 0) for c in calls),
-            "completion_tokens": sum(c.get("completion_tokens", 0) for c in calls)}
+            **judge.judge(example, rec.get("sql")), **_usage(rec)}
+
+
+def _usage(rec: dict[str, Any]) -> dict[str, int]:
+    """LLM calls and tokens of a recorded query, from its trace line."""
+    calls = [c for n in rec.get("nodes", []) for c in n.get("calls") or []]
+    return {"calls": len(calls),
+            "prompt_tokens": sum(c.get("prompt_tokens") or 0 for c in calls),
+            "completion_tokens": sum(c.get("completion_tokens") or 0 for c in calls)}
 
 
 KEEP = ("example_id", "db_id", "question", "difficulty", "difficulty_source", "spider_hardness",
