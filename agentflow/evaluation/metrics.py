@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow.eval import REASONS
+from agentflow.accuracy import REASONS
 from agentflow.metrics import SLO_SCALES, Outcome, absolute_attainment, attainment_table
 from agentflow.metrics import attainment as _attainment
 from agentflow.metrics import completed_latencies, latency_stats
