@@ -14,6 +14,7 @@ from agentflow.workflow import Query, StageContext, chain
 from agentflow.workflow.pipeline import Pipeline, PipelineEnv, PipelineOutput
 from pipelines import prompts
 from pipelines.common import (
+    SQL_PARAMS,
     execute_sql,
     llm_node,
     record_attempt,
@@ -38,8 +39,9 @@ class SinglePipeline(Pipeline):
     def build(self, query: Query, env: PipelineEnv) -> nx.DiGraph:
         async def generate(ctx: StageContext) -> str:
             schema = ctx.env.db.schema_prompt(samples=self.samples)
+            asked = prompts.with_history(ctx.query.question, ctx.env.history)
             prefix = prompts.context(schema, ctx.env.db.dialect,
-                                     shots(ctx.env, ctx.query.question, self.n_shots))
+                                     shots(ctx.env, asked, self.n_shots), ctx.env.history)
             prompt = prompts.generate_sql(prefix, ctx.query.question, ctx.query.evidence)
             set_schema_grammar(ctx.env, ctx.state, None)
             result = await ctx.llm(prompt, sql_params(ctx.env, ctx.state), answer_prefix="SELECT")
@@ -54,7 +56,7 @@ class SinglePipeline(Pipeline):
             return run
 
         return chain(llm_node("generate_sql", "generate_sql", generate, prompt_tokens=900,
-                              output_tokens=40),
+                              output_tokens=40, max_tokens=SQL_PARAMS.max_tokens),
                      tool_node("execute", "execute", execute))
 
     def output(self, state: dict[str, Any]) -> PipelineOutput:

@@ -92,6 +92,10 @@ class ScriptedBackend(LLMBackend):
     def count_tokens(self, text: str) -> int:
         return max(1, estimate_tokens(text))
 
+    @property
+    def tokenizer_key(self) -> tuple:
+        return ("scripted",)
+
     def _answer(self, request: LLMRequest) -> str:
         if callable(self._script):
             return self._script(request)

@@ -89,12 +89,13 @@ class ScheduledRouter:
     async def submit(self, call: LLMCall, on_progress=None) -> CallOutcome:
         loop = asyncio.get_running_loop()
         query = call.run.query
-        first = next(iter(self.backends.values()))
-        prompt_tokens = first.count_tokens(call.request.prompt + call.request.answer_prefix)
+        counts = self._count_tokens(call.request.prompt + call.request.answer_prefix)
         future: asyncio.Future = loop.create_future()
         sc, decisions = self.coordinator.on_call_ready(
-            query.id, stage=call.node.stage, node_id=call.node.id, prompt_tokens=prompt_tokens,
-            payload=future)
+            query.id, stage=call.node.stage, node_id=call.node.id,
+            prompt_tokens=next(iter(counts.values())), payload=future,
+            max_tokens=call.request.params.max_tokens,
+            prompt_tokens_by_instance=counts if len(set(counts.values())) > 1 else None)
         submitted = self.clock.now()
         self._apply(decisions)
         while True:
@@ -195,6 +196,18 @@ class ScheduledRouter:
         self._progress_at.pop(sc, None)
 
     # ------------------------------------------------------------------ internals
+    def _count_tokens(self, text: str) -> dict[str, int]:
+        """The prompt's length on each instance, tokenised once per distinct tokenizer (the
+        instances may serve different models)."""
+        by_key: dict[tuple, int] = {}
+        counts = {}
+        for name, backend in self.backends.items():
+            key = backend.tokenizer_key
+            if key not in by_key:
+                by_key[key] = backend.count_tokens(text)
+            counts[name] = by_key[key]
+        return counts
+
     def _apply(self, decisions: list[Decision]) -> None:
         for d in decisions:
             future = d.call.payload

@@ -120,6 +120,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
         await asyncio.to_thread(service.close)
 
     app = FastAPI(title="agentflow", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None,  # /docs from local assets: server/docs.py
                   description="Agentic Text-to-SQL as a service: ask a question about a "
                               "database, get SQL, rows and a per-stage timeline.")
     app.state.service = service
@@ -246,6 +247,13 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    from agentflow.server import docs
+    from agentflow.server.results import router as results_router
+
+    docs.install(app)
+
+    app.include_router(results_router)  # CSV and charts of finished queries
 
     # ------------------------------------------------------------------ web page
     @app.get("/", include_in_schema=False)

@@ -56,6 +56,9 @@ class QueryRequest(BaseModel):
     evidence: str = Field("", max_length=MAX_EVIDENCE_CHARS,
                           description="BIRD-style hint for the question")
     wait: bool = Field(True, description="wait for the answer (true) or answer 202 at once")
+    conversation_id: str | None = Field(
+        None, max_length=64, description="a follow-up: the conversation_id of an earlier "
+                                         "answer, whose question and SQL become context")
 
     @field_validator("question", "db", "pipeline", "evidence")
     @classmethod
@@ -164,6 +167,7 @@ class QuerySummary(BaseModel):
     latency_s: float | None = None
     met_slo: bool | None = None
     error: str | None = None
+    conversation_id: str | None = None
 
 
 class QueryView(QuerySummary):

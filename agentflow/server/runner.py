@@ -59,8 +59,11 @@ def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
 
     service: QueryService = app.state.service
     settings = service.settings
+    from agentflow.server.logs import log_config
+
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             access_log=access_log, lifespan="on",
+                            log_config=log_config(log_level),
                             http=EdgeH11Protocol.configured(settings, service.metrics.error),
                             # a backstop: close() already bounds the drain
                             timeout_graceful_shutdown=settings.drain_s + 30)

@@ -21,10 +21,12 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError
 
-from agentflow.api import AgentFlow, Answer, InvalidRequest, QueryHandle
+from agentflow.api import AgentFlow, Answer, ConversationNotFoundError, InvalidRequest, QueryHandle
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.server.errors import ApiError, retry_after_header
+from agentflow.server.examples import ExampleQuestions
 from agentflow.server.metrics import ServerMetrics
+from agentflow.server.results import result_links
 from agentflow.server.models import (DatabaseInfo, FailedAttempt, InstanceInfo, QueryRequest,
                                      QuerySummary, QueryView, Retry, StageView, valid_text)
 from agentflow.server.settings import ServerSettings
@@ -150,14 +152,6 @@ def _progress(handle: QueryHandle) -> str:
         else "pending"
 
 
-def _met_slo(answer: Answer) -> bool | None:
-    """Answered within the SLO: only a ``done`` query can meet it (a query cancelled or
-    failed early is fast, not successful)."""
-    if answer.slo_s is None:
-        return None
-    return answer.status == "done" and bool(answer.met_slo)
-
-
 class QueryService:
     def __init__(self, af: AgentFlow, settings: ServerSettings, metrics: ServerMetrics, *,
                  owns_agentflow: bool = True):
@@ -170,6 +164,7 @@ class QueryService:
         self._close_lock = threading.Lock()
         self._closed = False
         self._tables: dict[str, list[str]] = {}
+        self._examples = ExampleQuestions()
         self.coordinator = getattr(getattr(af, "router", None), "coordinator", None)
         for name in list(af.backends):
             if not isinstance(af.backends[name], RecordingBackend):
@@ -207,7 +202,10 @@ class QueryService:
                            f"{len(self.af.catalog.ids)} available)")
         try:
             handle = self.af.submit(req.question, req.db, slo=req.slo_seconds,
-                                    pipeline=req.pipeline, evidence=req.evidence)
+                                    pipeline=req.pipeline, evidence=req.evidence,
+                                    conversation=req.conversation_id)
+        except ConversationNotFoundError as err:
+            raise ApiError(404, "conversation_not_found", str(err)) from None
         except InvalidRequest as err:
             raise ApiError(422, "invalid_request", str(err)) from None
         except DatabaseNotFoundError as err:
@@ -319,27 +317,31 @@ class QueryService:
             return QueryView(query_id=handle.query_id, status=_progress(handle),
                              question=handle.question, db=handle.db, pipeline=handle.pipeline,
                              slo_s=handle.slo_s, stages=self._stages_from_events(handle),
-                             links=links)
+                             links=links, conversation_id=handle.conversation_id)
         answer = self._result(handle)
         stages, retries = self._stages_from_answer(answer)
+        links.update(result_links(handle.query_id, answer))
         return QueryView(
             query_id=answer.query_id, status=answer.status, question=answer.question,
             db=answer.db, pipeline=answer.pipeline, slo_s=answer.slo_s, sql=answer.sql,
             columns=[str(c) for c in answer.columns],
             rows=[[_jsonable(v) for v in row] for row in answer.rows],
             truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
-            met_slo=_met_slo(answer), stages=stages, usage=_clean(answer.usage),
-            details=_clean(answer.details), retries=retries, links=links)
+            met_slo=answer.met_slo, stages=stages, usage=_clean(answer.usage),
+            details=_clean(answer.details), retries=retries, links=links,
+            conversation_id=handle.conversation_id)
 
     def summary(self, handle: QueryHandle) -> QuerySummary:
         if not handle.done():
             return QuerySummary(query_id=handle.query_id, status=_progress(handle),
                                 question=handle.question, db=handle.db,
-                                pipeline=handle.pipeline, slo_s=handle.slo_s)
+                                pipeline=handle.pipeline, slo_s=handle.slo_s,
+                                conversation_id=handle.conversation_id)
         a = self._result(handle)
         return QuerySummary(query_id=a.query_id, status=a.status, question=a.question, db=a.db,
                             pipeline=a.pipeline, slo_s=a.slo_s, latency_s=a.latency_s,
-                            met_slo=_met_slo(a), error=a.error)
+                            met_slo=a.met_slo, error=a.error,
+                            conversation_id=handle.conversation_id)
 
     def recent(self, limit: int) -> list[QuerySummary]:
         """Newest first. Each record is checked on its own, so one that cannot be shown
@@ -409,11 +411,8 @@ class QueryService:
         out = []
         for db_id in catalog.ids:
             entry = catalog.entry(db_id)
-            examples = []
-            if entry.dataset is not None:
-                examples = [e.question for e in entry.dataset.examples
-                            if e.db_id == db_id][:6]
-            out.append(DatabaseInfo(id=db_id, engine=catalog.engine,
+            examples = self._examples.for_db(entry.dataset, db_id)  # train split only
+            out.append(DatabaseInfo(id=db_id, engine=catalog.engine_of(db_id),
                                     tables=self._table_names(db_id), examples=examples))
         return out
 
@@ -426,7 +425,7 @@ class QueryService:
             names = (tables_json or {}).get("table_names_original")
             if not names:
                 try:
-                    names = self.af.catalog.open(db_id).schema().table_names()
+                    names = self.af.catalog.open(db_id).schema().table_names
                 except Exception as err:  # noqa: BLE001 - a broken file must not break listing
                     log.warning("cannot list tables of %s: %s", db_id, err)
                     names = []
@@ -446,7 +445,7 @@ class QueryService:
                 name=name, gpu=cfg.gpu if cfg else None, model=cfg.model if cfg else None,
                 up=queue.up if queue else True, waiting=len(queue.waiting) if queue else 0,
                 running=len(queue.running) if queue else 0,
-                max_inflight=cfg.max_inflight if cfg else 1, health=state,
+                max_inflight=cfg.inflight_limit if cfg else 1, health=state,
                 reason=health.reason if health is not None and state != "healthy" else None))
         return out
 
@@ -484,15 +483,19 @@ class QueryService:
             if not self.owns_agentflow:
                 return
             drain = self.settings.drain_s if drain_s is None else drain_s
-            running = sum(1 for h in self.af.handles.values() if not h.done())
+            in_flight = [h for h in self.af.handles.values() if not h.done()]
+            running = len(in_flight)
             log.info("shutting down: %d queries in flight, draining up to %.0fs", running, drain)
             try:
                 self.af.close(drain_s=drain)
             except Exception:  # noqa: BLE001 - shutdown must finish; say what went wrong
                 log.exception("closing agentflow failed")
+            # Only the queries the shutdown met: a query a user cancelled an hour ago is no
+            # reason to warn on a normal Ctrl+C.
             statuses: dict[str, int] = defaultdict(int)
-            for h in self.af.handles.values():
+            for h in in_flight:
                 if h.done():
                     statuses[self._result(h).status] += 1
             level = logging.WARNING if statuses.get("cancelled") else logging.INFO
-            log.log(level, "agentflow closed; query statuses: %s", dict(statuses))
+            log.log(level, "agentflow closed; query statuses: %s (of those in flight at "
+                    "shutdown)", dict(statuses))
