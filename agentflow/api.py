@@ -63,12 +63,11 @@ class Answer:
 
     @property
     def met_slo(self) -> bool | None:
-        """Whether a *completed* answer came within its SLO (None without an SLO)."""
-        if self.slo_s is None:
-            return None
-        if self.status != "done" or self.latency_s is None:
-            return False
-        return self.latency_s <= self.slo_s
+        """Whether the answer came back done within its SLO (None without an SLO); see
+        ``agentflow.metrics``."""
+        from agentflow.metrics import Outcome, met_slo
+
+        return met_slo(Outcome(self.status, self.latency_s, slo_s=self.slo_s))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -143,7 +142,8 @@ class AgentFlow:
                  backends: dict[str, LLMBackend] | None = None,
                  router: CallRouter | None = None):
         self.config = config or AgentFlowConfig()
-        self.catalog = DatabaseCatalog(self.config.data, engine=self.config.engine)
+        self.catalog = DatabaseCatalog(self.config.data, engine=self.config.engine,
+                                       databases=self.config.databases)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentflow-loop",
                                         daemon=True)
@@ -315,22 +315,18 @@ class AgentFlow:
 
     def _create_router(self) -> CallRouter:
         """Every call goes through the scheduler: one instance spec per configured backend."""
-        from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledRouter
-        from agentflow.scheduler.embedders import make_embedder
-        from agentflow.scheduler.predictor import LengthPredictor
+        from agentflow.config import InstanceConfig
+        from agentflow.scheduler import ScheduledRouter, build_coordinator
+        from agentflow.scheduler.setup import scheduler_settings
 
         by_name = {i.name: i for i in self.config.instances}
-        specs = [InstanceSpec(name=name, gpu=by_name[name].gpu if name in by_name else None,
-                              model=by_name[name].model if name in by_name else None,
-                              max_inflight=by_name[name].max_inflight if name in by_name else 1)
-                 for name in self.backends]
-        sched = self.config.scheduler
-        coordinator = Coordinator(
-            specs, clock=MonotonicClock(), policy=sched.policy, alpha=sched.alpha,
-            predictor=LengthPredictor(embedder=make_embedder(sched.embedder)),
-            max_waiting_calls=sched.max_waiting_calls,
-            max_active_queries=sched.max_active_queries)
-        return ScheduledRouter(coordinator, self.backends, revive_after_s=sched.revive_after_s)
+        # Backends passed in code without a configured instance run as plain CPU instances.
+        instances = [by_name.get(name) or InstanceConfig(name=name) for name in self.backends]
+        coordinator = build_coordinator(instances, clock=MonotonicClock(),
+                                        **scheduler_settings(self.config.scheduler))
+        return ScheduledRouter(coordinator, self.backends,
+                               revive_after_s=self.config.scheduler.revive_after_s,
+                               health=self.config.scheduler.health)
 
     async def _close_backends(self) -> None:
         for backend in self.backends.values():

@@ -42,8 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run a Text-to-SQL pipeline on one question. Without "
                                    "--config it uses the embedded default (local CPU model).")
     p.add_argument("question", help="the question, in plain language (quote it)")
-    p.add_argument("--db", required=True, help="database id (e.g. bookshop, concert_singer) "
-                                               "or a path to a .sqlite/.duckdb file")
+    p.add_argument("--db", required=True, help="database id (e.g. bookshop, concert_singer), "
+                                               "a path to a .sqlite/.duckdb file, or a "
+                                               "postgresql://user@host/db URL (password from "
+                                               "PGPASSWORD or ~/.pgpass)")
     p.add_argument("--data", action="append", default=[],
                    help="a Spider/BIRD folder whose databases to use (repeatable)")
     p.add_argument("--pipeline", default=None, choices=pipeline_names(),

@@ -101,6 +101,10 @@ class LocalLlamaBackend(LLMBackend):
         return await self._worker.submit(
             request.priority, lambda job: self._run(job, request, on_progress))
 
+    @property
+    def tokenizer_key(self) -> tuple:
+        return ("llama.cpp", self.model_path)
+
     def count_tokens(self, text: str) -> int:
         # Tokenising reads only the vocabulary, so it is safe beside a running generation,
         # but not beside close(), which frees the vocabulary: the lock keeps them apart.

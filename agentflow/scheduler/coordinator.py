@@ -20,7 +20,8 @@ from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.distribution import Distribution, cost_distribution
 from agentflow.scheduler.instance import InstanceQueue
-from agentflow.scheduler.policies import resolve
+from agentflow.scheduler.length_models import LengthModel, make_predictor
+from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow.clock import Clock
 from agentflow.workflow.graph import Node, NodeKind
@@ -51,11 +52,18 @@ class QueryRejected(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
+# Prompt tokens assumed for a future stage when neither its pipeline hints nor any earlier
+# call of its stage says more.
+DEFAULT_PROMPT_TOKENS = 500
+
+
 class Coordinator:
     def __init__(self, instances: list[InstanceSpec], *, clock: Clock, policy: str = "flowsage",
-                 alpha: float | None = None, predictor: Any = None,
+                 alpha: float | None = None, predictor: LengthModel | None = None,
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
-                 max_attempts: int = 3, oracle: bool = False, **queue_kwargs: Any):
+                 max_attempts: int = 3, **queue_kwargs: Any):
+        """``predictor``: the length model; None builds the one the policy name picks
+        (``flowsage@oracle``; the learned predictor by default)."""
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         names = [s.name for s in instances]
@@ -66,18 +74,17 @@ class Coordinator:
         self.dispatch, queue_policy = resolve(policy, alpha=alpha, **queue_kwargs)
         self.queues = {s.name: InstanceQueue(s, queue_policy) for s in instances}
         self.time_models = {s.name: InstanceTimeModel.for_spec(s) for s in instances}
-        if predictor is None:
-            from agentflow.scheduler.predictor import LengthPredictor
-
-            predictor = LengthPredictor()
-        self.predictor = predictor  # LengthPredictor or anything with predict/observe
+        self.predictor: LengthModel = predictor if predictor is not None \
+            else make_predictor(parse_policy(policy).predictor)
         self.max_waiting_calls = max_waiting_calls
         self.max_active_queries = max_active_queries
         self.max_attempts = max_attempts
-        self.oracle = oracle  # use true output lengths when the runtime knows them
         self.queries: dict[str, QueryState] = {}
         self._ids = itertools.count()
         self._stage_prediction: dict[tuple[str, str], Distribution] = {}
+        # Mean prompt tokens of each stage's calls so far: the estimate for future calls of
+        # the stage when the pipeline gives no hint (what serving knows before a prompt exists).
+        self._stage_prompts: dict[str, tuple[float, int]] = {}
 
     # ============================================================================ events
     def on_query_arrival(self, query_id: str, *, arrival: float | None = None,
@@ -103,18 +110,27 @@ class Coordinator:
         return query
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
-                      payload: Any = None, true_output_tokens: int | None = None
+                      payload: Any = None, max_tokens: int | None = None,
+                      prompt_tokens_by_instance: dict[str, int] | None = None
                       ) -> tuple[ScheduledCall, list[Decision]]:
+        """A call is ready. ``max_tokens`` is its output cap: the prediction is clipped to
+        it (a call cannot write more), which bounds ranking, outstanding work and KV use.
+        ``prompt_tokens_by_instance``: the prompt's length on each instance when their
+        tokenizers disagree (different models); run times and KV use are priced with it."""
         now = self.clock.now()
         query = self.queries[query_id]
-        if self.oracle and true_output_tokens is not None:
-            output = Distribution.point(true_output_tokens)
+        truth = self.predictor.true_lengths(query_id, node_id)
+        if truth is not None:
+            output = Distribution.point(truth.output_tokens)
         else:
-            output = self.predictor.predict(stage, query.key_text, prompt_tokens)
+            output = self.predictor.predict(stage, query.key_text, prompt_tokens,
+                                            max_tokens=max_tokens)
+        mean, n = self._stage_prompts.get(stage, (0.0, 0))
+        self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
         call = ScheduledCall(id=f"c{next(self._ids)}", query=query, stage=stage,
                              node_id=node_id, prompt_tokens=prompt_tokens, output=output,
-                             ready_at=now, true_output_tokens=true_output_tokens,
-                             payload=payload)
+                             ready_at=now, payload=payload,
+                             prompt_tokens_on=prompt_tokens_by_instance)
         query.calls.add(call)
         query.calls_version += 1
         return call, self._dispatch(call, now)
@@ -122,6 +138,8 @@ class Coordinator:
     def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
         """Streaming progress: attained service feeds Gittins ranks and outstanding work; a
         first token frees a pending-prefill slot, so more calls may be admitted."""
+        if not self._live(call):
+            return []
         first = call.attained_tokens == 0 and output_tokens > 0
         if self._bucket(call.attained_tokens) != self._bucket(output_tokens):
             call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
@@ -134,6 +152,8 @@ class Coordinator:
 
     def on_call_done(self, call: ScheduledCall, *, output_tokens: int, ttft_s: float = 0.0,
                      total_s: float = 0.0, cached_tokens: int = 0) -> list[Decision]:
+        if not self._live(call):
+            return []  # its query was cancelled or failed: nothing to free, nothing to learn
         now = self.clock.now()
         call.state, call.finished_at = CallState.DONE, now
         call.attained_tokens = output_tokens
@@ -145,20 +165,27 @@ class Coordinator:
                                call.prompt_tokens)
         self._stage_prediction.pop((call.query.id, call.stage), None)
         if total_s > 0:
-            self.time_models[call.instance].observe(call.prompt_tokens, output_tokens, ttft_s,
-                                                    total_s, cached_tokens)
+            self.time_models[call.instance].observe(call.tokens_on(call.instance),
+                                                    output_tokens, ttft_s, total_s,
+                                                    cached_tokens)
         return self._admit(queue, now)
 
     def on_call_failed(self, call: ScheduledCall, reason: str, *,
                        retryable: bool = True) -> list[Decision]:
         """A call failed on its instance: try another instance if sensible, else fail it."""
+        if not self._live(call):
+            return []
         now = self.clock.now()
         queue = self.queues[call.instance]
         queue.finish(call, self._kv_tokens(call))
         decisions = self._admit(queue, now)
         call.excluded.add(queue.name)
         call.attempts += 1
-        if not retryable or call.attempts >= self.max_attempts:
+        # A non-retryable error may still be the instance's fault (a broken server): try
+        # an instance that has not failed this call, if one is up; a second instance
+        # failing it too means the call itself is bad.
+        untried = any(n not in call.excluded for n in self.up_instances)
+        if (not retryable and not untried) or call.attempts >= self.max_attempts:
             call.state = CallState.FAILED
             call.query.calls.discard(call)
             return decisions + [FailCall(call, reason)]
@@ -240,7 +267,8 @@ class Coordinator:
         model = self.time_models[instance]
         cached = call.time_cache.get(instance)
         if cached is None or cached[0] != model.observations:
-            cached = (model.observations, model.expected_s(call.prompt_tokens, call.mean_output))
+            cached = (model.observations,
+                      model.expected_s(call.tokens_on(instance), call.mean_output))
             call.time_cache[instance] = cached
         return cached[1]
 
@@ -306,9 +334,7 @@ class Coordinator:
                 if call is not None:
                     parts.append(self._remaining_call_cost(call))
                 else:
-                    tokens = int(node.hints.get("prompt_tokens", 500))
-                    parts.append(cost_distribution(tokens, self._predict_stage(
-                        query, node.stage, tokens)))
+                    parts.append(cost_distribution(*self._future_lengths(query, node)))
         else:
             parts = [self._remaining_call_cost(c) for c in query.calls]
         total = _sum_by_sampling(parts, query.id)
@@ -316,6 +342,10 @@ class Coordinator:
         return total
 
     # ============================================================================ internals
+    def _live(self, call: ScheduledCall) -> bool:
+        """Whether a runtime's report on ``call`` still concerns the coordinator: the call is
+        running and its query is still known (a cancelled query's calls may report late)."""
+        return call.state == CallState.RUNNING and self.queries.get(call.query.id) is call.query
     def _remaining_call_cost(self, call: ScheduledCall) -> Distribution:
         cost = self.call_cost(call)
         if call.attained_tokens <= 0:
@@ -350,14 +380,29 @@ class Coordinator:
 
     def _kv_tokens(self, call: ScheduledCall) -> int:
         """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
-        return int(call.prompt_tokens + call.output.quantile(0.9))
+        return int(call.tokens_on(call.instance) + call.output.quantile(0.9))
 
-    def _predict_stage(self, query: QueryState, stage: str,
-                       prompt_tokens: int | None = None) -> Distribution:
+    def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
+        """Prompt tokens and output distribution of an LLM stage that has no call yet, from
+        what serving knows: the length model (the oracle knows the truth), the node's
+        ``max_tokens``, and its prompt size from the pipeline's hint, else the stage's
+        calls so far, else ``DEFAULT_PROMPT_TOKENS``."""
+        truth = self.predictor.true_lengths(query.id, node.id)
+        if truth is not None:
+            return truth.prompt_tokens, Distribution.point(truth.output_tokens)
+        prompt = node.hints.get("prompt_tokens")
+        if prompt is None:
+            seen = self._stage_prompts.get(node.stage)
+            prompt = seen[0] if seen is not None else DEFAULT_PROMPT_TOKENS
+        prompt = int(prompt)
+        return prompt, self._predict_stage(query, node.stage, prompt, node.hints.get("max_tokens"))
+
+    def _predict_stage(self, query: QueryState, stage: str, prompt_tokens: int | None = None,
+                       max_tokens: int | None = None) -> Distribution:
         key = (query.id, stage)
         if key not in self._stage_prediction:
-            self._stage_prediction[key] = self.predictor.predict(stage, query.key_text,
-                                                                 prompt_tokens)
+            self._stage_prediction[key] = self.predictor.predict(
+                stage, query.key_text, prompt_tokens, max_tokens=max_tokens)
         return self._stage_prediction[key]
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
@@ -370,9 +415,12 @@ class Coordinator:
     def _node_estimate(self, query: QueryState):
         def estimate(node: Node) -> float:
             if node.kind != NodeKind.LLM:
+                truth = self.predictor.true_lengths(query.id, node.id)
+                if truth is not None and truth.duration_s is not None:
+                    return truth.duration_s
                 return node.expected_s
-            prompt = int(node.hints.get("prompt_tokens", 500))
-            return self._mean_time(prompt, self._predict_stage(query, node.stage, prompt).mean())
+            prompt, output = self._future_lengths(query, node)
+            return self._mean_time(prompt, output.mean())
         return estimate
 
     def _retry_after(self, now: float) -> float:

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import sqlglot
+from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError, UnsupportedError
 
 from agentflow.sql.errors import SqlSyntaxError
 
 # SQLAlchemy dialect name -> sqlglot dialect name, where they differ.
 _SQLALCHEMY_TO_SQLGLOT = {"postgresql": "postgres", "mssql": "tsql", "mariadb": "mysql"}
+
+
+# Engines where a quoted identifier keeps its case ("Country" is not country). SQLite ignores
+# case even in quoted names, and `to-postgres` stores names lower-case, so names coming from
+# SQLite are lower-cased on the way there (sqlglot's normalisation for SQLite does just that).
+_CASE_SENSITIVE_QUOTED = {"postgres"}
+
+
+def _sqlite_names_to_lower(tree: exp.Expression) -> exp.Expression:
+    from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
+
+    return normalize_identifiers(tree, dialect="sqlite")
 
 
 def sqlglot_dialect(sqlalchemy_dialect: str) -> str:
@@ -21,7 +34,12 @@ def transpile(sql: str, *, read: str, write: str) -> str:
     if read == write:
         return sql
     try:
-        out = sqlglot.transpile(sql, read=read, write=write, unsupported_level="raise")
+        if read == "sqlite" and write in _CASE_SENSITIVE_QUOTED:
+            out = [_sqlite_names_to_lower(tree).sql(dialect=write, unsupported_level="raise")
+                   for tree in sqlglot.parse(sql, read=read) if tree is not None
+                   and not isinstance(tree, exp.Semicolon)]
+        else:
+            out = sqlglot.transpile(sql, read=read, write=write, unsupported_level="raise")
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
         raise SqlSyntaxError(
