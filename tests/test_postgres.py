@@ -286,6 +286,7 @@ def test_restart_mid_run_fails_in_flight_clearly_then_succeeds(shop) -> None:
     database = Database.open(shop.url("reader", "shop", PASSWORD), search_path="sales",
                              pool_size=4, max_overflow=4)
     outcomes: list[tuple[float, str]] = []
+    messages: set[str] = set()
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -297,6 +298,8 @@ def test_restart_mid_run_fails_in_flight_clearly_then_succeeds(shop) -> None:
             kind = "ok" if hasattr(result, "rows") else result.kind
             with lock:
                 outcomes.append((time.monotonic(), kind))
+                if kind != "ok":
+                    messages.add(str(result).split(" (")[0])
             time.sleep(0.05)
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(8)]
@@ -320,6 +323,7 @@ def test_restart_mid_run_fails_in_flight_clearly_then_succeeds(shop) -> None:
     assert during["connection_lost"] >= 1
     assert set(during) <= {"ok", "connection_lost"}
     assert after["ok"] >= 8 and set(after) == {"ok"}
+    assert messages == {"lost the connection to database 'shop'"}, messages
 
 
 def test_credentials_never_appear_in_errors_or_logs(shop, monkeypatch, caplog,
