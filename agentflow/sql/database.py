@@ -337,7 +337,7 @@ class _Interrupter:
             cancel = getattr(self.raw, "cancel_safe", None)
             cancel(timeout=2.0) if cancel is not None else self.raw.cancel()
         else:
-            self.raw.interrupt()
+            (getattr(self.raw, "interrupt", None) or self.raw.cancel)()
 
     def __enter__(self) -> "_Interrupter":
         if self.timeout_s is None:
@@ -350,7 +350,8 @@ class _Interrupter:
                 cur.close()
             delay = self.timeout_s * self._PG_CANCEL_FACTOR
         else:
-            if getattr(self.raw, "interrupt", None) is None:
+            if getattr(self.raw, "interrupt", None) is None and \
+                    getattr(self.raw, "cancel", None) is None:
                 raise E.ExecutionError(
                     f"engine {self.kind!r} offers no way to interrupt a query; pass "
                     "timeout_s=None to run without a time limit")
