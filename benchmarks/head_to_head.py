@@ -19,6 +19,7 @@ import json
 import time
 from pathlib import Path
 
+from agentflow.metrics import scale_key
 from agentflow.sim.alpha import OnlineAlphaTuner
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.experiment import build_workload, goodput, run_policy
@@ -69,7 +70,7 @@ def main() -> None:
                 summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
                 per_policy[policy] = summary
                 print(f"{name} rate={rate:.4f} {policy:<12} p95={summary['p95']:.1f}s "
-                      f"slo@{args.slo_scale:g}={summary['slo_attainment'][f'{args.slo_scale:.1f}']:.2f}"
+                      f"slo@{args.slo_scale:g}={summary['slo_attainment'][scale_key(args.slo_scale)]:.2f}"
                       f" ({summary['sim_wall_s']}s)", flush=True)
             entry["levels"][f"{rate:.5f}"] = per_policy
             plot_attainment(per_policy, args.out / f"{name}-attainment-{rate:.4f}.png",
@@ -114,7 +115,7 @@ def find_level(cluster, trace, args, idle) -> float:
 
 
 def report(results: dict, args) -> str:
-    s = f"{args.slo_scale:.1f}"
+    s = scale_key(args.slo_scale)
     lines = ["# Head-to-head on the shared HexGen-Flow traces", "",
              f"Cluster `{args.cluster}`, {args.queries} queries per run, seed {args.seed}, "
              f"deadlines = {args.slo_scale:g} x idle latency; alpha tuned online for "
@@ -128,7 +129,7 @@ def report(results: dict, args) -> str:
             for pol, m in per.items():
                 lines.append(f"| {float(rate):.4f} | {pol} | {m['p95']:.1f} | {v / m['p95']:.2f}x"
                              f" | {m['mean']:.1f} | {m['slo_attainment'][s]:.2f} | "
-                             f"{m['slo_attainment']['1.0']:.2f} | {m['slo_attainment']['5.0']:.2f} |")
+                             f"{m['slo_attainment']['1']:.2f} | {m['slo_attainment']['5']:.2f} |")
         if "goodput" in entry:
             g = entry["goodput"]
             lines += ["", f"Goodput (>= 90% within {args.slo_scale:g} x idle latency):", "",

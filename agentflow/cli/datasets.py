@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentflow.cli import table_console
+
 from agentflow.datasets import load_dataset
 from agentflow.datasets.check import CheckRecord, check_dataset
 from agentflow.eval import MatchRule
@@ -28,9 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "against itself. Prints a per-database table and 'N passed, M failed'.")
     check.add_argument("dir", help="dataset folder (Spider or BIRD layout) or 'demo'")
     check.add_argument("--split", default="dev", help="split to load (default: dev)")
-    check.add_argument("--engine", choices=["sqlite", "duckdb", "postgres"], default="sqlite")
+    check.add_argument("--engine", choices=["sqlite", "duckdb", "postgres"], default="sqlite",
+                       help="run the gold queries on SQLite (default), the DuckDB copies or "
+                            "the PostgreSQL copy made by to-postgres")
     check.add_argument("--pg-url", default=None,
-                       help="postgres engine: the database `to-postgres` loaded the benchmark "
+                       help="postgres engine: the database to-postgres loaded the benchmark "
                             "into (default: $AGENTFLOW_PG_URL); a password is better given by "
                             "PGPASSWORD or ~/.pgpass than in the URL")
     check.add_argument("--rule", choices=[r.value for r in MatchRule], default="spider",
@@ -49,19 +53,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     conv.add_argument("--out", type=Path, default=None,
                       help="output file (for one database) or folder (for a dataset); default: "
                            "beside the file, or agentflow's cache for a dataset")
-    conv.add_argument("--split", default="dev")
+    conv.add_argument("--split", default="dev",
+                      help="for a dataset folder: the split whose databases to convert "
+                           "(default: dev)")
     conv.set_defaults(func=cmd_to_duckdb)
 
     topg = dsub.add_parser(
         "to-postgres", help="load a benchmark's databases into PostgreSQL (one schema each)",
         description="Copy every database of a Spider/BIRD folder (or 'demo') into one "
-                    "PostgreSQL database, one schema per database id, so `datasets check "
-                    "--engine postgres` and evaluation can run there.")
+                    "PostgreSQL database, one schema per database id, so datasets check "
+                    "--engine postgres and evaluation can run there.")
     topg.add_argument("src", help="dataset folder (Spider or BIRD layout) or 'demo'")
     topg.add_argument("--url", default=None,
                       help="PostgreSQL database to load into, as a role that may create schemas "
                            "(default: $AGENTFLOW_PG_URL)")
-    topg.add_argument("--split", default="dev")
+    topg.add_argument("--split", default="dev",
+                      help="the split whose databases to load (default: dev)")
     topg.add_argument("--all", action="store_true",
                       help="every database of the folder, not only those the split uses")
     topg.add_argument("--grant", default=None, metavar="ROLE",
@@ -69,14 +76,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     topg.set_defaults(func=cmd_to_postgres)
 
     demo = dsub.add_parser("build-demo", help="build the demo database (SQLite and DuckDB)")
-    demo.add_argument("--out", type=Path, default=None)
-    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--out", type=Path, default=None,
+                      help="folder to build it in (default: agentflow's cache)")
+    demo.add_argument("--seed", type=int, default=7,
+                      help="seed of the generated rows (default 7: the documented database)")
     demo.add_argument("--force", action="store_true", help="rebuild even if present")
     demo.set_defaults(func=cmd_build_demo)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    console = Console(stderr=False)
+    console = table_console()
     dataset = load_dataset(args.dir, args.split)
     total = min(len(dataset), args.limit) if args.limit else len(dataset)
     console.print(f"[bold]{dataset.kind}[/] {dataset.root} split={args.split}: {total} questions, "

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentflow.cli import table_console
+from agentflow.metrics import scale_key
 from agentflow.scheduler.length_models import PREDICTORS
 from agentflow.scheduler.policies import policy_help
 
@@ -20,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Replay a trace on a simulated heterogeneous cluster under "
                                    "each policy, with identical arrivals.")
     p.add_argument("--trace", required=True, help="HexGen-Flow JSON or agentflow JSONL trace")
-    p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto")
+    p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto",
+                   help="trace format: HexGen-Flow JSON, agentflow JSONL, or auto (default: "
+                        "by content)")
     p.add_argument("--cluster", default="paper-4gpu", help="a name (paper-4gpu, ...) or YAML")
     p.add_argument("--policy", default="vllm,hexgen-flow,sagesched,flowsage",
                    help="comma-separated policies; " + policy_help().replace("%", "%%"))
@@ -30,8 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=1.0, help="mean arrival rate, queries/s")
     p.add_argument("--arrival", default="poisson",
                    help="poisson | gamma:CV | steps:RATE/SECONDS,RATE/SECONDS,...")
-    p.add_argument("--queries", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--queries", type=int, default=200,
+                   help="number of queries to replay (default 200; the trace is cycled)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed for arrivals and sampling; same seed, same result (default 0)")
     p.add_argument("--slo-scale", type=float, default=2.0,
                    help="deadline given to the scheduler, as a multiple of idle latency")
     p.add_argument("--alpha", type=float, default=None, help="fixed workload_balanced alpha")
@@ -40,9 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "cold prompts)")
     p.add_argument("--tune-alpha", action="store_true",
                    help="re-tune alpha online from forked simulations of the recent window")
+    p.add_argument("--fault", action="append", default=[], metavar="KIND:INSTANCE@T",
+                   help="inject a fault (repeatable): down:NAME@SECONDS, up:NAME@SECONDS, "
+                        "slow:NAME@SECONDSxFACTOR; instances are named <gpu>-<n> "
+                        "(e.g. a100-80g-0)")
     p.add_argument("--goodput", action="store_true",
                    help="also find each policy's goodput (>= 90%% within --slo-scale)")
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None,
+                   help="also write every policy's metrics to this JSON file")
     p.add_argument("--plot", type=Path, default=None, help="SLO attainment vs scale (PNG)")
     p.set_defaults(func=cmd_simulate)
 
@@ -55,7 +65,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from agentflow.sim.workload import load_trace
 
     console = Console(stderr=True)
+    from agentflow.sim.faults import Fault
+
     cluster = load_cluster(args.cluster)
+    faults = [Fault.parse(f) for f in args.fault]
     trace = load_trace(args.trace, args.format)
     from agentflow.scheduler.policies import parse_policy, with_predictor
 
@@ -72,7 +85,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         tuner = OnlineAlphaTuner(cluster, slo_scale=args.slo_scale) if args.tune_alpha else None
         result = run_policy(cluster, workload, policy, slo_scale=args.slo_scale,
                             alpha=args.alpha, alpha_tuner=tuner,
-                            cached_prefix=args.cached_prefix)
+                            cached_prefix=args.cached_prefix, faults=faults)
         summary = result.summary()
         summary["sim_wall_s"] = time.perf_counter() - start
         if result.alpha_history:
@@ -87,7 +100,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out = {"config": {"trace": str(args.trace), "cluster": cluster.name,
                       "rate": args.rate, "arrival": args.arrival, "queries": args.queries,
                       "seed": args.seed, "slo_scale": args.slo_scale, "alpha": args.alpha,
-                      "cached_prefix": args.cached_prefix,
+                      "cached_prefix": args.cached_prefix, "faults": args.fault,
                       "tune_alpha": args.tune_alpha},
            "policies": results}
     print_table(table_console(140), out)
@@ -102,6 +115,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         plot_attainment(results, args.plot, title=f"{cluster.name}, {args.rate:g} q/s "
                                                   f"({args.arrival})")
+        console.print(f"plot: {args.plot}", highlight=False)
+    if args.json:
+        console.print(f"metrics: {args.json}", highlight=False)
     return 0
 
 
@@ -120,8 +136,7 @@ def print_table(console: Console, out: dict) -> None:
             return "-" if v is None else f"{v:.{d}f}"
         row = [policy, str(s["completed"]), str(s["rejected"]), f(s["mean"]), f(s["p50"]),
                f(s["p95"]), f(s["p99"]), f(s["throughput_qps"], 3),
-               f(s["slo_attainment"]["1.0"], 2), f(s["slo_attainment"]["2.0"], 2),
-               f(s["slo_attainment"]["5.0"], 2)]
+               *(f(s["slo_attainment"].get(scale_key(x)), 2) for x in (1, 2, 5))]
         if has_goodput:
             row.append(f(s.get("goodput_qps"), 3))
         table.add_row(*row)

@@ -2,10 +2,8 @@
 
 from agentflow.eval.accuracy import (
     REASONS,
-    AccuracySummary,
     Verdict,
     evaluate_pair,
-    summarize,
 )
 from agentflow.eval.compare import (
     MatchRule,
@@ -16,5 +14,5 @@ from agentflow.eval.compare import (
 
 __all__ = [
     "MatchRule", "results_match", "describe_mismatch", "gold_has_order_by",
-    "Verdict", "AccuracySummary", "REASONS", "evaluate_pair", "summarize",
+    "Verdict", "REASONS", "evaluate_pair",
 ]

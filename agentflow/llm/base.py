@@ -92,5 +92,11 @@ class LLMBackend(abc.ABC):
         """Prompt length in this backend's tokens; the default is a rough 4-chars rule."""
         return max(1, len(text) // 4)
 
+    @property
+    def tokenizer_key(self) -> tuple:
+        """Backends with equal keys count tokens alike (the router counts a prompt once per
+        distinct key). Override together with ``count_tokens``."""
+        return ("chars/4",)
+
     async def close(self) -> None:
         """Release resources (model memory, HTTP sessions)."""

@@ -68,6 +68,8 @@ class ScheduledCall:
     cost: Distribution | None = field(default=None, repr=False)  # O^2/2 + I*O, cached
     # expected run time per instance, tagged with the time model's observation count
     time_cache: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
+    # The prompt's length on instances whose tokenizer counts it differently (other models).
+    prompt_tokens_on: dict[str, int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.mean_output = float(self.output.mean())
@@ -75,3 +77,9 @@ class ScheduledCall:
     @property
     def deadline(self) -> float | None:
         return self.query.deadline
+
+    def tokens_on(self, instance: str | None) -> int:
+        """Prompt tokens as ``instance``'s tokenizer counts them."""
+        if self.prompt_tokens_on is None or instance is None:
+            return self.prompt_tokens
+        return self.prompt_tokens_on.get(instance, self.prompt_tokens)

@@ -110,10 +110,13 @@ class Coordinator:
         return query
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
-                      payload: Any = None, max_tokens: int | None = None
+                      payload: Any = None, max_tokens: int | None = None,
+                      prompt_tokens_by_instance: dict[str, int] | None = None
                       ) -> tuple[ScheduledCall, list[Decision]]:
         """A call is ready. ``max_tokens`` is its output cap: the prediction is clipped to
-        it (a call cannot write more), which bounds ranking, outstanding work and KV use."""
+        it (a call cannot write more), which bounds ranking, outstanding work and KV use.
+        ``prompt_tokens_by_instance``: the prompt's length on each instance when their
+        tokenizers disagree (different models); run times and KV use are priced with it."""
         now = self.clock.now()
         query = self.queries[query_id]
         truth = self.predictor.true_lengths(query_id, node_id)
@@ -126,7 +129,8 @@ class Coordinator:
         self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
         call = ScheduledCall(id=f"c{next(self._ids)}", query=query, stage=stage,
                              node_id=node_id, prompt_tokens=prompt_tokens, output=output,
-                             ready_at=now, payload=payload)
+                             ready_at=now, payload=payload,
+                             prompt_tokens_on=prompt_tokens_by_instance)
         query.calls.add(call)
         query.calls_version += 1
         return call, self._dispatch(call, now)
@@ -134,6 +138,8 @@ class Coordinator:
     def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
         """Streaming progress: attained service feeds Gittins ranks and outstanding work; a
         first token frees a pending-prefill slot, so more calls may be admitted."""
+        if not self._live(call):
+            return []
         first = call.attained_tokens == 0 and output_tokens > 0
         if self._bucket(call.attained_tokens) != self._bucket(output_tokens):
             call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
@@ -146,6 +152,8 @@ class Coordinator:
 
     def on_call_done(self, call: ScheduledCall, *, output_tokens: int, ttft_s: float = 0.0,
                      total_s: float = 0.0, cached_tokens: int = 0) -> list[Decision]:
+        if not self._live(call):
+            return []  # its query was cancelled or failed: nothing to free, nothing to learn
         now = self.clock.now()
         call.state, call.finished_at = CallState.DONE, now
         call.attained_tokens = output_tokens
@@ -157,20 +165,27 @@ class Coordinator:
                                call.prompt_tokens)
         self._stage_prediction.pop((call.query.id, call.stage), None)
         if total_s > 0:
-            self.time_models[call.instance].observe(call.prompt_tokens, output_tokens, ttft_s,
-                                                    total_s, cached_tokens)
+            self.time_models[call.instance].observe(call.tokens_on(call.instance),
+                                                    output_tokens, ttft_s, total_s,
+                                                    cached_tokens)
         return self._admit(queue, now)
 
     def on_call_failed(self, call: ScheduledCall, reason: str, *,
                        retryable: bool = True) -> list[Decision]:
         """A call failed on its instance: try another instance if sensible, else fail it."""
+        if not self._live(call):
+            return []
         now = self.clock.now()
         queue = self.queues[call.instance]
         queue.finish(call, self._kv_tokens(call))
         decisions = self._admit(queue, now)
         call.excluded.add(queue.name)
         call.attempts += 1
-        if not retryable or call.attempts >= self.max_attempts:
+        # A non-retryable error may still be the instance's fault (a broken server): try
+        # an instance that has not failed this call, if one is up; a second instance
+        # failing it too means the call itself is bad.
+        untried = any(n not in call.excluded for n in self.up_instances)
+        if (not retryable and not untried) or call.attempts >= self.max_attempts:
             call.state = CallState.FAILED
             call.query.calls.discard(call)
             return decisions + [FailCall(call, reason)]
@@ -252,7 +267,8 @@ class Coordinator:
         model = self.time_models[instance]
         cached = call.time_cache.get(instance)
         if cached is None or cached[0] != model.observations:
-            cached = (model.observations, model.expected_s(call.prompt_tokens, call.mean_output))
+            cached = (model.observations,
+                      model.expected_s(call.tokens_on(instance), call.mean_output))
             call.time_cache[instance] = cached
         return cached[1]
 
@@ -326,6 +342,10 @@ class Coordinator:
         return total
 
     # ============================================================================ internals
+    def _live(self, call: ScheduledCall) -> bool:
+        """Whether a runtime's report on ``call`` still concerns the coordinator: the call is
+        running and its query is still known (a cancelled query's calls may report late)."""
+        return call.state == CallState.RUNNING and self.queries.get(call.query.id) is call.query
     def _remaining_call_cost(self, call: ScheduledCall) -> Distribution:
         cost = self.call_cost(call)
         if call.attained_tokens <= 0:
@@ -360,7 +380,7 @@ class Coordinator:
 
     def _kv_tokens(self, call: ScheduledCall) -> int:
         """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
-        return int(call.prompt_tokens + call.output.quantile(0.9))
+        return int(call.tokens_on(call.instance) + call.output.quantile(0.9))
 
     def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
         """Prompt tokens and output distribution of an LLM stage that has no call yet, from

@@ -93,7 +93,7 @@ class InstanceQueue:
         return self._heap[0][2]
 
     def _account(self, call: ScheduledCall, sign: int) -> None:
-        self.waiting_prompt_tokens += sign * call.prompt_tokens
+        self.waiting_prompt_tokens += sign * call.tokens_on(self.name)
         self.waiting_output_tokens += sign * call.mean_output
 
     def _pop(self, call: ScheduledCall) -> None:

@@ -65,7 +65,8 @@ class InstanceTimeModel:
         return self.prefill_s(prompt_tokens) + self.decode_s(output_tokens)
 
     def time_distribution(self, prompt_tokens: float, output: Distribution) -> Distribution:
-        """Distribution of the call's time given its output-length distribution."""
+        """Distribution of the call's time given its output-length distribution (per-call
+        deadlines take a high quantile of it)."""
         base = self.prefill_s(prompt_tokens)
         per_token = self.decode_s_per_token * self.decode_ratio
         return output.map(lambda tokens: base + tokens * per_token)

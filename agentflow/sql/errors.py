@@ -7,8 +7,10 @@ Each carries a short machine-readable ``kind`` for traces, JSON answers and eval
 
 from __future__ import annotations
 
+from agentflow.errors import AgentflowError
 
-class SqlError(Exception):
+
+class SqlError(AgentflowError):
     """Base class: something went wrong with one SQL statement."""
 
     kind = "error"
@@ -93,5 +95,5 @@ class ExecutionError(SqlError):
     kind = "execution_error"
 
 
-class DatabaseNotFoundError(LookupError):
+class DatabaseNotFoundError(AgentflowError, LookupError):
     """An unknown database id or a path that does not exist."""
