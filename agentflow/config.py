@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentflow.distributed.placement import RayPlacement
 from agentflow.scheduler.health import HealthSettings
 
 
@@ -171,6 +172,9 @@ class AgentFlowConfig(BaseModel):
     max_rows: int = 1000
     constrain_sql: bool = True  # grammar-constrained SQL decoding (see PipelineEnv)
     record: str | None = None  # append one trace line per query to this JSONL file
+    # ``ray`` (or {type: ray, address: ...}): every instance runs as a Ray actor placed by
+    # its GPU type (agentflow.distributed); None: backends run in this process.
+    placement: RayPlacement | None = None
 
     @field_validator("instances")
     @classmethod

@@ -11,7 +11,7 @@ import pytest
 from agentflow.cli.main import main
 from agentflow.datasets import load_dataset
 from agentflow.datasets.check import check_dataset
-from agentflow.eval import MatchRule
+from agentflow.accuracy import MatchRule
 
 pytestmark = pytest.mark.timeout(300)
 
