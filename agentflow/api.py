@@ -414,32 +414,26 @@ class AgentFlow:
                       evidence=evidence, pipeline=pipeline.name, id=handle.query_id)
         graph = await asyncio.to_thread(pipeline.build, query, env)
         run = WorkflowRun(query, graph)
-        start_query = getattr(self.router, "start_query", None)
-        if start_query is not None:
-            from agentflow.scheduler import QueryRejected
+        from agentflow.scheduler import QueryRejected
 
-            try:
-                start_query(query, run)
-            except QueryRejected as err:
-                query.status, query.error = QueryStatus.REJECTED, err.reason
-                handle._emit({"type": "done", "query_id": query.id, "status": "rejected",
-                              "error": err.reason, "latency_s": None})
-                return Answer(query_id=query.id, question=question, db=entry.db_id,
-                              pipeline=pipeline.name, status="rejected", error=err.reason,
-                              sql=None, slo_s=slo, conversation_id=handle.conversation_id,
-                              details={"retry_after_s": err.retry_after_s})
+        try:
+            self.router.start_query(query, run)
+        except QueryRejected as err:
+            query.status, query.error = QueryStatus.REJECTED, err.reason
+            handle._emit({"type": "done", "query_id": query.id, "status": "rejected",
+                          "error": err.reason, "latency_s": None})
+            return Answer(query_id=query.id, question=question, db=entry.db_id,
+                          pipeline=pipeline.name, status="rejected", error=err.reason,
+                          sql=None, slo_s=slo, conversation_id=handle.conversation_id,
+                          details={"retry_after_s": err.retry_after_s})
         state: dict[str, Any] = {}
         try:
             state = await execute(run, self.router, env, state, observer=handle._emit)
         except asyncio.CancelledError:
             query.error = self._cancel_reasons.pop(query.id, "cancelled")
-            cancel = getattr(self.router, "cancel_query", None)
-            if cancel is not None:
-                cancel(query.id)
+            self.router.cancel_query(query.id)
         finally:
-            end_query = getattr(self.router, "end_query", None)
-            if end_query is not None:
-                end_query(query)
+            self.router.end_query(query)
         output = pipeline.output(state)
         answer = Answer(query_id=query.id, question=question, db=entry.db_id,
                         pipeline=pipeline.name, status=query.status.value, error=query.error,

@@ -163,7 +163,7 @@ class AgentFlowConfig(BaseModel):
     pipeline: str = "chess"
     pipeline_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     data: list[str] = Field(default_factory=list)  # Spider/BIRD folders whose databases to serve
-    engine: str = "sqlite"  # run SQL on the SQLite files or on their DuckDB copies
+    engine: str = "sqlite"  # run SQL on the SQLite files, their DuckDB or PostgreSQL copies
     databases: dict[str, DatabaseConfig] = Field(default_factory=dict)  # named, e.g. PostgreSQL
     fewshot: FewShotConfig | None | str = "auto"  # "auto": a registered folder's train split
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
@@ -186,8 +186,9 @@ class AgentFlowConfig(BaseModel):
     @field_validator("engine")
     @classmethod
     def _engine(cls, value: str) -> str:
-        if value not in ("sqlite", "duckdb"):
-            raise ValueError("engine must be 'sqlite' or 'duckdb'")
+        if value not in ("sqlite", "duckdb", "postgres"):
+            raise ValueError("engine must be 'sqlite', 'duckdb' or 'postgres' (benchmarks loaded "
+                             "by `agentflow datasets to-postgres`, found at $AGENTFLOW_PG_URL)")
         return value
 
     @classmethod

@@ -12,7 +12,9 @@ Every report (the simulator's summary, ``agentflow eval`` in both modes, the ser
 * **Goodput** is the highest arrival rate at which attainment at the chosen scale reaches a
   target (90% by default); ``meets_goodput_target`` is the test at one rate, the rate search
   lives with whoever can run a load (``agentflow.sim.experiment.goodput``).
-* Latency percentiles are over the queries that completed (``done``), numpy's linear rule.
+* Latency percentiles are over the queries answered (``done``), numpy's linear rule.
+* **Throughput** is answered queries per second of serving time: from the first arrival to
+  the last answer, per session (a resumed evaluation does not count the time between).
 """
 
 from __future__ import annotations
@@ -104,6 +106,24 @@ def latency_stats(values: Iterable[float | None]) -> dict[str, Any]:
     return {"n": len(vals), "mean": float(np.mean(vals)) if vals else None,
             "p50": percentile(vals, 50), "p95": percentile(vals, 95),
             "p99": percentile(vals, 99), "max": max(vals) if vals else None}
+
+
+def throughput(queries: Iterable[tuple[str, float | None, float | None, str]]
+               ) -> tuple[float | None, float]:
+    """(answered queries per second, serving seconds) from ``(session, arrival, finish,
+    status)`` tuples; None when no time passed."""
+    spans: dict[str, list[float]] = {}
+    answered = 0
+    for session, arrival, finish, status in queries:
+        if arrival is None:
+            continue
+        span = spans.setdefault(str(session), [float("inf"), float("-inf")])
+        span[0] = min(span[0], arrival)
+        if status == MET_STATUS and finish is not None:
+            answered += 1
+            span[1] = max(span[1], finish)
+    total = sum(max(0.0, b - a) for a, b in spans.values() if b > float("-inf"))
+    return (answered / total if total > 0 else None), total
 
 
 def completed_latencies(outcomes: Sequence[Outcome]) -> list[float]:

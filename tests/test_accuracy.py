@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from agentflow.eval import MatchRule, Verdict, evaluate_pair
+from agentflow.accuracy import MatchRule, Verdict, evaluate_pair
 from agentflow.sql import Database
 
 ROWS = [(1, "Joe", 52, "France"), (2, "Ann", 41, "Spain"), (3, "Tom", 41, "France"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
-from tests.test_scheduler_policies import FixedLengths, coordinator, occupy  # noqa: F401
+from tests.helpers import coordinator, occupy
 
 
 def test_admission_respects_capacity_and_hands_out_increasing_priorities() -> None:
@@ -74,8 +74,8 @@ def test_instance_down_moves_waiting_calls_and_failed_calls_retry_elsewhere() ->
     assert a.instance == "slow" and "fast" in a.excluded and retried == []
     c.on_call_done(b, output_tokens=1)  # frees slow: a was ready before w (FCFS)
     assert a.state == CallState.RUNNING and w.state == CallState.WAITING
+    c.on_instance_down("slow")  # outside the raises block: it must not raise itself
     with pytest.raises(QueryRejected, match="no model instance"):
-        c.on_instance_down("slow")
         c.on_query_arrival("q3", deadline=None)
 
 
@@ -127,3 +127,27 @@ def test_late_reports_on_calls_of_a_cancelled_query_are_ignored() -> None:
     assert c.predictor.observed == observed  # nothing learned from a forgotten query
     assert call.state == CallState.CANCELLED
     assert {x.state for x in (waiting, waiting2)} == {CallState.RUNNING}
+
+
+def test_observers_see_every_event_with_its_decisions_nested_in_order() -> None:
+    class Log:
+        def __init__(self):
+            self.lines = []
+
+        def event_started(self, event):
+            self.lines.append(("start", event))
+
+        def event_finished(self, event, decisions):
+            self.lines.append(("end", event, [type(d).__name__ for d in decisions]))
+
+    c = coordinator("least_loaded+fcfs", {"s": 1})
+    log = Log()
+    c.add_observer(log)
+    c.on_query_arrival("q", deadline=None)
+    c.on_call_ready("q", stage="s", node_id="a", prompt_tokens=0)
+    c.cancel_query("q")
+    assert log.lines == [
+        ("start", "on_query_arrival"), ("end", "on_query_arrival", []),
+        ("start", "on_call_ready"), ("end", "on_call_ready", ["StartCall"]),
+        ("start", "cancel_query"), ("start", "on_query_done"), ("end", "on_query_done", []),
+        ("end", "cancel_query", [])]

@@ -14,7 +14,7 @@ from agentflow.cli import table_console
 
 from agentflow.datasets import load_dataset
 from agentflow.datasets.check import CheckRecord, check_dataset
-from agentflow.eval import MatchRule
+from agentflow.accuracy import MatchRule
 
 _MAX_FAILURES_SHOWN = 50
 

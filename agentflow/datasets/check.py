@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentflow.datasets.types import Dataset, EngineKind, Example
-from agentflow.eval import MatchRule, Verdict, evaluate_pair
+from agentflow.accuracy import MatchRule, Verdict, evaluate_pair
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from agentflow.eval import REASONS
+from agentflow.accuracy import REASONS
 from agentflow.metrics import SLO_SCALES, Outcome, absolute_attainment, attainment_table
 from agentflow.metrics import attainment as _attainment
-from agentflow.metrics import latency_stats
+from agentflow.metrics import completed_latencies, latency_stats
+from agentflow.metrics import throughput as _throughput
 
 TABLE_SCALES = SLO_SCALES
 CURVE_SCALES = tuple(float(x) for x in np.round(np.arange(1.0, 10.001, 0.25), 2))
@@ -45,20 +46,9 @@ def attainment(records: list[dict[str, Any]], scale: float) -> float | None:
 
 
 def throughput(records: list[dict[str, Any]]) -> tuple[float | None, float]:
-    """Completed questions per second of serving time. A resumed run adds up each session's
-    span (first arrival to last finish), so time between sessions is not counted."""
-    spans: dict[str, list[float]] = defaultdict(lambda: [float("inf"), float("-inf")])
-    completed = 0
-    for r in records:
-        if r.get("arrival_s") is None:
-            continue
-        span = spans[str(r.get("session", ""))]
-        span[0] = min(span[0], r["arrival_s"])
-        if r.get("status") in COMPLETED and r.get("finish_s") is not None:
-            completed += 1
-            span[1] = max(span[1], r["finish_s"])
-    total = sum(max(0.0, b - a) for a, b in spans.values() if b > float("-inf"))
-    return (completed / total if total > 0 else None), total
+    """Answered questions per second of serving time (``agentflow.metrics.throughput``)."""
+    return _throughput((r.get("session", ""), r.get("arrival_s"), r.get("finish_s"),
+                        r.get("status")) for r in records)
 
 
 def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[str, Any]:
@@ -98,7 +88,7 @@ def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[st
         "accuracy": {**_acc(records), "by_reason": by_reason},
         "by_difficulty": {k: _acc(by_level[k]) for k in sorted(by_level, key=level_key)},
         "by_database": {k: _acc(by_db[k]) for k in sorted(by_db)},
-        "latency_s": dist([r["latency_s"] for r in completed]),
+        "latency_s": dist(completed_latencies(outcomes)),  # answered questions
         "idle_latency_s": dist([r.get("idle_latency_s") for r in completed]),
         "queue_s_per_question": dist([r.get("queue_s", 0.0) for r in completed]),
         "run_s_per_question": dist([r.get("run_s", 0.0) for r in completed]),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.datasets import Dataset, Example
-from agentflow.eval import MatchRule, evaluate_pair
+from agentflow.accuracy import MatchRule, evaluate_pair
 from agentflow.evaluation.hardness import HardnessError, spider_hardness
 
 FINISHED = ("done", "failed")  # statuses a resumed run does not ask again

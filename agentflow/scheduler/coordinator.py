@@ -9,10 +9,11 @@ time, so the same object runs real serving and simulation.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -57,7 +58,22 @@ class QueryRejected(RuntimeError):
 DEFAULT_PROMPT_TOKENS = 500
 
 
+class CoordinatorObserver(Protocol):
+    """Watches the coordinator's events (e.g. the server times each decision): told when an
+    event method starts and when it returns, with the decisions it made (empty when it made
+    none or raised). Events may nest (``cancel_query`` ends with ``on_query_done``)."""
+
+    def event_started(self, event: str) -> None: ...
+
+    def event_finished(self, event: str, decisions: list[Decision]) -> None: ...
+
+
 class Coordinator:
+    # The event methods observers see (see ``add_observer``).
+    EVENTS = ("on_query_arrival", "on_call_ready", "on_call_progress", "on_call_done",
+              "on_call_failed", "on_call_cancelled", "on_instance_down", "on_instance_up",
+              "on_query_done", "cancel_query")
+
     def __init__(self, instances: list[InstanceSpec], *, clock: Clock, policy: str = "flowsage",
                  alpha: float | None = None, predictor: LengthModel | None = None,
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
@@ -80,6 +96,7 @@ class Coordinator:
         self.max_active_queries = max_active_queries
         self.max_attempts = max_attempts
         self.queries: dict[str, QueryState] = {}
+        self._observers: list[CoordinatorObserver] = []
         self._ids = itertools.count()
         self._stage_prediction: dict[tuple[str, str], Distribution] = {}
         # Mean prompt tokens of each stage's calls so far: the estimate for future calls of
@@ -104,8 +121,6 @@ class Coordinator:
             raise QueryRejected("no model instance is up", retry_after_s=5.0)
         query = QueryState(id=query_id, arrival=now if arrival is None else arrival,
                            deadline=deadline, key_text=key_text, run=run)
-        if run is not None:
-            run.estimator = self._node_estimate(query)
         self.queries[query_id] = query
         return query
 
@@ -254,6 +269,9 @@ class Coordinator:
         self.on_query_done(query_id)
         return running, decisions
 
+    def add_observer(self, observer: CoordinatorObserver) -> None:
+        self._observers.append(observer)
+
     # ============================================================================ view
     @property
     def up_instances(self) -> list[str]:
@@ -304,8 +322,9 @@ class Coordinator:
         elapsed time is taken as of the last change. Key ``None``: the whole remaining path."""
         if query.path_cache_version != query.run.version:
             run = query.run
-            paths: dict[str | None, float] = dict(run.downstream_paths(now))
-            paths[None] = run.remaining_critical_path(now)
+            estimate = self._node_estimate(query)  # the run's own estimator stays its own
+            paths: dict[str | None, float] = dict(run.downstream_paths(now, estimate))
+            paths[None] = run.remaining_critical_path(now, estimate)
             query.path_cache = paths
             query.path_cache_version = run.version
         return query.path_cache
@@ -427,6 +446,32 @@ class Coordinator:
         """Seconds until the least loaded instance would drain its queue (>= 1)."""
         loads = [self.outstanding_work(n, now) for n in self.up_instances] or [5.0]
         return max(1.0, min(loads))
+
+
+def _observed(method):
+    """Tell the coordinator's observers when ``method`` (an event) starts and returns."""
+    @functools.wraps(method)
+    def event(self: Coordinator, *args: Any, **kwargs: Any) -> Any:
+        if not self._observers:
+            return method(self, *args, **kwargs)
+        for observer in self._observers:
+            observer.event_started(method.__name__)
+        result = None
+        try:
+            result = method(self, *args, **kwargs)
+            return result
+        finally:
+            # Event methods return decisions, or (call(s), decisions), or no decision at all.
+            if isinstance(result, tuple) and result and isinstance(result[-1], list):
+                result = result[-1]
+            decisions = result if isinstance(result, list) else []
+            for observer in self._observers:
+                observer.event_finished(method.__name__, decisions)
+    return event
+
+
+for _event in Coordinator.EVENTS:
+    setattr(Coordinator, _event, _observed(getattr(Coordinator, _event)))
 
 
 _COST_SAMPLES = 256

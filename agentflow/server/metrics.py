@@ -4,8 +4,9 @@ Each app gets its own registry (several servers in one process — tests, benchm
 not share counters). Finished queries are observed once, from their answer; the cluster's
 live state (queue lengths, calls in flight, instances up) is read from the coordinator at
 scrape time rather than mirrored, so it cannot drift. Scheduler decision time is measured
-around the coordinator's event handlers by the service layer (``service._timed``), never by
-clock reads inside the scheduler.
+around the coordinator's event handlers by an observer the service layer registers
+(``service.DecisionTimer``, ``Coordinator.add_observer``), never by clock reads inside the
+scheduler.
 """
 
 from __future__ import annotations

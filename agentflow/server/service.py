@@ -35,11 +35,6 @@ from agentflow.sql import DatabaseNotFoundError
 log = logging.getLogger("agentflow.server")
 
 # Coordinator events whose handling time /metrics reports (scheduler decision time).
-COORDINATOR_EVENTS = ("on_query_arrival", "on_call_ready", "on_call_progress", "on_call_done",
-                      "on_call_failed", "on_call_cancelled", "on_instance_down",
-                      "on_instance_up", "on_query_done", "cancel_query")
-
-
 class FailureLog:
     """Failed LLM call attempts by query id, kept until the query is forgotten."""
 
@@ -94,15 +89,19 @@ class RecordingBackend(LLMBackend):
         return getattr(self.inner, name)
 
 
-def _timed(method, histogram):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            histogram.observe(time.perf_counter() - start)
-    wrapper.__wrapped__ = method
-    return wrapper
+class DecisionTimer:
+    """A coordinator observer: the time each event takes, into the decision histogram."""
+
+    def __init__(self, metrics: ServerMetrics):
+        self.metrics = metrics
+        self._started: list[float] = []  # events nest: a stack of start times
+
+    def event_started(self, event: str) -> None:
+        self._started.append(time.perf_counter())
+
+    def event_finished(self, event: str, decisions: list) -> None:
+        elapsed = time.perf_counter() - self._started.pop()
+        self.metrics.decision_seconds.labels(event=event.removeprefix("on_")).observe(elapsed)
 
 
 def _jsonable(value: Any) -> Any:
@@ -175,11 +174,7 @@ class QueryService:
         if listeners is not None:  # calls the router cut off (deadline, stall): retries too
             listeners.append(self._abandoned)
         if self.coordinator is not None:
-            for event in COORDINATOR_EVENTS:
-                method = getattr(self.coordinator, event, None)
-                if method is not None and not hasattr(method, "__wrapped__"):
-                    hist = metrics.decision_seconds.labels(event=event.removeprefix("on_"))
-                    setattr(self.coordinator, event, _timed(method, hist))
+            self.coordinator.add_observer(DecisionTimer(metrics))
         metrics.bind(self)
 
     def _abandoned(self, request: LLMRequest, instance: str, error: BackendError) -> None:

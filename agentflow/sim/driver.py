@@ -59,6 +59,30 @@ class QueryRecord:
         return None if self.finish is None else self.finish - self.arrival
 
 
+@dataclass(frozen=True)
+class StageTiming:
+    """One finished stage of a simulated query, for ``Simulation(on_stage=...)``.
+
+    Times are virtual seconds since the run began. For an LLM stage ``run_s`` is the time its
+    call ran on ``instance`` (from the engine's first iteration to its last) and ``queue_s``
+    the rest of the stage: waiting in the coordinator's queue and in the engine's, plus any
+    attempt lost to a failed instance. A tool step runs as soon as it is ready.
+    """
+
+    query_id: str
+    node_id: str
+    stage: str
+    kind: str  # llm | tool
+    parents: tuple[str, ...]
+    start: float
+    end: float
+    queue_s: float
+    run_s: float
+    instance: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
 @dataclass
 class SimResult:
     policy: str
@@ -77,7 +101,9 @@ class Simulation:
                  embedder: str = "hashing", max_waiting_calls: int | None = None,
                  max_active_queries: int | None = None,
                  alpha_tuner: Any = None, cached_prefix: float = 0.0,
-                 faults: Sequence[Fault] = ()):
+                 faults: Sequence[Fault] = (),
+                 on_stage: Callable[[StageTiming], None] | None = None):
+        """``on_stage`` is called with each stage's ``StageTiming`` as the stage finishes."""
         if not 0.0 <= cached_prefix < 1.0:
             raise ValueError("cached_prefix must be in [0, 1)")
         # Fraction of every prompt served from a prefix cache (0: cold prompts, physical
@@ -104,6 +130,7 @@ class Simulation:
                 raise ValueError(f"fault on unknown instance {fault.instance!r}; this cluster "
                                  f"has {', '.join(self.instances)}")
         self.faults = list(faults)
+        self.on_stage = on_stage
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
         self._versions: dict[str, int] = {name: 0 for name in self.instances}
@@ -204,16 +231,25 @@ class Simulation:
             if query_id not in self._runs:
                 return  # the call failed the query: its other ready stages never start
 
-    def _on_node_done(self, query_id: str, node_id: str) -> None:
+    def _on_node_done(self, query_id: str, node_id: str, *, run_s: float | None = None,
+                      instance: str | None = None) -> None:
         entry = self._runs.get(query_id)
         if entry is None:
             return
         run, trace, record = entry
         done = self._trace_nodes[query_id][node_id]
+        now = self.clock.now()
         if done.kind == "tool":
             mean, n = self._tool_s.get(done.stage, (0.0, 0))
             self._tool_s[done.stage] = (mean + (done.duration_s - mean) / (n + 1), n + 1)
-        run.mark_done(node_id, self.clock.now())
+        if self.on_stage is not None:
+            start = run.query.stage(node_id).start
+            ran = now - start if run_s is None else min(run_s, now - start)
+            self.on_stage(StageTiming(
+                query_id, node_id, done.stage, done.kind, done.parents, start, now,
+                queue_s=max(0.0, now - start - ran), run_s=ran, instance=instance,
+                prompt_tokens=done.prompt_tokens, output_tokens=done.output_tokens))
+        run.mark_done(node_id, now)
         if run.finished:
             record.finish = self.clock.now()
             if trace.meta.get("status") == "failed":  # back on time, with no answer
@@ -237,7 +273,7 @@ class Simulation:
                 self._apply(self.coordinator.on_call_done(
                     call, output_tokens=ev.output_tokens, ttft_s=ev.ttft_s or 0.0,
                     total_s=ev.total_s or 0.0))
-                self._on_node_done(*call.payload)
+                self._on_node_done(*call.payload, run_s=ev.total_s, instance=name)
             else:
                 self._apply(self.coordinator.on_call_progress(call, ev.output_tokens))
         self._reschedule(name)

@@ -11,6 +11,7 @@ from agentflow.metrics import (
     attainment_table,
     completed_latencies,
     latency_stats,
+    throughput,
 )
 
 SCALES = SLO_SCALES
@@ -23,9 +24,7 @@ def outcomes(result) -> list[Outcome]:
 def summarize(result, scales=SCALES) -> dict[str, Any]:
     records = result.records
     done = [r for r in records if r.status == "done"]
-    arrivals = [r.arrival for r in records]
-    finishes = [r.finish for r in done]
-    makespan = (max(finishes) - min(arrivals)) if done else 0.0
+    qps, makespan = throughput(("sim", r.arrival, r.finish, r.status) for r in records)
     outs = outcomes(result)
     stats = latency_stats(completed_latencies(outs))
     return {
@@ -35,6 +34,6 @@ def summarize(result, scales=SCALES) -> dict[str, Any]:
         "failed": sum(r.status == "failed" for r in records),
         "mean": stats["mean"], "p50": stats["p50"], "p95": stats["p95"], "p99": stats["p99"],
         "makespan": makespan,
-        "throughput_qps": len(done) / makespan if makespan > 0 else 0.0,
+        "throughput_qps": qps or 0.0,
         "slo_attainment": attainment_table(outs, scales),
     }
