@@ -192,6 +192,12 @@ def test_an_instance_no_node_can_host_fails_fast(ray_nodes):
                            "instances": [scripted_instance("h100", gpu="H100")]})
 
 
+def test_a_backend_that_cannot_be_built_fails_start_up_with_its_reason(ray_nodes):
+    with pytest.raises(PlacementError, match="'broken' failed to start: .*latency_s"):
+        agentflow.connect({"placement": "ray", "fewshot": None, "instances": [
+            {"name": "broken", "backend": {"type": "scripted", "latency_s": -1}}]})
+
+
 def test_grid_on_ray_gives_the_serial_numbers(ray_nodes):
     from agentflow.cli.simulate import PolicyCellInputs, policy_cell
     from agentflow.distributed.grid import run_grid_timed
