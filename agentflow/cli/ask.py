@@ -194,7 +194,9 @@ def timeline_table(answer: Any, width: int = 160) -> Table:
     rows = []
     for s in answer.stages:
         calls = s["llm_calls"]
-        instance = ", ".join(sorted({c["instance"] for c in calls}))
+        # instance@node for instances placed on a Ray cluster (agentflow.distributed)
+        instance = ", ".join(sorted({c["instance"] + (f"@{c['node']}" if c.get("node") else "")
+                                     for c in calls}))
         queue = sum(c["queue_s"] for c in calls)
         run = sum(c["run_s"] for c in calls)
         tokens = (f"{sum(c['prompt_tokens'] for c in calls)}/"
