@@ -198,33 +198,21 @@ def test_a_backend_that_cannot_be_built_fails_start_up_with_its_reason(ray_nodes
             {"name": "broken", "backend": {"type": "scripted", "latency_s": -1}}]})
 
 
-def test_grid_on_ray_gives_the_serial_numbers(ray_nodes):
-    from agentflow.cli.simulate import PolicyCellInputs, policy_cell
-    from agentflow.distributed.grid import run_grid_timed
-    from agentflow.sim.cluster import load_cluster
-    from agentflow.sim.experiment import build_workload
-    from agentflow.sim.slo import IdleLatency
-    from agentflow.sim.workload import load_hexgen
+def test_simulate_on_ray_gives_the_serial_numbers(ray_nodes, tmp_path, capsys):
+    from agentflow.cli.main import main
+
     trace_path = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / \
         "hexgen-flow" / "trace2.json"
     if not trace_path.is_file():
         pytest.skip(f"shared trace not found: {trace_path}")
-    cluster = load_cluster("paper-4gpu")
-    trace = load_hexgen(trace_path)
-    idle = IdleLatency(cluster)
-    inputs = PolicyCellInputs(
-        cluster=cluster, trace=trace, idle=idle,
-        workload=build_workload(trace, cluster, n=15, rate=0.05, seed=3, idle=idle),
-        options={"slo_scale": 2.0, "alpha": None, "tune_alpha": False, "cached_prefix": 0.0,
-                 "goodput": False, "queries": 15, "arrival": "poisson", "seed": 3})
-    policies = ["vllm", "sagesched"]
-    serial = run_grid_timed(policy_cell, policies, context=inputs)
-    on_ray = run_grid_timed(policy_cell, policies, context=inputs, ray="auto")
-    assert on_ray.where.startswith("ray")
-    for a, b in zip(serial.results, on_ray.results):
-        a, b = dict(a), dict(b)
-        a.pop("sim_wall_s"), b.pop("sim_wall_s")
-        assert a == b
+    args = ["simulate", "--trace", str(trace_path), "--queries", "15", "--rate", "0.05",
+            "--seed", "3", "--policy", "vllm,sagesched"]
+    assert main(args + ["--json", str(tmp_path / "serial.json")]) == 0
+    assert "(serial)" in capsys.readouterr().err
+    assert main(args + ["--ray", "auto", "--json", str(tmp_path / "ray.json")]) == 0
+    assert "(ray: 2 CPUs)" in capsys.readouterr().err
+    serial, on_ray = (tmp_path / "serial.json").read_text(), (tmp_path / "ray.json").read_text()
+    assert '"p95"' in serial and serial == on_ray  # every number, both policies
 
 
 @pytest.mark.slow
