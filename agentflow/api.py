@@ -309,6 +309,10 @@ class AgentFlow:
                 del self.handles[query_id]
 
     def _create_backends(self) -> dict[str, LLMBackend]:
+        if self.config.placement is not None:  # instances as Ray actors on their nodes
+            from agentflow.distributed.ray_backend import start_instances
+
+            return start_instances(self.config, loop=self._loop)
         from agentflow.llm.registry import create_backend
 
         return {inst.name: create_backend(inst.backend) for inst in self.config.instances}

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentflow.distributed.placement import RayPlacement
 from agentflow.scheduler.health import HealthSettings
 
 
@@ -162,7 +163,7 @@ class AgentFlowConfig(BaseModel):
     pipeline: str = "chess"
     pipeline_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     data: list[str] = Field(default_factory=list)  # Spider/BIRD folders whose databases to serve
-    engine: str = "sqlite"  # run SQL on the SQLite files or on their DuckDB copies
+    engine: str = "sqlite"  # run SQL on the SQLite files, their DuckDB or PostgreSQL copies
     databases: dict[str, DatabaseConfig] = Field(default_factory=dict)  # named, e.g. PostgreSQL
     fewshot: FewShotConfig | None | str = "auto"  # "auto": a registered folder's train split
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
@@ -171,6 +172,9 @@ class AgentFlowConfig(BaseModel):
     max_rows: int = 1000
     constrain_sql: bool = True  # grammar-constrained SQL decoding (see PipelineEnv)
     record: str | None = None  # append one trace line per query to this JSONL file
+    # ``ray`` (or {type: ray, address: ...}): every instance runs as a Ray actor placed by
+    # its GPU type (agentflow.distributed); None: backends run in this process.
+    placement: RayPlacement | None = None
 
     @field_validator("instances")
     @classmethod
@@ -182,8 +186,9 @@ class AgentFlowConfig(BaseModel):
     @field_validator("engine")
     @classmethod
     def _engine(cls, value: str) -> str:
-        if value not in ("sqlite", "duckdb"):
-            raise ValueError("engine must be 'sqlite' or 'duckdb'")
+        if value not in ("sqlite", "duckdb", "postgres"):
+            raise ValueError("engine must be 'sqlite', 'duckdb' or 'postgres' (benchmarks loaded "
+                             "by `agentflow datasets to-postgres`, found at $AGENTFLOW_PG_URL)")
         return value
 
     @classmethod

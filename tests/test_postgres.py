@@ -11,7 +11,13 @@ from collections import Counter
 
 import pytest
 
-from agentflow.sql import Database, QueryTimeoutError, RejectedStatementError, SqlError
+from agentflow.sql import (
+    Database,
+    QueryTimeoutError,
+    RejectedStatementError,
+    SqlError,
+    SqlSyntaxError,
+)
 from agentflow.sql.database import _Interrupter
 from agentflow.sql.errors import ConnectionLostError
 from agentflow.sql.postgres import ReadOnlyRoleError, check_role
@@ -44,7 +50,7 @@ INSERT INTO sales.orders VALUES (10, 1, 'shipped', 120.50, '2024-02-01'),
   (13, 3, 'shipped', 210.25, '2024-06-02');
 INSERT INTO hr.employee VALUES (1, 'Dana', 5200.00), (2, 'Eli', 4100.00);
 INSERT INTO sales.events SELECT g, CASE WHEN g % 3 = 0 THEN 'view' ELSE 'click' END,
-  timestamptz '2024-01-01' + g * interval '1 second' FROM generate_series(1, 300000) g;
+  timestamptz '2024-01-01' + g * interval '1 second' FROM generate_series(1, 60000) g;
 """
 
 TABLES = ["sales.customer", "sales.orders", "sales.events", "hr.employee"]
@@ -145,9 +151,9 @@ SERVER_REFUSES = [a for a in ATTACKS if not any(k in a for k in (
 
 @pytest.mark.parametrize("sql", ATTACKS)
 def test_attack_is_rejected_by_the_guard(db, sql: str) -> None:
-    with pytest.raises((RejectedStatementError, SqlError)) as info:
+    """Refused before reaching PostgreSQL (NOTIFY with a payload does not even parse)."""
+    with pytest.raises((RejectedStatementError, SqlSyntaxError)):
         db.execute(sql, timeout_s=2.0)
-    assert not isinstance(info.value, QueryTimeoutError)
 
 
 def test_attacks_leave_every_table_unchanged(db, shop) -> None:
@@ -255,7 +261,8 @@ def test_sample_values_never_scan_a_big_table(db, shop) -> None:
             return conn.execute("SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables "
                                 "WHERE relname = 'events'").fetchone()[0]
 
-    with shop.admin_connect("shop") as conn:  # the planner's estimate, not its statistics
+    # A big table as the planner sees it (its estimate; no statistics, so no pg_stats).
+    with shop.admin_connect("shop") as conn:
         conn.execute("UPDATE pg_class SET reltuples = 300000 WHERE relname = 'events'")
     fresh = Database.open(shop.url("reader", "shop", PASSWORD), search_path="sales")
     try:
@@ -265,7 +272,7 @@ def test_sample_values_never_scan_a_big_table(db, shop) -> None:
         values = sample_values(fresh, events, events.column("kind"), k=2)
         read = seq_read() - before
         assert set(values) <= {"click", "view"} and values
-        assert read < 300000 / 4, read
+        assert read < 60000 / 4, read  # a full scan would read all 60,000
         # Analysed tables: values come from pg_stats, with no read at all.
         orders = fresh.schema().table("orders")
         assert set(sample_values(fresh, orders, orders.column("status"), k=3)) <= {
@@ -286,6 +293,7 @@ def test_restart_mid_run_fails_in_flight_clearly_then_succeeds(shop) -> None:
     database = Database.open(shop.url("reader", "shop", PASSWORD), search_path="sales",
                              pool_size=4, max_overflow=4)
     outcomes: list[tuple[float, str]] = []
+    messages: set[str] = set()
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -297,6 +305,8 @@ def test_restart_mid_run_fails_in_flight_clearly_then_succeeds(shop) -> None:
             kind = "ok" if hasattr(result, "rows") else result.kind
             with lock:
                 outcomes.append((time.monotonic(), kind))
+                if kind != "ok":
+                    messages.add(str(result).split(" (")[0])
             time.sleep(0.05)
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(8)]
@@ -320,6 +330,7 @@ def test_restart_mid_run_fails_in_flight_clearly_then_succeeds(shop) -> None:
     assert during["connection_lost"] >= 1
     assert set(during) <= {"ok", "connection_lost"}
     assert after["ok"] >= 8 and set(after) == {"ok"}
+    assert messages == {"lost the connection to database 'shop'"}, messages
 
 
 def test_credentials_never_appear_in_errors_or_logs(shop, monkeypatch, caplog,

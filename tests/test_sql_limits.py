@@ -159,3 +159,18 @@ def test_a_real_second_statement_after_a_comment_is_still_rejected(engine_paths)
     with Database.open(engine_paths["sqlite"]) as db:
         with pytest.raises(RejectedStatementError):
             db.execute("SELECT 1; -- c\nDELETE FROM book")
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "duckdb"])
+def test_bounds_apply_before_transpiling_too(engine_paths, engine: str) -> None:
+    """A query in another dialect is transpiled first: the same bounds must hold there."""
+    other = "duckdb" if engine == "sqlite" else "sqlite"
+    with Database.open(engine_paths[engine]) as db:
+        with pytest.raises(QueryTooComplexError, match="too deeply nested"):
+            db.execute("SELECT " + "abs(" * 60 + "1" + ")" * 60, dialect=other)
+        start = time.monotonic()
+        chain = "SELECT 1 WHERE " + " OR ".join(f"1 = {i}" for i in range(60_000))
+        with pytest.raises(QueryTooComplexError, match="too long"):
+            db.execute(chain, dialect=other)
+        assert time.monotonic() - start < 0.5
+        assert db.execute("SELECT count(*) FROM book", dialect=other).rows == [(4,)]

@@ -100,6 +100,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         message = err.args[0] if isinstance(err, LookupError) and err.args else err
         print(f"agentflow: error: {message}", file=sys.stderr)
         return 2
+    handle = None
     try:
         handle = af.submit(args.question, db=args.db, slo=args.slo, pipeline=args.pipeline,
                            evidence=args.evidence, record=args.record)
@@ -112,7 +113,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
         print(f"agentflow: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        af.cancel(handle.query_id)
+        if handle is not None:
+            af.cancel(handle.query_id)
         raise
     finally:
         af.close()

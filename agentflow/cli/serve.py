@@ -32,6 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a Spider/BIRD folder whose databases to serve (repeatable)")
     p.add_argument("--engine", choices=["sqlite", "duckdb"], default=None,
                    help="open databases with SQLite (default) or their DuckDB copies")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="run every instance as a Ray actor placed by its GPU type, on the "
+                        "cluster at ADDRESS (auto, HOST:6379, ray://HOST:10001, or 'local'); "
+                        "the same as 'placement: ray' in the config (needs agentflow[ray])")
     p.add_argument("--drain", type=float, default=None, metavar="SECONDS",
                    help="on shutdown, let queries in flight finish for this long before "
                         "cancelling them (default 10)")
@@ -91,6 +95,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config.data = [*config.data, *args.data]
     if args.engine:
         config.engine = args.engine
+    if args.ray:
+        from agentflow.distributed.placement import RayPlacement
+
+        base = config.placement or RayPlacement()
+        config.placement = base.model_copy(update={"address": args.ray})
+    if config.placement is not None:
+        from agentflow.distributed import require_ray
+
+        try:
+            require_ray()
+        except ImportError as err:
+            print(f"agentflow: error: {err}", file=sys.stderr)
+            return 2
     if args.drain is not None:
         settings.drain_s = args.drain
     # Everything that can fail without the model fails first, in a second.

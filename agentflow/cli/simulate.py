@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -51,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(e.g. a100-80g-0)")
     p.add_argument("--goodput", action="store_true",
                    help="also find each policy's goodput (>= 90%% within --slo-scale)")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run the policies (with their goodput searches) as Ray tasks: a "
+                        "cluster address (auto, HOST:6379, ray://HOST:10001) or 'local' "
+                        "(the default without a value). Same numbers as the serial run")
     p.add_argument("--json", type=Path, default=None,
                    help="also write every policy's metrics to this JSON file")
     p.add_argument("--plot", type=Path, default=None, help="SLO attainment vs scale (PNG)")
@@ -58,13 +64,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from agentflow.sim.alpha import OnlineAlphaTuner
+    from agentflow.distributed import require_ray
+    from agentflow.distributed.grid import run_grid_timed
     from agentflow.sim.cluster import load_cluster
-    from agentflow.sim.experiment import build_workload, goodput, run_policy
+    from agentflow.sim.experiment import build_workload
     from agentflow.sim.slo import IdleLatency
     from agentflow.sim.workload import load_trace
 
     console = Console(stderr=True)
+    if args.ray is not None:
+        try:
+            require_ray()
+        except ImportError as err:
+            console.print(f"agentflow: error: {err}", highlight=False)
+            return 2
     from agentflow.sim.faults import Fault
 
     cluster = load_cluster(args.cluster)
@@ -79,24 +92,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     idle = IdleLatency(cluster, cached_prefix=args.cached_prefix)
     workload = build_workload(trace, cluster, n=args.queries, rate=args.rate,
                               arrival=args.arrival, seed=args.seed, idle=idle)
-    results = {}
-    for policy in policies:
-        start = time.perf_counter()
-        tuner = OnlineAlphaTuner(cluster, slo_scale=args.slo_scale) if args.tune_alpha else None
-        result = run_policy(cluster, workload, policy, slo_scale=args.slo_scale,
-                            alpha=args.alpha, alpha_tuner=tuner,
-                            cached_prefix=args.cached_prefix, faults=faults)
-        summary = result.summary()
-        summary["sim_wall_s"] = time.perf_counter() - start
-        if result.alpha_history:
-            summary["alpha_history"] = result.alpha_history
-        if args.goodput:
-            summary["goodput_qps"] = goodput(cluster, trace, policy, n=args.queries,
-                                             slo_scale=args.slo_scale, arrival=args.arrival,
-                                             seed=args.seed, idle=idle,
-                                             cached_prefix=args.cached_prefix)
-        results[policy] = summary
-        console.print(f"  {policy}: done in {summary['sim_wall_s']:.1f}s", highlight=False)
+    context = PolicyCellInputs(cluster=cluster, trace=trace, workload=workload, idle=idle,
+                               faults=faults, options=_cell_options(args))
+    grid = run_grid_timed(policy_cell, policies, context=context, ray=args.ray,
+                          on_result=lambda i, s: console.print(
+                              f"  {policies[i]}: done in {s['sim_wall_s']:.1f}s",
+                              highlight=False))
+    results = dict(zip(policies, grid.results))
+    console.print(f"  {len(policies)} policies in {grid.wall_s:.1f}s ({grid.where})",
+                  highlight=False)
     out = {"config": {"trace": str(args.trace), "cluster": cluster.name,
                       "rate": args.rate, "arrival": args.arrival, "queries": args.queries,
                       "seed": args.seed, "slo_scale": args.slo_scale, "alpha": args.alpha,
@@ -119,6 +123,48 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         console.print(f"metrics: {args.json}", highlight=False)
     return 0
+
+
+@dataclass
+class PolicyCellInputs:
+    """What every policy's simulation shares (sent once to a Ray cluster)."""
+
+    cluster: Any
+    trace: list
+    workload: Any
+    idle: Any
+    options: dict[str, Any]
+    faults: list = field(default_factory=list)
+
+
+def _cell_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in ("slo_scale", "alpha", "tune_alpha", "cached_prefix",
+                                          "goodput", "queries", "arrival", "seed")}
+
+
+def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
+    """One policy on the shared workload (and its goodput search): one cell of the grid,
+    the same computation whether it runs here or as a Ray task."""
+    from agentflow.sim.alpha import OnlineAlphaTuner
+    from agentflow.sim.experiment import goodput, run_policy
+
+    o = inputs.options
+    start = time.perf_counter()
+    tuner = OnlineAlphaTuner(inputs.cluster, slo_scale=o["slo_scale"]) \
+        if o["tune_alpha"] else None
+    result = run_policy(inputs.cluster, inputs.workload, policy, slo_scale=o["slo_scale"],
+                        alpha=o["alpha"], alpha_tuner=tuner, cached_prefix=o["cached_prefix"],
+                        faults=inputs.faults)
+    summary = result.summary()
+    summary["sim_wall_s"] = time.perf_counter() - start
+    if result.alpha_history:
+        summary["alpha_history"] = result.alpha_history
+    if o["goodput"]:
+        summary["goodput_qps"] = goodput(inputs.cluster, inputs.trace, policy, n=o["queries"],
+                                         slo_scale=o["slo_scale"], arrival=o["arrival"],
+                                         seed=o["seed"], idle=inputs.idle,
+                                         cached_prefix=o["cached_prefix"])
+    return summary
 
 
 def print_table(console: Console, out: dict) -> None:

@@ -61,6 +61,7 @@ class LLMResult:
     total_s: float = 0.0
     cached_prompt_tokens: int = 0  # prompt tokens whose KV was reused, when the backend knows
     backend: str = ""
+    node: str = ""  # where the call ran when not in this process (e.g. a Ray node)
 
 
 # Called with the number of output tokens produced so far (streaming progress).

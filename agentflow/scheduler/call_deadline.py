@@ -49,9 +49,11 @@ class CallDeadlines:
                        decode_ratio=max(p.decode_ratio for p in peers))
 
     def expected_quantile_s(self, call: ScheduledCall, instance: str) -> float:
+        """The quantile of the call's time there: time is increasing in the output length,
+        so it is the time of the output length's quantile."""
         model = self.time_model(instance)
-        times = model.time_distribution(call.tokens_on(instance), call.output)
-        return float(times.quantile(self.settings.deadline_quantile))
+        tokens = float(call.output.quantile(self.settings.deadline_quantile))
+        return model.expected_s(call.tokens_on(instance), tokens)
 
     def limit_s(self, call: ScheduledCall, instance: str, started: float) -> float:
         """Seconds the call may run on ``instance`` counted from ``started`` (when it was

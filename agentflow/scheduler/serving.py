@@ -8,6 +8,8 @@ stalls, the call is cancelled there and re-dispatched elsewhere, counted as a re
 each instance's calls did feeds its health (``health``): an instance that died, hangs or
 keeps failing stops getting work and is probed with one tiny call before it gets work
 again (first after ``probe_after_s``, backing off up to ``revive_after_s``; None: never).
+A backend that watches its own process (a Ray actor, ``agentflow.distributed``) offers
+``watch_health(listener)``: a death it notices between calls takes the instance out at once.
 A query's cancellation removes its calls everywhere.
 """
 
@@ -66,6 +68,10 @@ class ScheduledRouter:
         # attempts by outcome and instance since start (for /metrics): timeout, stalled,
         # error, retried (re-dispatched after any of those)
         self.counts: Counter[tuple[str, str]] = Counter()
+        for name, backend in backends.items():
+            watch = getattr(backend, "watch_health", None)
+            if watch is not None:
+                watch(lambda reason, name=name: self._take_down(name, reason))
 
     # ------------------------------------------------------------------ query lifecycle
     def start_query(self, query: Query, run: WorkflowRun) -> None:
@@ -122,6 +128,10 @@ class ScheduledRouter:
                 if sc in self._moved and not _outer_cancelled():
                     self._moved.discard(sc)
                     sc.payload = loop.create_future()
+                    moved = BackendError(f"instance {instance} went down: "
+                                         f"{self.down_reasons.get(instance, '')}")
+                    for listener in self.attempt_listeners:  # the answer's retries show it
+                        listener(request, instance, moved)
                     self.counts["retried", instance] += 1
                     self._apply(self.coordinator.on_call_failed(
                         sc, f"instance {instance} went down", retryable=True))

@@ -105,11 +105,20 @@ class _ClusterCollector:
                                     "LLM calls running on the instance", labels=["instance"])
         up = GaugeMetricFamily("agentflow_instance_up", "1 if the instance takes calls, 0 "
                                "while it is down after a failure", labels=["instance"])
+        placed = GaugeMetricFamily("agentflow_instance_placement", "1 per instance hosted "
+                                   "by a Ray actor, labelled with its node and GPUs",
+                                   labels=["instance", "node", "gpu", "gpu_ids"])
+        restarts = CounterMetricFamily("agentflow_instance_restarts", "Times Ray restarted "
+                                       "the instance's actor", labels=["instance"])
         for info in self.service.instances():
             waiting.add_metric([info.name], info.waiting)
             running.add_metric([info.name], info.running)
             up.add_metric([info.name], 1 if info.up else 0)
-        yield from (waiting, running, up)
+            if info.node is not None:
+                placed.add_metric([info.name, info.node, info.gpu or "",
+                                   ",".join(info.gpu_ids or [])], 1)
+                restarts.add_metric([info.name], info.restarts or 0)
+        yield from (waiting, running, up, placed, restarts)
         yield from self._health()
         coord = self.service.coordinator
         active = GaugeMetricFamily("agentflow_active_queries", "Queries admitted and not "

@@ -123,6 +123,7 @@ class LLMCallView(BaseModel):
     queue_s: float = Field(description="waiting in the scheduler's queues")
     run_s: float = Field(description="running on the instance")
     finish_reason: str
+    node: str = Field("", description="the Ray node that ran it (empty in-process)")
     failed_attempts: list[FailedAttempt] = Field(default_factory=list)
 
 
@@ -213,6 +214,10 @@ class InstanceInfo(BaseModel):
         "healthy", description="suspect: a call timed out; down: failed or circuit open; "
                                "both get no work until a probe call answers")
     reason: str | None = Field(None, description="why it is not healthy")
+    # Instances placed on a Ray cluster (agentflow.distributed); None in-process.
+    node: str | None = Field(None, description="the Ray node hosting the instance's actor")
+    gpu_ids: list[str] | None = None
+    restarts: int | None = Field(None, description="times Ray restarted the actor")
 
 
 class InstanceList(BaseModel):

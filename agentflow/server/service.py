@@ -434,6 +434,8 @@ class QueryService:
         for name in self.af.backends:
             cfg = by_name.get(name)
             queue = self.coordinator.queues.get(name) if self.coordinator else None
+            placed = getattr(self.af.backends[name], "placement_info", None)
+            where = placed() if callable(placed) else {}
             health = tracker.instances.get(name) if tracker is not None else None
             state = health.state.value if health is not None else "healthy"
             out.append(InstanceInfo(
@@ -441,6 +443,8 @@ class QueryService:
                 up=queue.up if queue else True, waiting=len(queue.waiting) if queue else 0,
                 running=len(queue.running) if queue else 0,
                 max_inflight=cfg.inflight_limit if cfg else 1, health=state,
+                node=where.get("node"), gpu_ids=where.get("gpu_ids"),
+                restarts=where.get("restarts"),
                 reason=health.reason if health is not None and state != "healthy" else None))
         return out
 

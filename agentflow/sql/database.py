@@ -216,6 +216,11 @@ class Database:
                         sql=sql, limit_s=timeout_s) from err
                 if isinstance(err, E.SqlError):
                     raise
+                if _connection_broke(raw, err):
+                    # e.g. psycopg raising from a server-side cursor's fetch, unwrapped by
+                    # SQLAlchemy: the pool must not get this connection back.
+                    conn.invalidate()
+                    raise self._connection_error(err, sql) from err
                 raise _translate(err, sql, self._secrets) from err
             finally:
                 try:
@@ -224,10 +229,11 @@ class Database:
                     pass
         return columns, rows, truncated
 
-    def _connection_error(self, err: sa.exc.DBAPIError, sql: str) -> E.ConnectionLostError:
+    def _connection_error(self, err: BaseException, sql: str) -> E.ConnectionLostError:
         """The connection failed or broke: say so plainly, with no URL or secret in it."""
-        detail = redact(str(err.orig).strip().splitlines()[0] if str(err.orig).strip()
-                        else type(err.orig).__name__, self._secrets)
+        orig = getattr(err, "orig", None) or err
+        detail = redact(str(orig).strip().splitlines()[0] if str(orig).strip()
+                        else type(orig).__name__, self._secrets)
         if " failed: " in detail:  # libpq: 'connection to server at "h", port p failed: why'
             detail = detail.rsplit(" failed: ", 1)[1]
         return E.ConnectionLostError(
@@ -277,6 +283,15 @@ def _sqlite_bounds(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.execute(f"PRAGMA hard_heap_limit = {SQLITE_HARD_HEAP_LIMIT}")
 
 
+def _connection_broke(raw: Any, err: BaseException) -> bool:
+    """Whether ``err`` means the connection itself is gone (not the query's fault)."""
+    if getattr(raw, "broken", False) or getattr(raw, "closed", False) is True:
+        return True
+    return type(err).__name__ == "OperationalError" and any(
+        text in str(err) for text in ("server closed the connection", "terminating connection",
+                                      "connection is closed", "consuming input failed"))
+
+
 def redact(text: str, secrets: tuple[str, ...] | list[str]) -> str:
     """``text`` with every secret (password) replaced by ``***``."""
     for secret in secrets:
@@ -322,7 +337,7 @@ class _Interrupter:
             cancel = getattr(self.raw, "cancel_safe", None)
             cancel(timeout=2.0) if cancel is not None else self.raw.cancel()
         else:
-            self.raw.interrupt()
+            (getattr(self.raw, "interrupt", None) or self.raw.cancel)()
 
     def __enter__(self) -> "_Interrupter":
         if self.timeout_s is None:
@@ -335,7 +350,8 @@ class _Interrupter:
                 cur.close()
             delay = self.timeout_s * self._PG_CANCEL_FACTOR
         else:
-            if getattr(self.raw, "interrupt", None) is None:
+            if getattr(self.raw, "interrupt", None) is None and \
+                    getattr(self.raw, "cancel", None) is None:
                 raise E.ExecutionError(
                     f"engine {self.kind!r} offers no way to interrupt a query; pass "
                     "timeout_s=None to run without a time limit")

@@ -6,7 +6,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError, UnsupportedError
 
-from agentflow.sql.errors import SqlSyntaxError
+from agentflow.sql.errors import QueryTooComplexError, SqlSyntaxError
 
 # SQLAlchemy dialect name -> sqlglot dialect name, where they differ.
 _SQLALCHEMY_TO_SQLGLOT = {"postgresql": "postgres", "mssql": "tsql", "mariadb": "mysql"}
@@ -33,6 +33,9 @@ def transpile(sql: str, *, read: str, write: str) -> str:
     """Rewrite one statement from dialect ``read`` into ``write``; identity when they match."""
     if read == write:
         return sql
+    from agentflow.sql.guard import check_size
+
+    check_size(sql, read)  # bounded text and nesting before the (recursive) parser runs
     try:
         if read == "sqlite" and write in _CASE_SENSITIVE_QUOTED:
             out = [_sqlite_names_to_lower(tree).sql(dialect=write, unsupported_level="raise")
@@ -47,6 +50,8 @@ def transpile(sql: str, *, read: str, write: str) -> str:
             line=first.get("line"), column=first.get("col")) from err
     except (TokenError, UnsupportedError) as err:
         raise SqlSyntaxError(f"cannot transpile {read} -> {write}: {err}", sql=sql) from err
+    except RecursionError as err:
+        raise QueryTooComplexError("query too deeply nested", sql=sql) from err
     if len(out) != 1:
         raise SqlSyntaxError(f"expected one statement, got {len(out)}", sql=sql)
     return out[0]

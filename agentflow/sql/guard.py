@@ -78,12 +78,8 @@ def parse_single_query(sql: str, dialect: str | None = None) -> exp.Expression:
     """
     if not sql or not sql.strip():
         raise RejectedStatementError("empty SQL statement", sql=sql)
-    if len(sql) > MAX_SQL_CHARS:
-        raise QueryTooComplexError(
-            f"query text is too long ({len(sql):,} characters; at most {MAX_SQL_CHARS:,})",
-            sql=sql)
+    check_size(sql, dialect)
     try:
-        _check_nesting(sql, dialect)
         # A trailing comment becomes an empty statement holding it: not a second statement.
         statements = [s for s in sqlglot.parse(sql, read=dialect)
                       if s is not None and not isinstance(s, exp.Semicolon)]
@@ -125,11 +121,19 @@ def strip_trailing(sql: str, dialect: str | None = None) -> str:
     return sql
 
 
-def _check_nesting(sql: str, dialect: str | None) -> None:
-    """Reject before parsing when parentheses nest deeper than ``MAX_NESTING``.
+def check_size(sql: str, dialect: str | None = None) -> None:
+    """Reject text longer than ``MAX_SQL_CHARS`` or nested deeper than ``MAX_NESTING``
+    parentheses, before anything parses it (the transpiler included).
 
     Tokenizing is linear and iterative, so this is safe where the recursive parser is not."""
-    tokens = Dialect.get_or_raise(dialect).tokenize(sql)
+    if len(sql) > MAX_SQL_CHARS:
+        raise QueryTooComplexError(
+            f"query text is too long ({len(sql):,} characters; at most {MAX_SQL_CHARS:,})",
+            sql=sql)
+    try:
+        tokens = Dialect.get_or_raise(dialect).tokenize(sql)
+    except TokenError as err:
+        raise SqlSyntaxError(f"syntax error: {err}", sql=sql) from err
     depth = deepest = 0
     for token in tokens:
         if token.token_type == TokenType.L_PAREN:

@@ -151,9 +151,10 @@ class LocalPostgres:
         """A login role that can read every table of ``dbname`` and write nothing: what
         agentflow should be given (see ``agentflow.sql.postgres.check_role``)."""
         with self.admin_connect() as conn:
+            literal = "'" + password.replace("'", "''") + "'"
             if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
-                conn.execute(f'CREATE ROLE "{role}" LOGIN PASSWORD %s'.replace("%s", "'" +
-                             password.replace("'", "''") + "'"))
+                conn.execute(f'CREATE ROLE "{role}" LOGIN')
+            conn.execute(f'ALTER ROLE "{role}" LOGIN PASSWORD {literal}')
             conn.execute(f'ALTER ROLE "{role}" SET default_transaction_read_only = on')
             conn.execute(f'REVOKE CREATE ON SCHEMA public FROM PUBLIC')
         with self.admin_connect(dbname) as conn:
