@@ -94,7 +94,7 @@ class RayActorBackend(LLMBackend):
         except ray.exceptions.RayActorError as err:  # the actor died (or is restarting)
             raise self._died(err) from None
         except ray.exceptions.RayError as err:  # the call failed, the actor lives on
-            raise BackendError(f"{self.name}: {_first_line(err)}", retryable=True) from None
+            raise BackendError(f"{self.name}: {_cause_line(err)}", retryable=True) from None
         if result is None:
             raise BackendError(f"{self.name}: the actor's stream ended without a result")
         return replace(result, node=self.node_label)
@@ -274,7 +274,7 @@ def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = Non
                 backends[name].started(ray.get(ready[0]))
             except ray.exceptions.RayError as err:
                 raise PlacementError(f"instance {name!r} failed to start: "
-                                     f"{_first_line(err)}") from None
+                                     f"{_cause_line(err)}") from None
     except BaseException:
         for b in backends.values():
             ray.kill(b.actor, no_restart=True)
@@ -296,7 +296,7 @@ def _token_counter(instance: Any) -> tuple[tuple, Callable[[str], int]] | None:
     return None
 
 
-def _first_line(err: Exception) -> str:
+def _cause_line(err: Exception) -> str:
     text = str(err).strip()
     lines = [line for line in text.splitlines() if line.strip()]
     # Ray's error text ends with the original exception; that line says what went wrong.
