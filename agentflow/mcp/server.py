@@ -19,27 +19,16 @@ streamable HTTP (``agentflow mcp --http --port 8765``, endpoint ``/mcp``).
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 from agentflow.api import AgentFlow, AgentflowError
-from agentflow.sql import DatabaseNotFoundError
+from agentflow.sql import DatabaseNotFoundError, json_value
 
 MAX_ROWS = 200
 
 
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", errors="replace")
-    return str(value)
-
-
 def _rows(rows: list, limit: int) -> list[list[Any]]:
-    return [[_jsonable(v) for v in row] for row in rows[:limit]]
+    return [[json_value(v) for v in row] for row in rows[:limit]]
 
 
 def timeline_summary(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:

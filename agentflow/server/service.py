@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
-import math
 import threading
 import time
 from collections import defaultdict
@@ -30,7 +29,7 @@ from agentflow.server.results import result_links
 from agentflow.server.models import (DatabaseInfo, FailedAttempt, InstanceInfo, QueryRequest,
                                      QuerySummary, QueryView, Retry, StageView, valid_text)
 from agentflow.server.settings import ServerSettings
-from agentflow.sql import DatabaseNotFoundError
+from agentflow.sql import DatabaseNotFoundError, json_value
 
 log = logging.getLogger("agentflow.server")
 
@@ -104,17 +103,6 @@ class DecisionTimer:
         self.metrics.decision_seconds.labels(event=event.removeprefix("on_")).observe(elapsed)
 
 
-def _jsonable(value: Any) -> Any:
-    """Row values as JSON can carry them (bytes, decimals, dates become text)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", errors="replace")
-    return str(value)
-
-
 def _clean(value: Any) -> Any:
     """Pipeline details may hold arbitrary objects: keep JSON-able structure, stringify the
     rest."""
@@ -122,7 +110,7 @@ def _clean(value: Any) -> Any:
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
         return [_clean(v) for v in value]
-    return _jsonable(value)
+    return json_value(value)
 
 
 def _serialisable(model: Any) -> Any:
@@ -320,7 +308,7 @@ class QueryService:
             query_id=answer.query_id, status=answer.status, question=answer.question,
             db=answer.db, pipeline=answer.pipeline, slo_s=answer.slo_s, sql=answer.sql,
             columns=[str(c) for c in answer.columns],
-            rows=[[_jsonable(v) for v in row] for row in answer.rows],
+            rows=[[json_value(v) for v in row] for row in answer.rows],
             truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
             met_slo=answer.met_slo, stages=stages, usage=_clean(answer.usage),
             details=_clean(answer.details), retries=retries, links=links,

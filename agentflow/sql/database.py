@@ -10,6 +10,7 @@ so a runaway query stops consuming CPU instead of being merely abandoned.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sqlite3
 import threading
@@ -65,6 +66,18 @@ class QueryResult:
     def to_dict(self) -> dict[str, Any]:
         return {"columns": self.columns, "rows": [list(r) for r in self.rows],
                 "truncated": self.truncated, "elapsed_s": self.elapsed_s, "sql": self.sql}
+
+
+def json_value(value: Any) -> Any:
+    """A row value as JSON can carry it: numbers, text, booleans and NULL as they are;
+    NaN/infinity, bytes (decoded leniently), decimals and dates as text."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
 
 
 @dataclass
