@@ -33,7 +33,7 @@ from agentflow.sql import DatabaseNotFoundError, json_value
 
 log = logging.getLogger("agentflow.server")
 
-# Coordinator events whose handling time /metrics reports (scheduler decision time).
+
 class FailureLog:
     """Failed LLM call attempts by query id, kept until the query is forgotten."""
 
