@@ -1,7 +1,16 @@
-"""Helpers shared by the scheduler tests: a fixed-length predictor, a two-instance
-coordinator whose time model makes every number checkable by hand, tiny workflow runs."""
+"""Helpers shared by the tests. Scheduler: a fixed-length predictor, a two-instance
+coordinator whose time model makes every number checkable by hand, tiny workflow runs.
+Server: the API's error shape, ``serve.py`` in a subprocess."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import networkx as nx
 
@@ -60,3 +69,50 @@ def occupy(c: Coordinator, instance: str = "fast", tokens: float = 100) -> None:
     c.on_query_arrival("blocker", deadline=None)
     call, decisions = c.on_call_ready("blocker", stage="blocker", node_id="b", prompt_tokens=0)
     assert [d.instance for d in decisions] == [instance]
+
+
+# ---------------------------------------------------------------------------- server
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def error_of(response) -> dict:
+    """The API's one error shape, ``{"error": {"code", "message"}}``, checked; its inside."""
+    body = response.json()
+    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), body
+    return body["error"]
+
+
+@contextmanager
+def serve_process(config: Path, *, ready: str = "/healthz",
+                  timeout_s: float = 30.0) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``serve.py --config config`` in a subprocess on a free loopback port, without API
+    keys; yields ``(process, base url)`` once ``ready`` answers 200, and kills the process
+    on the way out if it is still running (its output: ``process.stdout``)."""
+    import httpx
+
+    from agentflow.server.settings import API_KEYS_ENV
+    from agentflow.server.testing import free_socket
+
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(API_KEYS_ENV, None)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--config", str(config),
+                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{url}{ready}", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
