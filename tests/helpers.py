@@ -1,6 +1,7 @@
 """Helpers shared by the tests. Scheduler: a fixed-length predictor, a two-instance
 coordinator whose time model makes every number checkable by hand, tiny workflow runs.
-Server: the API's error shape, ``serve.py`` in a subprocess."""
+Server: the API's error shape, ``serve.py`` in a subprocess. Page: Debian's Chromium through
+playwright."""
 
 from __future__ import annotations
 
@@ -116,3 +117,39 @@ def serve_process(config: Path, *, ready: str = "/healthz",
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ---------------------------------------------------------------------------- page
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def playwright_or_skip():
+    """playwright's sync API, or skip the calling test module with the reason: it needs
+    Debian's chromium (``.ci/install-browser``) and the ``playwright`` package, and never
+    downloads a browser. Call at module level."""
+    import pytest
+
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (run .ci/install-browser)",
+                    allow_module_level=True)
+    return pytest.importorskip("playwright.sync_api",
+                               reason="the playwright Python package is not installed")
+
+
+@contextmanager
+def chromium(sync_api) -> Iterator:
+    """A headless Chromium for one test module."""
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def at_phone_width(page, width: int = 414) -> None:
+    """Narrow the page to a phone's width; nothing may scroll sideways."""
+    page.set_viewport_size({"width": width, "height": 900})
+    page.wait_for_timeout(200)
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= width
