@@ -96,6 +96,14 @@ class DatabaseCatalog:
         tail = ", or pass a path to a .sqlite/.duckdb file" if paths else ""
         return f"unknown database {db!r}{hint} (known: {shown}); {how}{tail}"
 
+    def table_names(self, db_id: str) -> list[str]:
+        """From the benchmark's tables.json when there is one (no need to open hundreds of
+        Spider files for a listing), else from the opened database's schema."""
+        entry = self.entry(db_id)
+        tables_json = entry.entry.tables_json if entry.entry else None
+        names = (tables_json or {}).get("table_names_original")
+        return list(names) if names else self.open(db_id).schema().table_names
+
     def open(self, db: str) -> Database:
         entry = self.entry(db)
         key = entry.url or (str(entry.path) if entry.path else entry.db_id)

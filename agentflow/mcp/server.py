@@ -66,12 +66,8 @@ class AgentflowTools:
         catalog = self.af.catalog
         out = []
         for db_id in catalog.ids:
-            entry = catalog.entry(db_id)
-            tables = ((entry.entry.tables_json or {}).get("table_names_original")
-                      if entry.entry else None)
-            if not tables:
-                tables = catalog.open(db_id).schema().table_names()
-            out.append({"id": db_id, "engine": catalog.engine, "tables": list(tables)})
+            out.append({"id": db_id, "engine": catalog.engine_of(db_id),
+                        "tables": catalog.table_names(db_id)})
         return {"databases": out}
 
     def describe_database(self, db: str) -> dict[str, Any]:

@@ -400,19 +400,13 @@ class QueryService:
         return out
 
     def _table_names(self, db_id: str) -> list[str]:
-        """From the benchmark's tables.json when there is one (no need to open hundreds of
-        Spider files for a listing), else from the opened database; cached."""
+        """The catalog's table names, cached; a broken database lists none."""
         if db_id not in self._tables:
-            entry = self.af.catalog.entry(db_id)
-            tables_json = entry.entry.tables_json if entry.entry else None
-            names = (tables_json or {}).get("table_names_original")
-            if not names:
-                try:
-                    names = self.af.catalog.open(db_id).schema().table_names
-                except Exception as err:  # noqa: BLE001 - a broken file must not break listing
-                    log.warning("cannot list tables of %s: %s", db_id, err)
-                    names = []
-            self._tables[db_id] = list(names)
+            try:
+                self._tables[db_id] = self.af.catalog.table_names(db_id)
+            except Exception as err:  # noqa: BLE001 - a broken file must not break listing
+                log.warning("cannot list tables of %s: %s", db_id, err)
+                self._tables[db_id] = []
         return self._tables[db_id]
 
     def instances(self) -> list[InstanceInfo]:
