@@ -45,6 +45,12 @@ class DatabaseCatalog:
             url = options.pop("url")
             self._entries[name] = CatalogEntry(name, None, None, url=url, options=options)
 
+    @classmethod
+    def from_config(cls, config: Any) -> "DatabaseCatalog":
+        """The catalog an ``AgentFlowConfig`` describes: its benchmark folders (``data``),
+        their engine, and its named databases."""
+        return cls(config.data, engine=config.engine, databases=config.databases)
+
     def engine_of(self, db_id: str) -> str:
         """The engine a database id runs on ("postgresql" for a PostgreSQL entry)."""
         entry = self.entry(db_id)

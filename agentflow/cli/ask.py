@@ -73,7 +73,7 @@ def validate(args: argparse.Namespace, config: Any) -> None:
     if len(args.question) > MAX_QUESTION_CHARS:
         raise InvalidRequest(f"the question is too long ({len(args.question)} characters; at "
                              f"most {MAX_QUESTION_CHARS})")
-    catalog = DatabaseCatalog(config.data, engine=config.engine, databases=config.databases)
+    catalog = DatabaseCatalog.from_config(config)
     try:
         catalog.entry(args.db)
     finally:

@@ -54,7 +54,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         if problem:
             print(f"agentflow: error: {problem}", file=sys.stderr)
             return 2
-    DatabaseCatalog(config.data, engine=config.engine).close()  # bad --data fails fast
+    DatabaseCatalog.from_config(config).close()  # bad --data fails fast
     af = connect(config)
     try:
         server = build_server(af)

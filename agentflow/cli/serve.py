@@ -115,7 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problem:
         print(f"agentflow: error: {problem}", file=sys.stderr)
         return 2
-    DatabaseCatalog(config.data, engine=config.engine).close()  # bad --data folders
+    DatabaseCatalog.from_config(config).close()  # bad --data folders
     log.info("starting %d instance(s) (%s); pipeline %s", len(config.instances),
              ", ".join(i.name for i in config.instances), config.pipeline)
     app = create_app(config, settings)
