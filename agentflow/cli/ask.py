@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from agentflow.cli import table_console
+from agentflow.cli import apply_database_options, table_console
 
 
 def positive_seconds(text: str) -> float:
@@ -87,9 +87,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     quiet_llama(not args.verbose)
     config = AgentFlowConfig.load(args.config) if args.config else AgentFlowConfig()
-    config.data = [*config.data, *args.data]
-    if args.engine:
-        config.engine = args.engine
+    apply_database_options(config, args)
     console = Console(stderr=True)
     try:
         validate(args, config)
