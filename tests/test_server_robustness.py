@@ -217,3 +217,22 @@ def test_sigterm_drains_with_the_port_open_then_exits(tmp_path) -> None:
     assert answer.status_code == 200 and answer.json()["status"] == "done", answer.text
     with pytest.raises(httpx.TransportError):  # and then the port is closed
         httpx.get(f"{url}/livez", timeout=2)
+
+
+def test_a_bug_in_submit_is_a_500_not_a_shutdown(monkeypatch) -> None:
+    """Only agentflow's own 'shutting down' answers 503 shutting_down; any other error
+    raised while submitting is a bug: 500 internal (so it is not retried as a restart)."""
+    with LiveServer({"instances": [scripted_instance("a")]}) as server:
+        def broken(*args, **kwargs):
+            raise RuntimeError("dictionary changed size during iteration")  # stands in: a bug
+
+        monkeypatch.setattr(server.service.af, "submit", broken)
+        r = httpx.post(f"{server.url}/v1/queries", json={"question": QUESTION,
+                                                         "db": "bookshop"}, timeout=30)
+        assert r.status_code == 500 and error_of(r)["code"] == "internal", r.text
+        assert "retry-after" not in r.headers
+        monkeypatch.undo()
+        server.service.af.close()  # agentflow itself refusing new questions
+        r = httpx.post(f"{server.url}/v1/queries", json={"question": QUESTION,
+                                                         "db": "bookshop"}, timeout=30)
+        assert r.status_code == 503 and error_of(r)["code"] == "shutting_down", r.text

@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError
 
-from agentflow.api import AgentFlow, Answer, ConversationNotFoundError, InvalidRequest, QueryHandle
+from agentflow.api import (AgentFlow, Answer, ConversationNotFoundError, InvalidRequest,
+                           QueryHandle, ShuttingDownError)
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
@@ -194,7 +195,7 @@ class QueryService:
         except DatabaseNotFoundError as err:
             raise ApiError(404, "unknown_database", err.args[0] if err.args else str(err)) \
                 from None
-        except RuntimeError as err:  # closing: AgentFlow refuses new questions
+        except ShuttingDownError as err:  # closing: AgentFlow refuses new questions
             raise ApiError(503, "shutting_down", str(err),
                            headers=retry_after_header(5)) from None
         self.metrics.submitted.inc()
