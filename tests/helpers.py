@@ -119,6 +119,25 @@ def serve_process(config: Path, *, ready: str = "/healthz",
             proc.kill()
 
 
+def sigterm_with_a_query_in_flight(proc: subprocess.Popen, url: str, body: dict,
+                                   timeout_s: float) -> tuple:
+    """POST ``body`` (a ``wait=true`` query) from a thread, wait until the server lists it,
+    then SIGTERM the server. Returns the thread and the dict its response lands in (``r``)."""
+    import signal
+    import threading
+
+    import httpx
+
+    result: dict = {}
+    waiter = threading.Thread(target=lambda: result.update(r=httpx.post(
+        f"{url}/v1/queries", json=body, timeout=timeout_s)))
+    waiter.start()
+    while not httpx.get(f"{url}/v1/queries").json()["queries"]:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    return waiter, result
+
+
 # ---------------------------------------------------------------------------- page
 CHROMIUM = Path("/usr/bin/chromium")
 

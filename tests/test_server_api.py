@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 
 import pytest
@@ -19,7 +18,7 @@ pytest.importorskip("prometheus_client")
 
 from agentflow.server.settings import API_KEYS_ENV, ServerSettings, load_serve_config  # noqa: E402
 from agentflow.server.testing import GOOD_SQL, LiveServer, scripted_instance  # noqa: E402
-from tests.helpers import error_of, serve_process  # noqa: E402
+from tests.helpers import error_of, serve_process, sigterm_with_a_query_in_flight  # noqa: E402
 
 QUESTION = "How many stores are there?"
 KEY = "test-key-123"
@@ -345,13 +344,8 @@ def test_sigterm_drains_then_cancels_in_flight_queries_with_a_status(tmp_path) -
         "fewshot": None, "instances": [scripted_instance("slow", latency_s=3.0)],
         "server": {"drain_s": 0.5}}))
     with serve_process(cfg) as (proc, url):
-        result: dict = {}
-        waiter = threading.Thread(target=lambda: result.update(r=httpx.post(
-            f"{url}/v1/queries", json={"question": QUESTION, "db": "bookshop"}, timeout=30)))
-        waiter.start()
-        while not httpx.get(f"{url}/v1/queries").json()["queries"]:
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        waiter, result = sigterm_with_a_query_in_flight(
+            proc, url, {"question": QUESTION, "db": "bookshop"}, timeout_s=30)
         waiter.join(30)
         # uvicorn re-raises the signal after its graceful shutdown: exit by SIGTERM is normal
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)

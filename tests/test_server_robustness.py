@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import threading
 import time
 
 import pytest
@@ -16,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 from agentflow.server.testing import LiveServer, metric_sum, scripted_instance  # noqa: E402
-from tests.helpers import error_of, serve_process  # noqa: E402
+from tests.helpers import error_of, serve_process, sigterm_with_a_query_in_flight  # noqa: E402
 
 QUESTION = "How many stores are there?"
 pytestmark = pytest.mark.timeout(90)
@@ -195,13 +194,8 @@ def test_sigterm_drains_with_the_port_open_then_exits(tmp_path) -> None:
         "instances": [scripted_instance("slow", latency_s=1.5)],
         "server": {"drain_s": 20}}))
     with serve_process(cfg, ready="/readyz") as (proc, url):
-        result: dict = {}
-        waiter = threading.Thread(target=lambda: result.update(r=httpx.post(
-            f"{url}/v1/queries", json={"question": QUESTION, "db": "bookshop"}, timeout=60)))
-        waiter.start()
-        while not httpx.get(f"{url}/v1/queries").json()["queries"]:
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        waiter, result = sigterm_with_a_query_in_flight(
+            proc, url, {"question": QUESTION, "db": "bookshop"}, timeout_s=60)
         time.sleep(0.3)
         during = httpx.post(f"{url}/v1/queries", json={"question": QUESTION, "db": "bookshop"},
                             timeout=10)
