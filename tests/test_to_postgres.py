@@ -118,3 +118,23 @@ def test_self_references_are_kept_when_the_data_holds_them(bench, tmp_path: Path
     assert keys == [("staff.staff",)]
     assert report.notes == ["dropped foreign key team(parent) -> team: 1 rows reference "
                             "missing keys"]
+
+
+def test_names_with_double_quotes_load(bench, tmp_path: Path) -> None:
+    """SQLite allows a double quote inside a quoted name; reading the source must escape
+    it as the PostgreSQL side does, not fail the whole load."""
+    from agentflow.datasets.to_postgres import load_sqlite_into_postgres
+
+    src = tmp_path / "quoted.sqlite"
+    con = sqlite3.connect(src)
+    con.executescript('CREATE TABLE "say ""hi""" (id INTEGER PRIMARY KEY, "a ""b""" TEXT);'
+                      'INSERT INTO "say ""hi""" VALUES (1, \'x\'), (2, \'y\');')
+    con.commit()
+    con.close()
+    import psycopg
+
+    with psycopg.connect(host=str(bench.socket_dir), port=bench.port, user="postgres",
+                         dbname="loadtest") as conn:
+        report = load_sqlite_into_postgres(src, conn, "quoted")
+        rows = conn.execute('SELECT "a ""b""" FROM quoted."say ""hi""" ORDER BY id').fetchall()
+    assert report.rows == 2 and rows == [("x",), ("y",)]

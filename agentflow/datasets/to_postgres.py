@@ -19,6 +19,7 @@ from pathlib import Path
 import sqlglot
 
 from agentflow.datasets.to_duckdb import _duckdb_type, _fk_problem, _open_source, _read_tables
+from agentflow.datasets.to_duckdb import _q as _source_q  # names on the SQLite side, as written
 
 _PG_TYPES = {"BIGINT": "bigint", "DOUBLE": "double precision", "BLOB": "bytea",
              "VARCHAR": "text"}
@@ -121,18 +122,18 @@ def _copy_table(source: sqlite3.Connection, cur, table, report: PgLoadReport) ->
                              "folds them to one name")
         seen.add(col.lower())
         storage = {r[0] for r in source.execute(
-            f'SELECT DISTINCT typeof("{col}") FROM "{table.name}"')}
+            f"SELECT DISTINCT typeof({_source_q(col)}) FROM {_source_q(table.name)}")}
         types[col] = _PG_TYPES[_duckdb_type(storage, declared)]
         if len(storage - {"null"}) > 1 and types[col] == "text":
             report.notes.append(f"{table.name}.{col} mixes {sorted(storage - {'null'})}; "
                                 "stored as text")
     cur.execute(f"CREATE TABLE {_q(table.name)} ("
                 + ", ".join(f"{_q(c)} {types[c]}" for c, _ in table.columns) + ")")
-    col_list = ", ".join(f'"{c}"' for c, _ in table.columns)
+    col_list = ", ".join(_source_q(c) for c, _ in table.columns)
     converters = [_converter(types[c]) for c, _ in table.columns]
     rows = 0
     with cur.copy(f"COPY {_q(table.name)} FROM STDIN") as copy:
-        for row in source.execute(f'SELECT {col_list} FROM "{table.name}"'):
+        for row in source.execute(f"SELECT {col_list} FROM {_source_q(table.name)}"):
             copy.write_row([conv(v) for conv, v in zip(converters, row)])
             rows += 1
     return rows
