@@ -142,8 +142,7 @@ class AgentFlow:
                  backends: dict[str, LLMBackend] | None = None,
                  router: CallRouter | None = None):
         self.config = config or AgentFlowConfig()
-        self.catalog = DatabaseCatalog(self.config.data, engine=self.config.engine,
-                                       databases=self.config.databases)
+        self.catalog = DatabaseCatalog.from_config(self.config)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentflow-loop",
                                         daemon=True)

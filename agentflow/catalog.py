@@ -45,6 +45,12 @@ class DatabaseCatalog:
             url = options.pop("url")
             self._entries[name] = CatalogEntry(name, None, None, url=url, options=options)
 
+    @classmethod
+    def from_config(cls, config: Any) -> "DatabaseCatalog":
+        """The catalog an ``AgentFlowConfig`` describes: its benchmark folders (``data``),
+        their engine, and its named databases."""
+        return cls(config.data, engine=config.engine, databases=config.databases)
+
     def engine_of(self, db_id: str) -> str:
         """The engine a database id runs on ("postgresql" for a PostgreSQL entry)."""
         entry = self.entry(db_id)
@@ -95,6 +101,14 @@ class DatabaseCatalog:
                if not benchmarks else "add another Spider/BIRD folder with --data DIR")
         tail = ", or pass a path to a .sqlite/.duckdb file" if paths else ""
         return f"unknown database {db!r}{hint} (known: {shown}); {how}{tail}"
+
+    def table_names(self, db_id: str) -> list[str]:
+        """From the benchmark's tables.json when there is one (no need to open hundreds of
+        Spider files for a listing), else from the opened database's schema."""
+        entry = self.entry(db_id)
+        tables_json = entry.entry.tables_json if entry.entry else None
+        names = (tables_json or {}).get("table_names_original")
+        return list(names) if names else self.open(db_id).schema().table_names
 
     def open(self, db: str) -> Database:
         entry = self.entry(db)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import signal
 import subprocess
 import sys
@@ -33,6 +32,8 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+
+from agentflow.server.testing import metric_sum
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_test import drive, percentile, server_counts, start_server  # noqa: E402
@@ -48,15 +49,6 @@ SCENARIOS: dict[str, dict[int, list[dict]]] = {
 # The same for every scenario: probe an instance out of service after 0.5 s, at most 2 s
 # apart (the defaults, 1 s and 30 s, suit real clusters, not a run of a few seconds).
 SCHEDULER = {"revive_after_s": 2.0, "health": {"probe_after_s": 0.5}}
-
-
-def metric_sum(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for m in re.finditer(rf"^{name}(?:\{{([^}}]*)\}})? ([0-9.e+-]+)$", text, re.M):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def run_scenario(name: str, args: argparse.Namespace) -> dict:

@@ -1,7 +1,17 @@
-"""Helpers shared by the scheduler tests: a fixed-length predictor, a two-instance
-coordinator whose time model makes every number checkable by hand, tiny workflow runs."""
+"""Helpers shared by the tests. Scheduler: a fixed-length predictor, a two-instance
+coordinator whose time model makes every number checkable by hand, tiny workflow runs.
+Server: the API's error shape, ``serve.py`` in a subprocess. Page: Debian's Chromium through
+playwright."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import networkx as nx
 
@@ -60,3 +70,105 @@ def occupy(c: Coordinator, instance: str = "fast", tokens: float = 100) -> None:
     c.on_query_arrival("blocker", deadline=None)
     call, decisions = c.on_call_ready("blocker", stage="blocker", node_id="b", prompt_tokens=0)
     assert [d.instance for d in decisions] == [instance]
+
+
+# ---------------------------------------------------------------------------- server
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def error_of(response) -> dict:
+    """The API's one error shape, ``{"error": {"code", "message"}}``, checked; its inside."""
+    body = response.json()
+    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), body
+    return body["error"]
+
+
+@contextmanager
+def serve_process(config: Path, *, ready: str = "/healthz",
+                  timeout_s: float = 30.0) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``serve.py --config config`` in a subprocess on a free loopback port, without API
+    keys; yields ``(process, base url)`` once ``ready`` answers 200, and kills the process
+    on the way out if it is still running (its output: ``process.stdout``)."""
+    import httpx
+
+    from agentflow.server.settings import API_KEYS_ENV
+    from agentflow.server.testing import free_socket
+
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(API_KEYS_ENV, None)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--config", str(config),
+                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{url}{ready}", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def sigterm_with_a_query_in_flight(proc: subprocess.Popen, url: str, body: dict,
+                                   timeout_s: float) -> tuple:
+    """POST ``body`` (a ``wait=true`` query) from a thread, wait until the server lists it,
+    then SIGTERM the server. Returns the thread and the dict its response lands in (``r``)."""
+    import signal
+    import threading
+
+    import httpx
+
+    result: dict = {}
+    waiter = threading.Thread(target=lambda: result.update(r=httpx.post(
+        f"{url}/v1/queries", json=body, timeout=timeout_s)))
+    waiter.start()
+    while not httpx.get(f"{url}/v1/queries").json()["queries"]:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    return waiter, result
+
+
+# ---------------------------------------------------------------------------- page
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def playwright_or_skip():
+    """playwright's sync API, or skip the calling test module with the reason: it needs
+    Debian's chromium (``.ci/install-browser``) and the ``playwright`` package, and never
+    downloads a browser. Call at module level."""
+    import pytest
+
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (run .ci/install-browser)",
+                    allow_module_level=True)
+    return pytest.importorskip("playwright.sync_api",
+                               reason="the playwright Python package is not installed")
+
+
+@contextmanager
+def chromium(sync_api) -> Iterator:
+    """A headless Chromium for one test module."""
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def at_phone_width(page, width: int = 414) -> None:
+    """Narrow the page to a phone's width; nothing may scroll sideways."""
+    page.set_viewport_size({"width": width, "height": 900})
+    page.wait_for_timeout(200)
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= width

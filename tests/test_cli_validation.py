@@ -62,3 +62,17 @@ def test_serve_on_a_busy_port_says_so_before_loading_anything(config) -> None:
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert f"port {port} on 127.0.0.1 is already in use" in out.stderr, out.stderr
     assert "GGUF" not in out.stderr and took < 30
+
+
+def test_ask_finds_a_database_named_in_the_config(tmp_path, library_db) -> None:
+    """A database from the config's ``databases:`` passes the early check (it is not one
+    of the benchmark folders' ids, nor a file path)."""
+    cfg = tmp_path / "named.yaml"
+    cfg.write_text(
+        "fewshot: null\npipeline: single\ninstances:\n  - name: scripted-0\n    backend:\n"
+        "      type: scripted\n      answers: {extract_keywords: book}\n"
+        "      default: SELECT count(*) FROM book\n"
+        f"databases:\n  lib: {{url: 'sqlite:///{library_db}'}}\n")
+    out = agentflow("ask", "How many books?", "--db", "lib", "--config", str(cfg), "--json")
+    assert out.returncode == 0, out.stderr
+    assert '"status": "done"' in out.stdout and '"db": "lib"' in out.stdout, out.stdout

@@ -135,3 +135,24 @@ def test_streamable_http_session_with_the_sdk_client(config) -> None:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_list_databases_names_tables_and_engine_of_a_configured_database(library_db,
+                                                                        tmp_path) -> None:
+    """A database from ``databases:`` (a URL, no benchmark metadata) is listed with the
+    tables its schema has and the engine it runs on, as the HTTP API lists it."""
+    from agentflow.api import AgentFlow
+    from agentflow.config import AgentFlowConfig
+    from agentflow.datasets.to_duckdb import convert_sqlite_to_duckdb
+    from agentflow.llm.scripted import ScriptedBackend
+    from agentflow.mcp.server import AgentflowTools
+
+    duck = tmp_path / "library.duckdb"
+    convert_sqlite_to_duckdb(library_db, duck)
+    config = AgentFlowConfig(fewshot=None, databases={"lib": {"url": f"duckdb:///{duck}"}})
+    with AgentFlow(config, backends={"cpu-0": ScriptedBackend(lambda r: "SELECT 1")}) as af:
+        listed = {d["id"]: d for d in AgentflowTools(af).list_databases()["databases"]}
+        assert listed["lib"]["engine"] == "duckdb" and af.catalog.engine == "sqlite"
+        assert sorted(listed["lib"]["tables"]) == sorted(
+            af.catalog.open("lib").schema().table_names)
+        assert "book" in listed["lib"]["tables"]

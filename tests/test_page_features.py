@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi")
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip(f"no Chromium at {CHROMIUM} (run .ci/install-browser)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="the playwright Python package is not installed")
+from tests.helpers import at_phone_width, chromium, playwright_or_skip  # noqa: E402
+
+sync_api = playwright_or_skip()
 pytest.importorskip("altair")
 pytest.importorskip("vl_convert")
 
@@ -72,11 +70,8 @@ def server():
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+    with chromium(sync_api) as browser:
         yield browser
-        browser.close()
 
 
 def open_page(server, browser, width: int = 1360):
@@ -159,9 +154,7 @@ def test_a_chart_beside_the_table_and_a_csv_download(server, browser) -> None:
     path = download.value.path()
     lines = Path(path).read_text().splitlines()
     assert lines[0] == "city,stores" and lines[1] == "Lisbon,2" and len(lines) == 12
-    page.set_viewport_size({"width": 414, "height": 900})
-    page.wait_for_timeout(200)
-    assert page.evaluate("() => document.documentElement.scrollWidth") <= 414
+    at_phone_width(page)
     page.screenshot(path=str(ARTIFACTS / "page-chart-414.png"), full_page=True)
     page.close()
 
@@ -179,9 +172,7 @@ def test_cancel_button_stops_a_running_query(server, browser) -> None:
     assert "met" not in page.locator("#latency").inner_text()  # a cancelled query met no SLO
     assert "null" not in page.locator("#timeline").inner_text()
     page.screenshot(path=str(ARTIFACTS / "page-cancelled-desktop.png"), full_page=True)
-    page.set_viewport_size({"width": 414, "height": 900})
-    page.wait_for_timeout(200)
-    assert page.evaluate("() => document.documentElement.scrollWidth") <= 414
+    at_phone_width(page)
     page.screenshot(path=str(ARTIFACTS / "page-cancelled-414.png"), full_page=True)
     page.close()
 
@@ -205,9 +196,7 @@ def test_follow_up_question_uses_the_previous_turn(server, browser) -> None:
     assert views[0]["conversation_id"] == views[1]["conversation_id"]
     assert views[1]["query_id"] == first_id and views[0]["query_id"] != first_id
     page.screenshot(path=str(ARTIFACTS / "page-follow-up-desktop.png"), full_page=True)
-    page.set_viewport_size({"width": 414, "height": 900})
-    page.wait_for_timeout(200)
-    assert page.evaluate("() => document.documentElement.scrollWidth") <= 414
+    at_phone_width(page)
     bars = page.locator(".tl-bar")
     assert bars.count() > 0 and all((bars.nth(i).bounding_box() or {}).get("width", 0) > 0
                                     for i in range(bars.count()))

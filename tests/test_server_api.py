@@ -7,13 +7,8 @@ injected failures. Each server below is started once per module and shared by it
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,9 +17,9 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
 from agentflow.server.settings import API_KEYS_ENV, ServerSettings, load_serve_config  # noqa: E402
-from agentflow.server.testing import GOOD_SQL, LiveServer, free_socket, scripted_instance  # noqa: E402
+from agentflow.server.testing import GOOD_SQL, LiveServer, scripted_instance  # noqa: E402
+from tests.helpers import error_of, serve_process, sigterm_with_a_query_in_flight  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "How many stores are there?"
 KEY = "test-key-123"
 pytestmark = pytest.mark.timeout(60)
@@ -61,12 +56,6 @@ def auth(guarded):
 
 def post(server, body, **kwargs):
     return httpx.post(f"{server.url}/v1/queries", json=body, timeout=30, **kwargs)
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), body
-    return body["error"]
 
 
 # ---------------------------------------------------------------------------- answers
@@ -354,38 +343,12 @@ def test_sigterm_drains_then_cancels_in_flight_queries_with_a_status(tmp_path) -
     cfg.write_text(json.dumps({
         "fewshot": None, "instances": [scripted_instance("slow", latency_s=3.0)],
         "server": {"drain_s": 0.5}}))
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop(API_KEYS_ENV, None)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--config", str(cfg),
-                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.1)
-        result: dict = {}
-        waiter = threading.Thread(target=lambda: result.update(r=httpx.post(
-            f"{url}/v1/queries", json={"question": QUESTION, "db": "bookshop"}, timeout=30)))
-        waiter.start()
-        while not httpx.get(f"{url}/v1/queries").json()["queries"]:
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+    with serve_process(cfg) as (proc, url):
+        waiter, result = sigterm_with_a_query_in_flight(
+            proc, url, {"question": QUESTION, "db": "bookshop"}, timeout_s=30)
         waiter.join(30)
         # uvicorn re-raises the signal after its graceful shutdown: exit by SIGTERM is normal
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     log = proc.stdout.read()
     assert "query statuses: {'cancelled': 1}" in log, log
     answer = result["r"].json()

@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi")
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip(f"no Chromium at {CHROMIUM} (run .ci/install-browser)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="the playwright Python package is not installed")
+from tests.helpers import chromium, playwright_or_skip  # noqa: E402
+
+sync_api = playwright_or_skip()
 
 from agentflow.server.testing import LiveServer, scripted_instance  # noqa: E402
 
@@ -40,11 +38,8 @@ def server():
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+    with chromium(sync_api) as browser:
         yield browser
-        browser.close()
 
 
 def test_ask_on_the_demo_database_shows_timeline_sql_and_rows(server, browser) -> None:

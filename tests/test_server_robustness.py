@@ -5,43 +5,20 @@ serving side and §3). The real uvicorn server on loopback; instances are script
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from agentflow.server.settings import API_KEYS_ENV  # noqa: E402
-from agentflow.server.testing import LiveServer, free_socket, scripted_instance  # noqa: E402
+from agentflow.server.testing import LiveServer, metric_sum, scripted_instance  # noqa: E402
+from tests.helpers import error_of, serve_process, sigterm_with_a_query_in_flight  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "How many stores are there?"
 pytestmark = pytest.mark.timeout(90)
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), body
-    return body["error"]
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for m in re.finditer(rf"^{name}(?:\{{([^}}]*)\}})? ([0-9.e+-]+)$", text, re.M):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +69,12 @@ def test_one_bad_record_can_never_poison_the_listing(edge) -> None:
 
 
 def test_a_body_refused_by_content_length_is_counted(edge) -> None:
-    before = metric(httpx.get(f"{edge.url}/metrics").text, "agentflow_http_errors_total",
+    before = metric_sum(httpx.get(f"{edge.url}/metrics").text, "agentflow_http_errors_total",
                     status="413")
     r = httpx.post(f"{edge.url}/v1/queries", content=b"x" * 100_000,
                    headers={"Content-Type": "application/json"})
     assert r.status_code == 413 and error_of(r)["code"] == "payload_too_large"
-    after = metric(httpx.get(f"{edge.url}/metrics").text, "agentflow_http_errors_total",
+    after = metric_sum(httpx.get(f"{edge.url}/metrics").text, "agentflow_http_errors_total",
                    status="413")
     assert after == before + 1
 
@@ -111,7 +88,8 @@ def test_json_without_content_type_and_a_nul_in_a_header_get_the_one_error_shape
     status, err = json_error(got)
     assert status == 400 and err["code"] == "bad_request"
     text = httpx.get(f"{edge.url}/metrics").text
-    assert metric(text, "agentflow_http_errors_total", status="400", code="bad_request") >= 1
+    assert metric_sum(text, "agentflow_http_errors_total", status="400",
+                      code="bad_request") >= 1
 
 
 def test_slow_clients_are_dropped_with_408(edge) -> None:
@@ -199,10 +177,11 @@ def test_a_hung_instance_costs_a_retry_visible_in_the_answer_and_in_metrics() ->
         assert timed_out and all(r["rerun_on"] == "ok" and "timed out" in r["error"]
                                  for r in timed_out)
         text = httpx.get(f"{server.url}/metrics").text
-        assert metric(text, "agentflow_llm_call_timeouts_total", instance="hung") >= 1
-        assert metric(text, "agentflow_llm_call_retries_total", instance="hung") >= 1
-        assert metric(text, "agentflow_instance_health", instance="hung", state="healthy") == 0
-        assert metric(text, "agentflow_instance_up", instance="hung") == 0
+        assert metric_sum(text, "agentflow_llm_call_timeouts_total", instance="hung") >= 1
+        assert metric_sum(text, "agentflow_llm_call_retries_total", instance="hung") >= 1
+        assert metric_sum(text, "agentflow_instance_health", instance="hung",
+                          state="healthy") == 0
+        assert metric_sum(text, "agentflow_instance_up", instance="hung") == 0
 
 
 def test_sigterm_drains_with_the_port_open_then_exits(tmp_path) -> None:
@@ -214,32 +193,9 @@ def test_sigterm_drains_with_the_port_open_then_exits(tmp_path) -> None:
         "fewshot": None, "pipeline": "single",
         "instances": [scripted_instance("slow", latency_s=1.5)],
         "server": {"drain_s": 20}}))
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop(API_KEYS_ENV, None)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--config", str(cfg),
-                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.1)
-        result: dict = {}
-        waiter = threading.Thread(target=lambda: result.update(r=httpx.post(
-            f"{url}/v1/queries", json={"question": QUESTION, "db": "bookshop"}, timeout=60)))
-        waiter.start()
-        while not httpx.get(f"{url}/v1/queries").json()["queries"]:
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+    with serve_process(cfg, ready="/readyz") as (proc, url):
+        waiter, result = sigterm_with_a_query_in_flight(
+            proc, url, {"question": QUESTION, "db": "bookshop"}, timeout_s=60)
         time.sleep(0.3)
         during = httpx.post(f"{url}/v1/queries", json={"question": QUESTION, "db": "bookshop"},
                             timeout=10)
@@ -251,10 +207,26 @@ def test_sigterm_drains_with_the_port_open_then_exits(tmp_path) -> None:
         assert httpx.get(f"{url}/livez").status_code == 200
         waiter.join(60)
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     answer = result["r"]
     assert answer.status_code == 200 and answer.json()["status"] == "done", answer.text
     with pytest.raises(httpx.TransportError):  # and then the port is closed
         httpx.get(f"{url}/livez", timeout=2)
+
+
+def test_a_bug_in_submit_is_a_500_not_a_shutdown(monkeypatch) -> None:
+    """Only agentflow's own 'shutting down' answers 503 shutting_down; any other error
+    raised while submitting is a bug: 500 internal (so it is not retried as a restart)."""
+    with LiveServer({"instances": [scripted_instance("a")]}) as server:
+        def broken(*args, **kwargs):
+            raise RuntimeError("dictionary changed size during iteration")  # stands in: a bug
+
+        monkeypatch.setattr(server.service.af, "submit", broken)
+        r = httpx.post(f"{server.url}/v1/queries", json={"question": QUESTION,
+                                                         "db": "bookshop"}, timeout=30)
+        assert r.status_code == 500 and error_of(r)["code"] == "internal", r.text
+        assert "retry-after" not in r.headers
+        monkeypatch.undo()
+        server.service.af.close()  # agentflow itself refusing new questions
+        r = httpx.post(f"{server.url}/v1/queries", json={"question": QUESTION,
+                                                         "db": "bookshop"}, timeout=30)
+        assert r.status_code == 503 and error_of(r)["code"] == "shutting_down", r.text

@@ -37,7 +37,8 @@ RUNAWAYS = [
     ("duckdb", "SELECT len(range(2000000000))"),
     ("duckdb", "WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n+1, s||s FROM r "
                "WHERE n < 40) SELECT max(length(s)) FROM r"),
-    ("duckdb", "SELECT count(*) FROM range(100000) a, range(100000) b"),
+    # 10^12 pairs: 10^10 are counted in under a second on an idle machine (not a runaway)
+    ("duckdb", "SELECT count(*) FROM range(1000000) a, range(1000000) b"),
 ]
 
 _CHILD = """

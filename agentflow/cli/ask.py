@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from agentflow.cli import table_console
+from agentflow.cli import apply_database_options, table_console
 
 
 def positive_seconds(text: str) -> float:
@@ -73,7 +73,7 @@ def validate(args: argparse.Namespace, config: Any) -> None:
     if len(args.question) > MAX_QUESTION_CHARS:
         raise InvalidRequest(f"the question is too long ({len(args.question)} characters; at "
                              f"most {MAX_QUESTION_CHARS})")
-    catalog = DatabaseCatalog(config.data, engine=config.engine)
+    catalog = DatabaseCatalog.from_config(config)
     try:
         catalog.entry(args.db)
     finally:
@@ -87,9 +87,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     quiet_llama(not args.verbose)
     config = AgentFlowConfig.load(args.config) if args.config else AgentFlowConfig()
-    config.data = [*config.data, *args.data]
-    if args.engine:
-        config.engine = args.engine
+    apply_database_options(config, args)
     console = Console(stderr=True)
     try:
         validate(args, config)

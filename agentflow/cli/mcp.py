@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from agentflow.cli import apply_database_options, missing_extra
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -34,9 +36,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     try:
         from agentflow.mcp.server import build_server
     except ImportError as err:
-        print(f"agentflow: error: the MCP server needs the 'mcp' extra ({err.name} is "
-              f"missing): pip install 'agentflow[mcp]'", file=sys.stderr)
-        return 2
+        return missing_extra("the MCP server", "mcp", err)
     from agentflow.api import connect
     from agentflow.catalog import DatabaseCatalog
     from agentflow.config import AgentFlowConfig
@@ -44,9 +44,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     quiet_llama(not args.verbose)  # stdout is the protocol channel: nothing else may print
     config = AgentFlowConfig.load(args.config) if args.config else AgentFlowConfig()
-    config.data = [*config.data, *args.data]
-    if args.engine:
-        config.engine = args.engine
+    apply_database_options(config, args)
     if args.http:
         from agentflow.cli.serve import port_problem
 
@@ -54,7 +52,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         if problem:
             print(f"agentflow: error: {problem}", file=sys.stderr)
             return 2
-    DatabaseCatalog(config.data, engine=config.engine).close()  # bad --data fails fast
+    DatabaseCatalog.from_config(config).close()  # bad --data fails fast
     af = connect(config)
     try:
         server = build_server(af)

@@ -12,6 +12,8 @@ import errno
 import logging
 import sys
 
+from agentflow.cli import apply_database_options, missing_extra
+
 log = logging.getLogger("agentflow.server")
 
 DESCRIPTION = ("With no options it serves the embedded default (the local CPU model) and the "
@@ -83,18 +85,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from agentflow.server import create_app, load_serve_config, run
         from agentflow.server.logs import configure
     except ImportError as err:
-        print(f"agentflow: error: the server needs the 'server' extra ({err.name} is "
-              f"missing): pip install 'agentflow[server]'", file=sys.stderr)
-        return 2
+        return missing_extra("the server", "server", err)
     from agentflow.catalog import DatabaseCatalog
     from agentflow.llm.llama_logging import quiet_llama
 
     configure(args.log_level)
     quiet_llama(not args.verbose)
     config, settings = load_serve_config(args.config)
-    config.data = [*config.data, *args.data]
-    if args.engine:
-        config.engine = args.engine
+    apply_database_options(config, args)
     if args.ray:
         from agentflow.distributed.placement import RayPlacement
 
@@ -115,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problem:
         print(f"agentflow: error: {problem}", file=sys.stderr)
         return 2
-    DatabaseCatalog(config.data, engine=config.engine).close()  # bad --data folders
+    DatabaseCatalog.from_config(config).close()  # bad --data folders
     log.info("starting %d instance(s) (%s); pipeline %s", len(config.instances),
              ", ".join(i.name for i in config.instances), config.pipeline)
     app = create_app(config, settings)

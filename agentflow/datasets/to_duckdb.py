@@ -52,8 +52,7 @@ def convert_sqlite_to_duckdb(src: Path, dst: Path, *, overwrite: bool = True) ->
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     report = ConversionReport(src=src, dst=dst)
-    source = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
-    source.text_factory = lambda b: b.decode("utf-8", errors="replace")
+    source = _open_source(src)
     try:
         target = duckdb.connect(str(tmp))
         try:
@@ -77,12 +76,7 @@ class _Table:
 
 def _copy(source: sqlite3.Connection, target: duckdb.DuckDBPyConnection,
           report: ConversionReport) -> None:
-    tables = [_read_table(source, name) for (name,) in source.execute(
-        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' "
-        "ORDER BY name")]
-    by_lower = {t.name.lower(): t for t in tables}
-    valid_pk = {t.name.lower(): bool(t.pk) and _key_is_valid(source, t.name, t.pk)
-                for t in tables}
+    tables, by_lower, valid_pk = _read_tables(source)
     graph = nx.DiGraph()
     graph.add_nodes_from(by_lower)
     kept_fks: dict[str, list[tuple[list[str], str, list[str]]]] = {k: [] for k in by_lower}
@@ -118,6 +112,26 @@ def _copy(source: sqlite3.Connection, target: duckdb.DuckDBPyConnection,
             report.notes.append(f"view {name} skipped: {str(err).splitlines()[0]}")
 
 
+def _open_source(src: Path) -> sqlite3.Connection:
+    """``src`` opened read-only; text is decoded leniently (benchmark files hold invalid
+    UTF-8)."""
+    source = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
+    source.text_factory = lambda b: b.decode("utf-8", errors="replace")
+    return source
+
+
+def _read_tables(source: sqlite3.Connection
+                 ) -> tuple[list[_Table], dict[str, _Table], dict[str, bool]]:
+    """Every table of ``source`` (by name), the same by lower-case name, and whether each
+    one's primary key holds on the data (no NULL, no duplicate)."""
+    tables = [_read_table(source, name) for (name,) in source.execute(
+        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY name")]
+    valid_pk = {t.name.lower(): bool(t.pk) and _key_is_valid(source, t.name, t.pk)
+                for t in tables}
+    return tables, {t.name.lower(): t for t in tables}, valid_pk
+
+
 def _read_table(source: sqlite3.Connection, name: str) -> _Table:
     info = source.execute(f"PRAGMA table_info({_q(name)})").fetchall()
     columns = [(row[1], row[2] or "") for row in info]
@@ -141,7 +155,11 @@ def _key_is_valid(source: sqlite3.Connection, table: str, cols: list[str]) -> bo
 
 
 def _fk_problem(source: sqlite3.Connection, table: _Table, cols: list[str], ref: _Table | None,
-                ref_cols: list[str], valid_pk: dict[str, bool]) -> str | None:
+                ref_cols: list[str], valid_pk: dict[str, bool], *,
+                self_references: bool = False) -> str | None:
+    """Why the foreign key cannot be kept, or None. ``self_references``: the target adds
+    keys after the data, so a table may reference itself (DuckDB checks keys on insert,
+    so there it may not)."""
     if ref is None:
         return "referenced table does not exist"
     ref_cols = [c if c is not None else "" for c in ref_cols]
@@ -149,7 +167,7 @@ def _fk_problem(source: sqlite3.Connection, table: _Table, cols: list[str], ref:
         ref_cols[:] = ref.pk
     if [c.lower() for c in ref_cols] != [c.lower() for c in ref.pk] or not valid_pk[ref.name.lower()]:
         return "referenced columns are not the referenced table's valid primary key"
-    if ref is table:
+    if ref is table and not self_references:
         return "self-references are not kept"
     names = {c.lower() for c, _ in table.columns}
     if not all(c.lower() in names for c in cols):

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import sqlglot
 
-from agentflow.datasets.to_duckdb import _duckdb_type, _fk_problem, _key_is_valid, _read_table
+from agentflow.datasets.to_duckdb import _duckdb_type, _fk_problem, _open_source, _read_tables
+from agentflow.datasets.to_duckdb import _q as _source_q  # names on the SQLite side, as written
 
 _PG_TYPES = {"BIGINT": "bigint", "DOUBLE": "double precision", "BLOB": "bytea",
              "VARCHAR": "text"}
@@ -45,8 +46,7 @@ def load_sqlite_into_postgres(src: Path, conn, db_id: str, *,
     (autocommit off; committed at the end, so a failed load leaves nothing half-made)."""
     schema = schema_name(db_id)
     report = PgLoadReport(db_id=db_id, schema=schema)
-    source = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
-    source.text_factory = lambda b: b.decode("utf-8", errors="replace")
+    source = _open_source(src)
     try:
         with conn.cursor() as cur:
             cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -71,12 +71,7 @@ def _q(name: str) -> str:
 
 
 def _copy(source: sqlite3.Connection, cur, schema: str, report: PgLoadReport) -> None:
-    tables = [_read_table(source, name) for (name,) in source.execute(
-        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' "
-        "ORDER BY name")]
-    by_lower = {t.name.lower(): t for t in tables}
-    valid_pk = {t.name.lower(): bool(t.pk) and _key_is_valid(source, t.name, t.pk)
-                for t in tables}
+    tables, by_lower, valid_pk = _read_tables(source)
     for table in tables:
         report.rows += _copy_table(source, cur, table, report)
         report.tables += 1
@@ -90,8 +85,9 @@ def _copy(source: sqlite3.Connection, cur, schema: str, report: PgLoadReport) ->
     for table in tables:
         for cols, ref, ref_cols in table.fks:
             ref_table = by_lower.get(ref.lower())
-            why = _fk_problem(source, table, cols, ref_table, ref_cols, valid_pk)
-            if why and why != "self-references are not kept":
+            why = _fk_problem(source, table, cols, ref_table, ref_cols, valid_pk,
+                              self_references=True)  # keys are added after the data
+            if why:
                 report.notes.append(f"dropped foreign key {table.name}({', '.join(cols)}) -> "
                                     f"{ref}: {why}")
                 continue
@@ -126,18 +122,18 @@ def _copy_table(source: sqlite3.Connection, cur, table, report: PgLoadReport) ->
                              "folds them to one name")
         seen.add(col.lower())
         storage = {r[0] for r in source.execute(
-            f'SELECT DISTINCT typeof("{col}") FROM "{table.name}"')}
+            f"SELECT DISTINCT typeof({_source_q(col)}) FROM {_source_q(table.name)}")}
         types[col] = _PG_TYPES[_duckdb_type(storage, declared)]
         if len(storage - {"null"}) > 1 and types[col] == "text":
             report.notes.append(f"{table.name}.{col} mixes {sorted(storage - {'null'})}; "
                                 "stored as text")
     cur.execute(f"CREATE TABLE {_q(table.name)} ("
                 + ", ".join(f"{_q(c)} {types[c]}" for c, _ in table.columns) + ")")
-    col_list = ", ".join(f'"{c}"' for c, _ in table.columns)
+    col_list = ", ".join(_source_q(c) for c, _ in table.columns)
     converters = [_converter(types[c]) for c, _ in table.columns]
     rows = 0
     with cur.copy(f"COPY {_q(table.name)} FROM STDIN") as copy:
-        for row in source.execute(f'SELECT {col_list} FROM "{table.name}"'):
+        for row in source.execute(f"SELECT {col_list} FROM {_source_q(table.name)}"):
             copy.write_row([conv(v) for conv, v in zip(converters, row)])
             rows += 1
     return rows

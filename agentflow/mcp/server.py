@@ -19,27 +19,16 @@ streamable HTTP (``agentflow mcp --http --port 8765``, endpoint ``/mcp``).
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 from agentflow.api import AgentFlow, AgentflowError
-from agentflow.sql import DatabaseNotFoundError
+from agentflow.sql import DatabaseNotFoundError, json_value
 
 MAX_ROWS = 200
 
 
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", errors="replace")
-    return str(value)
-
-
 def _rows(rows: list, limit: int) -> list[list[Any]]:
-    return [[_jsonable(v) for v in row] for row in rows[:limit]]
+    return [[json_value(v) for v in row] for row in rows[:limit]]
 
 
 def timeline_summary(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -77,12 +66,8 @@ class AgentflowTools:
         catalog = self.af.catalog
         out = []
         for db_id in catalog.ids:
-            entry = catalog.entry(db_id)
-            tables = ((entry.entry.tables_json or {}).get("table_names_original")
-                      if entry.entry else None)
-            if not tables:
-                tables = catalog.open(db_id).schema().table_names()
-            out.append({"id": db_id, "engine": catalog.engine, "tables": list(tables)})
+            out.append({"id": db_id, "engine": catalog.engine_of(db_id),
+                        "tables": catalog.table_names(db_id)})
         return {"databases": out}
 
     def describe_database(self, db: str) -> dict[str, Any]:

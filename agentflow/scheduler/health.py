@@ -92,10 +92,7 @@ class InstanceHealth:
     consecutive_timeouts: int = 0
     recent: deque = field(default_factory=deque)  # True = call succeeded
     cooldown_s: float = 0.0
-    # counters since start, for /metrics
-    successes: int = 0
-    failures: int = 0
-    timeouts: int = 0
+    # counters since start, for /metrics (calls by outcome: the router's ``counts``)
     opened: int = 0  # times it left service
     probes_ok: int = 0
     probes_failed: int = 0
@@ -119,7 +116,6 @@ class HealthTracker:
     # ------------------------------------------------------------------ events
     def on_success(self, name: str, now: float) -> Transition | None:
         h = self.instances[name]
-        h.successes += 1
         h.consecutive_failures = h.consecutive_timeouts = 0
         h.recent.append(True)
         return None  # a suspect instance still needs its probe to come back
@@ -129,7 +125,6 @@ class HealthTracker:
         """A call failed with an error. A retryable error means the instance could not
         serve at all (died, refused): out at once. Otherwise the circuit breaker decides."""
         h = self.instances[name]
-        h.failures += 1
         h.consecutive_failures += 1
         h.consecutive_timeouts = 0
         h.recent.append(False)
@@ -152,7 +147,6 @@ class HealthTracker:
     def on_timeout(self, name: str, now: float, reason: str) -> Transition | None:
         """A call ran past its deadline or stalled (the router has cancelled it)."""
         h = self.instances[name]
-        h.timeouts += 1
         h.consecutive_timeouts += 1
         h.recent.append(False)
         if h.state == HealthState.HEALTHY:

@@ -17,6 +17,8 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
+from agentflow.server.edge import EdgeH11Protocol
+from agentflow.server.logs import log_config
 from agentflow.server.service import QueryService
 
 log = logging.getLogger("agentflow.server")
@@ -55,12 +57,8 @@ class AgentFlowServer(uvicorn.Server):
 
 def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
                 log_level: str = "info", access_log: bool = True) -> AgentFlowServer:
-    from agentflow.server.edge import EdgeH11Protocol
-
     service: QueryService = app.state.service
     settings = service.settings
-    from agentflow.server.logs import log_config
-
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             access_log=access_log, lifespan="on",
                             log_config=log_config(log_level),

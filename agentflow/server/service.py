@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
-import math
 import threading
 import time
 from collections import defaultdict
@@ -21,7 +20,8 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError
 
-from agentflow.api import AgentFlow, Answer, ConversationNotFoundError, InvalidRequest, QueryHandle
+from agentflow.api import (AgentFlow, Answer, ConversationNotFoundError, InvalidRequest,
+                           QueryHandle, ShuttingDownError)
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
@@ -30,11 +30,11 @@ from agentflow.server.results import result_links
 from agentflow.server.models import (DatabaseInfo, FailedAttempt, InstanceInfo, QueryRequest,
                                      QuerySummary, QueryView, Retry, StageView, valid_text)
 from agentflow.server.settings import ServerSettings
-from agentflow.sql import DatabaseNotFoundError
+from agentflow.sql import DatabaseNotFoundError, json_value
 
 log = logging.getLogger("agentflow.server")
 
-# Coordinator events whose handling time /metrics reports (scheduler decision time).
+
 class FailureLog:
     """Failed LLM call attempts by query id, kept until the query is forgotten."""
 
@@ -104,17 +104,6 @@ class DecisionTimer:
         self.metrics.decision_seconds.labels(event=event.removeprefix("on_")).observe(elapsed)
 
 
-def _jsonable(value: Any) -> Any:
-    """Row values as JSON can carry them (bytes, decimals, dates become text)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", errors="replace")
-    return str(value)
-
-
 def _clean(value: Any) -> Any:
     """Pipeline details may hold arbitrary objects: keep JSON-able structure, stringify the
     rest."""
@@ -122,7 +111,7 @@ def _clean(value: Any) -> Any:
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
         return [_clean(v) for v in value]
-    return _jsonable(value)
+    return json_value(value)
 
 
 def _serialisable(model: Any) -> Any:
@@ -206,7 +195,7 @@ class QueryService:
         except DatabaseNotFoundError as err:
             raise ApiError(404, "unknown_database", err.args[0] if err.args else str(err)) \
                 from None
-        except RuntimeError as err:  # closing: AgentFlow refuses new questions
+        except ShuttingDownError as err:  # closing: AgentFlow refuses new questions
             raise ApiError(503, "shutting_down", str(err),
                            headers=retry_after_header(5)) from None
         self.metrics.submitted.inc()
@@ -320,7 +309,7 @@ class QueryService:
             query_id=answer.query_id, status=answer.status, question=answer.question,
             db=answer.db, pipeline=answer.pipeline, slo_s=answer.slo_s, sql=answer.sql,
             columns=[str(c) for c in answer.columns],
-            rows=[[_jsonable(v) for v in row] for row in answer.rows],
+            rows=[[json_value(v) for v in row] for row in answer.rows],
             truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
             met_slo=answer.met_slo, stages=stages, usage=_clean(answer.usage),
             details=_clean(answer.details), retries=retries, links=links,
@@ -412,19 +401,13 @@ class QueryService:
         return out
 
     def _table_names(self, db_id: str) -> list[str]:
-        """From the benchmark's tables.json when there is one (no need to open hundreds of
-        Spider files for a listing), else from the opened database; cached."""
+        """The catalog's table names, cached; a broken database lists none."""
         if db_id not in self._tables:
-            entry = self.af.catalog.entry(db_id)
-            tables_json = entry.entry.tables_json if entry.entry else None
-            names = (tables_json or {}).get("table_names_original")
-            if not names:
-                try:
-                    names = self.af.catalog.open(db_id).schema().table_names
-                except Exception as err:  # noqa: BLE001 - a broken file must not break listing
-                    log.warning("cannot list tables of %s: %s", db_id, err)
-                    names = []
-            self._tables[db_id] = list(names)
+            try:
+                self._tables[db_id] = self.af.catalog.table_names(db_id)
+            except Exception as err:  # noqa: BLE001 - a broken file must not break listing
+                log.warning("cannot list tables of %s: %s", db_id, err)
+                self._tables[db_id] = []
         return self._tables[db_id]
 
     def instances(self) -> list[InstanceInfo]:

@@ -27,6 +27,17 @@ def scripted_instance(name: str, *, latency_s: float = 0.01, max_inflight: int =
                         "latency_s": latency_s, **backend}}
 
 
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples called ``name`` (e.g. ``..._total``) in a ``/metrics`` page whose
+    labels include ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == name
+               and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
 def free_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -30,15 +30,17 @@ def bound_value_sizes(tree: exp.Expression, sql: str, *, dialect: str = "duckdb"
     changed = False
     for node in list(tree.find_all(exp.Repeat, exp.Pad, exp.GenerateSeries, exp.Anonymous)):
         if isinstance(node, exp.Repeat):
-            changed |= _bound(node, "times", cap, sql, dialect, unit=node.this)
+            changed |= _bound(node, node.args.get("times"), cap, sql, dialect, unit=node.this)
         elif isinstance(node, exp.Pad):
-            changed |= _bound(node, "expression", cap, sql, dialect)
+            changed |= _bound(node, node.args.get("expression"), cap, sql, dialect)
         elif isinstance(node, exp.GenerateSeries):
             if isinstance(node.parent, exp.Table):
                 continue  # range() in FROM streams rows and is interruptible
-            changed |= _bound(node, "end", cap // 8, sql, dialect, start=node.args.get("start"))
+            changed |= _bound(node, node.args.get("end"), cap // 8, sql, dialect,
+                              start=node.args.get("start"))
         elif str(node.this).lower() in _LIST_RESIZE and len(node.expressions) >= 2:
-            changed |= _bound_anonymous(node, 1, cap // 8, sql, dialect)
+            changed |= _bound(node, node.expressions[1], cap // 8, sql, dialect,
+                              builds="a list of {size} elements")
     return tree.sql(dialect=dialect) if changed else None
 
 
@@ -78,30 +80,22 @@ def _guarded(arg: exp.Expression, size: str, cap: int, dialect: str) -> exp.Expr
                      f"ELSE {arg.sql(dialect=dialect)} END", read=dialect)
 
 
-def _bound(node: exp.Expression, key: str, cap: int, sql: str, dialect: str, *,
-           unit: exp.Expression | None = None, start: exp.Expression | None = None) -> bool:
-    arg = node.args.get(key)
+def _bound(node: exp.Expression, arg: exp.Expression | None, cap: int, sql: str,
+           dialect: str, *, unit: exp.Expression | None = None,
+           start: exp.Expression | None = None,
+           builds: str = "a value of {size} bytes or elements") -> bool:
+    """Reject ``node`` when its size argument ``arg`` is a literal over ``cap``; wrap a
+    computed one in a check (in place). True when the tree changed."""
     if arg is None:
         return False
     literal = _literal_size(arg, unit, start)
     if literal is not None:
         if literal > cap:
+            name = (str(node.this) if isinstance(node, exp.Anonymous)
+                    else node.sql_name()).lower()
             raise RejectedStatementError(
-                f"{node.sql_name().lower()}() would build a value of {literal:,} bytes or "
-                f"elements; at most {cap:,} are allowed", sql=sql)
+                f"{name}() would build {builds.format(size=f'{literal:,}')}; at most "
+                f"{cap:,} are allowed", sql=sql)
         return False
-    node.set(key, _guarded(arg, _size_expr(arg, unit, start, dialect), cap, dialect))
-    return True
-
-
-def _bound_anonymous(node: exp.Anonymous, index: int, cap: int, sql: str, dialect: str) -> bool:
-    arg = node.expressions[index]
-    literal = _literal_size(arg, None, None)
-    if literal is not None:
-        if literal > cap:
-            raise RejectedStatementError(
-                f"{str(node.this).lower()}() would build a list of {literal:,} elements; at "
-                f"most {cap:,} are allowed", sql=sql)
-        return False
-    arg.replace(_guarded(arg, _size_expr(arg, None, None, dialect), cap, dialect))
+    arg.replace(_guarded(arg, _size_expr(arg, unit, start, dialect), cap, dialect))
     return True

@@ -10,6 +10,7 @@ so a runaway query stops consuming CPU instead of being merely abandoned.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sqlite3
 import threading
@@ -65,6 +66,18 @@ class QueryResult:
     def to_dict(self) -> dict[str, Any]:
         return {"columns": self.columns, "rows": [list(r) for r in self.rows],
                 "truncated": self.truncated, "elapsed_s": self.elapsed_s, "sql": self.sql}
+
+
+def json_value(value: Any) -> Any:
+    """A row value as JSON can carry it: numbers, text, booleans and NULL as they are;
+    NaN/infinity, bytes (decoded leniently), decimals and dates as text."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
 
 
 @dataclass
@@ -233,8 +246,7 @@ class Database:
                           connected: bool = True) -> E.ConnectionLostError:
         """The connection failed or broke: say so plainly, with no URL or secret in it."""
         orig = getattr(err, "orig", None) or err
-        detail = redact(str(orig).strip().splitlines()[0] if str(orig).strip()
-                        else type(orig).__name__, self._secrets)
+        detail = redact(_first_line(orig), self._secrets)
         if " failed: " in detail:  # libpq: 'connection to server at "h", port p failed: why'
             detail = detail.rsplit(" failed: ", 1)[1]
         if not connected:
@@ -295,6 +307,12 @@ def _connection_broke(raw: Any, err: BaseException) -> bool:
     return type(err).__name__ == "OperationalError" and any(
         text in str(err) for text in ("server closed the connection", "terminating connection",
                                       "connection is closed", "consuming input failed"))
+
+
+def _first_line(err: BaseException) -> str:
+    """A driver error's first line (the rest is context, a caret, a hint), or its type."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def redact(text: str, secrets: tuple[str, ...] | list[str]) -> str:
@@ -375,28 +393,23 @@ class _Interrupter:
         return "statement timeout" in text or "canceling statement due to user request" in text
 
 
+def _unknown_table(m: re.Match[str], msg: str, sql: str) -> E.SqlError:
+    return E.UnknownTableError(f"unknown table {m.group(1)!r}", sql=sql, name=m.group(1))
+
+
+def _unknown_column(m: re.Match[str], msg: str, sql: str) -> E.SqlError:
+    return E.UnknownColumnError(f"unknown column {m.group(1)!r}", sql=sql, name=m.group(1))
+
+
+# Each engine's wording (SQLite, DuckDB, PostgreSQL) of the errors a caller can act on.
 _PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str], str, str], E.SqlError]]] = [
-    (re.compile(r"no such table: ([\w.]+)"),
-     lambda m, msg, sql: E.UnknownTableError(f"unknown table {m.group(1)!r}", sql=sql,
-                                             name=m.group(1))),
-    (re.compile(r"Table with name (\S+) does not exist"),
-     lambda m, msg, sql: E.UnknownTableError(f"unknown table {m.group(1)!r}", sql=sql,
-                                             name=m.group(1))),
-    (re.compile(r"no such column: ([\w.\"]+)"),
-     lambda m, msg, sql: E.UnknownColumnError(f"unknown column {m.group(1)!r}", sql=sql,
-                                              name=m.group(1))),
-    (re.compile(r'Referenced column "?([^"\s]+)"? not found'),
-     lambda m, msg, sql: E.UnknownColumnError(f"unknown column {m.group(1)!r}", sql=sql,
-                                              name=m.group(1))),
-    (re.compile(r'Referenced table "?([^"\s]+)"? not found'),
-     lambda m, msg, sql: E.UnknownTableError(f"unknown table {m.group(1)!r}", sql=sql,
-                                             name=m.group(1))),
-    (re.compile(r'relation "([^"]+)" does not exist'),
-     lambda m, msg, sql: E.UnknownTableError(f"unknown table {m.group(1)!r}", sql=sql,
-                                             name=m.group(1))),
-    (re.compile(r'column "?([^"\s]+)"? does not exist'),
-     lambda m, msg, sql: E.UnknownColumnError(f"unknown column {m.group(1)!r}", sql=sql,
-                                              name=m.group(1))),
+    (re.compile(r"no such table: ([\w.]+)"), _unknown_table),
+    (re.compile(r"Table with name (\S+) does not exist"), _unknown_table),
+    (re.compile(r"no such column: ([\w.\"]+)"), _unknown_column),
+    (re.compile(r'Referenced column "?([^"\s]+)"? not found'), _unknown_column),
+    (re.compile(r'Referenced table "?([^"\s]+)"? not found'), _unknown_table),
+    (re.compile(r'relation "([^"]+)" does not exist'), _unknown_table),
+    (re.compile(r'column "?([^"\s]+)"? does not exist'), _unknown_column),
     (re.compile(r"string or blob too big|value too large|Out of Memory|out of memory", re.I),
      lambda m, msg, sql: E.ExecutionError(
          f"the query needs more memory than one question may use: {msg}", sql=sql)),
@@ -410,8 +423,7 @@ _PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str], str, str], E.Sql
 
 def _translate(err: BaseException, sql: str, secrets: tuple[str, ...] = ()) -> E.SqlError:
     """Map a driver exception to the typed error a caller can act on."""
-    msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    msg = redact(msg, secrets)
+    msg = redact(_first_line(err), secrets)
     for pattern, make in _PATTERNS:
         match = pattern.search(msg)
         if match:
