@@ -82,6 +82,13 @@ class RecordingBackend(LLMBackend):
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)
 
+    @property
+    def tokenizer_key(self) -> tuple:
+        # Defined on LLMBackend, so __getattr__ below would never forward it: without this,
+        # every wrapped instance looked like one tokenizer and the router counted a prompt
+        # with the first backend's counter for all of them.
+        return self.inner.tokenizer_key
+
     async def close(self) -> None:
         await self.inner.close()
 
