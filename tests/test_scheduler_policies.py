@@ -118,7 +118,7 @@ def test_urgency_orders_by_budget_share_and_budgets_shrink_as_time_passes() -> N
     #   budget = 9 * 4 / 4 = 9,           urgency = 4 - 9 = -5
     # urgency runs A first; EDF would run B first (9 < 10).
     lengths = {"a1": 2, "a2": 3, "a3": 3, "b1": 4}
-    for policy, first in (("least_loaded+urgency", "A"), ("least_loaded+edf", "B")):
+    for policy, first in (("least_loaded+edf", "B"), ("least_loaded+urgency", "A")):
         c = coordinator(policy, lengths)
         occupy(c)
         run_a = chain_run("A", 10, ["a1", "a2", "a3"])
@@ -150,7 +150,7 @@ def test_llf_uses_the_query_remaining_critical_path() -> None:
     c.on_query_arrival("B", deadline=9, run=chain_run("B", 9, ["b1"]))
     c.on_call_ready("B", stage="b1", node_id="B.0", prompt_tokens=0)
     c.on_call_ready("A", stage="a1", node_id="A.0", prompt_tokens=0)
-    keys = {call.query.id: c.queues["fast"].policy.key(call, 0.0, c)[0]
+    keys = {call.query.id: c.queues["fast"].policy.key(call, 0.0, c)[1]
             for call in c.queues["fast"].waiting}
     assert keys == {"A": 2.0, "B": 5.0}
 
@@ -168,12 +168,12 @@ def test_gittins_prefers_the_call_likely_to_finish_soon() -> None:
     assert [x.stage for x in c.queues["fast"].ordered_waiting(0.0, c)] == ["risky", "sure"]
 
 
-def test_flowsage_runs_at_risk_calls_first_then_the_query_with_least_work_left() -> None:
+def test_flowsage_v1_runs_at_risk_calls_first_then_the_query_with_least_work_left() -> None:
     # Short: one 2 s stage left, deadline 100 -> not at risk; remaining cost 2^2/2 = 2.
     # Long:  stages 2, 50, 50 left, deadline 1000 -> not at risk; remaining cost 2 + 1250*2.
     # Late:  one 5 s stage, deadline 3: budget 3 < t = 5 -> at risk (urgency 2): runs first.
     lengths = {"s1": 2, "l1": 2, "l2": 50, "l3": 50, "x1": 5}
-    c = coordinator("least_loaded+flowsage", lengths)
+    c = coordinator("least_loaded+flowsage_v1", lengths)
     occupy(c)
     c.on_query_arrival("Long", deadline=1000, run=chain_run("Long", 1000, ["l1", "l2", "l3"]))
     c.on_query_arrival("Short", deadline=100, run=chain_run("Short", 100, ["s1"]))

@@ -64,6 +64,7 @@ class Coordinator:
         self.clock = clock
         self.policy_name = policy
         self.dispatch, queue_policy = resolve(policy, alpha=alpha, **queue_kwargs)
+        self._queue_policy = queue_policy
         self.queues = {s.name: InstanceQueue(s, queue_policy) for s in instances}
         self.time_models = {s.name: InstanceTimeModel.for_spec(s) for s in instances}
         if predictor is None:
@@ -77,7 +78,13 @@ class Coordinator:
         self.oracle = oracle  # use true output lengths when the runtime knows them
         self.queries: dict[str, QueryState] = {}
         self._ids = itertools.count()
-        self._stage_prediction: dict[tuple[str, str], Distribution] = {}
+        # per query: stage -> predicted length (future stages), and its (mean, P10, P90)
+        self._stage_prediction: dict[str, dict[str, Distribution]] = {}
+        self._stage_summary: dict[str, dict[str, tuple[Distribution, tuple]]] = {}
+        # Bumped whenever a time model learns or an instance goes up/down: the cluster-mean
+        # stage-time coefficients are recomputed only then.
+        self._models_epoch = 0
+        self._mean_coef: tuple[int, float, float, float] | None = None
 
     # ============================================================================ events
     def on_query_arrival(self, query_id: str, *, arrival: float | None = None,
@@ -100,6 +107,7 @@ class Coordinator:
         if run is not None:
             run.estimator = self._node_estimate(query)
         self.queries[query_id] = query
+        self._refresh(query, now)
         return query
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
@@ -117,17 +125,21 @@ class Coordinator:
                              payload=payload)
         query.calls.add(call)
         query.calls_version += 1
+        self._refresh(query, now)
         return call, self._dispatch(call, now)
 
     def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
         """Streaming progress: attained service feeds Gittins ranks and outstanding work; a
         first token frees a pending-prefill slot, so more calls may be admitted."""
         first = call.attained_tokens == 0 and output_tokens > 0
-        if self._bucket(call.attained_tokens) != self._bucket(output_tokens):
-            call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
+        crossed = self._bucket(call.attained_tokens) != self._bucket(output_tokens)
         call.attained_tokens = max(call.attained_tokens, output_tokens)
+        if crossed and call.query.id in self.queries:
+            call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
+            self._refresh(call.query, self.clock.now())
         if first and call.instance is not None and call.state == CallState.RUNNING:
             queue = self.queues[call.instance]
+            queue.first_token(call)
             if queue.spec.max_pending_prefill is not None:
                 return self._admit(queue, self.clock.now())
         return []
@@ -141,12 +153,16 @@ class Coordinator:
         queue.finish(call, self._kv_tokens(call))
         call.query.calls.discard(call)
         call.query.calls_version += 1
+        call.query.done_nodes.add(call.node_id)
         self.predictor.observe(call.stage, call.query.key_text, output_tokens,
                                call.prompt_tokens)
-        self._stage_prediction.pop((call.query.id, call.stage), None)
+        self._stage_prediction.get(call.query.id, {}).pop(call.stage, None)
         if total_s > 0:
             self.time_models[call.instance].observe(call.prompt_tokens, output_tokens, ttft_s,
                                                     total_s, cached_tokens)
+            self._models_epoch += 1
+        if call.query.id in self.queries:
+            self._refresh(call.query, now)
         return self._admit(queue, now)
 
     def on_call_failed(self, call: ScheduledCall, reason: str, *,
@@ -186,6 +202,7 @@ class Coordinator:
         now = self.clock.now()
         queue = self.queues[name]
         queue.up = False
+        self._models_epoch += 1
         decisions: list[Decision] = []
         for call in sorted(queue.waiting, key=lambda c: c.seq):
             queue.remove(call)
@@ -195,12 +212,13 @@ class Coordinator:
     def on_instance_up(self, name: str) -> list[Decision]:
         queue = self.queues[name]
         queue.up = True
+        self._models_epoch += 1
         return self._admit(queue, self.clock.now())
 
     def on_query_done(self, query_id: str) -> None:
         self.queries.pop(query_id, None)
-        for key in [k for k in self._stage_prediction if k[0] == query_id]:
-            del self._stage_prediction[key]
+        self._stage_prediction.pop(query_id, None)
+        self._stage_summary.pop(query_id, None)
 
     def cancel_query(self, query_id: str) -> tuple[list[ScheduledCall], list[Decision]]:
         """Remove the query's waiting calls everywhere. Returns its running calls (for the
@@ -250,37 +268,120 @@ class Coordinator:
         work = (len(queue.waiting) * model.overhead_s
                 + model.prefill_s(queue.waiting_prompt_tokens) - model.overhead_s
                 + model.decode_s(queue.waiting_output_tokens)) if queue.waiting else 0.0
-        for c in queue.running:
-            left = self.expected_s(c, instance)
-            if c.started_at is not None:
-                left -= now - c.started_at
-            work += max(left, 0.0)
-        return work
+        return work + queue.running_work(now)
 
     def downstream_s(self, call: ScheduledCall, now: float) -> float:
-        run = call.query.run
-        if run is None:
+        """Expected seconds on the longest chain after ``call``'s stage, as of the query's
+        last event (see ``_refresh``)."""
+        if call.query.run is None:
             return 0.0
-        return self._paths(call.query, now).get(call.node_id, 0.0)
+        return call.query.path_cache.get(call.node_id, 0.0)
 
     def remaining_s(self, query: QueryState, now: float) -> float:
+        """Expected seconds left on the query's critical path, as of its last event."""
         if query.run is not None:
-            paths = self._paths(query, now)
-            return paths[None]
+            return query.path_cache.get(None, 0.0)
         return sum(self._mean_time(c.prompt_tokens, c.output.mean()) for c in query.calls)
 
-    def _paths(self, query: QueryState, now: float) -> dict[str | None, float]:
-        """Critical paths of a query's unfinished stages, recomputed when its workflow changes
-        (a stage starts, finishes or the graph grows), not at every ranking, so a queue of
-        thousands of calls re-ranks in milliseconds. Between changes, running stages'
-        elapsed time is taken as of the last change. Key ``None``: the whole remaining path."""
-        if query.path_cache_version != query.run.version:
-            run = query.run
-            paths: dict[str | None, float] = dict(run.downstream_paths(now))
-            paths[None] = run.remaining_critical_path(now)
-            query.path_cache = paths
-            query.path_cache_version = run.version
-        return query.path_cache
+    def _refresh(self, query: QueryState, now: float) -> None:
+        """Something happened to ``query`` (arrival, a call ready, finished, or past an
+        attained-service bucket): recompute its critical paths once, and re-key its waiting
+        calls. Keys change only here, never per decision, so a queue of thousands of calls
+        picks the next one in O(log n). Policies whose keys ignore the query skip both."""
+        if not self._queue_policy.query_dependent:
+            return
+        if query.run is not None:
+            self._critical_paths(query, now)
+        for c in list(query.calls):
+            if c.state == CallState.WAITING and c.instance is not None:
+                self.queues[c.instance].rekey(c, now, self)
+
+    # quantile levels of the optimistic and pessimistic paths (a symmetric 80% band)
+    PATH_QUANTILES = (0.1, 0.9)
+
+    def _critical_paths(self, query: QueryState, now: float) -> None:
+        """Downstream critical path of every unfinished stage, and (key ``None``) of the
+        whole remaining workflow, by one DP over a cached topological order: a stage the
+        scheduler saw finish counts as done even before the runtime marks it, a running
+        stage counts its expected remainder. The same pass gives the optimistic and
+        pessimistic whole paths (every LLM stage at its P10 / P90 length) and the work left."""
+        run = query.run
+        graph = run.graph
+        shape = (graph.number_of_nodes(), graph.number_of_edges())
+        if query.topo is None or query.topo[0] != shape:
+            import networkx as nx
+
+            order = list(nx.topological_sort(graph))
+            query.topo = (shape, [(n, run.node(n), list(graph.successors(n)))
+                                  for n in reversed(order)])
+        _, reverse_order = query.topo
+        calls = {c.node_id: c for c in query.calls}
+        done = query.done_nodes
+        pending, running = run.PENDING, run.RUNNING
+        rem: dict[str, tuple[float, float, float]] = {}
+        after: dict[str | None, float] = {}
+        after_lo: dict[str, float] = {}
+        after_hi: dict[str, float] = {}
+        total = total_lo = total_hi = work = 0.0
+        for n, node, succ in reverse_order:
+            state = run.state(n)
+            if (state != pending and state != running) or n in done:
+                continue
+            t, t_lo, t_hi = self._stage_times(query, node, calls.get(n))
+            if node.kind == NodeKind.LLM:
+                work += t
+            if state == running:
+                started = run.started_at(n)
+                if started is not None:
+                    elapsed = now - started
+                    t = max(0.0, t - elapsed)
+                    t_lo = max(0.0, t_lo - elapsed)
+                    t_hi = max(0.0, t_hi - elapsed)
+            rem[n] = (t, t_lo, t_hi)
+            best = best_lo = best_hi = 0.0
+            for child in succ:
+                r = rem.get(child)
+                if r is not None:
+                    v = r[0] + after[child]
+                    if v > best:
+                        best = v
+                    v = r[1] + after_lo[child]
+                    if v > best_lo:
+                        best_lo = v
+                    v = r[2] + after_hi[child]
+                    if v > best_hi:
+                        best_hi = v
+            after[n], after_lo[n], after_hi[n] = best, best_lo, best_hi
+            total = max(total, t + best)
+            total_lo = max(total_lo, t_lo + best_lo)
+            total_hi = max(total_hi, t_hi + best_hi)
+        after[None] = total
+        query.path_cache = after
+        query.path_cache_version = run.version
+        query.path_cache_at = now
+        query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
+
+    def _stage_times(self, query: QueryState, node: Node, call: ScheduledCall | None
+                     ) -> tuple[float, float, float]:
+        """(mean, optimistic, pessimistic) seconds of a stage, averaged over the cluster."""
+        if node.kind != NodeKind.LLM:
+            t = max(0.0, float(node.expected_s))
+            return t, t, t
+        if call is not None:
+            prompt = call.prompt_tokens
+            if call.length_summary is None:
+                call.length_summary = _length_summary(call.output)
+            mean, lo, hi = call.length_summary
+        else:
+            prompt = int(node.hints.get("prompt_tokens", 500))
+            dist = self._predict_stage(query, node.stage, prompt)
+            per_query = self._stage_summary.setdefault(query.id, {})
+            summary = per_query.get(node.stage)
+            if summary is None or summary[0] is not dist:
+                summary = per_query[node.stage] = (dist, _length_summary(dist))
+            mean, lo, hi = summary[1]
+        mt = self._mean_time
+        return mt(prompt, mean), mt(prompt, lo), mt(prompt, hi)
 
     def call_cost(self, call: ScheduledCall) -> Distribution:
         if call.cost is None:
@@ -354,18 +455,27 @@ class Coordinator:
 
     def _predict_stage(self, query: QueryState, stage: str,
                        prompt_tokens: int | None = None) -> Distribution:
-        key = (query.id, stage)
-        if key not in self._stage_prediction:
-            self._stage_prediction[key] = self.predictor.predict(stage, query.key_text,
-                                                                 prompt_tokens)
-        return self._stage_prediction[key]
+        per_query = self._stage_prediction.setdefault(query.id, {})
+        dist = per_query.get(stage)
+        if dist is None:
+            dist = per_query[stage] = self.predictor.predict(stage, query.key_text,
+                                                             prompt_tokens)
+        return dist
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
         """A stage's time averaged over the cluster's up instances (HexGen-Flow's budget
-        estimate, since the stage's instance is not chosen yet)."""
-        names = self.up_instances or list(self.queues)
-        return sum(self.time_models[n].expected_s(prompt_tokens, output_tokens)
-                   for n in names) / len(names)
+        estimate, since the stage's instance is not chosen yet). The time models are linear
+        in tokens, so the average is three coefficients, refreshed when a model learns."""
+        coef = self._mean_coef
+        if coef is None or coef[0] != self._models_epoch:
+            names = self.up_instances or list(self.queues)
+            models = [self.time_models[n] for n in names]
+            k = len(models)
+            coef = self._mean_coef = (
+                self._models_epoch, sum(m.overhead_s for m in models) / k,
+                sum(m.prefill_s_per_token * m.prefill_ratio for m in models) / k,
+                sum(m.decode_s_per_token * m.decode_ratio for m in models) / k)
+        return coef[1] + prompt_tokens * coef[2] + output_tokens * coef[3]
 
     def _node_estimate(self, query: QueryState):
         def estimate(node: Node) -> float:
@@ -382,6 +492,12 @@ class Coordinator:
 
 
 _COST_SAMPLES = 256
+
+def _length_summary(dist: Distribution) -> tuple[float, float, float]:
+    """(mean, P10, P90) of a length distribution."""
+    lo, hi = Coordinator.PATH_QUANTILES
+    q = dist.quantile(np.array([lo, hi]))
+    return float(dist.mean()), float(q[0]), float(q[1])
 
 
 def _sum_by_sampling(parts: list[Distribution], seed_text: str) -> Distribution:

@@ -1,4 +1,12 @@
-"""One instance's local queue: waiting calls in policy order, admitted up to capacity."""
+"""One instance's local queue: waiting calls in policy order, admitted up to capacity.
+
+Every policy gives each waiting call a key (``ranking.Segment`` list) when something happens
+to the call's query; ``InstanceQueue`` keeps one ``KineticTournament`` per tier plus a timer
+heap of tier switches, so choosing the next call costs O(log n) amortised whatever the policy,
+including the ones whose keys move with time (llf, urgency, flowsage). ``reference_peek``
+is the plain O(n) scan over the same keys, kept so tests can check that both always pick the
+same call.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +15,11 @@ import heapq
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.policies.base import QueuePolicy, SchedulerView
+from agentflow.scheduler.ranking import KineticTournament, key_at, next_switch, segment_at
 
 
 class InstanceQueue:
-    """Waiting and running calls of one instance.
-
-    Static-key policies (fcfs, edf, gittins) keep a heap, so admission is O(log n); policies
-    whose keys move with time (llf, urgency, flowsage) rank the waiting calls afresh at each
-    admission, O(n), which is what keeps their budgets current.
-    """
+    """Waiting and running calls of one instance."""
 
     def __init__(self, spec: InstanceSpec, policy: QueuePolicy):
         self.spec = spec
@@ -23,80 +27,163 @@ class InstanceQueue:
         self.up = True
         self.waiting: set[ScheduledCall] = set()
         self.running: set[ScheduledCall] = set()
-        self._heap: list[tuple[tuple, int, ScheduledCall]] = []
+        self._tiers: dict[int, KineticTournament] = {}
+        self._tier_order: list[int] = []
+        self._timers: list[tuple[float, int, int, ScheduledCall]] = []
         self._admitted = 0
         self.kv_tokens_in_use = 0
         # Token totals of the waiting calls: with a time model linear in tokens they give the
         # queue's expected work in O(1) instead of a pass over thousands of calls.
         self.waiting_prompt_tokens = 0.0
         self.waiting_output_tokens = 0.0
+        self._pending_prefill: set[ScheduledCall] = set()
+        # Running calls' expected finish times (as estimated at admission): the sum of what is
+        # left is sum(f) - n * now over the calls not yet past their expected finish.
+        self._finish_heap: list[tuple[float, int, ScheduledCall]] = []
+        self._finish_sum = 0.0
+        self._finish_n = 0
+        self.check_reference = False  # tests: assert the fast pick equals the O(n) scan
 
     @property
     def name(self) -> str:
         return self.spec.name
 
+    # ------------------------------------------------------------------------------ waiting
     def enqueue(self, call: ScheduledCall, now: float, view: SchedulerView) -> None:
         call.instance = self.name
         call.state = CallState.WAITING
         self.waiting.add(call)
         self._account(call, +1)
-        if not self.policy.time_dependent:
-            heapq.heappush(self._heap, (self.policy.key(call, now, view), call.seq, call))
+        self.rekey(call, now, view)
+
+    def rekey(self, call: ScheduledCall, now: float, view: SchedulerView) -> None:
+        """Recompute a waiting call's key (its query changed) and re-place it."""
+        if call not in self.waiting:
+            return
+        call.rank_key = self.policy.rank(call, now, view)
+        self._place(call, now)
 
     def remove(self, call: ScheduledCall) -> None:
-        """Forget a waiting call (cancelled or moved); heap entries are dropped lazily."""
+        """Forget a waiting call (cancelled or moved)."""
         if call in self.waiting:
             self.waiting.discard(call)
             self._account(call, -1)
+            self._unplace(call)
 
+    def peek(self, now: float) -> ScheduledCall | None:
+        """The call the policy runs next, in O(log n) amortised."""
+        self._fire_timers(now)
+        for tier in self._tier_order:
+            t = self._tiers[tier]
+            if t.n:
+                call = t.peek(now)
+                if self.check_reference:
+                    ref = self.reference_peek(now)
+                    assert ref is call, (f"fast pick {call.id} != reference {ref.id} at {now}")
+                return call
+        return None
+
+    def reference_peek(self, now: float) -> ScheduledCall | None:
+        """The same choice by an O(n) scan over the same keys."""
+        if not self.waiting:
+            return None
+        return min(self.waiting, key=lambda c: (*key_at(c.rank_key, now), c.seq))
+
+    def ordered_waiting(self, now: float, view: SchedulerView | None = None
+                        ) -> list[ScheduledCall]:
+        """Waiting calls in the order they would be admitted now (inspection and tests)."""
+        return sorted(self.waiting, key=lambda c: (*key_at(c.rank_key, now), c.seq))
+
+    # ------------------------------------------------------------------------------ running
     def admit(self, now: float, view: SchedulerView, kv_tokens) -> list[ScheduledCall]:
         """Start waiting calls in queue order while capacity allows; each gets its admission
         number as the backend priority (vLLM: lower runs earlier)."""
         started: list[ScheduledCall] = []
         pending_limit = self.spec.max_pending_prefill
         while self.up and self.waiting and len(self.running) < self.spec.max_inflight:
-            if pending_limit is not None and self.pending_prefill() >= pending_limit:
+            if pending_limit is not None and len(self._pending_prefill) >= pending_limit:
                 break  # admit more once an admitted call produces its first token
-            call = self._peek(now, view)
+            call = self.peek(now)
             need = kv_tokens(call)
             budget = self.spec.kv_token_budget
             if budget is not None and self.running and self.kv_tokens_in_use + need > budget:
                 break  # wait for memory; an empty instance always admits one call
-            self._pop(call)
+            self.remove(call)
             call.state = CallState.RUNNING
             call.started_at = now
             call.priority = self._admitted
             self._admitted += 1
             self.running.add(call)
+            if call.attained_tokens == 0:
+                self._pending_prefill.add(call)
             self.kv_tokens_in_use += need
+            finish = now + view.expected_s(call, self.name)
+            call.expected_finish = finish
+            heapq.heappush(self._finish_heap, (finish, call.seq, call))
+            self._finish_sum += finish
+            self._finish_n += 1
             started.append(call)
         return started
 
+    def first_token(self, call: ScheduledCall) -> None:
+        self._pending_prefill.discard(call)
+
     def pending_prefill(self) -> int:
         """Admitted calls that have not produced a token yet."""
-        return sum(1 for c in self.running if c.attained_tokens == 0)
+        return len(self._pending_prefill)
 
     def finish(self, call: ScheduledCall, kv_tokens: int) -> None:
         if call in self.running:
             self.running.discard(call)
+            self._pending_prefill.discard(call)
             self.kv_tokens_in_use = max(0, self.kv_tokens_in_use - kv_tokens)
+            if call.expected_finish is not None:
+                self._finish_sum -= call.expected_finish
+                self._finish_n -= 1
+                call.expected_finish = None
 
-    def ordered_waiting(self, now: float, view: SchedulerView) -> list[ScheduledCall]:
-        """Waiting calls in the order they would be admitted (for inspection and tests)."""
-        return sorted(self.waiting, key=lambda c: (self.policy.key(c, now, view), c.seq))
+    def running_work(self, now: float) -> float:
+        """Expected seconds left on the running calls (calls past their expected finish
+        count 0), amortised O(1): the clock never goes back, so an over-run stays one."""
+        heap = self._finish_heap
+        while heap and heap[0][0] <= now:
+            finish, _, call = heapq.heappop(heap)
+            if call.expected_finish == finish:
+                self._finish_sum -= finish
+                self._finish_n -= 1
+                call.expected_finish = None
+        if self._finish_n == 0:
+            self._finish_sum = 0.0
+            return 0.0
+        return max(0.0, self._finish_sum - self._finish_n * now)
 
-    def _peek(self, now: float, view: SchedulerView) -> ScheduledCall:
-        if self.policy.time_dependent:
-            return min(self.waiting, key=lambda c: (self.policy.key(c, now, view), c.seq))
-        while self._heap[0][2] not in self.waiting:
-            heapq.heappop(self._heap)
-        return self._heap[0][2]
+    # ---------------------------------------------------------------------------- internals
+    def _place(self, call: ScheduledCall, now: float) -> None:
+        self._unplace(call)
+        seg = segment_at(call.rank_key, now)
+        tournament = self._tiers.get(seg.tier)
+        if tournament is None:
+            tournament = self._tiers[seg.tier] = KineticTournament()
+            self._tier_order = sorted(self._tiers)
+        call.rank_slot = (seg.tier, tournament.insert(call, seg.a, seg.s, call.seq))
+        call.rank_version += 1
+        switch = next_switch(call.rank_key, now)
+        if switch is not None:
+            heapq.heappush(self._timers, (switch, call.seq, call.rank_version, call))
+
+    def _unplace(self, call: ScheduledCall) -> None:
+        if call.rank_slot is not None:
+            tier, slot = call.rank_slot
+            self._tiers[tier].remove(slot)
+            call.rank_slot = None
+
+    def _fire_timers(self, now: float) -> None:
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, version, call = heapq.heappop(timers)
+            if version == call.rank_version and call in self.waiting:
+                self._place(call, now)
 
     def _account(self, call: ScheduledCall, sign: int) -> None:
         self.waiting_prompt_tokens += sign * call.prompt_tokens
         self.waiting_output_tokens += sign * call.mean_output
-
-    def _pop(self, call: ScheduledCall) -> None:
-        self.remove(call)
-        if not self.policy.time_dependent and self._heap and self._heap[0][2] is call:
-            heapq.heappop(self._heap)

@@ -9,12 +9,14 @@ from collections.abc import Callable
 from typing import Any
 
 from agentflow.scheduler.policies.base import DispatchPolicy, QueuePolicy, SchedulerView
+from agentflow.scheduler.policies.dispatch_earliest_finish import EarliestFinishDispatch
 from agentflow.scheduler.policies.dispatch_least_loaded import LeastLoadedDispatch
 from agentflow.scheduler.policies.dispatch_round_robin import RoundRobinDispatch
 from agentflow.scheduler.policies.dispatch_workload_balanced import WorkloadBalancedDispatch
 from agentflow.scheduler.policies.queue_edf import EdfQueue
 from agentflow.scheduler.policies.queue_fcfs import FcfsQueue
 from agentflow.scheduler.policies.queue_flowsage import FlowSageQueue
+from agentflow.scheduler.policies.queue_flowsage_v1 import FlowSageV1Queue
 from agentflow.scheduler.policies.queue_gittins import GittinsQueue
 from agentflow.scheduler.policies.queue_llf import LlfQueue
 from agentflow.scheduler.policies.queue_urgency import UrgencyQueue
@@ -23,6 +25,7 @@ DISPATCH: dict[str, Callable[..., DispatchPolicy]] = {
     "round_robin": RoundRobinDispatch,
     "least_loaded": LeastLoadedDispatch,
     "workload_balanced": WorkloadBalancedDispatch,
+    "earliest_finish": EarliestFinishDispatch,
 }
 
 QUEUE: dict[str, Callable[..., QueuePolicy]] = {
@@ -32,6 +35,7 @@ QUEUE: dict[str, Callable[..., QueuePolicy]] = {
     "urgency": UrgencyQueue,
     "gittins": GittinsQueue,
     "flowsage": FlowSageQueue,
+    "flowsage_v1": FlowSageV1Queue,
 }
 
 PRESETS: dict[str, tuple[str, str]] = {

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from agentflow.scheduler.call import QueryState, ScheduledCall
     from agentflow.scheduler.distribution import Distribution
+    from agentflow.scheduler.ranking import Key
 
 
 class SchedulerView(Protocol):
@@ -42,13 +43,30 @@ class DispatchPolicy(abc.ABC):
 
 
 class QueuePolicy(abc.ABC):
+    """Orders one instance's waiting calls.
+
+    ``rank`` returns the call's key as ``ranking.Segment``s (tier, then ``a - s * now``,
+    smaller first, ties to the older call), computed when the call is enqueued or its query
+    changes — so a key may move with time only along a line and switch tier at known
+    instants, which is what lets ``InstanceQueue`` pick the next call in O(log n)."""
+
     name = "queue"
-    # Whether a call's key changes as time passes (then queues re-rank at every decision).
+    # Whether a call's key changes as time passes (informational; every policy is ranked
+    # by the same kinetic structure).
     time_dependent = False
+    # Whether keys read the query's state (critical paths, work left): then the coordinator
+    # keeps those current and re-keys the query's waiting calls at each of its events.
+    query_dependent = True
 
     @abc.abstractmethod
+    def rank(self, call: "ScheduledCall", now: float, view: SchedulerView) -> "Key":
+        """The call's key from ``now`` until its query's next event."""
+
     def key(self, call: "ScheduledCall", now: float, view: SchedulerView) -> tuple:
-        """Sort key; the smallest runs first. Ties are broken by arrival order."""
+        """(tier, value) of a freshly computed key at ``now`` (for inspection and tests)."""
+        from agentflow.scheduler.ranking import key_at
+
+        return key_at(self.rank(call, now, view), now)
 
 
 def budget_and_urgency(call: "ScheduledCall", now: float, view: SchedulerView
@@ -68,3 +86,11 @@ def budget_and_urgency(call: "ScheduledCall", now: float, view: SchedulerView
     share = t / (t + downstream) if t + downstream > 0 else 1.0
     budget = remaining * share
     return budget, t - budget
+
+
+def stage_share(call: "ScheduledCall", now: float, view: SchedulerView) -> tuple[float, float]:
+    """(t, share): the call's expected time on its instance and ``t / (t + downstream)``."""
+    t = view.expected_s(call, call.instance) if call.instance else 0.0
+    downstream = view.downstream_s(call, now)
+    share = t / (t + downstream) if t + downstream > 0 else 1.0
+    return t, share

@@ -1,27 +1,71 @@
-"""``flowsage``: ours. Calls at risk of missing their stage budget (HexGen-Flow urgency above
-``-risk_margin * budget``) go first, most urgent first; every other call is ordered by the
-Gittins index of its *query's* remaining workflow cost, so questions with little work left
-finish first without starving the ones that are running late."""
+"""``flowsage``: ours — deadline feasibility from length distributions, query-level keys.
+
+Each query's state at its last event gives three remaining critical paths (every unfinished
+stage at its P10, mean and P90 predicted length, averaged over the cluster) and its
+remaining LLM work ``W``. Two instants follow:
+
+* ``at_risk = D - path_P90``: from here on, a pessimistic run of what is left no longer fits
+  the deadline unless the query is served now;
+* ``hopeless = D - path_P10``: from here on, even an optimistic run misses.
+
+A waiting call's key moves through three tiers, lower first:
+
+1. *at risk, still savable* (``at_risk <= now < hopeless``): least laxity first
+   (``D - now - path``) — the queries that serving now can still save;
+2. *safe* (``now < at_risk``): least remaining work of the whole query first (query-level
+   SRPT), so short questions leave quickly — every call of a query shares the key, so the
+   longest parallel sibling is not pushed behind its own query's short ones;
+3. *hopeless* (``now >= hopeless``): oldest query first. They will miss anyway; they stop
+   taking capacity from queries that can still make it, yet are served in arrival order
+   so their lateness stays bounded (they still count in P95).
+
+Unlike HexGen-Flow's urgency (and flowsage v1) nothing here promotes a query *because* it is
+late: lateness past the optimistic bound demotes. The quantile levels are a symmetric 80%
+band (``Coordinator.PATH_QUANTILES``), not fitted to any trace. Queries without a deadline
+are ordered as safe.
+"""
 
 from __future__ import annotations
 
-from agentflow.scheduler.gittins import GittinsRanker
-from agentflow.scheduler.policies.base import QueuePolicy, budget_and_urgency
+from agentflow.scheduler.policies.base import QueuePolicy
+from agentflow.scheduler.ranking import Segment
+
+_NEG_INF = float("-inf")
+AT_RISK, SAFE, HOPELESS = 0, 1, 2
 
 
 class FlowSageQueue(QueuePolicy):
     name = "flowsage"
     time_dependent = True
 
-    def __init__(self, risk_margin: float = 0.0):
-        self.risk_margin = risk_margin
-        self.ranker = GittinsRanker()
+    def __init__(self, *, feasibility: bool = True, srpt: bool = True):
+        # Ablation switches: ``feasibility=False`` drops the at-risk/hopeless tiers (pure
+        # query-level SRPT); ``srpt=False`` orders safe queries by laxity instead of work.
+        self.feasibility = feasibility
+        self.srpt = srpt
 
-    def key(self, call, now, view) -> tuple:
-        bu = budget_and_urgency(call, now, view)
-        if bu is not None:
-            budget, urgency = bu
-            if urgency > -self.risk_margin * max(budget, 0.0):
-                return (0, -urgency, call.ready_at)
-        index = self.ranker.index(view.remaining_cost(call.query), 0.0)
-        return (1, -index, call.ready_at)
+    def rank(self, call, now, view):
+        query = call.query
+        remaining = view.remaining_s(query, now)
+        deadline = query.deadline
+        if self.srpt or deadline is None:
+            safe_value = query.work_left if query.run is not None else remaining
+        else:
+            safe_value = deadline - remaining
+        safe = Segment(_NEG_INF, SAFE, safe_value, 0.0)
+        if deadline is None or not self.feasibility:
+            return (safe,)
+        at_risk = deadline - query.path_hi
+        hopeless = deadline - query.path_lo
+        risky = Segment(at_risk, AT_RISK, deadline - remaining, 0.0)
+        late = Segment(hopeless, HOPELESS, query.arrival, 0.0)
+        segments = [safe]
+        if at_risk < hopeless:
+            segments.append(risky)
+        segments.append(late)
+        # drop segments already superseded at ``now`` so the key starts with the current one
+        while len(segments) > 1 and segments[1].start <= now:
+            segments.pop(0)
+        first = segments[0]
+        segments[0] = Segment(_NEG_INF, first.tier, first.a, first.s)
+        return tuple(segments)
