@@ -1,7 +1,7 @@
 """Cost of one scheduling decision (dispatch + queue) as the waiting queue grows.
 
     python benchmarks/scheduler_overhead.py [--sizes 10,1000,10000] [--repeat 200]
-        [--clusters paper-4gpu,hetero-64] [--check]
+        [--clusters paper-4gpu,hetero-64] [--check] [--clock wall|cpu]
 
 A cluster (``paper-4gpu``: A100, A100, A6000, L40S serving Llama-3.1-70B; ``hetero-64``: 64
 Llama-3.1-8B instances on five GPU kinds) is filled with N waiting calls from N/20 queries,
@@ -61,7 +61,7 @@ def specs_for(cluster: str) -> list[InstanceSpec]:
 
 
 def measure(policy: str, waiting: int, repeat: int, cluster: str = "paper-4gpu",
-            check: bool = False) -> list[float]:
+            check: bool = False, timer=time.perf_counter) -> list[float]:
     clock = ManualClock(0.0)
     specs = specs_for(cluster)
     c = Coordinator(specs, clock=clock, policy=policy, predictor=LengthPredictor())
@@ -85,14 +85,14 @@ def measure(policy: str, waiting: int, repeat: int, cluster: str = "paper-4gpu",
     for i in range(repeat + WARMUP):
         clock.advance(0.01)
         q = f"q{(i * 7) % (n_queries + 1)}"
-        start = time.perf_counter()
+        start = timer()
         call, decisions = c.on_call_ready(q, stage="revise", node_id=f"{q}.6",
                                           prompt_tokens=900)
         running += [d.call for d in decisions]
         done = running.pop(0)
         running += [d.call for d in c.on_call_done(done, output_tokens=80)]
         if i >= WARMUP:  # the first rounds fill cold per-query caches once
-            costs.append((time.perf_counter() - start) / 2)  # two decisions per round
+            costs.append((timer() - start) / 2)  # two decisions per round
     return costs
 
 
@@ -104,17 +104,22 @@ def main() -> None:
     p.add_argument("--clusters", default="paper-4gpu,hetero-64")
     p.add_argument("--policies", default=",".join([*PRESETS, "least_loaded+edf"]))
     p.add_argument("--check", action="store_true")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: this process's CPU time (time.process_time), which a machine "
+                        "shared with other jobs does not inflate; wall: perf_counter")
     args = p.parse_args()
+    timer = time.process_time if args.clock == "cpu" else time.perf_counter
     sizes = [int(s) for s in args.sizes.split(",")]
     for cluster in args.clusters.split(","):
         n_inst = len(specs_for(cluster))
-        print(f"\ncluster {cluster} ({n_inst} instances), microseconds per decision")
+        print(f"\ncluster {cluster} ({n_inst} instances), microseconds per decision "
+              f"({args.clock} clock)")
         print(f"{'policy':<20}" + "".join(f"{f'{n} waiting':>24}" for n in sizes))
         print(f"{'':<20}" + "".join(f"{'median / p99':>24}" for _ in sizes))
         for policy in args.policies.split(","):
             cells = []
             for n in sizes:
-                costs = sorted(measure(policy, n, args.repeat, cluster, args.check))
+                costs = sorted(measure(policy, n, args.repeat, cluster, args.check, timer))
                 med = statistics.median(costs) * 1e6
                 p99 = costs[min(len(costs) - 1, int(0.99 * len(costs)))] * 1e6
                 cells.append(f"{med:>11.0f} / {p99:<10.0f}")

@@ -292,8 +292,14 @@ class Coordinator:
             return
         if query.run is not None:
             self._critical_paths(query, now)
+        per_query = self._queue_policy.per_query
+        seen: set[str] = set()
         for c in list(query.calls):
             if c.state == CallState.WAITING and c.instance is not None:
+                if per_query:
+                    if c.instance in seen:
+                        continue
+                    seen.add(c.instance)
                 self.queues[c.instance].rekey(c, now, self)
 
     # quantile levels of the optimistic and pessimistic paths (a symmetric 80% band)

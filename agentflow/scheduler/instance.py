@@ -29,7 +29,10 @@ class InstanceQueue:
         self.running: set[ScheduledCall] = set()
         self._tiers: dict[int, KineticTournament] = {}
         self._tier_order: list[int] = []
-        self._timers: list[tuple[float, int, int, ScheduledCall]] = []
+        self._timers: list[tuple[float, int, int, _Entry]] = []
+        # ranked entries: one per waiting call, or one per query for per-query policies
+        self._entries: dict[object, _Entry] = {}
+        self._now = float("-inf")  # latest decision time seen (for re-placing entries)
         self._admitted = 0
         self.kv_tokens_in_use = 0
         # Token totals of the waiting calls: with a time model linear in tokens they give the
@@ -54,29 +57,56 @@ class InstanceQueue:
         call.state = CallState.WAITING
         self.waiting.add(call)
         self._account(call, +1)
-        self.rekey(call, now, view)
+        owner = call.query if self.policy.per_query else call
+        entry = self._entries.get(owner)
+        if entry is None:
+            entry = self._entries[owner] = _Entry(owner)
+            heapq.heappush(entry.calls, (call.seq, call))
+            entry.live = 1
+            self._rank(entry, call, now, view)
+        else:
+            heapq.heappush(entry.calls, (call.seq, call))
+            entry.live += 1
+            call.rank_key = entry.key
+            if call.seq < entry.seq:  # a retried older call: the tie-break seq moves
+                self._place(entry, now)
 
     def rekey(self, call: ScheduledCall, now: float, view: SchedulerView) -> None:
-        """Recompute a waiting call's key (its query changed) and re-place it."""
+        """Recompute the key of a waiting call (its query changed) and re-place it; for
+        per-query policies this re-keys the query's whole entry once."""
         if call not in self.waiting:
             return
-        call.rank_key = self.policy.rank(call, now, view)
-        self._place(call, now)
+        entry = self._entries[call.query if self.policy.per_query else call]
+        self._rank(entry, call, now, view)
 
     def remove(self, call: ScheduledCall) -> None:
-        """Forget a waiting call (cancelled or moved)."""
-        if call in self.waiting:
-            self.waiting.discard(call)
-            self._account(call, -1)
-            self._unplace(call)
+        """Forget a waiting call (cancelled, moved or admitted)."""
+        if call not in self.waiting:
+            return
+        self.waiting.discard(call)
+        self._account(call, -1)
+        owner = call.query if self.policy.per_query else call
+        entry = self._entries[owner]
+        entry.live -= 1
+        if entry.live == 0:
+            self._unplace(entry)
+            del self._entries[owner]
+            return
+        calls = entry.calls
+        if calls[0][1] is call:
+            heapq.heappop(calls)
+            while calls[0][1] not in self.waiting or calls[0][1].instance != self.name:
+                heapq.heappop(calls)
+            self._place(entry, self._now)
 
     def peek(self, now: float) -> ScheduledCall | None:
         """The call the policy runs next, in O(log n) amortised."""
+        self._now = max(self._now, now)
         self._fire_timers(now)
         for tier in self._tier_order:
             t = self._tiers[tier]
             if t.n:
-                call = t.peek(now)
+                call = t.peek(now).calls[0][1]
                 if self.check_reference:
                     ref = self.reference_peek(now)
                     assert ref is call, (f"fast pick {call.id} != reference {ref.id} at {now}")
@@ -158,32 +188,59 @@ class InstanceQueue:
         return max(0.0, self._finish_sum - self._finish_n * now)
 
     # ---------------------------------------------------------------------------- internals
-    def _place(self, call: ScheduledCall, now: float) -> None:
-        self._unplace(call)
-        seg = segment_at(call.rank_key, now)
+    def _rank(self, entry: "_Entry", call: ScheduledCall, now: float,
+              view: SchedulerView) -> None:
+        entry.key = self.policy.rank(call, now, view)
+        if self.policy.per_query:
+            for _, c in entry.calls:  # the reference scan reads each call's key
+                c.rank_key = entry.key
+        else:
+            call.rank_key = entry.key
+        self._place(entry, now)
+
+    def _place(self, entry: "_Entry", now: float) -> None:
+        self._unplace(entry)
+        seg = segment_at(entry.key, now)
         tournament = self._tiers.get(seg.tier)
         if tournament is None:
             tournament = self._tiers[seg.tier] = KineticTournament()
             self._tier_order = sorted(self._tiers)
-        call.rank_slot = (seg.tier, tournament.insert(call, seg.a, seg.s, call.seq))
-        call.rank_version += 1
-        switch = next_switch(call.rank_key, now)
+        entry.seq = entry.calls[0][0]
+        entry.slot = (seg.tier, tournament.insert(entry, seg.a, seg.s, entry.seq))
+        entry.version += 1
+        switch = next_switch(entry.key, now)
         if switch is not None:
-            heapq.heappush(self._timers, (switch, call.seq, call.rank_version, call))
+            heapq.heappush(self._timers, (switch, entry.seq, entry.version, entry))
 
-    def _unplace(self, call: ScheduledCall) -> None:
-        if call.rank_slot is not None:
-            tier, slot = call.rank_slot
+    def _unplace(self, entry: "_Entry") -> None:
+        if entry.slot is not None:
+            tier, slot = entry.slot
             self._tiers[tier].remove(slot)
-            call.rank_slot = None
+            entry.slot = None
 
     def _fire_timers(self, now: float) -> None:
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, _, version, call = heapq.heappop(timers)
-            if version == call.rank_version and call in self.waiting:
-                self._place(call, now)
+            _, _, version, entry = heapq.heappop(timers)
+            if version == entry.version and entry.slot is not None:
+                self._place(entry, now)
 
     def _account(self, call: ScheduledCall, sign: int) -> None:
         self.waiting_prompt_tokens += sign * call.prompt_tokens
         self.waiting_output_tokens += sign * call.mean_output
+
+
+class _Entry:
+    """What the tournament ranks: one call, or all of one query's waiting calls here (then
+    they share the query's key and leave in ``seq`` order, ties going to the oldest)."""
+
+    __slots__ = ("calls", "key", "live", "owner", "seq", "slot", "version")
+
+    def __init__(self, owner: object):
+        self.owner = owner
+        self.calls: list[tuple[int, ScheduledCall]] = []  # heap by seq (lazy removals)
+        self.live = 0
+        self.key: tuple = ()
+        self.seq = 0
+        self.slot: tuple[int, int] | None = None
+        self.version = 0

@@ -57,6 +57,9 @@ class QueuePolicy(abc.ABC):
     # Whether keys read the query's state (critical paths, work left): then the coordinator
     # keeps those current and re-keys the query's waiting calls at each of its events.
     query_dependent = True
+    # Whether a key depends on the query only (not on which of its calls): then a queue ranks
+    # one entry per query, and a query event re-keys that entry once, not every call.
+    per_query = False
 
     @abc.abstractmethod
     def rank(self, call: "ScheduledCall", now: float, view: SchedulerView) -> "Key":

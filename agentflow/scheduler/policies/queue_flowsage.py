@@ -37,6 +37,7 @@ AT_RISK, SAFE, HOPELESS = 0, 1, 2
 class FlowSageQueue(QueuePolicy):
     name = "flowsage"
     time_dependent = True
+    per_query = True
 
     def __init__(self, *, feasibility: bool = True, srpt: bool = True):
         # Ablation switches: ``feasibility=False`` drops the at-risk/hopeless tiers (pure

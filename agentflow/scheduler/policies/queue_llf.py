@@ -13,6 +13,7 @@ from agentflow.scheduler.ranking import Segment, flat
 class LlfQueue(QueuePolicy):
     name = "llf"
     time_dependent = True
+    per_query = True
 
     def rank(self, call, now, view):
         if call.deadline is None:
