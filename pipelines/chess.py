@@ -22,6 +22,7 @@ from agentflow.workflow import Query, StageContext
 from agentflow.workflow.pipeline import Pipeline, PipelineEnv, PipelineOutput
 from pipelines import prompts
 from pipelines.common import (
+    SQL_PARAMS,
     Execution,
     add_revision_round,
     execute_sql,
@@ -37,6 +38,8 @@ from pipelines.sqltext import extract_sql, result_key
 
 # Candidate i uses variant i % len(_VARIANTS): (instruction style, temperature).
 _VARIANTS = (("plain", 0.0), ("joins", 0.3), ("stepwise", 0.5))
+_KEYWORD_PARAMS = SamplingParams(max_tokens=40, temperature=0.0, stop=("\n",))
+_VERDICT_PARAMS = SamplingParams(max_tokens=3, temperature=0.0, stop=("\n",))
 
 
 class ChessPipeline(Pipeline):
@@ -67,14 +70,15 @@ class ChessPipeline(Pipeline):
             g.add_edges_from((p, node.id) for p in parents)
 
         add(llm_node("extract_keywords", "extract_keywords", self._extract_keywords,
-                     prompt_tokens=180, output_tokens=20))
+                     prompt_tokens=180, output_tokens=20, max_tokens=_KEYWORD_PARAMS.max_tokens))
         add(tool_node("retrieve_values", "retrieve_values", self._retrieve_values),
             "extract_keywords")
         add(tool_node("select_schema", "select_schema", self._select_schema), "retrieve_values")
         add(tool_node("select", "select", self._select))
         for i in range(self.n_candidates):
             add(llm_node(f"generate_candidate.{i}", "generate_candidate", self._generator(i),
-                         prompt_tokens=700, output_tokens=40), "select_schema")
+                         prompt_tokens=700, output_tokens=40,
+                         max_tokens=SQL_PARAMS.max_tokens), "select_schema")
             add(tool_node(f"execute.{i}.0", "execute", self._executor(i)),
                 f"generate_candidate.{i}")
             g.add_edge(f"execute.{i}.0", "select")
@@ -86,7 +90,7 @@ class ChessPipeline(Pipeline):
 
         q = ctx.query
         result = await ctx.llm(prompts.extract_keywords(q.question, q.evidence),
-                               SamplingParams(max_tokens=40, temperature=0.0, stop=("\n",)))
+                               _KEYWORD_PARAMS)
         from_llm = [k.strip(" .'\"") for k in result.text.split(",")]
         grounded = [k for k in from_llm if 1 < len(k) <= 60
                     and _grounded(k, q.question + " " + q.evidence)]
@@ -176,8 +180,7 @@ class ChessPipeline(Pipeline):
             q = c.query
             result = await c.llm(prompts.generate_unit_tests(c.state["sql_context"], q.question,
                                                              q.evidence, self.n_tests),
-                                 SamplingParams(max_tokens=30 * self.n_tests, temperature=0.0,
-                                                stop=("\n\n", "SELECT")))
+                                 self._tests_params())
             checks = _parse_checks(result.text, self.n_tests)
             c.state["unit_tests"] = checks
             c.summary = " | ".join(checks)
@@ -190,8 +193,7 @@ class ChessPipeline(Pipeline):
                 prompt = prompts.evaluate_candidate(c.state["sql_context"], q.question,
                                                     q.evidence, c.input("generate_unit_tests"),
                                                     run.sql, result_preview(run))
-                result = await c.llm(prompt, SamplingParams(max_tokens=3, temperature=0.0,
-                                                            stop=("\n",)))
+                result = await c.llm(prompt, _VERDICT_PARAMS)
                 passed = result.text.strip().lower().startswith("yes")
                 c.summary = f"candidates {members}: {'pass' if passed else 'fail'}"
                 return passed
@@ -206,14 +208,20 @@ class ChessPipeline(Pipeline):
             return ranked[best][0]
 
         nodes = [llm_node("generate_unit_tests", "generate_unit_test", write_tests,
-                          prompt_tokens=700, output_tokens=30 * self.n_tests)]
+                          prompt_tokens=700, output_tokens=30 * self.n_tests,
+                          max_tokens=self._tests_params().max_tokens)]
         edges = [("select", "generate_unit_tests")]
         for rank, members in enumerate(ranked):
             nodes.append(llm_node(f"evaluate.{rank}", "evaluate", evaluator(rank, members),
-                                  prompt_tokens=800, output_tokens=2))
+                                  prompt_tokens=800, output_tokens=2,
+                                  max_tokens=_VERDICT_PARAMS.max_tokens))
             edges += [("generate_unit_tests", f"evaluate.{rank}"), (f"evaluate.{rank}", "choose")]
         nodes.append(tool_node("choose", "choose", choose))
         ctx.expand(nodes, edges)
+
+    def _tests_params(self) -> SamplingParams:
+        return SamplingParams(max_tokens=30 * self.n_tests, temperature=0.0,
+                              stop=("\n\n", "SELECT"))
 
     # ------------------------------------------------------------------------------ answer
     def output(self, state: dict[str, Any]) -> PipelineOutput:

@@ -26,10 +26,14 @@ def expected_llm_s(prompt_tokens: int, output_tokens: int) -> float:
 
 
 def llm_node(node_id: str, stage: str, fn: Callable[[StageContext], Awaitable[Any]], *,
-             prompt_tokens: int, output_tokens: int) -> Node:
+             prompt_tokens: int, output_tokens: int, max_tokens: int) -> Node:
+    """An LLM stage with the pipeline's own size hints. ``max_tokens`` is the cap its call
+    will use: the scheduler clips the stage's predicted output length to it before the call
+    is ready (so its critical path and remaining cost never assume more)."""
     return Node(id=node_id, stage=stage, kind=NodeKind.LLM, run=fn,
                 expected_s=expected_llm_s(prompt_tokens, output_tokens),
-                hints={"prompt_tokens": prompt_tokens, "output_tokens": output_tokens})
+                hints={"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+                       "max_tokens": max_tokens})
 
 
 def tool_node(node_id: str, stage: str, fn: Callable[[StageContext], Awaitable[Any]]) -> Node:
@@ -163,7 +167,8 @@ def add_revision_round(ctx: StageContext, *, candidate: int, round_: int, max_ro
 
     prompt_tokens = ctx.state.get("_context_tokens", 600) + 80
     ctx.expand(
-        [llm_node(rev_id, revise_stage, revise, prompt_tokens=prompt_tokens, output_tokens=60),
+        [llm_node(rev_id, revise_stage, revise, prompt_tokens=prompt_tokens, output_tokens=60,
+                  max_tokens=SQL_PARAMS.max_tokens),
          tool_node(exec_id, exec_stage, execute_revised)],
         [(ctx.node.id, rev_id), (rev_id, exec_id), (exec_id, downstream)])
     return True

@@ -33,6 +33,9 @@ from pipelines.common import (
 )
 from pipelines.sqltext import extract_sql
 
+_SELECTOR_PARAMS = SamplingParams(max_tokens=40, temperature=0.0, stop=("\n",))
+_DECOMPOSER_PARAMS = SamplingParams(max_tokens=200, temperature=0.0, stop=(";", "\n\n\n"))
+
 
 class MacSqlPipeline(Pipeline):
     name = "macsql"
@@ -52,12 +55,12 @@ class MacSqlPipeline(Pipeline):
         n_columns = sum(len(t.columns) for t in env.db.schema().tables)
         if n_columns >= self.selector_min_columns:
             first = llm_node("selector", "selector", self._selector, prompt_tokens=900,
-                             output_tokens=20)
+                             output_tokens=20, max_tokens=_SELECTOR_PARAMS.max_tokens)
         else:
             first = tool_node("selector", "keep_schema", self._keep_schema)
         graph = chain(first,
                       llm_node("decomposer", "decomposer", self._decomposer, prompt_tokens=800,
-                               output_tokens=120),
+                               output_tokens=120, max_tokens=_DECOMPOSER_PARAMS.max_tokens),
                       tool_node("execute.0.0", "execute", self._execute),
                       tool_node("finalize", "finalize", self._finalize))
         return graph
@@ -70,7 +73,7 @@ class MacSqlPipeline(Pipeline):
         q = ctx.query
         full = ctx.env.db.schema_prompt(samples=0)
         result = await ctx.llm(prompts.select_tables(full, q.question, q.evidence),
-                               SamplingParams(max_tokens=40, temperature=0.0, stop=("\n",)))
+                               _SELECTOR_PARAMS)
         known = {t.lower(): t for t in ctx.env.db.schema().table_names}
         named = [known[w.lower()] for w in re.findall(r"[A-Za-z_][\w]*", result.text)
                  if w.lower() in known]
@@ -91,8 +94,7 @@ class MacSqlPipeline(Pipeline):
         q = ctx.query
         result = await ctx.llm(prompts.decompose(ctx.state["sql_context"], q.question,
                                                  q.evidence),
-                               SamplingParams(max_tokens=200, temperature=0.0,
-                                              stop=(";", "\n\n\n")))
+                               _DECOMPOSER_PARAMS)
         sql = extract_sql(result.text)
         ctx.summary = sql or "(no SQL in the decomposition)"
         return sql

@@ -14,6 +14,7 @@ from agentflow.workflow import Query, StageContext, chain
 from agentflow.workflow.pipeline import Pipeline, PipelineEnv, PipelineOutput
 from pipelines import prompts
 from pipelines.common import (
+    SQL_PARAMS,
     execute_sql,
     llm_node,
     record_attempt,
@@ -54,7 +55,7 @@ class SinglePipeline(Pipeline):
             return run
 
         return chain(llm_node("generate_sql", "generate_sql", generate, prompt_tokens=900,
-                              output_tokens=40),
+                              output_tokens=40, max_tokens=SQL_PARAMS.max_tokens),
                      tool_node("execute", "execute", execute))
 
     def output(self, state: dict[str, Any]) -> PipelineOutput:

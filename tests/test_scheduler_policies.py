@@ -14,17 +14,18 @@ import pytest
 
 from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledCall, resolve
 from agentflow.scheduler.distribution import Distribution
+from agentflow.scheduler.length_models import LengthModel
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 
 
-class FixedLengths:
+class FixedLengths(LengthModel):
     """Test double for the length predictor: a fixed output length per stage."""
 
     def __init__(self, lengths: dict[str, float | Distribution]):
         self.lengths = lengths
 
-    def predict(self, stage, key_text="", input_tokens=None):
+    def predict(self, stage, key_text="", input_tokens=None, *, max_tokens=None):
         value = self.lengths[stage]
         return value if isinstance(value, Distribution) else Distribution.point(value)
 

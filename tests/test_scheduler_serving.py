@@ -68,3 +68,26 @@ def test_overload_rejects_with_a_reason_instead_of_queueing_forever() -> None:
     assert statuses == ["done", "rejected"]
     rejected = first if first.status == "rejected" else second
     assert "overloaded" in rejected.error and rejected.details["retry_after_s"] >= 1
+
+
+def test_each_calls_max_tokens_reaches_the_predictor_and_the_trace() -> None:
+    from agentflow.scheduler.predictor import LengthPredictor
+
+    class Recording(LengthPredictor):
+        def __init__(self):
+            super().__init__()
+            self.caps: dict[str, set] = {}
+
+        def predict(self, stage, key_text, input_tokens=None, *, max_tokens=None):
+            self.caps.setdefault(stage, set()).add(max_tokens)
+            return super().predict(stage, key_text, input_tokens, max_tokens=max_tokens)
+
+    backends = {n: ScriptedBackend(script, latency_s=0.01, name=n) for n in ("gpu-a", "gpu-b")}
+    with make(backends, policy="flowsage") as af:
+        af.router.coordinator.predictor = predictor = Recording()
+        answer = af.ask("How many stores are there?", db="bookshop", slo=30)
+    assert answer.status == "done"
+    assert predictor.caps["extract_keywords"] == {40}
+    assert predictor.caps["generate_candidate"] == {160}
+    calls = {s["stage"]: c for s in answer.stages for c in s["llm_calls"]}
+    assert calls["generate_candidate"]["max_tokens"] == 160

@@ -8,6 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from agentflow.scheduler.policies import policy_help
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -26,9 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated pipelines (single, chess, macsql); real mode default: "
                         "the config's; simulated: every recorded one")
     p.add_argument("--policy", default=None,
-                   help="comma-separated presets (vllm, hexgen-flow, sagesched, llf, flowsage; "
-                        "oracle in simulation) or DISPATCH+QUEUE; real mode default: the "
-                        "config's; simulated: all presets")
+                   help="comma-separated policies; real mode default: the config's; "
+                        "simulated: every preset with learned lengths. "
+                        + policy_help().replace("%", "%%"))
     p.add_argument("--limit", type=int, default=None,
                    help="a seeded sample of N questions (default: the whole split)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample and the arrivals")

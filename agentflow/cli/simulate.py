@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from agentflow.cli import table_console
+from agentflow.scheduler.length_models import PREDICTORS
+from agentflow.scheduler.policies import policy_help
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto")
     p.add_argument("--cluster", default="paper-4gpu", help="a name (paper-4gpu, ...) or YAML")
     p.add_argument("--policy", default="vllm,hexgen-flow,sagesched,flowsage",
-                   help="comma-separated presets (vllm, hexgen-flow, sagesched, llf, flowsage, "
-                        "oracle) or DISPATCH+QUEUE")
+                   help="comma-separated policies; " + policy_help().replace("%", "%%"))
+    p.add_argument("--predictor", default=None, choices=list(PREDICTORS),
+                   help="length model for every listed policy that names none (e.g. "
+                        "--predictor oracle runs each policy with true lengths)")
     p.add_argument("--rate", type=float, default=1.0, help="mean arrival rate, queries/s")
     p.add_argument("--arrival", default="poisson",
                    help="poisson | gamma:CV | steps:RATE/SECONDS,RATE/SECONDS,...")
@@ -53,7 +57,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     cluster = load_cluster(args.cluster)
     trace = load_trace(args.trace, args.format)
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    from agentflow.scheduler.policies import parse_policy, with_predictor
+
+    policies = [with_predictor(p.strip(), args.predictor)
+                for p in args.policy.split(",") if p.strip()]
+    for policy in policies:
+        parse_policy(policy)  # a bad name fails before any simulation runs
     idle = IdleLatency(cluster, cached_prefix=args.cached_prefix)
     workload = build_workload(trace, cluster, n=args.queries, rate=args.rate,
                               arrival=args.arrival, seed=args.seed, idle=idle)

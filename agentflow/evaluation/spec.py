@@ -10,7 +10,6 @@ from pathlib import Path
 from agentflow.datasets import Dataset, Example
 
 DATASET_KINDS = ("spider", "bird", "demo")
-SIM_ONLY_POLICIES = ("oracle",)
 
 
 class EvalError(ValueError):
@@ -109,18 +108,17 @@ def check_pipelines(names: list[str]) -> None:
 
 
 def check_policies(names: list[str], *, simulated: bool) -> None:
-    from agentflow.scheduler.policies import resolve
+    from agentflow.scheduler.policies import parse_policy
 
     for name in names:
-        if name in SIM_ONLY_POLICIES:
-            if not simulated:
-                raise EvalError(f"policy {name!r} exists only in the simulator (it knows every "
-                                "output length in advance); use it with --cluster")
-            continue
         try:
-            resolve(name)
+            spec = parse_policy(name)
         except ValueError as err:
             raise EvalError(str(err)) from None
+        if spec.simulation_only and not simulated:
+            raise EvalError(f"policy {name!r} exists only in the simulator (its length model "
+                            f"{spec.predictor!r} knows every call's length in advance); use it "
+                            "with --cluster")
 
 
 def run_key(pipeline: str, policy: str) -> str:

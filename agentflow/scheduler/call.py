@@ -54,7 +54,7 @@ class QueryState:
 @dataclass(eq=False)
 class ScheduledCall:
     """One LLM call from ready to done. ``output`` is the predicted output-length
-    distribution; ``true_output_tokens`` is known only to the oracle policy in simulation."""
+    distribution (a point at the truth only under the oracle length model)."""
 
     id: str
     query: QueryState
@@ -63,7 +63,6 @@ class ScheduledCall:
     prompt_tokens: int
     output: Distribution
     ready_at: float
-    true_output_tokens: int | None = None
     payload: Any = None  # the runtime's own handle (asyncio future, simulator record)
     seq: int = field(default_factory=lambda: next(_seq))
     state: CallState = CallState.WAITING

@@ -20,7 +20,8 @@ from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.distribution import Distribution, cost_distribution
 from agentflow.scheduler.instance import InstanceQueue
-from agentflow.scheduler.policies import resolve
+from agentflow.scheduler.length_models import LengthModel, make_predictor
+from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow.clock import Clock
 from agentflow.workflow.graph import Node, NodeKind
@@ -51,11 +52,18 @@ class QueryRejected(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
+# Prompt tokens assumed for a future stage when neither its pipeline hints nor any earlier
+# call of its stage says more.
+DEFAULT_PROMPT_TOKENS = 500
+
+
 class Coordinator:
     def __init__(self, instances: list[InstanceSpec], *, clock: Clock, policy: str = "flowsage",
-                 alpha: float | None = None, predictor: Any = None,
+                 alpha: float | None = None, predictor: LengthModel | None = None,
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
-                 max_attempts: int = 3, oracle: bool = False, **queue_kwargs: Any):
+                 max_attempts: int = 3, **queue_kwargs: Any):
+        """``predictor``: the length model; None builds the one the policy name picks
+        (``flowsage@oracle``; the learned predictor by default)."""
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         names = [s.name for s in instances]
@@ -67,20 +75,19 @@ class Coordinator:
         self._queue_policy = queue_policy
         self.queues = {s.name: InstanceQueue(s, queue_policy) for s in instances}
         self.time_models = {s.name: InstanceTimeModel.for_spec(s) for s in instances}
-        if predictor is None:
-            from agentflow.scheduler.predictor import LengthPredictor
-
-            predictor = LengthPredictor()
-        self.predictor = predictor  # LengthPredictor or anything with predict/observe
+        self.predictor: LengthModel = predictor if predictor is not None \
+            else make_predictor(parse_policy(policy).predictor)
         self.max_waiting_calls = max_waiting_calls
         self.max_active_queries = max_active_queries
         self.max_attempts = max_attempts
-        self.oracle = oracle  # use true output lengths when the runtime knows them
         self.queries: dict[str, QueryState] = {}
         self._ids = itertools.count()
         # per query: stage -> predicted length (future stages), and its (mean, P10, P90)
         self._stage_prediction: dict[str, dict[str, Distribution]] = {}
         self._stage_summary: dict[str, dict[str, tuple[Distribution, tuple]]] = {}
+        # Mean prompt tokens of each stage's calls so far: the estimate for future calls of
+        # the stage when the pipeline gives no hint (what serving knows before a prompt exists).
+        self._stage_prompts: dict[str, tuple[float, int]] = {}
         # Bumped whenever a time model learns or an instance goes up/down: the cluster-mean
         # stage-time coefficients are recomputed only then.
         self._models_epoch = 0
@@ -111,18 +118,23 @@ class Coordinator:
         return query
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
-                      payload: Any = None, true_output_tokens: int | None = None
+                      payload: Any = None, max_tokens: int | None = None
                       ) -> tuple[ScheduledCall, list[Decision]]:
+        """A call is ready. ``max_tokens`` is its output cap: the prediction is clipped to
+        it (a call cannot write more), which bounds ranking, outstanding work and KV use."""
         now = self.clock.now()
         query = self.queries[query_id]
-        if self.oracle and true_output_tokens is not None:
-            output = Distribution.point(true_output_tokens)
+        truth = self.predictor.true_lengths(query_id, node_id)
+        if truth is not None:
+            output = Distribution.point(truth.output_tokens)
         else:
-            output = self.predictor.predict(stage, query.key_text, prompt_tokens)
+            output = self.predictor.predict(stage, query.key_text, prompt_tokens,
+                                            max_tokens=max_tokens)
+        mean, n = self._stage_prompts.get(stage, (0.0, 0))
+        self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
         call = ScheduledCall(id=f"c{next(self._ids)}", query=query, stage=stage,
                              node_id=node_id, prompt_tokens=prompt_tokens, output=output,
-                             ready_at=now, true_output_tokens=true_output_tokens,
-                             payload=payload)
+                             ready_at=now, payload=payload)
         query.calls.add(call)
         query.calls_version += 1
         self._refresh(query, now)
@@ -275,13 +287,21 @@ class Coordinator:
         last event (see ``_refresh``)."""
         if call.query.run is None:
             return 0.0
+        self._paths_on_demand(call.query, now)
         return call.query.path_cache.get(call.node_id, 0.0)
 
     def remaining_s(self, query: QueryState, now: float) -> float:
         """Expected seconds left on the query's critical path, as of its last event."""
         if query.run is not None:
+            self._paths_on_demand(query, now)
             return query.path_cache.get(None, 0.0)
         return sum(self._mean_time(c.prompt_tokens, c.output.mean()) for c in query.calls)
+
+    def _paths_on_demand(self, query: QueryState, now: float) -> None:
+        """Policies that keep no per-query state (fcfs, edf, gittins) skip the critical
+        paths at events; asked for them anyway (inspection, tests), compute them now."""
+        if not self._queue_policy.query_dependent:
+            self._critical_paths(query, now)
 
     def _refresh(self, query: QueryState, now: float) -> None:
         """Something happened to ``query`` (arrival, a call ready, finished, or past an
@@ -371,7 +391,9 @@ class Coordinator:
                      ) -> tuple[float, float, float]:
         """(mean, optimistic, pessimistic) seconds of a stage, averaged over the cluster."""
         if node.kind != NodeKind.LLM:
-            t = max(0.0, float(node.expected_s))
+            truth = self.predictor.true_lengths(query.id, node.id)
+            t = truth.duration_s if truth is not None and truth.duration_s is not None \
+                else max(0.0, float(node.expected_s))
             return t, t, t
         if call is not None:
             prompt = call.prompt_tokens
@@ -379,8 +401,11 @@ class Coordinator:
                 call.length_summary = _length_summary(call.output)
             mean, lo, hi = call.length_summary
         else:
-            prompt = int(node.hints.get("prompt_tokens", 500))
-            dist = self._predict_stage(query, node.stage, prompt)
+            truth = self.predictor.true_lengths(query.id, node.id)
+            if truth is not None:  # the oracle: this stage's real sizes
+                t = self._mean_time(truth.prompt_tokens, truth.output_tokens)
+                return t, t, t
+            prompt, dist = self._future_lengths(query, node)
             per_query = self._stage_summary.setdefault(query.id, {})
             summary = per_query.get(node.stage)
             if summary is None or summary[0] is not dist:
@@ -413,9 +438,7 @@ class Coordinator:
                 if call is not None:
                     parts.append(self._remaining_call_cost(call))
                 else:
-                    tokens = int(node.hints.get("prompt_tokens", 500))
-                    parts.append(cost_distribution(tokens, self._predict_stage(
-                        query, node.stage, tokens)))
+                    parts.append(cost_distribution(*self._future_lengths(query, node)))
         else:
             parts = [self._remaining_call_cost(c) for c in query.calls]
         total = _sum_by_sampling(parts, query.id)
@@ -459,13 +482,28 @@ class Coordinator:
         """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
         return int(call.prompt_tokens + call.output.quantile(0.9))
 
-    def _predict_stage(self, query: QueryState, stage: str,
-                       prompt_tokens: int | None = None) -> Distribution:
+    def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
+        """Prompt tokens and output distribution of an LLM stage that has no call yet, from
+        what serving knows: the length model (the oracle knows the truth), the node's
+        ``max_tokens``, and its prompt size from the pipeline's hint, else the stage's
+        calls so far, else ``DEFAULT_PROMPT_TOKENS``."""
+        truth = self.predictor.true_lengths(query.id, node.id)
+        if truth is not None:
+            return truth.prompt_tokens, Distribution.point(truth.output_tokens)
+        prompt = node.hints.get("prompt_tokens")
+        if prompt is None:
+            seen = self._stage_prompts.get(node.stage)
+            prompt = seen[0] if seen is not None else DEFAULT_PROMPT_TOKENS
+        prompt = int(prompt)
+        return prompt, self._predict_stage(query, node.stage, prompt, node.hints.get("max_tokens"))
+
+    def _predict_stage(self, query: QueryState, stage: str, prompt_tokens: int | None = None,
+                       max_tokens: int | None = None) -> Distribution:
         per_query = self._stage_prediction.setdefault(query.id, {})
         dist = per_query.get(stage)
         if dist is None:
-            dist = per_query[stage] = self.predictor.predict(stage, query.key_text,
-                                                             prompt_tokens)
+            dist = per_query[stage] = self.predictor.predict(
+                stage, query.key_text, prompt_tokens, max_tokens=max_tokens)
         return dist
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
@@ -486,9 +524,12 @@ class Coordinator:
     def _node_estimate(self, query: QueryState):
         def estimate(node: Node) -> float:
             if node.kind != NodeKind.LLM:
+                truth = self.predictor.true_lengths(query.id, node.id)
+                if truth is not None and truth.duration_s is not None:
+                    return truth.duration_s
                 return node.expected_s
-            prompt = int(node.hints.get("prompt_tokens", 500))
-            return self._mean_time(prompt, self._predict_stage(query, node.stage, prompt).mean())
+            prompt, output = self._future_lengths(query, node)
+            return self._mean_time(prompt, output.mean())
         return estimate
 
     def _retry_after(self, now: float) -> float:

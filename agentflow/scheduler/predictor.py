@@ -47,6 +47,7 @@ import numpy as np
 
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.embedders import CachedEmbedder, Embedder, HashingEmbedder
+from agentflow.scheduler.length_models import LengthModel
 
 # OpenBLAS runs a large float32 matrix-vector product multi-threaded; on a busy 2-core host that
 # costs milliseconds of spinning, while blocks of this many rows stay on the single-thread path.
@@ -100,7 +101,7 @@ def _dot(rows: np.ndarray, matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
     return out
 
 
-class LengthPredictor:
+class LengthPredictor(LengthModel):
     """Predicts a call's output-token distribution from its stage, key text and prompt length;
     learns online from ``observe``. Thread-safe (one lock; every operation is short)."""
 

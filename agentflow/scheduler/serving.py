@@ -65,7 +65,7 @@ class ScheduledRouter:
         future: asyncio.Future = loop.create_future()
         sc, decisions = self.coordinator.on_call_ready(
             query.id, stage=call.node.stage, node_id=call.node.id, prompt_tokens=prompt_tokens,
-            payload=future)
+            payload=future, max_tokens=call.request.params.max_tokens)
         submitted = self.clock.now()
         self._apply(decisions)
         while True:

@@ -6,6 +6,11 @@ A discrete-event loop over a heap of (time, sequence, event). Arrivals build a
 coordinator calls, whose ``StartCall`` decisions feed ``SimInstance`` engines; engine events
 (progress, finish) go back to the coordinator and the runs. Tool steps take their recorded
 duration. Deterministic: no wall clock, seeded randomness, stable tie-breaking.
+
+The scheduler is told only what serving would know: a stage's prompt when it is ready, the
+pipeline's ``max_tokens`` caps, tool steps' mean duration so far — never a future call's
+recorded sizes. Those go to the length model through ``reveal``, which only the ``oracle``
+model listens to.
 """
 
 from __future__ import annotations
@@ -20,12 +25,17 @@ import networkx as nx
 
 from agentflow import hardware
 from agentflow.scheduler import Coordinator, FailCall, InstanceSpec, QueryRejected, StartCall
-from agentflow.scheduler.embedders import make_embedder
-from agentflow.scheduler.predictor import LengthPredictor
+from agentflow.scheduler.length_models import TrueLengths, make_predictor
+from agentflow.scheduler.policies import parse_policy
 from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
 from agentflow.sim.engine import SimInstance
-from agentflow.sim.workload import TraceQuery
+from agentflow.sim.workload import TraceNode, TraceQuery
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
+
+
+# A tool step's expected duration before any step of its stage has finished (the pipelines'
+# own default guess, agentflow's pipelines.common.TOOL_EXPECTED_S).
+TOOL_PRIOR_S = 0.05
 
 
 async def _replayed(ctx):  # pragma: no cover - simulated stages are never executed
@@ -87,10 +97,9 @@ class Simulation:
                                       kv_token_budget=engine.kv_blocks_total * engine.block_size,
                                       tensor_parallel=cfg.tensor_parallel,
                                       weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits))
-        oracle = policy == "oracle"
+        self.predictor = make_predictor(parse_policy(policy).predictor, embedder=embedder)
         self.coordinator = Coordinator(
-            specs, clock=self.clock, policy="flowsage" if oracle else policy, alpha=alpha,
-            predictor=LengthPredictor(embedder=make_embedder(embedder)), oracle=oracle,
+            specs, clock=self.clock, policy=policy, alpha=alpha, predictor=self.predictor,
             max_waiting_calls=max_waiting_calls)
         self.alpha_tuner = alpha_tuner
         self._heap: list[tuple[float, int, str, Any]] = []
@@ -98,6 +107,8 @@ class Simulation:
         self._versions: dict[str, int] = {name: 0 for name in self.instances}
         self._runs: dict[str, tuple[WorkflowRun, TraceQuery, QueryRecord]] = {}
         self._calls: dict[str, Any] = {}  # call id -> ScheduledCall
+        self._trace_nodes: dict[str, dict[str, TraceNode]] = {}  # query id -> node id -> node
+        self._tool_s: dict[str, tuple[float, int]] = {}  # stage -> (mean duration, count)
         self.events = 0
 
     # ------------------------------------------------------------------------------ public
@@ -141,38 +152,47 @@ class Simulation:
         now = self.clock.now()
         graph = nx.DiGraph()
         for n in trace.nodes:
-            kind = NodeKind.LLM if n.kind == "llm" else NodeKind.TOOL
-            graph.add_node(n.id, node=Node(n.id, n.stage, kind, _replayed,
-                                           expected_s=n.duration_s,
-                                           hints={"prompt_tokens": n.prompt_tokens,
-                                                  "output_tokens": n.output_tokens}))
+            if n.kind == "llm":  # no sizes: the stage's prompt is known once it is ready
+                hints = {} if n.max_tokens is None else {"max_tokens": n.max_tokens}
+                node = Node(n.id, n.stage, NodeKind.LLM, _replayed, hints=hints)
+            else:  # a tool step is expected to take what its stage has taken so far
+                node = Node(n.id, n.stage, NodeKind.TOOL, _replayed,
+                            expected_s=self._tool_s.get(n.stage, (TOOL_PRIOR_S, 0))[0])
+            graph.add_node(n.id, node=node)
         graph.add_edges_from((p, n.id) for n in trace.nodes for p in n.parents)
         query = Query(question=trace.question, db_id="", arrival=now, slo_s=record.slo_s,
                       id=record.id)
         run = WorkflowRun(query, graph)
+        self.predictor.reveal(record.id, {
+            n.id: TrueLengths(n.prompt_tokens, n.output_tokens,
+                              n.duration_s if n.kind == "tool" else None)
+            for n in trace.nodes})
         try:
             self.coordinator.on_query_arrival(record.id, arrival=now,
                                               deadline=now + record.slo_s,
                                               key_text=trace.question, run=run)
         except QueryRejected as err:
             record.status, record.reason = "rejected", err.reason
+            self.predictor.forget(record.id)
             return
         self._runs[record.id] = (run, trace, record)
+        self._trace_nodes[record.id] = {n.id: n for n in trace.nodes}
         self._start_ready(record.id)
 
     def _start_ready(self, query_id: str) -> None:
         run, trace, record = self._runs[query_id]
+        recorded = self._trace_nodes[query_id]
         now = self.clock.now()
         for node in run.ready():
             run.mark_started(node.id, now)
             if node.kind == NodeKind.TOOL:
-                self._push(now + node.expected_s, "tool_done", (query_id, node.id))
+                self._push(now + recorded[node.id].duration_s, "tool_done", (query_id, node.id))
                 continue
             record.calls += 1
             call, decisions = self.coordinator.on_call_ready(
                 query_id, stage=node.stage, node_id=node.id,
-                prompt_tokens=int(node.hints["prompt_tokens"]), payload=(query_id, node.id),
-                true_output_tokens=int(node.hints["output_tokens"]))
+                prompt_tokens=recorded[node.id].prompt_tokens, payload=(query_id, node.id),
+                max_tokens=recorded[node.id].max_tokens)
             self._calls[call.id] = call
             self._apply(decisions)
 
@@ -181,11 +201,15 @@ class Simulation:
         if entry is None:
             return
         run, trace, record = entry
+        done = self._trace_nodes[query_id][node_id]
+        if done.kind == "tool":
+            mean, n = self._tool_s.get(done.stage, (0.0, 0))
+            self._tool_s[done.stage] = (mean + (done.duration_s - mean) / (n + 1), n + 1)
         run.mark_done(node_id, self.clock.now())
         if run.finished:
             record.status, record.finish = "done", self.clock.now()
             self.coordinator.on_query_done(query_id)
-            del self._runs[query_id]
+            self._forget(query_id)
         else:
             self._start_ready(query_id)
 
@@ -213,9 +237,11 @@ class Simulation:
         for d in decisions:
             if isinstance(d, StartCall):
                 call = d.call
+                query_id, node_id = call.payload
                 try:
                     self.instances[d.instance].add(
-                        call.id, call.prompt_tokens, int(call.true_output_tokens or 1),
+                        call.id, call.prompt_tokens,
+                        max(1, self._trace_nodes[query_id][node_id].output_tokens),
                         d.priority, now, cached_tokens=int(self.cached_prefix *
                                                            call.prompt_tokens))
                 except ValueError as err:  # can never fit this instance's KV cache
@@ -226,15 +252,21 @@ class Simulation:
                 touched.add(d.instance)
             elif isinstance(d, FailCall):
                 query_id = d.call.payload[0]
-                entry = self._runs.pop(query_id, None)
+                entry = self._runs.get(query_id)
                 if entry is not None:
                     run, _, record = entry
+                    self._forget(query_id)
                     record.status, record.reason = "failed", d.reason
                     run.cancel_pending(now)
                     _, more = self.coordinator.cancel_query(query_id)
                     self._apply(more)
         for name in sorted(touched):
             self._reschedule(name)
+
+    def _forget(self, query_id: str) -> None:
+        del self._runs[query_id]
+        self._trace_nodes.pop(query_id, None)
+        self.predictor.forget(query_id)
 
     def _reschedule(self, name: str) -> None:
         self._versions[name] += 1

@@ -15,7 +15,7 @@ and tool steps with durations):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,9 @@ class TraceNode:
     prompt_tokens: int = 0
     output_tokens: int = 0
     duration_s: float = 0.0  # tool steps only
+    # The call's output cap, when the trace recorded it (agentflow traces do; HexGen-Flow
+    # traces do not): a setting of the pipeline, known to the scheduler before the call runs.
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -87,17 +90,19 @@ def load_agentflow(path: str | Path) -> list[TraceQuery]:
                 parents = tuple(p for p in n["parents"])
                 if n["kind"] == "llm":
                     calls = n.get("calls") or []
+                    caps = [c.get("max_tokens") for c in calls]
                     nodes.append(TraceNode(
                         n["id"], n["stage"], "llm", parents,
                         sum(c["prompt_tokens"] for c in calls),
-                        sum(c["completion_tokens"] for c in calls)))
+                        sum(c["completion_tokens"] for c in calls),
+                        max_tokens=sum(caps) if caps and None not in caps else None))
                 else:
                     duration = (n["end"] or 0.0) - (n["start"] or 0.0)
                     nodes.append(TraceNode(n["id"], n["stage"], "tool", parents,
                                            duration_s=max(0.0, duration)))
             kept = {n.id for n in nodes}
-            nodes = [TraceNode(n.id, n.stage, n.kind, tuple(p for p in n.parents if p in kept),
-                               n.prompt_tokens, n.output_tokens, n.duration_s) for n in nodes]
+            nodes = [replace(n, parents=tuple(p for p in n.parents if p in kept))
+                     for n in nodes]
             queries.append(TraceQuery(id=f"{rec.get('query_id', li)}", nodes=nodes,
                                       question=rec.get("question", ""),
                                       meta={"db_id": rec.get("db_id"), "sql": rec.get("sql"),

@@ -31,6 +31,7 @@ class LLMCallRecord:
     started: float  # clock time the instance started processing it
     finished: float
     finish_reason: str
+    max_tokens: int | None = None  # the call's output cap (replays clip predictions to it)
 
     @property
     def queue_s(self) -> float:

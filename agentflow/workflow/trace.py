@@ -32,7 +32,7 @@ def trace_record(query: Query, *, pipeline: dict[str, Any], sql: str | None,
                 "cached_prompt_tokens": c["cached_prompt_tokens"],
                 "submitted": c["submitted"], "started": c["started"], "finished": c["finished"],
                 "queue_s": c["queue_s"], "run_s": c["run_s"],
-                "finish_reason": c["finish_reason"],
+                "finish_reason": c["finish_reason"], "max_tokens": c.get("max_tokens"),
                 "prompt": text.get("prompt"), "output": text.get("output")})
         nodes.append({"id": r["node_id"], "stage": r["stage"], "kind": r["kind"],
                       "parents": r["parents"], "start": r["start"], "end": r["end"],

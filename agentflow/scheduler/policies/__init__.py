@@ -1,11 +1,15 @@
 """Scheduling policies by name, and the presets that pair a dispatch with a queue policy.
 
-One file per policy; add a policy by adding a file and a line here.
+One file per policy; add a policy by adding a file and a line here. A policy name is a preset
+or ``DISPATCH+QUEUE``, optionally followed by ``@MODEL`` to pick the length model
+(``agentflow.scheduler.length_models``: ``learned`` by default, ``oracle`` in simulation).
+Lists of names and help texts are generated from these tables (``policy_help``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agentflow.scheduler.policies.base import DispatchPolicy, QueuePolicy, SchedulerView
@@ -45,28 +49,88 @@ PRESETS: dict[str, tuple[str, str]] = {
     "llf": ("least_loaded", "llf"),
     "flowsage": ("workload_balanced", "flowsage"),
 }
+PRESETS["oracle"] = PRESETS["flowsage"]  # flowsage with true lengths: the yardstick
+# Presets that also fix the length model (every other name uses DEFAULT_PREDICTOR).
+PRESET_PREDICTORS: dict[str, str] = {"oracle": "oracle"}
 
 
-def resolve(policy: str, *, alpha: float | None = None,
-            **queue_kwargs: Any) -> tuple[DispatchPolicy, QueuePolicy]:
-    """A preset name (``flowsage``) or ``DISPATCH+QUEUE`` (``least_loaded+edf``)."""
-    if policy in PRESETS:
-        dispatch_name, queue_name = PRESETS[policy]
-    elif "+" in policy:
-        dispatch_name, queue_name = policy.split("+", 1)
+@dataclass(frozen=True)
+class PolicySpec:
+    """A parsed policy name: dispatch, queue policy and length model, all registry names."""
+
+    name: str
+    dispatch: str
+    queue: str
+    predictor: str
+
+    @property
+    def simulation_only(self) -> bool:
+        from agentflow.scheduler.length_models import PREDICTORS
+
+        return PREDICTORS[self.predictor].simulation_only
+
+
+def parse_policy(policy: str) -> PolicySpec:
+    """``PRESET``, ``DISPATCH+QUEUE``, either with ``@MODEL`` (``least_loaded+edf@oracle``)."""
+    from agentflow.scheduler.length_models import DEFAULT_PREDICTOR, PREDICTORS
+
+    base, _, predictor = policy.partition("@")
+    if base in PRESETS:
+        dispatch_name, queue_name = PRESETS[base]
+        predictor = predictor or PRESET_PREDICTORS.get(base, DEFAULT_PREDICTOR)
+    elif "+" in base:
+        dispatch_name, queue_name = base.split("+", 1)
     else:
-        raise ValueError(f"unknown policy {policy!r}; presets: {', '.join(PRESETS)}, or "
-                         f"DISPATCH+QUEUE with dispatch in {', '.join(DISPATCH)} and queue in "
-                         f"{', '.join(QUEUE)}")
+        raise ValueError(f"unknown policy {policy!r}; {policy_help()}")
     if dispatch_name not in DISPATCH:
         raise ValueError(f"unknown dispatch policy {dispatch_name!r}; "
                          f"choose from {', '.join(DISPATCH)}")
     if queue_name not in QUEUE:
         raise ValueError(f"unknown queue policy {queue_name!r}; choose from {', '.join(QUEUE)}")
+    predictor = predictor or DEFAULT_PREDICTOR
+    if predictor not in PREDICTORS:
+        raise ValueError(f"unknown length model {predictor!r} in {policy!r}; "
+                         f"choose from {', '.join(PREDICTORS)}")
+    return PolicySpec(policy, dispatch_name, queue_name, predictor)
+
+
+def with_predictor(policy: str, predictor: str | None) -> str:
+    """``policy`` with length model ``predictor`` unless the name already picks one."""
+    if not predictor or "@" in policy or policy in PRESET_PREDICTORS:
+        return policy
+    return f"{policy}@{predictor}"
+
+
+def policy_help(*, simulation: bool = True) -> str:
+    """One line naming every preset, dispatch, queue policy and length model."""
+    from agentflow.scheduler.length_models import PREDICTORS
+
+    def preset(name: str) -> str:
+        d, q = PRESETS[name]
+        model = PRESET_PREDICTORS.get(name)
+        return f"{name} ({d}+{q}{'@' + model if model else ''})"
+
+    presets = [preset(n) for n in PRESETS
+               if simulation or not PREDICTORS[PRESET_PREDICTORS.get(n, "learned")]
+               .simulation_only]
+    models = [f"{k.name}: {k.help}" for k in PREDICTORS.values()
+              if simulation or not k.simulation_only]
+    return (f"presets: {', '.join(presets)}; or DISPATCH+QUEUE with dispatch in "
+            f"{', '.join(DISPATCH)} and queue in {', '.join(QUEUE)}; optional @MODEL picks the "
+            f"length model ({'; '.join(models)})")
+
+
+def resolve(policy: str, *, alpha: float | None = None,
+            **queue_kwargs: Any) -> tuple[DispatchPolicy, QueuePolicy]:
+    """The dispatch and queue policy of a name (``flowsage``, ``least_loaded+edf@oracle``);
+    the length model is the caller's (see ``PolicySpec.predictor``)."""
+    spec = parse_policy(policy)
+    dispatch_name, queue_name = spec.dispatch, spec.queue
     dispatch = (WorkloadBalancedDispatch(alpha) if dispatch_name == "workload_balanced"
                 and alpha is not None else DISPATCH[dispatch_name]())
     return dispatch, QUEUE[queue_name](**queue_kwargs)
 
 
 __all__ = ["DispatchPolicy", "QueuePolicy", "SchedulerView", "DISPATCH", "QUEUE", "PRESETS",
-           "resolve"]
+           "PRESET_PREDICTORS", "PolicySpec", "parse_policy", "policy_help", "resolve",
+           "with_predictor"]
