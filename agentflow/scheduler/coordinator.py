@@ -19,7 +19,7 @@ import numpy as np
 from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.distribution import Distribution, cost_distribution
-from agentflow.scheduler.instance import InstanceQueue
+from agentflow.scheduler.instance import InstanceQueue, LoadBook
 from agentflow.scheduler.length_models import LengthModel, make_predictor
 from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.time_model import InstanceTimeModel
@@ -73,8 +73,13 @@ class Coordinator:
         self.policy_name = policy
         self.dispatch, queue_policy = resolve(policy, alpha=alpha, **queue_kwargs)
         self._queue_policy = queue_policy
-        self.queues = {s.name: InstanceQueue(s, queue_policy) for s in instances}
-        self.time_models = {s.name: InstanceTimeModel.for_spec(s) for s in instances}
+        self.loads = LoadBook(len(instances))
+        self.queues = {s.name: InstanceQueue(s, queue_policy, self.loads, i)
+                       for i, s in enumerate(instances)}
+        self._index = {s.name: i for i, s in enumerate(instances)}
+        self._name_rank = np.argsort(np.argsort(np.array(names, dtype=object)))
+        self.time_models = _TimeModels(self, {s.name: InstanceTimeModel.for_spec(s)
+                                              for s in instances})
         self.predictor: LengthModel = predictor if predictor is not None \
             else make_predictor(parse_policy(policy).predictor)
         self.max_waiting_calls = max_waiting_calls
@@ -92,6 +97,7 @@ class Coordinator:
         # stage-time coefficients are recomputed only then.
         self._models_epoch = 0
         self._mean_coef: tuple[int, float, float, float] | None = None
+        self._coef_cache: tuple | None = None
 
     # ============================================================================ events
     def on_query_arrival(self, query_id: str, *, arrival: float | None = None,
@@ -275,12 +281,40 @@ class Coordinator:
         return cached[1]
 
     def outstanding_work(self, instance: str, now: float) -> float:
-        queue = self.queues[instance]
-        model = self.time_models[instance]
-        work = (len(queue.waiting) * model.overhead_s
-                + model.prefill_s(queue.waiting_prompt_tokens) - model.overhead_s
-                + model.decode_s(queue.waiting_output_tokens)) if queue.waiting else 0.0
-        return work + queue.running_work(now)
+        return float(self.work_vector(now)[self._index[instance]])
+
+    def work_vector(self, now: float) -> np.ndarray:
+        """``W_i`` of every instance (construction order): the waiting calls' expected time
+        from their token totals, plus what is left of the running calls."""
+        oh, pf, df = self._coef_vectors()
+        book = self.loads
+        return (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df
+                + book.running(now))
+
+    def time_vector(self, call: ScheduledCall) -> np.ndarray:
+        """``t(call, i)`` on every instance (construction order)."""
+        oh, pf, df = self._coef_vectors()
+        return oh + call.prompt_tokens * pf + call.mean_output * df
+
+    def dispatch_view(self, call: ScheduledCall, instances: list[str], now: float
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(W, t, name rank) for ``instances``, aligned with that list: what every dispatch
+        policy reads, in a few vector operations whatever the cluster size."""
+        idx = [self._index[n] for n in instances]
+        return self.work_vector(now)[idx], self.time_vector(call)[idx], self._name_rank[idx]
+
+    def _coef_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-instance overhead, prefill and decode seconds per token (with the online
+        corrections), refreshed only when a time model learns."""
+        cached = self._coef_cache
+        key = self._models_epoch
+        if cached is None or cached[0] != key:
+            models = [self.time_models[n] for n in self.queues]
+            cached = self._coef_cache = (
+                key, np.array([m.overhead_s for m in models]),
+                np.array([m.prefill_s_per_token * m.prefill_ratio for m in models]),
+                np.array([m.decode_s_per_token * m.decode_ratio for m in models]))
+        return cached[1], cached[2], cached[3]
 
     def downstream_s(self, call: ScheduledCall, now: float) -> float:
         """Expected seconds on the longest chain after ``call``'s stage, as of the query's
@@ -312,15 +346,18 @@ class Coordinator:
             return
         if query.run is not None:
             self._critical_paths(query, now)
-        per_query = self._queue_policy.per_query
+        policy = self._queue_policy
         seen: set[str] = set()
+        key = None
         for c in list(query.calls):
             if c.state == CallState.WAITING and c.instance is not None:
-                if per_query:
+                if policy.per_query:  # one key for the query, placed once per instance
                     if c.instance in seen:
                         continue
                     seen.add(c.instance)
-                self.queues[c.instance].rekey(c, now, self)
+                    if key is None:
+                        key = policy.rank(c, now, self)
+                self.queues[c.instance].rekey(c, now, self, key)
 
     # quantile levels of the optimistic and pessimistic paths (a symmetric 80% band)
     PATH_QUANTILES = (0.1, 0.9)
@@ -333,7 +370,7 @@ class Coordinator:
         pessimistic whole paths (every LLM stage at its P10 / P90 length) and the work left."""
         run = query.run
         graph = run.graph
-        shape = (graph.number_of_nodes(), graph.number_of_edges())
+        shape = len(graph)  # the graph only grows, and only by new nodes (expansions)
         if query.topo is None or query.topo[0] != shape:
             import networkx as nx
 
@@ -341,9 +378,11 @@ class Coordinator:
             query.topo = (shape, [(n, run.node(n), list(graph.successors(n)))
                                   for n in reversed(order)])
         _, reverse_order = query.topo
+        self._mean_time(0.0, 0.0)  # refresh the cluster-mean coefficients
+        _, oh, pf, df = self._mean_coef
         calls = {c.node_id: c for c in query.calls}
         done = query.done_nodes
-        pending, running = run.PENDING, run.RUNNING
+        pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
         rem: dict[str, tuple[float, float, float]] = {}
         after: dict[str | None, float] = {}
         after_lo: dict[str, float] = {}
@@ -353,9 +392,13 @@ class Coordinator:
             state = run.state(n)
             if (state != pending and state != running) or n in done:
                 continue
-            t, t_lo, t_hi = self._stage_times(query, node, calls.get(n))
-            if node.kind == NodeKind.LLM:
+            if node.kind == llm:
+                prompt, (mean, lo, hi) = self._stage_lengths(query, node, calls.get(n))
+                base = oh + prompt * pf
+                t, t_lo, t_hi = base + mean * df, base + lo * df, base + hi * df
                 work += t
+            else:
+                t = t_lo = t_hi = self._tool_time(query, node)
             if state == running:
                 started = run.started_at(n)
                 if started is not None:
@@ -378,41 +421,42 @@ class Coordinator:
                     if v > best_hi:
                         best_hi = v
             after[n], after_lo[n], after_hi[n] = best, best_lo, best_hi
-            total = max(total, t + best)
-            total_lo = max(total_lo, t_lo + best_lo)
-            total_hi = max(total_hi, t_hi + best_hi)
+            if t + best > total:
+                total = t + best
+            if t_lo + best_lo > total_lo:
+                total_lo = t_lo + best_lo
+            if t_hi + best_hi > total_hi:
+                total_hi = t_hi + best_hi
         after[None] = total
         query.path_cache = after
         query.path_cache_version = run.version
         query.path_cache_at = now
         query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
 
-    def _stage_times(self, query: QueryState, node: Node, call: ScheduledCall | None
-                     ) -> tuple[float, float, float]:
-        """(mean, optimistic, pessimistic) seconds of a stage, averaged over the cluster."""
-        if node.kind != NodeKind.LLM:
-            truth = self.predictor.true_lengths(query.id, node.id)
-            t = truth.duration_s if truth is not None and truth.duration_s is not None \
-                else max(0.0, float(node.expected_s))
-            return t, t, t
+    def _tool_time(self, query: QueryState, node: Node) -> float:
+        truth = self.predictor.true_lengths(query.id, node.id)
+        if truth is not None and truth.duration_s is not None:
+            return truth.duration_s
+        return max(0.0, float(node.expected_s))
+
+    def _stage_lengths(self, query: QueryState, node: Node, call: ScheduledCall | None
+                       ) -> tuple[float, tuple[float, float, float]]:
+        """(prompt tokens, (mean, P10, P90) output tokens) of an LLM stage: its call's
+        when it has one, else what ``_future_lengths`` expects."""
         if call is not None:
-            prompt = call.prompt_tokens
             if call.length_summary is None:
                 call.length_summary = _length_summary(call.output)
-            mean, lo, hi = call.length_summary
-        else:
-            truth = self.predictor.true_lengths(query.id, node.id)
-            if truth is not None:  # the oracle: this stage's real sizes
-                t = self._mean_time(truth.prompt_tokens, truth.output_tokens)
-                return t, t, t
-            prompt, dist = self._future_lengths(query, node)
-            per_query = self._stage_summary.setdefault(query.id, {})
-            summary = per_query.get(node.stage)
-            if summary is None or summary[0] is not dist:
-                summary = per_query[node.stage] = (dist, _length_summary(dist))
-            mean, lo, hi = summary[1]
-        mt = self._mean_time
-        return mt(prompt, mean), mt(prompt, lo), mt(prompt, hi)
+            return call.prompt_tokens, call.length_summary
+        truth = self.predictor.true_lengths(query.id, node.id)
+        if truth is not None:  # the oracle: this stage's real sizes
+            o = float(truth.output_tokens)
+            return truth.prompt_tokens, (o, o, o)
+        prompt, dist = self._future_lengths(query, node)
+        per_query = self._stage_summary.setdefault(query.id, {})
+        summary = per_query.get(node.stage)
+        if summary is None or summary[0] is not dist:
+            summary = per_query[node.stage] = (dist, _length_summary(dist))
+        return prompt, summary[1]
 
     def call_cost(self, call: ScheduledCall) -> Distribution:
         if call.cost is None:
@@ -511,12 +555,13 @@ class Coordinator:
         estimate, since the stage's instance is not chosen yet). The time models are linear
         in tokens, so the average is three coefficients, refreshed when a model learns."""
         coef = self._mean_coef
-        if coef is None or coef[0] != self._models_epoch:
+        key = self._models_epoch
+        if coef is None or coef[0] != key:
             names = self.up_instances or list(self.queues)
             models = [self.time_models[n] for n in names]
             k = len(models)
             coef = self._mean_coef = (
-                self._models_epoch, sum(m.overhead_s for m in models) / k,
+                key, sum(m.overhead_s for m in models) / k,
                 sum(m.prefill_s_per_token * m.prefill_ratio for m in models) / k,
                 sum(m.decode_s_per_token * m.decode_ratio for m in models) / k)
         return coef[1] + prompt_tokens * coef[2] + output_tokens * coef[3]
@@ -540,11 +585,29 @@ class Coordinator:
 
 _COST_SAMPLES = 256
 
+class _TimeModels(dict):
+    """The coordinator's time models by instance; replacing one (tests, calibration) marks the
+    cached cluster-wide coefficients stale, as learning does."""
+
+    def __init__(self, owner: "Coordinator", models: dict[str, InstanceTimeModel]):
+        super().__init__(models)
+        self._owner = owner
+
+    def __setitem__(self, name: str, model: InstanceTimeModel) -> None:
+        super().__setitem__(name, model)
+        self._owner._models_epoch += 1
+
+
+_QUANTILE_LEVELS = np.array(Coordinator.PATH_QUANTILES) - 1e-12  # as Distribution.quantile
+
+
 def _length_summary(dist: Distribution) -> tuple[float, float, float]:
-    """(mean, P10, P90) of a length distribution."""
-    lo, hi = Coordinator.PATH_QUANTILES
-    q = dist.quantile(np.array([lo, hi]))
-    return float(dist.mean()), float(q[0]), float(q[1])
+    """(mean, P10, P90) of a length distribution (``Distribution.quantile``'s lower quantile,
+    in one search)."""
+    values = dist.values
+    idx = np.minimum(np.searchsorted(dist._cdf_array(), _QUANTILE_LEVELS, side="left"),
+                     values.size - 1)
+    return float(dist.mean()), float(values[idx[0]]), float(values[idx[1]])
 
 
 def _sum_by_sampling(parts: list[Distribution], seed_text: str) -> Distribution:

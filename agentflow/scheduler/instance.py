@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.policies.base import QueuePolicy, SchedulerView
@@ -21,8 +23,11 @@ from agentflow.scheduler.ranking import KineticTournament, key_at, next_switch, 
 class InstanceQueue:
     """Waiting and running calls of one instance."""
 
-    def __init__(self, spec: InstanceSpec, policy: QueuePolicy):
+    def __init__(self, spec: InstanceSpec, policy: QueuePolicy, book: "LoadBook | None" = None,
+                 index: int = 0):
         self.spec = spec
+        self.book = book if book is not None else LoadBook(1)
+        self.index = index
         self.policy = policy
         self.up = True
         self.waiting: set[ScheduledCall] = set()
@@ -35,16 +40,7 @@ class InstanceQueue:
         self._now = float("-inf")  # latest decision time seen (for re-placing entries)
         self._admitted = 0
         self.kv_tokens_in_use = 0
-        # Token totals of the waiting calls: with a time model linear in tokens they give the
-        # queue's expected work in O(1) instead of a pass over thousands of calls.
-        self.waiting_prompt_tokens = 0.0
-        self.waiting_output_tokens = 0.0
         self._pending_prefill: set[ScheduledCall] = set()
-        # Running calls' expected finish times (as estimated at admission): the sum of what is
-        # left is sum(f) - n * now over the calls not yet past their expected finish.
-        self._finish_heap: list[tuple[float, int, ScheduledCall]] = []
-        self._finish_sum = 0.0
-        self._finish_n = 0
         self.check_reference = False  # tests: assert the fast pick equals the O(n) scan
 
     @property
@@ -71,13 +67,15 @@ class InstanceQueue:
             if call.seq < entry.seq:  # a retried older call: the tie-break seq moves
                 self._place(entry, now)
 
-    def rekey(self, call: ScheduledCall, now: float, view: SchedulerView) -> None:
+    def rekey(self, call: ScheduledCall, now: float, view: SchedulerView,
+              key: tuple | None = None) -> None:
         """Recompute the key of a waiting call (its query changed) and re-place it; for
-        per-query policies this re-keys the query's whole entry once."""
+        per-query policies this re-keys the query's whole entry once (``key``: already
+        computed by the caller for the query)."""
         if call not in self.waiting:
             return
         entry = self._entries[call.query if self.policy.per_query else call]
-        self._rank(entry, call, now, view)
+        self._rank(entry, call, now, view, key)
 
     def remove(self, call: ScheduledCall) -> None:
         """Forget a waiting call (cancelled, moved or admitted)."""
@@ -147,11 +145,7 @@ class InstanceQueue:
             if call.attained_tokens == 0:
                 self._pending_prefill.add(call)
             self.kv_tokens_in_use += need
-            finish = now + view.expected_s(call, self.name)
-            call.expected_finish = finish
-            heapq.heappush(self._finish_heap, (finish, call.seq, call))
-            self._finish_sum += finish
-            self._finish_n += 1
+            self.book.start(self.index, call, now + view.expected_s(call, self.name))
             started.append(call)
         return started
 
@@ -167,30 +161,28 @@ class InstanceQueue:
             self.running.discard(call)
             self._pending_prefill.discard(call)
             self.kv_tokens_in_use = max(0, self.kv_tokens_in_use - kv_tokens)
-            if call.expected_finish is not None:
-                self._finish_sum -= call.expected_finish
-                self._finish_n -= 1
-                call.expected_finish = None
+            self.book.stop(self.index, call)
+
+    @property
+    def waiting_prompt_tokens(self) -> float:
+        return float(self.book.wait_prompt[self.index])
+
+    @property
+    def waiting_output_tokens(self) -> float:
+        return float(self.book.wait_output[self.index])
 
     def running_work(self, now: float) -> float:
-        """Expected seconds left on the running calls (calls past their expected finish
-        count 0), amortised O(1): the clock never goes back, so an over-run stays one."""
-        heap = self._finish_heap
-        while heap and heap[0][0] <= now:
-            finish, _, call = heapq.heappop(heap)
-            if call.expected_finish == finish:
-                self._finish_sum -= finish
-                self._finish_n -= 1
-                call.expected_finish = None
-        if self._finish_n == 0:
-            self._finish_sum = 0.0
-            return 0.0
-        return max(0.0, self._finish_sum - self._finish_n * now)
+        """Expected seconds left on the running calls (see ``LoadBook``)."""
+        return float(self.book.running(now)[self.index])
 
     # ---------------------------------------------------------------------------- internals
     def _rank(self, entry: "_Entry", call: ScheduledCall, now: float,
-              view: SchedulerView) -> None:
-        entry.key = self.policy.rank(call, now, view)
+              view: SchedulerView, key: tuple | None = None) -> None:
+        if key is None:
+            key = self.policy.rank(call, now, view)
+        if key == entry.key and entry.slot is not None:
+            return  # unchanged: nothing to move
+        entry.key = key
         if self.policy.per_query:
             for _, c in entry.calls:  # the reference scan reads each call's key
                 c.rank_key = entry.key
@@ -226,8 +218,50 @@ class InstanceQueue:
                 self._place(entry, now)
 
     def _account(self, call: ScheduledCall, sign: int) -> None:
-        self.waiting_prompt_tokens += sign * call.prompt_tokens
-        self.waiting_output_tokens += sign * call.mean_output
+        book, i = self.book, self.index
+        book.n_wait[i] += sign
+        book.wait_prompt[i] += sign * call.prompt_tokens
+        book.wait_output[i] += sign * call.mean_output
+
+
+class LoadBook:
+    """Every instance's load in a few arrays, so a dispatch over 64 instances is a handful of
+    vector operations instead of 64 scans: waiting calls and their token totals (with a
+    time model linear in tokens they give the queue's expected work), and the running calls'
+    expected finish times (estimated at admission). The work left on running calls is
+    ``sum(f) - n * now`` over calls not yet past their expected finish; one heap over all
+    instances retires the over-running ones (amortised O(1): the clock never goes back, so
+    an over-run stays one, and it counts 0 as before)."""
+
+    def __init__(self, n: int):
+        self.n_wait = np.zeros(n)
+        self.wait_prompt = np.zeros(n)
+        self.wait_output = np.zeros(n)
+        self.finish_sum = np.zeros(n)
+        self.finish_n = np.zeros(n)
+        self._heap: list[tuple[float, int, int, ScheduledCall]] = []
+
+    def start(self, index: int, call: ScheduledCall, finish: float) -> None:
+        call.expected_finish = finish
+        heapq.heappush(self._heap, (finish, call.seq, index, call))
+        self.finish_sum[index] += finish
+        self.finish_n[index] += 1
+
+    def stop(self, index: int, call: ScheduledCall) -> None:
+        if call.expected_finish is not None:
+            self.finish_sum[index] -= call.expected_finish
+            self.finish_n[index] -= 1
+            if self.finish_n[index] == 0:
+                self.finish_sum[index] = 0.0  # no drift once the instance is idle
+            call.expected_finish = None
+
+    def running(self, now: float) -> np.ndarray:
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            finish, _, index, call = heapq.heappop(heap)
+            if call.expected_finish == finish:
+                self.stop(index, call)
+        return np.maximum(self.finish_sum - self.finish_n * now, 0.0)
 
 
 class _Entry:

@@ -22,14 +22,12 @@ for the O(n) reference scan (``InstanceQueue.reference_peek``) so both agree exa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 _INF = math.inf
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(NamedTuple):
     start: float  # the segment applies from this time on (-inf for the first)
     tier: int  # lower tiers run first
     a: float

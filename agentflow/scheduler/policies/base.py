@@ -8,6 +8,8 @@ import abc
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from agentflow.scheduler.call import QueryState, ScheduledCall
     from agentflow.scheduler.distribution import Distribution
     from agentflow.scheduler.ranking import Key
@@ -19,6 +21,12 @@ class SchedulerView(Protocol):
 
     def outstanding_work(self, instance: str, now: float) -> float:
         """``W_i``: expected seconds of work waiting and still running on ``instance``."""
+
+    def dispatch_view(self, call: "ScheduledCall", instances: list[str], now: float
+                      ) -> tuple["np.ndarray", "np.ndarray", "np.ndarray"]:
+        """(``W_i``, ``t(call, i)``, rank of the instance's name) for each of ``instances``,
+        as arrays aligned with the list (vectorised, so dispatch cost barely grows with the
+        cluster)."""
 
     def downstream_s(self, call: "ScheduledCall", now: float) -> float:
         """Expected seconds of the query's critical path after this call's stage."""

@@ -6,6 +6,8 @@ weight is needed: a fast GPU wins until its queue is longer than the time it sav
 
 from __future__ import annotations
 
+import numpy as np
+
 from agentflow.scheduler.policies.base import DispatchPolicy
 
 
@@ -13,5 +15,5 @@ class EarliestFinishDispatch(DispatchPolicy):
     name = "earliest_finish"
 
     def choose(self, call, instances, now, view) -> str:
-        return min(instances, key=lambda i: (view.outstanding_work(i, now)
-                                             + view.expected_s(call, i), i))
+        work, times, names = view.dispatch_view(call, instances, now)
+        return instances[int(np.lexsort((names, work + times))[0])]
