@@ -595,7 +595,9 @@ class _TimeModels(dict):
 
     def __setitem__(self, name: str, model: InstanceTimeModel) -> None:
         super().__setitem__(name, model)
-        self._owner._models_epoch += 1
+        owner = self.__dict__.get("_owner")  # absent while copy.deepcopy rebuilds the dict
+        if owner is not None and hasattr(owner, "_models_epoch"):
+            owner._models_epoch += 1
 
 
 _QUANTILE_LEVELS = np.array(Coordinator.PATH_QUANTILES) - 1e-12  # as Distribution.quantile
