@@ -193,7 +193,7 @@ def test_presets_and_bad_names() -> None:
     assert [type(p).__name__ for p in resolve("sagesched")] == ["LeastLoadedDispatch",
                                                                  "GittinsQueue"]
     assert [p.name for p in resolve("vllm")] == ["round_robin", "fcfs"]
-    assert [p.name for p in resolve("flowsage")] == ["workload_balanced", "flowsage"]
+    assert [p.name for p in resolve("flowsage")] == ["earliest_finish", "flowsage"]
     assert [p.name for p in resolve("llf")] == ["least_loaded", "llf"]
     with pytest.raises(ValueError, match="unknown policy"):
         resolve("fastest")
@@ -202,3 +202,26 @@ def test_presets_and_bad_names() -> None:
     with pytest.raises(ValueError, match="alpha"):
         resolve("workload_balanced+fcfs", alpha=2.0)
     assert math.isfinite(resolve("hexgen-flow", alpha=0.3)[0].alpha)
+
+
+def test_flowsage_runs_the_query_most_likely_to_miss_first() -> None:
+    # Both queries: deadline 20, one stage left whose mean is 10 s -> the same slack (10 s).
+    # "Sure" always writes 10 tokens; "Unsure" writes 2 or 18 (mean 10): its P10-P90 path
+    # spread is 16 s, so its miss probability is higher -> it runs first, unlike LLF, which
+    # sees equal laxity and falls back to arrival order.
+    unsure = Distribution(values=[2.0, 18.0], probs=[0.5, 0.5])
+    made = {}
+    for policy, first in (("least_loaded+flowsage", "Unsure"), ("least_loaded+llf", "Sure")):
+        c = made[policy] = coordinator(policy, {"s": 10, "u": unsure})
+        occupy(c)
+        c.on_query_arrival("Sure", deadline=20, run=chain_run("Sure", 20, ["s"]))
+        c.on_query_arrival("Unsure", deadline=20, run=chain_run("Unsure", 20, ["u"]))
+        c.on_call_ready("Sure", stage="s", node_id="Sure.0", prompt_tokens=0)
+        c.on_call_ready("Unsure", stage="u", node_id="Unsure.0", prompt_tokens=0)
+        order = [x.query.id for x in c.queues["fast"].ordered_waiting(0.0, c)]
+        assert order[0] == first, policy
+    # z = (D - now - R) / sigma falls faster for the predictable query: once both are late
+    # (now = 30, slack -10), the predictable one is the likelier miss.
+    c = made["least_loaded+flowsage"]
+    assert [x.query.id for x in c.queues["fast"].ordered_waiting(30.0, c)][0] == "Sure"
+    assert [x.query.id for x in c.queues["fast"].ordered_waiting(5.0, c)][0] == "Unsure"

@@ -1,28 +1,23 @@
-"""``flowsage``: ours — deadline feasibility from length distributions, query-level keys.
+"""``flowsage`` (queue): the query most likely to miss its deadline runs first, where the
+likelihood comes from the query's remaining-path *distribution*, not its mean.
 
-Each query's state at its last event gives three remaining critical paths (every unfinished
-stage at its P10, mean and P90 predicted length, averaged over the cluster) and its
-remaining LLM work ``W``. Two instants follow:
+At each of its events the coordinator gives a query three remaining critical paths — every
+unfinished stage at its P10, mean and P90 predicted length, averaged over the cluster
+(``Coordinator._critical_paths``). Read as a location-scale law of the remaining time, with
+mean ``R`` and spread ``sigma = (R_P90 - R_P10) / (2 * 1.2816)`` (the P10-P90 width of a
+normal law), the miss probability at time ``now`` is ``1 - Phi(z)`` with
 
-* ``at_risk = D - path_P90``: from here on, a pessimistic run of what is left no longer fits
-  the deadline unless the query is served now;
-* ``hopeless = D - path_P10``: from here on, even an optimistic run misses.
+    z = (D - now - R) / sigma
 
-A waiting call's key moves through three tiers, lower first:
+so ranking by miss probability is ranking by ``z``, lowest first. ``z`` is a line in time of
+slope ``1 / sigma`` — an uncertain query's risk grows faster as time passes than a
+predictable one's with the same slack — so the kinetic queue orders it exactly between
+events. Least laxity (``D - now - R``) is the special case of equal spreads; HexGen-Flow's
+urgency splits the slack per stage instead and ignores the spread.
 
-1. *at risk, still savable* (``at_risk <= now < hopeless``): least laxity first
-   (``D - now - path``) — the queries that serving now can still save;
-2. *safe* (``now < at_risk``): least remaining work of the whole query first (query-level
-   SRPT), so short questions leave quickly — every call of a query shares the key, so the
-   longest parallel sibling is not pushed behind its own query's short ones;
-3. *hopeless* (``now >= hopeless``): oldest query first. They will miss anyway; they stop
-   taking capacity from queries that can still make it, yet are served in arrival order
-   so their lateness stays bounded (they still count in P95).
-
-Unlike HexGen-Flow's urgency (and flowsage v1) nothing here promotes a query *because* it is
-late: lateness past the optimistic bound demotes. The quantile levels are a symmetric 80%
-band (``Coordinator.PATH_QUANTILES``), not fitted to any trace. Queries without a deadline
-are ordered as safe.
+Every call of a query shares the key (the query finishes with its slowest branch, so its
+calls are not ranked against each other). Queries without a deadline go after, least
+remaining work first.
 """
 
 from __future__ import annotations
@@ -31,7 +26,11 @@ from agentflow.scheduler.policies.base import QueuePolicy
 from agentflow.scheduler.ranking import Segment
 
 _NEG_INF = float("-inf")
-AT_RISK, SAFE, HOPELESS = 0, 1, 2
+_Z90 = 1.2815515655446004  # standard normal quantile at 0.9
+# Spread floor, relative to the mean remaining path: a query whose lengths are known exactly
+# (the oracle, or one left with a fixed-length tool step) would otherwise get an infinite
+# slope; 1% keeps the ranking finite without changing it for any real prediction.
+_MIN_REL_SPREAD = 0.01
 
 
 class FlowSageQueue(QueuePolicy):
@@ -39,34 +38,13 @@ class FlowSageQueue(QueuePolicy):
     time_dependent = True
     per_query = True
 
-    def __init__(self, *, feasibility: bool = True, srpt: bool = True):
-        # Ablation switches: ``feasibility=False`` drops the at-risk/hopeless tiers (pure
-        # query-level SRPT); ``srpt=False`` orders safe queries by laxity instead of work.
-        self.feasibility = feasibility
-        self.srpt = srpt
-
     def rank(self, call, now, view):
         query = call.query
         remaining = view.remaining_s(query, now)
-        deadline = query.deadline
-        if self.srpt or deadline is None:
-            safe_value = query.work_left if query.run is not None else remaining
-        else:
-            safe_value = deadline - remaining
-        safe = Segment(_NEG_INF, SAFE, safe_value, 0.0)
-        if deadline is None or not self.feasibility:
-            return (safe,)
-        at_risk = deadline - query.path_hi
-        hopeless = deadline - query.path_lo
-        risky = Segment(at_risk, AT_RISK, deadline - remaining, 0.0)
-        late = Segment(hopeless, HOPELESS, query.arrival, 0.0)
-        segments = [safe]
-        if at_risk < hopeless:
-            segments.append(risky)
-        segments.append(late)
-        # drop segments already superseded at ``now`` so the key starts with the current one
-        while len(segments) > 1 and segments[1].start <= now:
-            segments.pop(0)
-        first = segments[0]
-        segments[0] = Segment(_NEG_INF, first.tier, first.a, first.s)
-        return tuple(segments)
+        if query.deadline is None:
+            work = query.work_left if query.run is not None else remaining
+            return (Segment(_NEG_INF, 1, work, 0.0),)
+        lo, hi = (query.path_lo, query.path_hi) if query.run is not None else (remaining,
+                                                                               remaining)
+        sigma = max((hi - lo) / (2 * _Z90), _MIN_REL_SPREAD * remaining, 1e-6)
+        return (Segment(_NEG_INF, 0, (query.deadline - remaining) / sigma, 1.0 / sigma),)

@@ -17,16 +17,17 @@ class FlowSageV1Queue(QueuePolicy):
     name = "flowsage_v1"
     time_dependent = True
 
-    def __init__(self, risk_margin: float = 0.0):
+    def __init__(self, risk_margin: float = 0.0, urgency: bool = True):
         if not 0.0 <= risk_margin < 1.0:
             raise ValueError("risk_margin must be in [0, 1)")
         self.risk_margin = risk_margin
+        self.urgency = urgency  # ablation: False keeps only the query-level Gittins order
         self.ranker = GittinsRanker()
 
     def rank(self, call, now, view):
         index = self.ranker.index(view.remaining_cost(call.query), 0.0)
         safe = Segment(_NEG_INF, 1, -index, 0.0)
-        if call.deadline is None:
+        if call.deadline is None or not self.urgency:
             return (safe,)
         t, share = stage_share(call, now, view)
         if share <= 0:
