@@ -33,8 +33,9 @@ from agentflow.workflow.trace import TraceWriter, trace_record
 MAX_QUESTION_CHARS = 2000
 
 
-class InvalidRequest(ValueError):
-    """The request cannot be run as given (empty question, bad SLO, unknown pipeline)."""
+from agentflow.errors import (AgentflowError, ConversationNotFoundError,  # noqa: E402
+                              InvalidRequest, ShuttingDownError)
+from agentflow.sql import DatabaseNotFoundError  # noqa: E402
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Answer:
     stages: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    conversation_id: str | None = None  # pass to ask/submit to follow up on this answer
 
     @property
     def ok(self) -> bool:
@@ -61,12 +63,11 @@ class Answer:
 
     @property
     def met_slo(self) -> bool | None:
-        """Whether a *completed* answer came within its SLO (None without an SLO)."""
-        if self.slo_s is None:
-            return None
-        if self.status != "done" or self.latency_s is None:
-            return False
-        return self.latency_s <= self.slo_s
+        """Whether the answer came back done within its SLO (None without an SLO); see
+        ``agentflow.metrics``."""
+        from agentflow.metrics import Outcome, met_slo
+
+        return met_slo(Outcome(self.status, self.latency_s, slo_s=self.slo_s))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -82,7 +83,10 @@ class QueryHandle:
     """
 
     def __init__(self, query_id: str, question: str, db: str, pipeline: str,
-                 slo_s: float | None):
+                 slo_s: float | None, conversation_id: str | None = None,
+                 history: tuple = ()):
+        self.conversation_id = conversation_id
+        self.history = history  # earlier turns of the conversation (follow-up context)
         self.query_id = query_id
         self.question = question
         self.db = db
@@ -138,7 +142,8 @@ class AgentFlow:
                  backends: dict[str, LLMBackend] | None = None,
                  router: CallRouter | None = None):
         self.config = config or AgentFlowConfig()
-        self.catalog = DatabaseCatalog(self.config.data, engine=self.config.engine)
+        self.catalog = DatabaseCatalog(self.config.data, engine=self.config.engine,
+                                       databases=self.config.databases)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentflow-loop",
                                         daemon=True)
@@ -153,22 +158,27 @@ class AgentFlow:
         self.handles: dict[str, QueryHandle] = {}  # recent queries by id (bounded)
         self._tasks: dict[str, asyncio.Task] = {}
         self._cancel_reasons: dict[str, str] = {}
+        from agentflow.conversation import Conversations
+
+        self.conversations = Conversations()
 
     # ----------------------------------------------------------------------------- public
     def ask(self, question: str, db: str, *, slo: float | None = None,
             pipeline: str | None = None, evidence: str = "",
-            record: str | Path | None = None) -> Answer:
-        """Answer one question (blocking). Raises ``InvalidRequest`` or
-        ``DatabaseNotFoundError`` for bad input; pipeline failures come back as an Answer
-        with ``status='failed'`` and the reason."""
+            record: str | Path | None = None, conversation: str | None = None) -> Answer:
+        """Answer one question (blocking). Raises an ``AgentflowError`` (``InvalidRequest``,
+        ``DatabaseNotFoundError``, ...) for bad input; pipeline failures come back as an
+        Answer with ``status='failed'`` and the reason. ``conversation``: the
+        ``conversation_id`` of an earlier answer, to ask a follow-up question."""
         return self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                           record=record).result()
+                           record=record, conversation=conversation).result()
 
     async def ask_async(self, question: str, db: str, *, slo: float | None = None,
                         pipeline: str | None = None, evidence: str = "",
-                        record: str | Path | None = None) -> Answer:
+                        record: str | Path | None = None,
+                        conversation: str | None = None) -> Answer:
         handle = self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                             record=record)
+                             record=record, conversation=conversation)
         try:
             return await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:
@@ -177,17 +187,24 @@ class AgentFlow:
 
     def submit(self, question: str, db: str, *, slo: float | None = None,
                pipeline: str | None = None, evidence: str = "",
-               record: str | Path | None = None) -> QueryHandle:
+               record: str | Path | None = None,
+               conversation: str | None = None) -> QueryHandle:
         """Start answering without waiting: bad input raises here, at once; the handle has
-        the query id, live stage events and, later, the answer."""
+        the query id, live stage events and, later, the answer. Each question is a turn of a
+        conversation: a new one unless ``conversation`` names an earlier answer's."""
         if self._closed or self._closing:
-            raise RuntimeError("agentflow is shutting down; not accepting questions")
+            raise ShuttingDownError("agentflow is shutting down; not accepting questions")
         question = self._validate(question, slo)
         pipeline_obj = self.pipeline(pipeline)
         entry = self.catalog.entry(db)
         slo = slo if slo is not None else self.config.slo_s
+        if conversation is not None:
+            history = self.conversations.follow(conversation, entry.db_id)
+        else:
+            conversation, history = self.conversations.start(entry.db_id), ()
         query_id = f"q-{uuid.uuid4().hex[:12]}"
-        handle = QueryHandle(query_id, question, entry.db_id, pipeline_obj.name, slo)
+        handle = QueryHandle(query_id, question, entry.db_id, pipeline_obj.name, slo,
+                             conversation_id=conversation, history=history)
         self.handles[query_id] = handle
         self._trim_handles()
         task_future = self._submit(self._ask(handle, db, pipeline_obj, evidence, record))
@@ -214,14 +231,22 @@ class AgentFlow:
         return True
 
     def _cancel_in_loop(self, query_id: str, reason: str) -> None:
+        # Remember the request even when the query's task has not started yet (a cancel
+        # right after submit): ``_ask`` checks it before doing any work.
+        if query_id in self._cancel_reasons:
+            return  # already cancelling: a second cancel would interrupt its clean-up
+        self._cancel_reasons[query_id] = reason
         task = self._tasks.get(query_id)
         if task is not None and not task.done():
-            self._cancel_reasons[query_id] = reason
             task.cancel()
 
     def close(self, drain_s: float = 0.0) -> None:
         """Stop: wait up to ``drain_s`` for queries in flight, cancel the rest (their answers
-        say so), then release backends and databases."""
+        say so), then release backends and databases.
+
+        Every task that may still call a backend (a query, one of its stages, a call being
+        tokenized) is cancelled *and joined* on the loop before any backend is closed: a
+        llama.cpp model freed under a running stage crashes the process (SIGSEGV)."""
         if self._closed:
             return
         self._closing = True
@@ -230,22 +255,35 @@ class AgentFlow:
             from concurrent.futures import wait
 
             wait(pending, timeout=drain_s)
-        for query_id, handle in list(self.handles.items()):
-            if not handle.done():
-                self._loop.call_soon_threadsafe(self._cancel_in_loop, query_id,
-                                                "cancelled: agentflow is shutting down")
         try:
-            for handle in list(self.handles.values()):
-                try:
-                    handle.future.result(timeout=10)
-                except Exception:  # noqa: BLE001 - a failed query must not block shutdown
-                    pass
-            self._submit(self._close_backends()).result(timeout=30)
+            self._submit(self._cancel_and_join("cancelled: agentflow is shutting down")) \
+                .result(timeout=60)
+            self._submit(self._close_backends()).result(timeout=60)
         finally:
             self._closed = True
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self.catalog.close()
+
+    async def _cancel_and_join(self, reason: str, patience_s: float = 30.0) -> None:
+        """Cancel every unfinished query and wait until no task but this one is left on the
+        loop (stage tasks included), so nothing touches a backend after this returns."""
+        for query_id, handle in list(self.handles.items()):
+            if not handle.done():
+                self._cancel_in_loop(query_id, reason)
+        me = asyncio.current_task()
+        deadline = self._loop.time() + patience_s
+        while True:
+            others = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+            if not others:
+                return
+            left = deadline - self._loop.time()
+            if left <= 0:  # a stage ignores cancellation: cancel it directly, then wait
+                for task in others:
+                    task.cancel()
+                await asyncio.wait(others, timeout=5)
+                return
+            await asyncio.wait(others, timeout=min(left, 1.0))
 
     def __enter__(self) -> "AgentFlow":
         return self
@@ -271,28 +309,28 @@ class AgentFlow:
                 del self.handles[query_id]
 
     def _create_backends(self) -> dict[str, LLMBackend]:
+        if self.config.placement is not None:  # instances as Ray actors on their nodes
+            from agentflow.distributed.ray_backend import start_instances
+
+            return start_instances(self.config, loop=self._loop)
         from agentflow.llm.registry import create_backend
 
         return {inst.name: create_backend(inst.backend) for inst in self.config.instances}
 
     def _create_router(self) -> CallRouter:
         """Every call goes through the scheduler: one instance spec per configured backend."""
-        from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledRouter
-        from agentflow.scheduler.embedders import make_embedder
-        from agentflow.scheduler.predictor import LengthPredictor
+        from agentflow.config import InstanceConfig
+        from agentflow.scheduler import ScheduledRouter, build_coordinator
+        from agentflow.scheduler.setup import scheduler_settings
 
         by_name = {i.name: i for i in self.config.instances}
-        specs = [InstanceSpec(name=name, gpu=by_name[name].gpu if name in by_name else None,
-                              model=by_name[name].model if name in by_name else None,
-                              max_inflight=by_name[name].max_inflight if name in by_name else 1)
-                 for name in self.backends]
-        sched = self.config.scheduler
-        coordinator = Coordinator(
-            specs, clock=MonotonicClock(), policy=sched.policy, alpha=sched.alpha,
-            predictor=LengthPredictor(embedder=make_embedder(sched.embedder)),
-            max_waiting_calls=sched.max_waiting_calls,
-            max_active_queries=sched.max_active_queries)
-        return ScheduledRouter(coordinator, self.backends, revive_after_s=sched.revive_after_s)
+        # Backends passed in code without a configured instance run as plain CPU instances.
+        instances = [by_name.get(name) or InstanceConfig(name=name) for name in self.backends]
+        coordinator = build_coordinator(instances, clock=MonotonicClock(),
+                                        **scheduler_settings(self.config.scheduler))
+        return ScheduledRouter(coordinator, self.backends,
+                               revive_after_s=self.config.scheduler.revive_after_s,
+                               health=self.config.scheduler.health)
 
     async def _close_backends(self) -> None:
         for backend in self.backends.values():
@@ -346,9 +384,20 @@ class AgentFlow:
                    record: str | Path | None) -> Answer:
         self._tasks[handle.query_id] = asyncio.current_task()
         try:
+            if handle.query_id in self._cancel_reasons:  # cancelled before it started
+                raise asyncio.CancelledError
             return await self._answer(handle, db, pipeline, evidence, record)
+        except asyncio.CancelledError:
+            # Cancelled before the pipeline ran (execute() answers for itself after that).
+            reason = self._cancel_reasons.pop(handle.query_id, "cancelled")
+            handle._emit({"type": "done", "query_id": handle.query_id, "status": "cancelled",
+                          "error": reason, "latency_s": None})
+            return Answer(query_id=handle.query_id, question=handle.question, db=handle.db,
+                          pipeline=handle.pipeline, status="cancelled", error=reason,
+                          sql=None, slo_s=handle.slo_s, conversation_id=handle.conversation_id)
         finally:
             self._tasks.pop(handle.query_id, None)
+            self._cancel_reasons.pop(handle.query_id, None)
 
     async def _answer(self, handle: QueryHandle, db: str, pipeline: Pipeline, evidence: str,
                       record: str | Path | None) -> Answer:
@@ -359,42 +408,37 @@ class AgentFlow:
         env = PipelineEnv(db=database, fewshot=fewshot,
                           descriptions=entry.entry.descriptions if entry.entry else {},
                           sql_timeout_s=self.config.sql_timeout_s, max_rows=self.config.max_rows,
-                          constrain_sql=self.config.constrain_sql)
+                          constrain_sql=self.config.constrain_sql, history=handle.history)
         clock = self.router.clock
         query = Query(question=question, db_id=entry.db_id, arrival=clock.now(), slo_s=slo,
                       evidence=evidence, pipeline=pipeline.name, id=handle.query_id)
         graph = await asyncio.to_thread(pipeline.build, query, env)
         run = WorkflowRun(query, graph)
-        start_query = getattr(self.router, "start_query", None)
-        if start_query is not None:
-            from agentflow.scheduler import QueryRejected
+        from agentflow.scheduler import QueryRejected
 
-            try:
-                start_query(query, run)
-            except QueryRejected as err:
-                query.status, query.error = QueryStatus.REJECTED, err.reason
-                handle._emit({"type": "done", "query_id": query.id, "status": "rejected",
-                              "error": err.reason, "latency_s": None})
-                return Answer(query_id=query.id, question=question, db=entry.db_id,
-                              pipeline=pipeline.name, status="rejected", error=err.reason,
-                              sql=None, slo_s=slo,
-                              details={"retry_after_s": err.retry_after_s})
+        try:
+            self.router.start_query(query, run)
+        except QueryRejected as err:
+            query.status, query.error = QueryStatus.REJECTED, err.reason
+            handle._emit({"type": "done", "query_id": query.id, "status": "rejected",
+                          "error": err.reason, "latency_s": None})
+            return Answer(query_id=query.id, question=question, db=entry.db_id,
+                          pipeline=pipeline.name, status="rejected", error=err.reason,
+                          sql=None, slo_s=slo, conversation_id=handle.conversation_id,
+                          details={"retry_after_s": err.retry_after_s})
         state: dict[str, Any] = {}
         try:
             state = await execute(run, self.router, env, state, observer=handle._emit)
         except asyncio.CancelledError:
             query.error = self._cancel_reasons.pop(query.id, "cancelled")
-            cancel = getattr(self.router, "cancel_query", None)
-            if cancel is not None:
-                cancel(query.id)
+            self.router.cancel_query(query.id)
         finally:
-            end_query = getattr(self.router, "end_query", None)
-            if end_query is not None:
-                end_query(query)
+            self.router.end_query(query)
         output = pipeline.output(state)
         answer = Answer(query_id=query.id, question=question, db=entry.db_id,
                         pipeline=pipeline.name, status=query.status.value, error=query.error,
-                        sql=output.sql, slo_s=slo, details=output.details)
+                        sql=output.sql, slo_s=slo, details=output.details,
+                        conversation_id=handle.conversation_id)
         if query.status == QueryStatus.DONE and output.error:
             query.status, query.error = QueryStatus.FAILED, output.error
             answer.status, answer.error = "failed", output.error
@@ -403,6 +447,8 @@ class AgentFlow:
             answer.columns = list(final.columns)
             answer.rows = [list(r) for r in final.rows]
             answer.truncated = len(final.rows) >= self.config.max_rows
+        if answer.status == "done" and handle.conversation_id:
+            self.conversations.add(handle.conversation_id, question, answer.sql)
         answer.latency_s = query.latency_s
         answer.stages = query.timeline_dicts()
         answer.usage = usage_of(query)
@@ -432,4 +478,6 @@ def connect(config: AgentFlowConfig | dict | str | Path | None = None, **kwargs:
     return AgentFlow(config, **kwargs)
 
 
-__all__ = ["AgentFlow", "Answer", "InvalidRequest", "QueryHandle", "connect", "SqlError"]
+__all__ = ["AgentFlow", "AgentflowError", "Answer", "ConversationNotFoundError",
+           "DatabaseNotFoundError", "InvalidRequest", "QueryHandle", "ShuttingDownError",
+           "SqlError", "connect"]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import difflib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentflow.datasets import Dataset, load_dataset
 from agentflow.datasets.types import DatabaseEntry
@@ -23,11 +24,13 @@ class CatalogEntry:
     dataset: Dataset | None
     entry: DatabaseEntry | None
     path: Path | None = None
+    url: str | None = field(default=None, repr=False)  # never shown: may name a host and user
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 class DatabaseCatalog:
     def __init__(self, data: list[str] | None = None, *, include_demo: bool = True,
-                 engine: str = "sqlite"):
+                 engine: str = "sqlite", databases: dict[str, Any] | None = None):
         self.engine = engine
         self.datasets: list[Dataset] = []
         self._entries: dict[str, CatalogEntry] = {}
@@ -37,6 +40,19 @@ class DatabaseCatalog:
             self.add_dataset(load_dataset("demo"))
         for folder in data or []:
             self.add_dataset(load_dataset(folder))
+        for name, cfg in (databases or {}).items():
+            options = cfg.model_dump() if hasattr(cfg, "model_dump") else dict(cfg)
+            url = options.pop("url")
+            self._entries[name] = CatalogEntry(name, None, None, url=url, options=options)
+
+    def engine_of(self, db_id: str) -> str:
+        """The engine a database id runs on ("postgresql" for a PostgreSQL entry)."""
+        entry = self.entry(db_id)
+        if entry.url:
+            from sqlalchemy.engine import make_url
+
+            return make_url(entry.url).get_backend_name()
+        return self.engine
 
     def add_dataset(self, dataset: Dataset) -> None:
         self.datasets.append(dataset)
@@ -50,21 +66,45 @@ class DatabaseCatalog:
     def entry(self, db: str) -> CatalogEntry:
         if db in self._entries:
             return self._entries[db]
+        if "://" in db:  # a database URL given directly (agentflow ask --db postgresql://...)
+            from sqlalchemy.engine import make_url
+
+            try:
+                url = make_url(db)
+            except Exception as err:  # noqa: BLE001 - never echo the URL: it may hold secrets
+                raise DatabaseNotFoundError("not a valid database URL") from err
+            return CatalogEntry(db_id=url.database or url.get_backend_name(), dataset=None,
+                                entry=None, url=db)
         path = Path(db).expanduser()
-        if path.suffix.lower() in {".sqlite", ".sqlite3", ".db", ".duckdb"} and path.is_file():
+        is_file_name = path.suffix.lower() in {".sqlite", ".sqlite3", ".db", ".duckdb"}
+        if is_file_name and path.is_file():
             return CatalogEntry(db_id=path.stem, dataset=None, entry=None, path=path.resolve())
+        if is_file_name or "/" in db:
+            raise DatabaseNotFoundError(f"database file not found: {path}")
+        raise DatabaseNotFoundError(self._unknown_message(db))
+
+    def _unknown_message(self, db: str, paths: bool = True) -> str:
+        """Name the known databases (the first few) and say how to add more (``paths``:
+        whether this caller may name a file instead, as local callers may)."""
         close = difflib.get_close_matches(db, self.ids, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise DatabaseNotFoundError(
-            f"unknown database {db!r}{hint} (known: {len(self.ids)} databases; add a Spider/BIRD "
-            f"folder with --data, or pass a path to a .sqlite/.duckdb file)")
+        shown = ", ".join(self.ids[:8]) + (f" and {len(self.ids) - 8} more"
+                                          if len(self.ids) > 8 else "")
+        benchmarks = [d for d in self.datasets if d.kind != "demo"]
+        how = ("if it is a Spider/BIRD database, add the benchmark's folder with --data DIR"
+               if not benchmarks else "add another Spider/BIRD folder with --data DIR")
+        tail = ", or pass a path to a .sqlite/.duckdb file" if paths else ""
+        return f"unknown database {db!r}{hint} (known: {shown}); {how}{tail}"
 
     def open(self, db: str) -> Database:
         entry = self.entry(db)
-        key = str(entry.path) if entry.path else entry.db_id
+        key = entry.url or (str(entry.path) if entry.path else entry.db_id)
         with self._lock:
             if key not in self._open:
-                if entry.path is not None:
+                if entry.url is not None:
+                    self._open[key] = Database.open(entry.url, db_id=entry.db_id,
+                                                    **entry.options)
+                elif entry.path is not None:
                     self._open[key] = Database.open(entry.path, db_id=entry.db_id)
                 else:
                     self._open[key] = entry.dataset.open(entry.db_id, engine=self.engine)

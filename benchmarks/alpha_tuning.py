@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from agentflow.metrics import scale_key
 from agentflow.sim.alpha import DEFAULT_GRID, OnlineAlphaTuner
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.experiment import build_workload, run_policy
@@ -41,7 +42,7 @@ def main() -> None:
     arrival = f"steps:{args.low}/{args.segment},{args.high}/{args.segment}"
     wl = build_workload(load_hexgen(args.trace), cluster, n=args.queries, rate=1.0,
                         arrival=arrival, seed=args.seed, idle=idle)
-    s = f"{args.slo_scale:.1f}"
+    s = scale_key(args.slo_scale)
     print(f"arrivals {arrival}, {args.queries} queries, deadlines {args.slo_scale:g}x idle")
     print(f"{'preset':<12} {'alpha':<10} {'P95 s':>8} {'mean s':>8} {'SLO@' + s:>8}")
     for preset in ("hexgen-flow", "flowsage"):

@@ -1,6 +1,6 @@
 """The head-to-head: every scheduling preset on the shared HexGen-Flow traces, paper-4gpu.
 
-    python benchmarks/head_to_head.py [--queries 300] [--out artifacts/head_to_head]
+    python benchmarks/head_to_head.py [--queries 300] [--out artifacts/head_to_head] [--ray ADDR]
 
 For each trace, the load levels are found, not chosen: the lowest rate (on a doubling then
 bisection search) at which the ``vllm`` preset's P95 is at least twice its idle-cluster P95
@@ -10,6 +10,8 @@ alpha online as HexGen-Flow does (forked replays of the last ``--window`` second
 is each policy's highest rate with >= 90% of queries within ``--slo-scale`` x idle latency.
 Writes ``report.md`` (tables and ratios), ``results.json`` and PNG plots to ``--out``.
 Nothing here is tuned to these traces; the constants are the simulator's defaults.
+With ``--ray`` (an address, or ``local``) the policies of each level and the goodput searches
+run as Ray tasks (agentflow.distributed.grid): the same numbers, sooner on a cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import json
 import time
 from pathlib import Path
 
+from agentflow.distributed.grid import run_grid
+from agentflow.metrics import scale_key
 from agentflow.sim.alpha import OnlineAlphaTuner
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.experiment import build_workload, goodput, run_policy
@@ -42,6 +46,8 @@ def main() -> None:
     p.add_argument("--slo-scale", type=float, default=2.0)
     p.add_argument("--window", type=float, default=600.0, help="alpha-tuning window (s)")
     p.add_argument("--no-goodput", action="store_true")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run each level's policies and the goodput searches as Ray tasks")
     p.add_argument("--out", type=Path, default=Path("artifacts/head_to_head"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -57,20 +63,14 @@ def main() -> None:
         for rate in levels:
             wl = build_workload(trace, cluster, n=args.queries, rate=rate, seed=args.seed,
                                 idle=idle)
-            per_policy = {}
-            for policy in POLICIES:
-                start = time.perf_counter()
-                tuner = (OnlineAlphaTuner(cluster, every_s=args.window, window_s=args.window,
-                                          slo_scale=args.slo_scale)
-                         if policy in TUNED else None)
-                res = run_policy(cluster, wl, policy, slo_scale=args.slo_scale,
-                                 alpha_tuner=tuner)
-                summary = res.summary()
-                summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
-                per_policy[policy] = summary
-                print(f"{name} rate={rate:.4f} {policy:<12} p95={summary['p95']:.1f}s "
-                      f"slo@{args.slo_scale:g}={summary['slo_attainment'][f'{args.slo_scale:.1f}']:.2f}"
+            def show(i: int, summary: dict, rate: float = rate) -> None:
+                print(f"{name} rate={rate:.4f} {POLICIES[i]:<12} p95={summary['p95']:.1f}s "
+                      f"slo@{args.slo_scale:g}={summary['slo_attainment'][scale_key(args.slo_scale)]:.2f}"
                       f" ({summary['sim_wall_s']}s)", flush=True)
+            summaries = run_grid(policy_run, POLICIES,
+                                 context=(cluster, wl, args.slo_scale, args.window),
+                                 ray=args.ray, on_result=show)
+            per_policy = dict(zip(POLICIES, summaries))
             entry["levels"][f"{rate:.5f}"] = per_policy
             plot_attainment(per_policy, args.out / f"{name}-attainment-{rate:.4f}.png",
                             title=f"{name}, {rate:.4f} q/s")
@@ -78,16 +78,33 @@ def main() -> None:
                   for pol in POLICIES}
         plot_p95_vs_rate(series, args.out / f"{name}-p95-vs-rate.png", title=name)
         if not args.no_goodput:
-            entry["goodput"] = {}
-            for policy in POLICIES:
-                entry["goodput"][policy] = goodput(
-                    cluster, trace, policy, n=min(args.queries, 200), slo_scale=args.slo_scale,
-                    seed=args.seed, idle=idle, low=base / 8)
-                print(f"{name} goodput {policy}: {entry['goodput'][policy]:.4f} q/s", flush=True)
+            found = run_grid(goodput_search, POLICIES, ray=args.ray, context=(
+                cluster, trace, min(args.queries, 200), args.slo_scale, args.seed, idle,
+                base / 8), on_result=lambda i, qps: print(
+                    f"{name} goodput {POLICIES[i]}: {qps:.4f} q/s", flush=True))
+            entry["goodput"] = dict(zip(POLICIES, found))
         results["traces"][name] = entry
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (args.out / "report.md").write_text(report(results, args))
     print((args.out / "report.md").read_text())
+
+
+def policy_run(policy: str, context: tuple) -> dict:
+    """One policy at one load level (a grid cell: the same here or as a Ray task)."""
+    cluster, wl, slo_scale, window = context
+    start = time.perf_counter()
+    tuner = (OnlineAlphaTuner(cluster, every_s=window, window_s=window, slo_scale=slo_scale)
+             if policy in TUNED else None)
+    summary = run_policy(cluster, wl, policy, slo_scale=slo_scale, alpha_tuner=tuner).summary()
+    summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
+    return summary
+
+
+def goodput_search(policy: str, context: tuple) -> float:
+    """One policy's goodput (a grid cell)."""
+    cluster, trace, n, slo_scale, seed, idle, low = context
+    return goodput(cluster, trace, policy, n=n, slo_scale=slo_scale, seed=seed, idle=idle,
+                   low=low)
 
 
 def base_idle_p95(cluster, trace, args, idle) -> float:
@@ -114,7 +131,7 @@ def find_level(cluster, trace, args, idle) -> float:
 
 
 def report(results: dict, args) -> str:
-    s = f"{args.slo_scale:.1f}"
+    s = scale_key(args.slo_scale)
     lines = ["# Head-to-head on the shared HexGen-Flow traces", "",
              f"Cluster `{args.cluster}`, {args.queries} queries per run, seed {args.seed}, "
              f"deadlines = {args.slo_scale:g} x idle latency; alpha tuned online for "
@@ -128,7 +145,7 @@ def report(results: dict, args) -> str:
             for pol, m in per.items():
                 lines.append(f"| {float(rate):.4f} | {pol} | {m['p95']:.1f} | {v / m['p95']:.2f}x"
                              f" | {m['mean']:.1f} | {m['slo_attainment'][s]:.2f} | "
-                             f"{m['slo_attainment']['1.0']:.2f} | {m['slo_attainment']['5.0']:.2f} |")
+                             f"{m['slo_attainment']['1']:.2f} | {m['slo_attainment']['5']:.2f} |")
         if "goodput" in entry:
             g = entry["goodput"]
             lines += ["", f"Goodput (>= 90% within {args.slo_scale:g} x idle latency):", "",

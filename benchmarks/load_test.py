@@ -45,7 +45,8 @@ class Outcome:
     met_slo: bool | None = None
     reason: str = ""
     attempts: int = 1
-    retries_on_instances: int = 0
+    retries_on_instances: int = 0  # failed attempts then re-run on another instance
+    failed_attempts: int = 0  # every failed attempt, re-run or not
 
 
 @dataclass
@@ -70,15 +71,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str, Path]:
+def start_server(args: argparse.Namespace, faults: dict[int, list[dict]] | None = None,
+                 scheduler: dict | None = None) -> tuple[subprocess.Popen, str, Path]:
+    """``faults``: scripted faults by instance index (see ``agentflow.llm.scripted.Fault``);
+    ``scheduler``: extra scheduler settings (e.g. health)."""
+    faults = faults or {}
     instances = [{"name": f"scripted-{i}", "max_inflight": args.inflight,
                   "backend": {"type": "scripted", "name": f"scripted-{i}",
                               "answers": {"extract_keywords": "stores"}, "default": SQL,
-                              "latency_s": args.latency}}
+                              "latency_s": args.latency, "faults": faults.get(i, [])}}
                  for i in range(args.instances)]
     config = {"fewshot": None, "pipeline": args.pipeline, "slo_s": args.slo,
               "instances": instances,
-              "scheduler": {"policy": args.policy, "max_active_queries": args.max_active},
+              "scheduler": {"policy": args.policy, "max_active_queries": args.max_active,
+                            **(scheduler or {})},
               "server": {"drain_s": 5}}
     path = Path(tempfile.mkdtemp(prefix="agentflow-load-")) / "serve.json"
     path.write_text(json.dumps(config))
@@ -119,6 +125,11 @@ async def client(http: httpx.AsyncClient, url: str, todo: asyncio.Queue, qs: lis
             attempts += 1
             try:
                 r = await http.post(f"{url}/v1/queries", json=body)
+            except httpx.TimeoutException as err:  # no answer within the client's timeout
+                run.outcomes.append(Outcome(index, "hung", time.perf_counter() - start,
+                                            reason=f"{type(err).__name__}: {err}",
+                                            attempts=attempts))
+                break
             except httpx.HTTPError as err:
                 run.outcomes.append(Outcome(index, "lost", time.perf_counter() - start,
                                             reason=f"{type(err).__name__}: {err}",
@@ -130,9 +141,11 @@ async def client(http: httpx.AsyncClient, url: str, todo: asyncio.Queue, qs: lis
                 continue
             if r.status_code == 200:
                 a = r.json()
+                retries = a.get("retries", [])
                 run.outcomes.append(Outcome(index, a["status"], wall, a["latency_s"],
                                             a["met_slo"], a.get("error") or "", attempts,
-                                            len(a.get("retries", []))))
+                                            sum(1 for x in retries if x.get("rerun_on")),
+                                            len(retries)))
             elif r.status_code in (429, 503):
                 err = r.json()["error"]
                 reason = f"{r.status_code}: {err['message']} " \
@@ -191,7 +204,7 @@ def report(run: Run, server: dict[str, float], args: argparse.Namespace) -> int:
           f"(scripted instances, NOT a model: {args.instances} x {args.latency * 1000:g} ms "
           f"per call; admission bound max_active_queries={args.max_active})")
     print("\nby status (client side):")
-    for kind in ("done", "failed", "cancelled", "rejected", "error", "lost"):
+    for kind in ("done", "failed", "cancelled", "rejected", "error", "hung", "lost"):
         print(f"  {kind:<10} {by_kind.get(kind, 0):>5}")
     print(f"  {'total':<10} {len(outcomes):>5}")
     # group rejections by reason, with the numbers in the message (counts, seconds) as N
@@ -199,7 +212,7 @@ def report(run: Run, server: dict[str, float], args: argparse.Namespace) -> int:
                       for o in outcomes if o.kind == "rejected")
     for reason, n in reasons.most_common(3):
         print(f"  rejected x{n}: {reason}")
-    fails = Counter(o.reason for o in outcomes if o.kind in ("failed", "error", "lost"))
+    fails = Counter(o.reason for o in outcomes if o.kind in ("failed", "error", "hung", "lost"))
     for reason, n in fails.most_common(3):
         print(f"  failed/error x{n}: {reason}")
 
@@ -221,7 +234,10 @@ def report(run: Run, server: dict[str, float], args: argparse.Namespace) -> int:
     print(f"\nthroughput {len(answered) / elapsed:.1f} answered queries/s; SLO {args.slo:g} s "
           f"met by {sum(slo)}/{len(slo)} answered"
           + (f"; {sum(o.retries_on_instances for o in answered)} calls re-run on another "
-             f"instance" if any(o.retries_on_instances for o in answered) else ""))
+             f"instance" if any(o.retries_on_instances for o in answered) else "")
+          + (f"; {sum(o.failed_attempts - o.retries_on_instances for o in answered)} failed "
+             f"attempts not re-run" if any(o.failed_attempts > o.retries_on_instances
+                                           for o in answered) else ""))
     if server.get("decisions"):
         print(f"scheduler: {server['decisions']:.0f} coordinator events, mean "
               f"{server['decision_mean_us']:.0f} us each (timed around the coordinator)")
@@ -229,12 +245,12 @@ def report(run: Run, server: dict[str, float], args: argparse.Namespace) -> int:
     server_total = sum(v for k, v in server.items() if k in
                        ("done", "failed", "cancelled", "rejected"))
     # every attempt the server saw (a client honouring Retry-After re-sends after a 429)
-    client_total = sum(o.attempts for o in outcomes if o.kind not in ("lost", "error"))
+    client_total = sum(o.attempts for o in outcomes if o.kind not in ("lost", "error", "hung"))
     shown = ", ".join(f"{k} {v:.0f}" for k, v in sorted(server.items())
                       if k in ("done", "failed", "cancelled", "rejected"))
     print(f"\nserver counters: {shown} (total {server_total:.0f}; client requests "
           f"{client_total})")
-    lost = by_kind.get("lost", 0) + by_kind.get("error", 0)
+    lost = by_kind.get("lost", 0) + by_kind.get("error", 0) + by_kind.get("hung", 0)
     agree = args.url is not None or server_total == client_total
     ok = lost == 0 and len(outcomes) == args.queries and agree
     print("OK: every query answered or rejected with a reason" if ok else

@@ -25,7 +25,7 @@ from rich.table import Table
 import agentflow
 from agentflow.config import AgentFlowConfig
 from agentflow.datasets import load_dataset
-from agentflow.eval import MatchRule, evaluate_pair
+from agentflow.accuracy import MatchRule, evaluate_pair
 
 
 def main(argv: list[str] | None = None) -> int:

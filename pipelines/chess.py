@@ -117,12 +117,13 @@ class ChessPipeline(Pipeline):
         from agentflow.retrieval import link_schema
 
         q = ctx.query
-        selection = await asyncio.to_thread(link_schema, ctx.env.db, q.question, q.evidence,
+        asked = prompts.with_history(q.question, ctx.env.history)
+        selection = await asyncio.to_thread(link_schema, ctx.env.db, asked, q.evidence,
                                             value_matches=ctx.state.get("values", []))
         tables = selection.tables
         schema = ctx.env.db.schema_prompt(tables=tables, samples=self.samples)
         prefix = prompts.context(schema, ctx.env.db.dialect,
-                                 shots(ctx.env, q.question, self.n_shots))
+                                 shots(ctx.env, asked, self.n_shots), ctx.env.history)
         ctx.state["sql_context"] = prefix
         ctx.state["_context_tokens"] = len(prefix) // 4
         set_schema_grammar(ctx.env, ctx.state, tables)

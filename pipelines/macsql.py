@@ -84,8 +84,9 @@ class MacSqlPipeline(Pipeline):
 
     def _set_context(self, ctx: StageContext, tables: dict[str, None] | None) -> None:
         schema = ctx.env.db.schema_prompt(tables=tables, samples=self.samples)
+        asked = prompts.with_history(ctx.query.question, ctx.env.history)
         prefix = prompts.context(schema, ctx.env.db.dialect,
-                                 shots(ctx.env, ctx.query.question, self.n_shots))
+                                 shots(ctx.env, asked, self.n_shots), ctx.env.history)
         ctx.state["sql_context"] = prefix
         ctx.state["_context_tokens"] = len(prefix) // 4
         set_schema_grammar(ctx.env, ctx.state, tables)

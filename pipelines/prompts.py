@@ -18,14 +18,27 @@ class Shot:
     sql: str
 
 
-def context(schema_text: str, dialect: str, shots: Sequence[Shot] = ()) -> str:
-    """The shared prefix of a query's SQL-writing calls."""
+def context(schema_text: str, dialect: str, shots: Sequence[Shot] = (),
+            history: Sequence[Shot] = ()) -> str:
+    """The shared prefix of a query's SQL-writing calls. ``history`` holds the earlier turns
+    of a conversation (question and the SQL that answered it): a follow-up such as "now only
+    for 2023" is read against them, so they come last, right before the question."""
     parts = [f"-- {dialect_name(dialect)} database schema:", schema_text.strip(), ""]
     if shots:
         parts.append("-- Example questions and their SQL:")
         for shot in shots:
             parts += [f"-- Question: {shot.question}", shot.sql.strip().rstrip(";") + ";", ""]
+    if history:
+        parts.append("-- Earlier in this conversation (the next question follows up on it):")
+        for turn in history:
+            parts += [f"-- Question: {turn.question}", turn.sql.strip().rstrip(";") + ";", ""]
     return "\n".join(parts) + "\n"
+
+
+def with_history(question: str, history: Sequence[Shot] = ()) -> str:
+    """The text to retrieve schema, values and examples for: a follow-up alone ("only for
+    2023") names too little, so the earlier questions are added."""
+    return " ".join([t.question for t in history] + [question])
 
 
 def question_block(question: str, evidence: str = "") -> str:

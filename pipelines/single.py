@@ -39,8 +39,9 @@ class SinglePipeline(Pipeline):
     def build(self, query: Query, env: PipelineEnv) -> nx.DiGraph:
         async def generate(ctx: StageContext) -> str:
             schema = ctx.env.db.schema_prompt(samples=self.samples)
+            asked = prompts.with_history(ctx.query.question, ctx.env.history)
             prefix = prompts.context(schema, ctx.env.db.dialect,
-                                     shots(ctx.env, ctx.query.question, self.n_shots))
+                                     shots(ctx.env, asked, self.n_shots), ctx.env.history)
             prompt = prompts.generate_sql(prefix, ctx.query.question, ctx.query.evidence)
             set_schema_grammar(ctx.env, ctx.state, None)
             result = await ctx.llm(prompt, sql_params(ctx.env, ctx.state), answer_prefix="SELECT")

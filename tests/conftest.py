@@ -111,3 +111,22 @@ def shared_spider() -> Path:
     if not (SHARED_SPIDER / "dev.json").is_file():
         pytest.skip(f"shared Spider dataset not found at {SHARED_SPIDER}")
     return SHARED_SPIDER
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL server (Debian's binaries) for the whole test session, on a free
+    loopback port in a temp folder; skipped, with the reason, only where the binaries are
+    absent."""
+    from agentflow.sql.pg_local import LocalPostgres, PostgresUnavailable
+
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg (3) is not installed: pip install 'psycopg[binary]'")
+    try:
+        server = LocalPostgres().init().start()
+    except PostgresUnavailable as err:
+        pytest.skip(f"PostgreSQL server not available: {err}")
+    yield server
+    server.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from agentflow.eval import REASONS, MatchRule, Verdict, evaluate_pair, summarize
+from agentflow.accuracy import MatchRule, Verdict, evaluate_pair
 from agentflow.sql import Database
 
 ROWS = [(1, "Joe", 52, "France"), (2, "Ann", 41, "Spain"), (3, "Tom", 41, "France"),
@@ -168,18 +168,6 @@ def test_truncated_gold_is_a_gold_problem(sqlite_db):
     v = evaluate_pair(sqlite_db, "SELECT name FROM singer", "SELECT name FROM singer",
                       max_rows=3)
     assert v.reason == "gold_error" and "cap" in v.detail and v.error_kind == "truncated"
-
-
-# ----------------------------------------------------------------------------- summary
-def test_summarize_counts_every_reason():
-    verdicts = [Verdict(True, "match"), Verdict(True, "match"), Verdict(False, "mismatch"),
-                Verdict(False, "pred_timeout"), Verdict(False, "gold_error")]
-    s = summarize(verdicts)
-    assert (s.total, s.correct, s.accuracy) == (5, 2, 0.4)
-    assert list(s.by_reason) == list(REASONS)
-    assert s.by_reason["match"] == 2 and s.by_reason["pred_error"] == 0
-    assert s.to_dict()["by_reason"]["gold_error"] == 1
-    assert summarize([]).accuracy == 0.0
 
 
 def test_verdict_to_dict_round_trip():

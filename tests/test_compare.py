@@ -10,8 +10,8 @@ from decimal import Decimal
 
 import pytest
 
-from agentflow.eval import compare
-from agentflow.eval.compare import MatchRule, describe_mismatch, gold_has_order_by, results_match
+from agentflow.accuracy import compare
+from agentflow.accuracy.compare import MatchRule, describe_mismatch, gold_has_order_by, results_match
 
 SPIDER, BIRD = MatchRule.SPIDER, MatchRule.BIRD
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
-from tests.test_scheduler_policies import FixedLengths, coordinator, occupy  # noqa: F401
+from tests.helpers import coordinator, occupy
 
 
 def test_admission_respects_capacity_and_hands_out_increasing_priorities() -> None:
@@ -74,17 +74,24 @@ def test_instance_down_moves_waiting_calls_and_failed_calls_retry_elsewhere() ->
     assert a.instance == "slow" and "fast" in a.excluded and retried == []
     c.on_call_done(b, output_tokens=1)  # frees slow: a was ready before w (FCFS)
     assert a.state == CallState.RUNNING and w.state == CallState.WAITING
+    c.on_instance_down("slow")  # outside the raises block: it must not raise itself
     with pytest.raises(QueryRejected, match="no model instance"):
-        c.on_instance_down("slow")
         c.on_query_arrival("q3", deadline=None)
 
 
 def test_a_call_fails_for_good_after_non_retryable_errors_or_too_many_attempts() -> None:
-    c = coordinator("least_loaded+fcfs", {"s": 1}, slow=True, max_attempts=2)
+    # A non-retryable error may be the instance's fault: the call gets one untried
+    # instance; failing there too, the call itself is bad.
+    c = coordinator("least_loaded+fcfs", {"s": 1}, slow=True, max_attempts=5)
     c.on_query_arrival("q", deadline=None)
-    a, _ = c.on_call_ready("q", stage="s", node_id="a", prompt_tokens=0)
+    a, [first] = c.on_call_ready("q", stage="s", node_id="a", prompt_tokens=0)
+    [again] = c.on_call_failed(a, "prompt too long", retryable=False)
+    assert isinstance(again, StartCall) and again.instance != first.instance
     [fail] = c.on_call_failed(a, "prompt too long", retryable=False)
     assert isinstance(fail, FailCall) and fail.reason == "prompt too long"
+    assert a.attempts == 2 < c.max_attempts
+    c = coordinator("least_loaded+fcfs", {"s": 1}, slow=True, max_attempts=2)
+    c.on_query_arrival("q", deadline=None)
     b, _ = c.on_call_ready("q", stage="s", node_id="b", prompt_tokens=0)
     assert c.on_call_failed(b, "timeout", retryable=True)[0].call is b  # retried on slow
     decisions = c.on_call_failed(b, "timeout", retryable=True)
@@ -99,3 +106,48 @@ def test_the_time_model_learns_from_observed_timings() -> None:
         call, _ = c.on_call_ready("q", stage="s", node_id=f"n{i}", prompt_tokens=0)
         c.on_call_done(call, output_tokens=10, ttft_s=0.0, total_s=27.0)
     assert model.decode_ratio == pytest.approx(3.0, rel=0.05)
+
+
+def test_late_reports_on_calls_of_a_cancelled_query_are_ignored() -> None:
+    from agentflow.scheduler.predictor import LengthPredictor
+
+    c = coordinator("least_loaded+fcfs", {"s": 1}, slow=True)
+    c.predictor = LengthPredictor()
+    c.on_query_arrival("gone", deadline=None)
+    c.on_query_arrival("other", deadline=None)
+    call, _ = c.on_call_ready("gone", stage="s", node_id="a", prompt_tokens=0)
+    waiting, _ = c.on_call_ready("other", stage="s", node_id="x", prompt_tokens=0)
+    waiting2, _ = c.on_call_ready("other", stage="s", node_id="y", prompt_tokens=0)
+    c.cancel_query("gone")
+    observed = c.predictor.observed
+    # the runtime's abort raced with completion: the call reports anyway
+    assert c.on_call_progress(call, 5) == []
+    assert c.on_call_done(call, output_tokens=80, total_s=9.0) == []
+    assert c.on_call_failed(call, "late error") == []
+    assert c.predictor.observed == observed  # nothing learned from a forgotten query
+    assert call.state == CallState.CANCELLED
+    assert {x.state for x in (waiting, waiting2)} == {CallState.RUNNING}
+
+
+def test_observers_see_every_event_with_its_decisions_nested_in_order() -> None:
+    class Log:
+        def __init__(self):
+            self.lines = []
+
+        def event_started(self, event):
+            self.lines.append(("start", event))
+
+        def event_finished(self, event, decisions):
+            self.lines.append(("end", event, [type(d).__name__ for d in decisions]))
+
+    c = coordinator("least_loaded+fcfs", {"s": 1})
+    log = Log()
+    c.add_observer(log)
+    c.on_query_arrival("q", deadline=None)
+    c.on_call_ready("q", stage="s", node_id="a", prompt_tokens=0)
+    c.cancel_query("q")
+    assert log.lines == [
+        ("start", "on_query_arrival"), ("end", "on_query_arrival", []),
+        ("start", "on_call_ready"), ("end", "on_call_ready", ["StartCall"]),
+        ("start", "cancel_query"), ("start", "on_query_done"), ("end", "on_query_done", []),
+        ("end", "cancel_query", [])]

@@ -57,7 +57,7 @@ def test_future_stages_are_estimated_under_their_max_tokens_hint() -> None:
     assert capped < free
     # both stages at most 160 tokens: cost = O^2/2 + I*O <= 2 * (160^2/2 + 700*160)
     assert c.remaining_cost(c.queries["capped"]).quantile(1.0) <= 2 * (160 ** 2 / 2 + 700 * 160)
-    assert run_capped.remaining_critical_path(0.0) < run_free.remaining_critical_path(0.0)
+    assert c.remaining_s(c.queries["capped"], 0.0) < c.remaining_s(c.queries["free"], 0.0)
 
 
 # ------------------------------------------------------------------ oracle and hint leaks

@@ -91,3 +91,43 @@ def test_each_calls_max_tokens_reaches_the_predictor_and_the_trace() -> None:
     assert predictor.caps["generate_candidate"] == {160}
     calls = {s["stage"]: c for s in answer.stages for c in s["llm_calls"]}
     assert calls["generate_candidate"]["max_tokens"] == 160
+
+
+def test_prompts_are_counted_by_each_instances_own_tokenizer() -> None:
+    class CoarseTokenizer(ScriptedBackend):
+        """A scripted instance whose model's tokenizer makes twice as many tokens."""
+
+        counted = 0
+
+        def count_tokens(self, text: str) -> int:
+            CoarseTokenizer.counted += 1
+            return 2 * super().count_tokens(text)
+
+        @property
+        def tokenizer_key(self) -> tuple:
+            return ("coarse",)
+
+    backends = {"small-0": ScriptedBackend(script, latency_s=0.01, name="small-0"),
+                "big-0": CoarseTokenizer(script, latency_s=0.01, name="big-0"),
+                "big-1": CoarseTokenizer(script, latency_s=0.01, name="big-1")}
+    with make(backends, policy="flowsage") as af:
+        counts = af.router._count_tokens("SELECT name FROM singer WHERE age > 30 " * 20)
+        assert counts["big-0"] == counts["big-1"] == 2 * counts["small-0"]
+        assert CoarseTokenizer.counted == 1  # once per distinct tokenizer
+        answer = af.ask("How many stores are there?", db="bookshop", slo=30)
+    assert answer.status == "done"
+
+
+def test_run_time_and_kv_use_are_priced_with_the_instances_prompt_length() -> None:
+    from agentflow.scheduler import Coordinator, InstanceSpec
+    from agentflow.workflow import ManualClock
+
+    c = Coordinator([InstanceSpec("a", gpu="H100", model="Llama-3.1-8B", max_inflight=4),
+                     InstanceSpec("b", gpu="H100", model="Llama-3.1-8B", max_inflight=4)],
+                    clock=ManualClock(0.0), policy="least_loaded+fcfs")
+    c.on_query_arrival("q", deadline=None)
+    call, _ = c.on_call_ready("q", stage="s", node_id="n", prompt_tokens=1000,
+                              prompt_tokens_by_instance={"a": 1000, "b": 3000})
+    assert c.expected_s(call, "b") > c.expected_s(call, "a")
+    assert c.queues[call.instance].kv_tokens_in_use == c._kv_tokens(call)
+    assert c._kv_tokens(call) - call.tokens_on(call.instance) == int(call.output.quantile(0.9))

@@ -146,7 +146,7 @@ def test_databases_health_docs_and_metrics(fast) -> None:
     shop = next(d for d in dbs if d["id"] == "bookshop")
     assert shop["engine"] == "sqlite" and {"stores", "books", "orders"} <= set(shop["tables"])
     assert httpx.get(f"{fast.url}/healthz").json() == {"status": "ok", "instances": 2,
-                                                      "instances_up": 2}
+                                                      "instances_up": 2, "instances_down": []}
     assert httpx.get(f"{fast.url}/docs").status_code == 200
     paths = httpx.get(f"{fast.url}/openapi.json").json()["paths"]
     assert {"/v1/queries", "/v1/queries/{query_id}", "/v1/queries/{query_id}/events",
@@ -207,6 +207,11 @@ def test_the_web_page_and_its_assets_are_served_locally(fast) -> None:
      404, "unknown_database", "unknown database"),
     (json.dumps({"question": "x", "db": "bookshop", "pipeline": "magic"}).encode(),
      "application/json", 422, "invalid_request", "unknown pipeline 'magic'"),
+    # a lone surrogate is valid JSON but not text: refused before the query starts
+    (b'{"question": "How many stores \\ud800 are there?", "db": "bookshop", "wait": false}',
+     "application/json", 422, "invalid_request", "invalid Unicode (a lone surrogate U+D800"),
+    (b'{"question": "x", "db": "bookshop", "evidence": "\\udfff"}', "application/json", 422,
+     "invalid_request", "evidence: "),
 ])
 def test_bad_input_gets_a_4xx_with_a_readable_message(fast, body, content_type, status, code,
                                                       words) -> None:

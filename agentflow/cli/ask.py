@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
+from concurrent.futures import TimeoutError as FuturesTimeout
 from contextlib import nullcontext
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
@@ -15,50 +19,103 @@ from rich.table import Table
 from agentflow.cli import table_console
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def add_verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="show llama.cpp's own log lines (hidden by default)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    from pipelines import pipeline_names
+
     p = sub.add_parser("ask", help="answer one question about a database",
                        description="Run a Text-to-SQL pipeline on one question. Without "
                                    "--config it uses the embedded default (local CPU model).")
-    p.add_argument("question")
-    p.add_argument("--db", required=True, help="database id (e.g. bookshop, concert_singer) "
-                                               "or a path to a .sqlite/.duckdb file")
+    p.add_argument("question", help="the question, in plain language (quote it)")
+    p.add_argument("--db", required=True, help="database id (e.g. bookshop, concert_singer), "
+                                               "a path to a .sqlite/.duckdb file, or a "
+                                               "postgresql://user@host/db URL (password from "
+                                               "PGPASSWORD or ~/.pgpass)")
     p.add_argument("--data", action="append", default=[],
                    help="a Spider/BIRD folder whose databases to use (repeatable)")
-    p.add_argument("--pipeline", default=None, help="chess (default), macsql or single")
+    p.add_argument("--pipeline", default=None, choices=pipeline_names(),
+                   help="the pipeline (default: the config's, chess)")
     p.add_argument("--config", default=None, help="YAML/JSON config (instances, pipeline, ...)")
-    p.add_argument("--slo", type=float, default=None, help="end-to-end target in seconds")
+    p.add_argument("--slo", type=positive_seconds, default=None,
+                   help="end-to-end target in seconds")
     p.add_argument("--evidence", default="", help="BIRD-style hint for the question")
-    p.add_argument("--engine", choices=["sqlite", "duckdb"], default=None)
+    p.add_argument("--engine", choices=["sqlite", "duckdb"], default=None,
+                   help="open databases with SQLite (default) or their DuckDB copies")
     p.add_argument("--record", default=None, help="append this query's trace to a JSONL file")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_verbose(p)
     p.set_defaults(func=cmd_ask)
 
 
-def cmd_ask(args: argparse.Namespace) -> int:
-    from agentflow.api import InvalidRequest, connect
-    from agentflow.config import AgentFlowConfig
+def validate(args: argparse.Namespace, config: Any) -> None:
+    """Everything that can be checked without a model, checked before one loads (seconds):
+    the question, and that the database exists."""
+    from agentflow.api import MAX_QUESTION_CHARS, InvalidRequest
+    from agentflow.catalog import DatabaseCatalog
 
+    if not args.question.strip():
+        raise InvalidRequest("the question is empty; type a question about the database")
+    if len(args.question) > MAX_QUESTION_CHARS:
+        raise InvalidRequest(f"the question is too long ({len(args.question)} characters; at "
+                             f"most {MAX_QUESTION_CHARS})")
+    catalog = DatabaseCatalog(config.data, engine=config.engine)
+    try:
+        catalog.entry(args.db)
+    finally:
+        catalog.close()
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from agentflow.api import AgentflowError, connect
+    from agentflow.config import AgentFlowConfig
+    from agentflow.llm.llama_logging import quiet_llama
+
+    quiet_llama(not args.verbose)
     config = AgentFlowConfig.load(args.config) if args.config else AgentFlowConfig()
     config.data = [*config.data, *args.data]
     if args.engine:
         config.engine = args.engine
     console = Console(stderr=True)
     try:
+        validate(args, config)
         with console.status("loading model and database...", spinner="dots") if not args.json \
                 else nullcontext():
             af = connect(config)
-    except (FileNotFoundError, ValueError, LookupError) as err:
-        print(f"agentflow: error: {err}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, LookupError, AgentflowError) as err:
+        message = err.args[0] if isinstance(err, LookupError) and err.args else err
+        print(f"agentflow: error: {message}", file=sys.stderr)
         return 2
+    handle = None
     try:
-        with console.status(f"answering with {args.pipeline or config.pipeline}...") \
-                if not args.json else nullcontext():
-            answer = af.ask(args.question, db=args.db, slo=args.slo, pipeline=args.pipeline,
-                            evidence=args.evidence, record=args.record)
-    except (InvalidRequest, LookupError) as err:
+        handle = af.submit(args.question, db=args.db, slo=args.slo, pipeline=args.pipeline,
+                           evidence=args.evidence, record=args.record)
+        if args.json:
+            answer = handle.result()
+        else:
+            answer = wait_with_progress(console, handle)
+    except (AgentflowError, LookupError) as err:
         message = err.args[0] if err.args else str(err)
         print(f"agentflow: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if handle is not None:
+            af.cancel(handle.query_id)
+        raise
     finally:
         af.close()
     if args.json:
@@ -71,6 +128,43 @@ def cmd_ask(args: argparse.Namespace) -> int:
     else:
         print_answer(table_console(), answer)
     return 0 if answer.status == "done" else 1
+
+
+def progress_text(pipeline: str, running: list[str], done: int, elapsed: float,
+                  slo: float | None) -> str:
+    """One status line: the stages running now, how many finished, time so far."""
+    now = ", ".join(running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else "")
+    slo_text = f" / SLO {slo:g}s" if slo else ""
+    return (f"{pipeline}: {now or 'starting'} · {done} stage{'s' if done != 1 else ''} done · "
+            f"{elapsed:.1f}s{slo_text}")
+
+
+def wait_with_progress(console: Console, handle: Any) -> Any:
+    """Wait for the answer while the spinner names the stage(s) running and the time."""
+    running: dict[str, None] = {}
+    finished = [0]
+
+    def on_event(event: dict) -> None:
+        node = event.get("node_id")
+        if event.get("type") == "stage_started":
+            running[node] = None
+        elif event.get("type") in ("stage_finished", "stage_failed"):
+            running.pop(node, None)
+            finished[0] += 1
+
+    for event in handle.subscribe(on_event):
+        on_event(event)
+    start = time.monotonic()
+    try:
+        with console.status(progress_text(handle.pipeline, [], 0, 0.0, handle.slo_s)) as status:
+            while True:
+                try:
+                    return handle.result(timeout=0.2)
+                except FuturesTimeout:
+                    status.update(progress_text(handle.pipeline, list(running), finished[0],
+                                                time.monotonic() - start, handle.slo_s))
+    finally:
+        handle.unsubscribe(on_event)
 
 
 def print_answer(console: Console, answer: Any) -> None:
@@ -87,18 +181,17 @@ def print_answer(console: Console, answer: Any) -> None:
         console.print(table)
         if len(answer.rows) > 20:
             console.print(f"... {len(answer.rows) - 20} more rows")
-    console.print(timeline_table(answer))
+    console.print(timeline_table(answer, console.width))
     slo = f" / SLO {answer.slo_s:g}s" if answer.slo_s else ""
     console.print(f"latency {answer.latency_s:.2f}s{slo}; {answer.usage.get('calls', 0)} LLM "
                   f"calls, {answer.usage.get('prompt_tokens', 0)} prompt + "
                   f"{answer.usage.get('completion_tokens', 0)} output tokens")
 
 
-def timeline_table(answer: Any) -> Table:
-    table = Table(title="stage timeline (seconds since arrival)")
-    for col in ("stage", "kind", "start", "end", "instance", "queue", "run", "tokens in/out",
-                "result"):
-        table.add_column(col, overflow="fold")
+def timeline_table(answer: Any, width: int = 160) -> Table:
+    """Stage names and numbers never wrap (a folded "execute.1.1" reads as two stages); the
+    free-text result column gets the width that is left and ends with an ellipsis."""
+    rows = []
     for s in answer.stages:
         calls = s["llm_calls"]
         instance = ", ".join(sorted({c["instance"] for c in calls}))
@@ -106,9 +199,22 @@ def timeline_table(answer: Any) -> Table:
         run = sum(c["run_s"] for c in calls)
         tokens = (f"{sum(c['prompt_tokens'] for c in calls)}/"
                   f"{sum(c['completion_tokens'] for c in calls)}") if calls else ""
-        table.add_row(s["node_id"], s["kind"], _t(s["start"]), _t(s["end"]), instance,
-                      f"{queue:.2f}" if calls else "", f"{run:.2f}" if calls else "", tokens,
-                      (s["error"] or s["summary"] or "")[:80])
+        rows.append((s["node_id"], s["kind"], _t(s["start"]), _t(s["end"]), instance,
+                     f"{queue:.2f}" if calls else "", f"{run:.2f}" if calls else "", tokens,
+                     (s["error"] or s["summary"] or "")[:80]))
+    table = Table(title="stage timeline (seconds since arrival)", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), collapse_padding=True)
+    headers = ("stage", "kind", "start", "end", "instance", "queue", "run", "tokens")
+    used = 2
+    for i, col in enumerate(headers):
+        col_width = max([len(col)] + [len(r[i]) for r in rows])
+        table.add_column(col, no_wrap=True, min_width=col_width)
+        used += col_width + 2
+    room = min(80, width - used - 2)
+    if room >= 8:  # else there is no room for it: one line per stage matters more
+        table.add_column("result", no_wrap=True, overflow="ellipsis", max_width=room)
+    for row in rows:
+        table.add_row(*(row if room >= 8 else row[:-1]))
     return table
 
 

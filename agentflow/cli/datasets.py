@@ -10,9 +10,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentflow.cli import table_console
+
 from agentflow.datasets import load_dataset
 from agentflow.datasets.check import CheckRecord, check_dataset
-from agentflow.eval import MatchRule
+from agentflow.accuracy import MatchRule
 
 _MAX_FAILURES_SHOWN = 50
 
@@ -28,7 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "against itself. Prints a per-database table and 'N passed, M failed'.")
     check.add_argument("dir", help="dataset folder (Spider or BIRD layout) or 'demo'")
     check.add_argument("--split", default="dev", help="split to load (default: dev)")
-    check.add_argument("--engine", choices=["sqlite", "duckdb"], default="sqlite")
+    check.add_argument("--engine", choices=["sqlite", "duckdb", "postgres"], default="sqlite",
+                       help="run the gold queries on SQLite (default), the DuckDB copies or "
+                            "the PostgreSQL copy made by to-postgres")
+    check.add_argument("--pg-url", default=None,
+                       help="postgres engine: the database to-postgres loaded the benchmark "
+                            "into (default: $AGENTFLOW_PG_URL); a password is better given by "
+                            "PGPASSWORD or ~/.pgpass than in the URL")
     check.add_argument("--rule", choices=[r.value for r in MatchRule], default="spider",
                        help="execution-accuracy rule (default: spider test-suite)")
     check.add_argument("--duckdb-dir", type=Path, default=None,
@@ -45,18 +53,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     conv.add_argument("--out", type=Path, default=None,
                       help="output file (for one database) or folder (for a dataset); default: "
                            "beside the file, or agentflow's cache for a dataset")
-    conv.add_argument("--split", default="dev")
+    conv.add_argument("--split", default="dev",
+                      help="for a dataset folder: the split whose databases to convert "
+                           "(default: dev)")
     conv.set_defaults(func=cmd_to_duckdb)
 
+    topg = dsub.add_parser(
+        "to-postgres", help="load a benchmark's databases into PostgreSQL (one schema each)",
+        description="Copy every database of a Spider/BIRD folder (or 'demo') into one "
+                    "PostgreSQL database, one schema per database id, so datasets check "
+                    "--engine postgres and evaluation can run there.")
+    topg.add_argument("src", help="dataset folder (Spider or BIRD layout) or 'demo'")
+    topg.add_argument("--url", default=None,
+                      help="PostgreSQL database to load into, as a role that may create schemas "
+                           "(default: $AGENTFLOW_PG_URL)")
+    topg.add_argument("--split", default="dev",
+                      help="the split whose databases to load (default: dev)")
+    topg.add_argument("--all", action="store_true",
+                      help="every database of the folder, not only those the split uses")
+    topg.add_argument("--grant", default=None, metavar="ROLE",
+                      help="grant USAGE/SELECT on the loaded schemas to this read-only role")
+    topg.set_defaults(func=cmd_to_postgres)
+
     demo = dsub.add_parser("build-demo", help="build the demo database (SQLite and DuckDB)")
-    demo.add_argument("--out", type=Path, default=None)
-    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--out", type=Path, default=None,
+                      help="folder to build it in (default: agentflow's cache)")
+    demo.add_argument("--seed", type=int, default=7,
+                      help="seed of the generated rows (default 7: the documented database)")
     demo.add_argument("--force", action="store_true", help="rebuild even if present")
     demo.set_defaults(func=cmd_build_demo)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    console = Console(stderr=False)
+    console = table_console()
     dataset = load_dataset(args.dir, args.split)
     total = min(len(dataset), args.limit) if args.limit else len(dataset)
     console.print(f"[bold]{dataset.kind}[/] {dataset.root} split={args.split}: {total} questions, "
@@ -83,7 +112,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             report = check_dataset(dataset, engine=args.engine, rule=MatchRule(args.rule),
                                    timeout_s=args.timeout, limit=args.limit,
-                                   duckdb_dir=args.duckdb_dir, on_database=on_database,
+                                   duckdb_dir=args.duckdb_dir, pg_url=args.pg_url,
+                                   on_database=on_database,
                                    on_example=on_example)
         finally:
             if sink:
@@ -104,11 +134,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         console.print(f"[bold red]{len(failures)} failures[/] (reason: detail):")
         for record in failures[:_MAX_FAILURES_SHOWN]:
             v = record.verdict
-            console.print(f"  {record.example.id} [{record.example.db_id}] {v.reason}: {v.detail}",
+            console.print(f"  {record.example.id} [{record.example.db_id}] {v.reason}: {v.detail}"
+                          + (f"\n      dialect difference: {record.difference}"
+                             if args.engine != "sqlite" else ""),
                           markup=False, highlight=False, soft_wrap=True)
         if len(failures) > _MAX_FAILURES_SHOWN:
             console.print(f"  ... and {len(failures) - _MAX_FAILURES_SHOWN} more"
                           + (f" (all in {args.jsonl})" if args.jsonl else " (use --jsonl)"))
+    if failures and args.engine != "sqlite":
+        console.print("failures by dialect difference:")
+        for name, n in report.differences().most_common():
+            console.print(f"  {n:4d}  {name}", markup=False, highlight=False)
     print(f"{report.passed} passed, {report.failed} failed")
     return 0 if report.failed == 0 else 1
 
@@ -150,4 +186,51 @@ def cmd_build_demo(args: argparse.Namespace) -> int:
     paths = build_demo(args.out, seed=args.seed, force=args.force)
     print(f"demo database: {paths.sqlite}\n               {paths.duckdb}\n"
           f"questions:     {paths.questions}")
+    return 0
+
+
+def cmd_to_postgres(args: argparse.Namespace) -> int:
+    import os
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from agentflow.datasets.to_postgres import load_sqlite_into_postgres
+    from agentflow.datasets.types import PG_URL_ENV
+    from agentflow.sql.database import redact
+
+    console = Console()
+    url_text = args.url or os.environ.get(PG_URL_ENV)
+    if not url_text:
+        console.print(f"agentflow: error: pass --url or set ${PG_URL_ENV}", markup=False)
+        return 2
+    url = make_url(url_text)
+    secrets = [str(url.password)] if url.password else []
+    dataset = load_dataset(args.src, args.split)
+    wanted = set(dataset.databases) if args.all else {e.db_id for e in dataset.examples}
+    try:
+        conn = psycopg.connect(url.set(drivername="postgresql").render_as_string(
+            hide_password=False))
+    except psycopg.Error as err:
+        console.print(f"agentflow: error: cannot connect: {redact(str(err), secrets)}",
+                      markup=False)
+        return 2
+    total_rows = notes = 0
+    with conn, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("loading", total=len(wanted))
+        for db_id, entry in dataset.databases.items():
+            if db_id not in wanted:
+                continue
+            progress.update(task, description=f"loading {db_id}")
+            report = load_sqlite_into_postgres(entry.sqlite_path, conn, db_id,
+                                               grant_to=args.grant)
+            total_rows += report.rows
+            for note in report.notes:
+                notes += 1
+                progress.console.print(f"  {db_id}: {note}", markup=False)
+            progress.advance(task)
+    console.print(f"loaded {len(wanted)} databases ({total_rows} rows) into PostgreSQL database "
+                  f"{url.database!r}, one schema each ({notes} notes on dropped keys, views or "
+                  "mixed-type columns)", markup=False)
     return 0

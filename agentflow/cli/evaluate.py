@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentflow.scheduler.policies import policy_help
+from agentflow.cli import table_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,7 +84,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        arrival=args.arrival, slo_scale=args.slo_scale, slo_s=args.slo,
                        eval_timeout_s=args.eval_timeout, plots=not args.no_plots,
                        console=console)
-    print_summary(Console(), summary)
+    print_summary(table_console(), summary)
     return 0
 
 

@@ -6,9 +6,11 @@ import argparse
 import sys
 
 from agentflow import __version__
+from agentflow.errors import AgentflowError
 from agentflow.cli import ask as ask_cli
 from agentflow.cli import datasets as datasets_cli
 from agentflow.cli import evaluate as evaluate_cli
+from agentflow.cli import mcp as mcp_cli
 from agentflow.cli import serve as serve_cli
 from agentflow.cli import simulate as simulate_cli
 
@@ -23,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask_cli.register(sub)
     datasets_cli.register(sub)
     evaluate_cli.register(sub)
+    mcp_cli.register(sub)
     serve_cli.register(sub)
     simulate_cli.register(sub)
     return parser
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (FileNotFoundError, LookupError, ValueError) as err:
+    except (FileNotFoundError, LookupError, ValueError, AgentflowError) as err:
         # Errors a user can fix (bad path, unknown database, bad option): one clear line.
         message = err.args[0] if isinstance(err, LookupError) and err.args else err
         print(f"agentflow: error: {message}", file=sys.stderr)

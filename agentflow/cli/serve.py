@@ -8,8 +8,16 @@ With no options it serves the embedded default (the local CPU model) and the dem
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
+
+log = logging.getLogger("agentflow.server")
+
+DESCRIPTION = ("With no options it serves the embedded default (the local CPU model) and the "
+               "demo database (bookshop) on http://127.0.0.1:8000: the web page is at /, the "
+               "API docs at /docs. --config points it at a real cluster; --data adds "
+               "Spider/BIRD databases.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,48 +30,103 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "drain_s, ...)")
     p.add_argument("--data", action="append", default=[],
                    help="a Spider/BIRD folder whose databases to serve (repeatable)")
-    p.add_argument("--engine", choices=["sqlite", "duckdb"], default=None)
+    p.add_argument("--engine", choices=["sqlite", "duckdb"], default=None,
+                   help="open databases with SQLite (default) or their DuckDB copies")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="run every instance as a Ray actor placed by its GPU type, on the "
+                        "cluster at ADDRESS (auto, HOST:6379, ray://HOST:10001, or 'local'); "
+                        "the same as 'placement: ray' in the config (needs agentflow[ray])")
     p.add_argument("--drain", type=float, default=None, metavar="SECONDS",
                    help="on shutdown, let queries in flight finish for this long before "
                         "cancelling them (default 10)")
     p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])
-    p.add_argument("--no-access-log", action="store_true", help="do not log every request")
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="server log level (default info)")
+    p.add_argument("--no-access-log", action="store_true",
+                   help="do not log requests (the web page's polling is never logged)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="show llama.cpp's own log lines (hidden by default)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve agentflow over HTTP (API, metrics, web page)",
-                       description=__doc__.split("\n\n")[1])
+                       description=DESCRIPTION)
     add_arguments(p)
     p.set_defaults(func=cmd_serve)
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be served, checked before the model loads (None when free)."""
+    import socket
+
+    if not 0 < port < 65536:
+        return f"--port must be between 1 and 65535, got {port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        return f"cannot listen on {host!r}: {err.strerror}"
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return (f"port {port} on {host} is already in use (another server?); pick "
+                        f"another with --port")
+            return f"cannot listen on {host}:{port}: {err.strerror}"
+    return None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from agentflow.server import create_app, load_serve_config, run
+        from agentflow.server.logs import configure
     except ImportError as err:
         print(f"agentflow: error: the server needs the 'server' extra ({err.name} is "
               f"missing): pip install 'agentflow[server]'", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agentflow.catalog import DatabaseCatalog
+    from agentflow.llm.llama_logging import quiet_llama
+
+    configure(args.log_level)
+    quiet_llama(not args.verbose)
     config, settings = load_serve_config(args.config)
     config.data = [*config.data, *args.data]
     if args.engine:
         config.engine = args.engine
+    if args.ray:
+        from agentflow.distributed.placement import RayPlacement
+
+        base = config.placement or RayPlacement()
+        config.placement = base.model_copy(update={"address": args.ray})
+    if config.placement is not None:
+        from agentflow.distributed import require_ray
+
+        try:
+            require_ray()
+        except ImportError as err:
+            print(f"agentflow: error: {err}", file=sys.stderr)
+            return 2
     if args.drain is not None:
         settings.drain_s = args.drain
-    print(f"agentflow: starting {len(config.instances)} instance(s) "
-          f"({', '.join(i.name for i in config.instances)}); pipeline {config.pipeline}",
-          file=sys.stderr)
+    # Everything that can fail without the model fails first, in a second.
+    problem = port_problem(args.host, args.port)
+    if problem:
+        print(f"agentflow: error: {problem}", file=sys.stderr)
+        return 2
+    DatabaseCatalog(config.data, engine=config.engine).close()  # bad --data folders
+    log.info("starting %d instance(s) (%s); pipeline %s", len(config.instances),
+             ", ".join(i.name for i in config.instances), config.pipeline)
     app = create_app(config, settings)
     service = app.state.service
     if settings.keys():
-        print(f"agentflow: API keys required ({len(settings.keys())} configured)",
-              file=sys.stderr)
-    print(f"agentflow: serving {', '.join(service.af.catalog.ids[:5])}"
-          f"{' ...' if len(service.af.catalog.ids) > 5 else ''} on "
-          f"http://{args.host}:{args.port}/ (API docs at /docs)", file=sys.stderr)
+        log.info("API keys required (%d configured)", len(settings.keys()))
+    ids = service.af.catalog.ids
+    log.info("serving %d database%s: %s", len(ids), "" if len(ids) == 1 else "s",
+             ", ".join(ids))
+    log.info("web page http://%s:%d/ · API docs http://%s:%d/docs", args.host, args.port,
+             args.host, args.port)
     try:
         run(app, args.host, args.port, log_level=args.log_level,
             access_log=not args.no_access_log)
@@ -74,7 +137,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python serve.py [options]``: the same as ``agentflow serve``."""
-    parser = argparse.ArgumentParser(prog="serve.py", description=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(prog="serve.py", description=DESCRIPTION)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

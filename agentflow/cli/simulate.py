@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from agentflow.cli import table_console
+from agentflow.metrics import scale_key
 from agentflow.scheduler.length_models import PREDICTORS
 from agentflow.scheduler.policies import policy_help
 
@@ -20,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Replay a trace on a simulated heterogeneous cluster under "
                                    "each policy, with identical arrivals.")
     p.add_argument("--trace", required=True, help="HexGen-Flow JSON or agentflow JSONL trace")
-    p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto")
+    p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto",
+                   help="trace format: HexGen-Flow JSON, agentflow JSONL, or auto (default: "
+                        "by content)")
     p.add_argument("--cluster", default="paper-4gpu", help="a name (paper-4gpu, ...) or YAML")
     p.add_argument("--policy", default="vllm,hexgen-flow,sagesched,flowsage",
                    help="comma-separated policies; " + policy_help().replace("%", "%%"))
@@ -30,8 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=1.0, help="mean arrival rate, queries/s")
     p.add_argument("--arrival", default="poisson",
                    help="poisson | gamma:CV | steps:RATE/SECONDS,RATE/SECONDS,...")
-    p.add_argument("--queries", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--queries", type=int, default=200,
+                   help="number of queries to replay (default 200; the trace is cycled)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed for arrivals and sampling; same seed, same result (default 0)")
     p.add_argument("--slo-scale", type=float, default=2.0,
                    help="deadline given to the scheduler, as a multiple of idle latency")
     p.add_argument("--alpha", type=float, default=None, help="fixed workload_balanced alpha")
@@ -40,22 +47,41 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "cold prompts)")
     p.add_argument("--tune-alpha", action="store_true",
                    help="re-tune alpha online from forked simulations of the recent window")
+    p.add_argument("--fault", action="append", default=[], metavar="KIND:INSTANCE@T",
+                   help="inject a fault (repeatable): down:NAME@SECONDS, up:NAME@SECONDS, "
+                        "slow:NAME@SECONDSxFACTOR; instances are named <gpu>-<n> "
+                        "(e.g. a100-80g-0)")
     p.add_argument("--goodput", action="store_true",
                    help="also find each policy's goodput (>= 90%% within --slo-scale)")
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run the policies (with their goodput searches) as Ray tasks: a "
+                        "cluster address (auto, HOST:6379, ray://HOST:10001) or 'local' "
+                        "(the default without a value). Same numbers as the serial run")
+    p.add_argument("--json", type=Path, default=None,
+                   help="also write every policy's metrics to this JSON file")
     p.add_argument("--plot", type=Path, default=None, help="SLO attainment vs scale (PNG)")
     p.set_defaults(func=cmd_simulate)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from agentflow.sim.alpha import OnlineAlphaTuner
+    from agentflow.distributed import require_ray
+    from agentflow.distributed.grid import run_grid_timed
     from agentflow.sim.cluster import load_cluster
-    from agentflow.sim.experiment import build_workload, goodput, run_policy
+    from agentflow.sim.experiment import build_workload
     from agentflow.sim.slo import IdleLatency
     from agentflow.sim.workload import load_trace
 
     console = Console(stderr=True)
+    if args.ray is not None:
+        try:
+            require_ray()
+        except ImportError as err:
+            console.print(f"agentflow: error: {err}", highlight=False)
+            return 2
+    from agentflow.sim.faults import Fault
+
     cluster = load_cluster(args.cluster)
+    faults = [Fault.parse(f) for f in args.fault]
     trace = load_trace(args.trace, args.format)
     from agentflow.scheduler.policies import parse_policy, with_predictor
 
@@ -66,28 +92,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     idle = IdleLatency(cluster, cached_prefix=args.cached_prefix)
     workload = build_workload(trace, cluster, n=args.queries, rate=args.rate,
                               arrival=args.arrival, seed=args.seed, idle=idle)
-    results = {}
-    for policy in policies:
-        start = time.perf_counter()
-        tuner = OnlineAlphaTuner(cluster, slo_scale=args.slo_scale) if args.tune_alpha else None
-        result = run_policy(cluster, workload, policy, slo_scale=args.slo_scale,
-                            alpha=args.alpha, alpha_tuner=tuner,
-                            cached_prefix=args.cached_prefix)
-        summary = result.summary()
-        summary["sim_wall_s"] = time.perf_counter() - start
-        if result.alpha_history:
-            summary["alpha_history"] = result.alpha_history
-        if args.goodput:
-            summary["goodput_qps"] = goodput(cluster, trace, policy, n=args.queries,
-                                             slo_scale=args.slo_scale, arrival=args.arrival,
-                                             seed=args.seed, idle=idle,
-                                             cached_prefix=args.cached_prefix)
-        results[policy] = summary
-        console.print(f"  {policy}: done in {summary['sim_wall_s']:.1f}s", highlight=False)
+    context = PolicyCellInputs(cluster=cluster, trace=trace, workload=workload, idle=idle,
+                               faults=faults, options=_cell_options(args))
+    grid = run_grid_timed(policy_cell, policies, context=context, ray=args.ray,
+                          on_result=lambda i, s: console.print(
+                              f"  {policies[i]}: done in {s['sim_wall_s']:.1f}s",
+                              highlight=False))
+    results = dict(zip(policies, grid.results))
+    console.print(f"  {len(policies)} policies in {grid.wall_s:.1f}s ({grid.where})",
+                  highlight=False)
     out = {"config": {"trace": str(args.trace), "cluster": cluster.name,
                       "rate": args.rate, "arrival": args.arrival, "queries": args.queries,
                       "seed": args.seed, "slo_scale": args.slo_scale, "alpha": args.alpha,
-                      "cached_prefix": args.cached_prefix,
+                      "cached_prefix": args.cached_prefix, "faults": args.fault,
                       "tune_alpha": args.tune_alpha},
            "policies": results}
     print_table(table_console(140), out)
@@ -102,7 +119,52 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         plot_attainment(results, args.plot, title=f"{cluster.name}, {args.rate:g} q/s "
                                                   f"({args.arrival})")
+        console.print(f"plot: {args.plot}", highlight=False)
+    if args.json:
+        console.print(f"metrics: {args.json}", highlight=False)
     return 0
+
+
+@dataclass
+class PolicyCellInputs:
+    """What every policy's simulation shares (sent once to a Ray cluster)."""
+
+    cluster: Any
+    trace: list
+    workload: Any
+    idle: Any
+    options: dict[str, Any]
+    faults: list = field(default_factory=list)
+
+
+def _cell_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in ("slo_scale", "alpha", "tune_alpha", "cached_prefix",
+                                          "goodput", "queries", "arrival", "seed")}
+
+
+def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
+    """One policy on the shared workload (and its goodput search): one cell of the grid,
+    the same computation whether it runs here or as a Ray task."""
+    from agentflow.sim.alpha import OnlineAlphaTuner
+    from agentflow.sim.experiment import goodput, run_policy
+
+    o = inputs.options
+    start = time.perf_counter()
+    tuner = OnlineAlphaTuner(inputs.cluster, slo_scale=o["slo_scale"]) \
+        if o["tune_alpha"] else None
+    result = run_policy(inputs.cluster, inputs.workload, policy, slo_scale=o["slo_scale"],
+                        alpha=o["alpha"], alpha_tuner=tuner, cached_prefix=o["cached_prefix"],
+                        faults=inputs.faults)
+    summary = result.summary()
+    summary["sim_wall_s"] = time.perf_counter() - start
+    if result.alpha_history:
+        summary["alpha_history"] = result.alpha_history
+    if o["goodput"]:
+        summary["goodput_qps"] = goodput(inputs.cluster, inputs.trace, policy, n=o["queries"],
+                                         slo_scale=o["slo_scale"], arrival=o["arrival"],
+                                         seed=o["seed"], idle=inputs.idle,
+                                         cached_prefix=o["cached_prefix"])
+    return summary
 
 
 def print_table(console: Console, out: dict) -> None:
@@ -120,8 +182,7 @@ def print_table(console: Console, out: dict) -> None:
             return "-" if v is None else f"{v:.{d}f}"
         row = [policy, str(s["completed"]), str(s["rejected"]), f(s["mean"]), f(s["p50"]),
                f(s["p95"]), f(s["p99"]), f(s["throughput_qps"], 3),
-               f(s["slo_attainment"]["1.0"], 2), f(s["slo_attainment"]["2.0"], 2),
-               f(s["slo_attainment"]["5.0"], 2)]
+               *(f(s["slo_attainment"].get(scale_key(x)), 2) for x in (1, 2, 5))]
         if has_goodput:
             row.append(f(s.get("goodput_qps"), 3))
         table.add_row(*row)

@@ -12,7 +12,10 @@ from typing import Literal
 from agentflow.sql import Database
 from agentflow.sql.errors import DatabaseNotFoundError
 
-EngineKind = Literal["sqlite", "duckdb"]
+EngineKind = Literal["sqlite", "duckdb", "postgres"]
+
+# Where `agentflow datasets to-postgres` loaded benchmarks, when no URL is passed.
+PG_URL_ENV = "AGENTFLOW_PG_URL"
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ class Dataset:
         return base / db_id / f"{db_id}.duckdb"
 
     def open(self, db_id: str, *, engine: EngineKind = "sqlite",
-             duckdb_dir: Path | None = None, convert: bool = True) -> Database:
+             duckdb_dir: Path | None = None, convert: bool = True,
+             pg_url: str | None = None) -> Database:
         """Open one database read-only, on SQLite or on its DuckDB copy.
 
         With ``convert`` the DuckDB copy is made on first use when it is missing. DuckDB runs
@@ -96,8 +100,18 @@ class Dataset:
         entry = self.database(db_id)
         if engine == "sqlite":
             return Database.open(entry.sqlite_path, db_id=db_id, kind="sqlite")
+        if engine == "postgres":
+            from agentflow.datasets.to_postgres import schema_name
+
+            url = pg_url or os.environ.get(PG_URL_ENV)
+            if not url:
+                raise ValueError(f"engine 'postgres' needs the URL of the database the "
+                                 f"benchmark was loaded into (--pg-url or ${PG_URL_ENV}); see "
+                                 "`agentflow datasets to-postgres`")
+            return Database.open(url, db_id=db_id, search_path=[schema_name(db_id)],
+                                 pool_size=2, max_overflow=2)
         if engine != "duckdb":
-            raise ValueError(f"unknown engine {engine!r}; expected 'sqlite' or 'duckdb'")
+            raise ValueError(f"unknown engine {engine!r}; expected sqlite, duckdb or postgres")
         path = self.duckdb_path(db_id, duckdb_dir)
         if not path.exists():
             if not convert:

@@ -1,7 +1,7 @@
 """``agentflow eval``: answer quality and serving latency together, per pipeline and policy.
 
 Real mode runs the questions through the real pipelines and backends; simulated mode replays
-those recordings on a simulated cluster. Execution accuracy itself lives in ``agentflow.eval``.
+those recordings on a simulated cluster. Execution accuracy itself lives in ``agentflow.accuracy``.
 """
 
 from agentflow.evaluation.hardness import HARDNESS_LEVELS, HardnessError, spider_hardness

@@ -1,4 +1,7 @@
-"""From per-question records to one run's numbers: accuracy, latency, SLO attainment, cost."""
+"""From per-question records to one run's numbers: accuracy, latency, SLO attainment, cost.
+
+Percentiles, attainment and the attainment keys come from ``agentflow.metrics`` (the one
+definition every report shares: only a ``done`` question meets an SLO)."""
 
 from __future__ import annotations
 
@@ -7,23 +10,19 @@ from typing import Any
 
 import numpy as np
 
-from agentflow.eval import REASONS
+from agentflow.accuracy import REASONS
+from agentflow.metrics import SLO_SCALES, Outcome, absolute_attainment, attainment_table
+from agentflow.metrics import attainment as _attainment
+from agentflow.metrics import completed_latencies, latency_stats
+from agentflow.metrics import throughput as _throughput
 
-TABLE_SCALES = (1.0, 1.5, 2.0, 3.0, 5.0)
+TABLE_SCALES = SLO_SCALES
 CURVE_SCALES = tuple(float(x) for x in np.round(np.arange(1.0, 10.001, 0.25), 2))
 LEVEL_ORDER = ("easy", "medium", "hard", "extra", "simple", "moderate", "challenging", "unknown")
 COMPLETED = ("done", "failed")  # the query came back: an answer, or a reason it has none
 
 
-def pct(values, q: float) -> float | None:
-    return float(np.percentile(values, q)) if len(values) else None
-
-
-def dist(values) -> dict[str, Any]:
-    values = [float(v) for v in values if v is not None]
-    return {"n": len(values), "mean": float(np.mean(values)) if values else None,
-            "p50": pct(values, 50), "p95": pct(values, 95), "p99": pct(values, 99),
-            "max": max(values) if values else None}
+dist = latency_stats  # the summary's distributions (latency, queue and run time, ...)
 
 
 def _acc(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -42,31 +41,14 @@ def level_key(level: str) -> tuple[int, str]:
 
 
 def attainment(records: list[dict[str, Any]], scale: float) -> float | None:
-    """Share of all questions that came back within ``scale`` x their idle latency."""
-    if not records:
-        return None
-    met = sum(1 for r in records
-              if r.get("status") in COMPLETED and r.get("latency_s") is not None
-              and r.get("idle_latency_s") is not None
-              and r["latency_s"] <= scale * r["idle_latency_s"] + 1e-9)
-    return met / len(records)
+    """Share of all questions answered (``done``) within ``scale`` x their idle latency."""
+    return _attainment([Outcome.of(r) for r in records], scale)
 
 
 def throughput(records: list[dict[str, Any]]) -> tuple[float | None, float]:
-    """Completed questions per second of serving time. A resumed run adds up each session's
-    span (first arrival to last finish), so time between sessions is not counted."""
-    spans: dict[str, list[float]] = defaultdict(lambda: [float("inf"), float("-inf")])
-    completed = 0
-    for r in records:
-        if r.get("arrival_s") is None:
-            continue
-        span = spans[str(r.get("session", ""))]
-        span[0] = min(span[0], r["arrival_s"])
-        if r.get("status") in COMPLETED and r.get("finish_s") is not None:
-            completed += 1
-            span[1] = max(span[1], r["finish_s"])
-    total = sum(max(0.0, b - a) for a, b in spans.values() if b > float("-inf"))
-    return (completed / total if total > 0 else None), total
+    """Answered questions per second of serving time (``agentflow.metrics.throughput``)."""
+    return _throughput((r.get("session", ""), r.get("arrival_s"), r.get("finish_s"),
+                        r.get("status")) for r in records)
 
 
 def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[str, Any]:
@@ -98,7 +80,7 @@ def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[st
     qps, span = throughput(records)
     statuses = Counter(r.get("status", "?") for r in records)
     slo_scales = sorted({*TABLE_SCALES, float(slo_scale)})
-    absolute = [r for r in records if r.get("slo_s")]
+    outcomes = [Outcome.of(r) for r in records]
     n_c = len(completed)
     return {
         "questions": len(records),
@@ -106,26 +88,21 @@ def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[st
         "accuracy": {**_acc(records), "by_reason": by_reason},
         "by_difficulty": {k: _acc(by_level[k]) for k in sorted(by_level, key=level_key)},
         "by_database": {k: _acc(by_db[k]) for k in sorted(by_db)},
-        "latency_s": dist([r["latency_s"] for r in completed]),
+        "latency_s": dist(completed_latencies(outcomes)),  # answered questions
         "idle_latency_s": dist([r.get("idle_latency_s") for r in completed]),
         "queue_s_per_question": dist([r.get("queue_s", 0.0) for r in completed]),
         "run_s_per_question": dist([r.get("run_s", 0.0) for r in completed]),
         "stages": dict(sorted(stages.items(), key=lambda kv: -kv[1]["duration_s"]["mean"])),
-        "slo_attainment": {f"{s:g}": attainment(records, s) for s in slo_scales},
-        "slo_curve": {f"{s:g}": attainment(records, s) for s in CURVE_SCALES},
+        "slo_attainment": attainment_table(outcomes, slo_scales),
+        "slo_curve": attainment_table(outcomes, CURVE_SCALES),
         "slo_scale": float(slo_scale),
-        "slo_absolute": ({"n": len(absolute),
-                          "met": sum(1 for r in absolute if r.get("met_slo")),
-                          "attainment": sum(1 for r in absolute if r.get("met_slo"))
-                          / len(absolute)} if absolute else None),
+        "slo_absolute": absolute_attainment(outcomes),
         "throughput_qps": qps,
         "serving_span_s": span,
+        # A replayed trace line of another run may carry no usage (None): it counts as 0.
         "usage_per_question": {
-            "calls": float(np.mean([r.get("calls", 0) for r in completed])) if n_c else None,
-            "prompt_tokens": float(np.mean([r.get("prompt_tokens", 0) for r in completed]))
-            if n_c else None,
-            "completion_tokens": float(np.mean([r.get("completion_tokens", 0)
-                                                for r in completed])) if n_c else None},
-        "usage_total": {k: int(sum(r.get(k, 0) for r in records))
+            k: float(np.mean([r.get(k) or 0 for r in completed])) if n_c else None
+            for k in ("calls", "prompt_tokens", "completion_tokens")},
+        "usage_total": {k: int(sum(r.get(k) or 0 for r in records))
                         for k in ("calls", "prompt_tokens", "completion_tokens")},
     }

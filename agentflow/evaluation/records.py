@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.datasets import Dataset, Example
-from agentflow.eval import MatchRule, Verdict, evaluate_pair
+from agentflow.accuracy import MatchRule, evaluate_pair
 from agentflow.evaluation.hardness import HardnessError, spider_hardness
 
 FINISHED = ("done", "failed")  # statuses a resumed run does not ask again
@@ -84,10 +84,6 @@ class Judge:
             for db in self._dbs.values():
                 db.close()
             self._dbs.clear()
-
-
-def verdict_fields(verdict: Verdict) -> dict[str, Any]:
-    return {"correct": verdict.correct, "reason": verdict.reason, "detail": verdict.detail}
 
 
 # ------------------------------------------------------------------------------ timing

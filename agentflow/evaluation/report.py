@@ -269,6 +269,43 @@ def write_plots(folder: Path, summary: dict[str, Any],
     ax.set_ylabel("mean seconds per stage node")
     finish_figure(fig, ax, folder / "stage_breakdown.png",
                   title=f"Per-stage time ({mode}; faint: prompt building and other overhead)",
-                  dpi=110, grid_axis="y", legend_fontsize=7, legend_ncol=2)
+                  dpi=110, grid_axis="y", legend_fontsize=7, legend_outside=True)
     made["Per-stage breakdown"] = "plots/stage_breakdown.png"
+
+    levels = sorted({lv for r in runs.values() for lv in r["by_difficulty"]}, key=level_key)
+    if levels:
+        _accuracy_bars(folder / "accuracy_by_difficulty.png", runs, "by_difficulty", levels,
+                       f"Execution accuracy by difficulty (Spider rule; {mode})")
+        made["Accuracy by difficulty"] = "plots/accuracy_by_difficulty.png"
+    dbs = sorted({d for r in runs.values() for d in r["by_database"]})
+    if dbs:
+        _accuracy_bars(folder / "accuracy_by_database.png", runs, "by_database", dbs,
+                       f"Execution accuracy by database (Spider rule; {mode})")
+        made["Accuracy by database"] = "plots/accuracy_by_database.png"
     return made
+
+
+def _accuracy_bars(path: Path, runs: dict[str, Any], field: str, groups: list[str],
+                   title: str) -> None:
+    """Grouped bars: one group per difficulty level (or database), one bar per run, each
+    labelled with its n; the legend sits outside the bars."""
+    from agentflow.plotting import finish_figure, plt
+
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.9 * len(groups) * max(1, len(runs)) / 2 + 3),
+                                    4))
+    width = 0.8 / max(1, len(runs))
+    x = np.arange(len(groups))
+    for i, (key, r) in enumerate(runs.items()):
+        cells = [r[field].get(g, {}) for g in groups]
+        values = [c.get("accuracy") or 0.0 for c in cells]
+        pos = x + (i - (len(runs) - 1) / 2) * width
+        ax.bar(pos, values, width, label=key)
+    ax.set_xticks(x)
+    ns = [max(r[field].get(g, {}).get("n", 0) for r in runs.values()) for g in groups]
+    ax.set_xticklabels([f"{g}\n(n={n})" for g, n in zip(groups, ns)],
+                       rotation=30 if len(groups) > 6 else 0,
+                       ha="right" if len(groups) > 6 else "center", fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("execution accuracy")
+    finish_figure(fig, ax, path, title=title, dpi=110, grid_axis="y", legend_fontsize=8,
+                  legend_outside=True)

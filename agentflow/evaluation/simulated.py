@@ -2,8 +2,8 @@
 
 Each recorded query (its DAG of LLM calls with token counts, and tool steps with their
 measured durations) is replayed by ``agentflow.sim`` under every policy, with the same
-arrivals. Accuracy is the recording's — the SQL does not change — and latency, queue waits
-and SLO attainment come from the simulator.
+arrivals. Accuracy is the recording's — the SQL does not change — and latency, per-call queue
+waits (from the simulator's stage timeline) and SLO attainment come from the simulator.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from agentflow.datasets import Example
 from agentflow.evaluation.records import Judge, difficulty_of, hardness_or_none
 from agentflow.evaluation.spec import EvalError
+from agentflow.metrics import Outcome, met_slo
 
 
 @dataclass
@@ -75,7 +76,7 @@ def load_source(pipeline: str, trace_path: Path, recorded_policy: str | None, *,
                 "question": rec.get("question"), "difficulty": "unknown",
                 "difficulty_source": None, "gold_sql": None, "pred_sql": rec.get("sql"),
                 "correct": None, "reason": "no_gold", "correct_bird": None,
-                "reason_bird": "no_gold"}
+                "reason_bird": "no_gold", **_usage(rec)}
         base = {**base, "recorded_status": rec.get("status"),
                 "recorded_latency_s": rec.get("latency_s"), "query_id": query.id}
         if base["example_id"] in chosen:
@@ -93,16 +94,20 @@ def _judged(rec: dict[str, Any], examples_by_question: dict[tuple[str, str], Exa
     example = examples_by_question.get((rec.get("db_id"), rec.get("question")))
     if example is None or judge is None:
         return None
-    calls = [c for n in rec.get("nodes", []) for c in n.get("calls") or []]
     level, src = difficulty_of(example, kind or "spider")
     return {"example_id": example.id, "db_id": example.db_id, "question": example.question,
             "difficulty": level, "difficulty_source": src,
             "spider_hardness": hardness_or_none(example.gold_sql),
             "gold_sql": example.gold_sql, "pred_sql": rec.get("sql"),
-            **judge.judge(example, rec.get("sql")),
-            "calls": len(calls),
-            "prompt_tokens": sum(c.get("prompt_tokens", 0) for c in calls),
-            "completion_tokens": sum(c.get("completion_tokens", 0) for c in calls)}
+            **judge.judge(example, rec.get("sql")), **_usage(rec)}
+
+
+def _usage(rec: dict[str, Any]) -> dict[str, int]:
+    """LLM calls and tokens of a recorded query, from its trace line."""
+    calls = [c for n in rec.get("nodes", []) for c in n.get("calls") or []]
+    return {"calls": len(calls),
+            "prompt_tokens": sum(c.get("prompt_tokens") or 0 for c in calls),
+            "completion_tokens": sum(c.get("completion_tokens") or 0 for c in calls)}
 
 
 KEEP = ("example_id", "db_id", "question", "difficulty", "difficulty_source", "spider_hardness",
@@ -132,10 +137,8 @@ def simulate(source: SimSource, *, cluster_name: str, policies: list[str], rate:
         records = []
         for trace_query, sim in zip(workload.queries, result.records):
             base = source.base[trace_query.id]
-            rows = _stage_rows(timelines.get(sim.id), trace_query, idle)
-            status = sim.status
-            if status == "done" and base.get("recorded_status") == "failed":
-                status = "failed"  # it came back on time, but with the recorded failure
+            rows = _stage_rows(timelines.get(sim.id), sim.arrival)
+            status = sim.status  # a recorded failure replays as a failure (see sim.driver)
             rec = {k: base.get(k) for k in KEEP}
             rec.update({
                 "pipeline": source.pipeline, "policy": policy, "mode": "simulated",
@@ -143,8 +146,8 @@ def simulate(source: SimSource, *, cluster_name: str, policies: list[str], rate:
                 "status": status, "sim_reason": sim.reason,
                 "arrival_s": sim.arrival, "finish_s": sim.finish,
                 "latency_s": sim.latency_s, "idle_latency_s": sim.idle_latency_s,
-                "slo_s": sim.slo_s, "met_slo": (sim.latency_s is not None
-                                                and sim.latency_s <= sim.slo_s + 1e-9),
+                "slo_s": sim.slo_s,
+                "met_slo": met_slo(Outcome(status, sim.latency_s, slo_s=sim.slo_s)),
                 "queue_s": sum(r["queue_s"] for r in rows),
                 "run_s": sum(r["run_s"] for r in rows), "stages": rows})
             records.append(rec)
@@ -155,48 +158,28 @@ def simulate(source: SimSource, *, cluster_name: str, policies: list[str], rate:
 
 
 def _run(cluster, workload, policy: str, slo_scale: float):
-    """``run_policy`` that also keeps each query's stage timeline."""
+    """``run_policy`` that also collects every stage's timing (by simulated query id)."""
     from agentflow.sim.driver import Simulation
 
-    class Recording(Simulation):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.timelines: dict[str, Any] = {}
-
-        def _on_arrival(self, trace, record):
-            super()._on_arrival(trace, record)
-            entry = getattr(self, "_runs", {}).get(record.id)
-            if entry is not None:
-                self.timelines[record.id] = entry[0].query
-
-    sim = Recording(cluster, policy)
+    timelines: dict[str, list] = {}
+    sim = Simulation(cluster, policy,
+                     on_stage=lambda t: timelines.setdefault(t.query_id, []).append(t))
     result = sim.run(workload.queries, workload.arrivals, workload.deadlines(slo_scale),
                      workload.idle_latency_s)
-    return result, sim.timelines
+    return result, timelines
 
 
-def _stage_rows(query, trace_query, idle) -> list[dict[str, Any]]:
-    """Simulated stage times; ``run_s`` is the stage alone on an idle cluster (the simulator's
-    estimate, averaged over GPU types), ``queue_s`` the rest: queueing and batching slowdown."""
-    if query is None:
-        return []
-    nodes = {n.id: n for n in trace_query.nodes}
+def _stage_rows(timings, arrival: float) -> list[dict[str, Any]]:
+    """The simulated stages of one query, times relative to its arrival: ``queue_s`` is the
+    wait for an instance (the scheduler's queue and the engine's), ``run_s`` the run."""
     rows = []
-    for s in query.timeline:
-        if s.start is None:
-            continue
-        node = nodes.get(s.node_id)
-        end = s.end if s.end is not None else s.start
-        duration = max(0.0, end - s.start)
-        if node is not None and node.kind == "llm":
-            alone = idle.call_s(node.prompt_tokens, node.output_tokens)
-        else:
-            alone = duration
-        rows.append({"node": s.node_id, "stage": s.stage, "kind": s.kind,
-                     "parents": list(s.parents), "status": s.status,
-                     "start": s.start - query.arrival, "end": end - query.arrival,
-                     "queue_s": max(0.0, duration - alone), "run_s": min(alone, duration),
-                     "calls": 1 if node is not None and node.kind == "llm" else 0,
-                     "prompt_tokens": node.prompt_tokens if node else 0,
-                     "completion_tokens": node.output_tokens if node else 0})
+    for t in sorted(timings or [], key=lambda t: (t.start, t.node_id)):
+        llm = t.kind == "llm"
+        rows.append({"node": t.node_id, "stage": t.stage, "kind": t.kind,
+                     "parents": list(t.parents), "status": "ok",
+                     "start": t.start - arrival, "end": t.end - arrival,
+                     "queue_s": t.queue_s, "run_s": t.run_s, "instance": t.instance,
+                     "calls": 1 if llm else 0,
+                     "prompt_tokens": t.prompt_tokens if llm else 0,
+                     "completion_tokens": t.output_tokens if llm else 0})
     return rows

@@ -61,6 +61,7 @@ class LLMResult:
     total_s: float = 0.0
     cached_prompt_tokens: int = 0  # prompt tokens whose KV was reused, when the backend knows
     backend: str = ""
+    node: str = ""  # where the call ran when not in this process (e.g. a Ray node)
 
 
 # Called with the number of output tokens produced so far (streaming progress).
@@ -91,6 +92,12 @@ class LLMBackend(abc.ABC):
     def count_tokens(self, text: str) -> int:
         """Prompt length in this backend's tokens; the default is a rough 4-chars rule."""
         return max(1, len(text) // 4)
+
+    @property
+    def tokenizer_key(self) -> tuple:
+        """Backends with equal keys count tokens alike (the router counts a prompt once per
+        distinct key). Override together with ``count_tokens``."""
+        return ("chars/4",)
 
     async def close(self) -> None:
         """Release resources (model memory, HTTP sessions)."""

@@ -27,6 +27,8 @@ import numpy as np
 from agentflow.llm.base import (BackendError, LLMBackend, LLMRequest, LLMResult,
                                 ProgressCallback)
 from agentflow.llm.llama_loading import default_model_path, load_llama
+from agentflow.llm.llama_logging import install as install_llama_logging
+from agentflow.llm.llama_logging import set_llama_verbose
 from agentflow.llm.llama_sampling import (GrammarError, TokenSampler, is_end_of_generation,
                                           validate_grammar)
 from agentflow.llm.prefix_cache import PrefixStateCache, SavedState, common_prefix_len
@@ -70,6 +72,10 @@ class LocalLlamaBackend(LLMBackend):
         self.name = name
         self.model_path = str(model_path) if model_path else default_model_path()
         threads = n_threads or os.cpu_count() or 1
+        if verbose:
+            set_llama_verbose(True)
+        else:
+            install_llama_logging()  # llama.cpp's lines go to a logger that is off by default
         self._llm = load_llama(
             self.model_path, use_extra_bufts=use_extra_bufts, n_ctx=n_ctx, n_threads=threads,
             n_threads_batch=n_threads_batch or threads, n_batch=n_batch, n_ubatch=n_batch,
@@ -95,21 +101,32 @@ class LocalLlamaBackend(LLMBackend):
         return await self._worker.submit(
             request.priority, lambda job: self._run(job, request, on_progress))
 
+    @property
+    def tokenizer_key(self) -> tuple:
+        return ("llama.cpp", self.model_path)
+
     def count_tokens(self, text: str) -> int:
-        # Tokenising reads only the vocabulary, so it is safe beside a running generation.
-        return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        # Tokenising reads only the vocabulary, so it is safe beside a running generation,
+        # but not beside close(), which frees the vocabulary: the lock keeps them apart.
+        with self._close_lock:
+            if self._closed:
+                raise BackendError(f"{self.name}: backend is closed", retryable=True)
+            return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     @property
     def queued(self) -> int:
         return self._worker.queued
 
     async def close(self) -> None:
+        """Stop the worker (joining its thread), then free the model. A call or token count
+        that comes later gets a BackendError, never a freed model."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         await self._worker.close()
-        self._llm.close()
+        with self._close_lock:
+            self._llm.close()
 
     # -- worker thread ------------------------------------------------------------------
 

@@ -59,6 +59,20 @@ class VLLMSpec(_Spec):
     engine_args: dict[str, Any] = Field(default_factory=dict)
 
 
+class ScriptedFaultSpec(BaseModel):
+    """See ``agentflow.llm.scripted.Fault``."""
+
+    model_config = ConfigDict(extra="forbid")
+    after_calls: int = Field(0, ge=0)
+    from_s: float | None = Field(None, ge=0)
+    until_s: float | None = Field(None, ge=0)
+    fail: bool = False
+    retryable: bool = True
+    latency_s: float | None = Field(None, ge=0)
+    slowdown: float = Field(1.0, gt=0)
+    stall_after_tokens: int | None = Field(None, ge=0)
+
+
 class ScriptedSpec(_Spec):
     type: Literal["scripted"]
     name: str = "scripted"
@@ -68,6 +82,7 @@ class ScriptedSpec(_Spec):
     per_token_s: float = Field(0.0, ge=0)
     fail_after: int | None = Field(None, ge=0)
     fail_retryable: bool = True
+    faults: list[ScriptedFaultSpec] = Field(default_factory=list)
 
 
 AnySpec = LocalSpec | OpenAISpec | VLLMSpec | ScriptedSpec
@@ -127,7 +142,8 @@ def create_backend(spec: dict[str, Any] | BaseModel) -> LLMBackend:
         from agentflow.llm.vllm_engine import VLLMEngineBackend
         return VLLMEngineBackend(model=parsed.model, engine_args=parsed.engine_args,
                                  name=parsed.name)
-    from agentflow.llm.scripted import ScriptedBackend
+    from agentflow.llm.scripted import Fault, ScriptedBackend
     return ScriptedBackend(parsed.answers, default=parsed.default, latency_s=parsed.latency_s,
                            per_token_s=parsed.per_token_s, fail_after=parsed.fail_after,
-                           fail_retryable=parsed.fail_retryable, name=parsed.name)
+                           fail_retryable=parsed.fail_retryable, name=parsed.name,
+                           faults=[Fault(**f.model_dump()) for f in parsed.faults])

@@ -14,11 +14,38 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from agentflow.llm.base import (BackendError, LLMBackend, LLMRequest, LLMResult,
                                 ProgressCallback)
 
 Script = Callable[[LLMRequest], str] | Mapping[str, str | Sequence[str]]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A scripted misbehaviour for fault tests (NOT a model's behaviour): from the
+    ``after_calls``-th call on, and/or between ``from_s`` and ``until_s`` seconds after the
+    backend's first call, calls fail (``fail``, with ``retryable``) or take longer
+    (``latency_s`` replaces the base latency, ``slowdown`` multiplies all latencies; a huge
+    latency is a hang; ``stall_after_tokens`` hangs mid-stream). The first matching fault
+    applies."""
+
+    after_calls: int = 0
+    from_s: float | None = None
+    until_s: float | None = None
+    fail: bool = False
+    retryable: bool = True
+    latency_s: float | None = None
+    slowdown: float = 1.0
+    stall_after_tokens: int | None = None  # stream this many tokens, then hang
+
+    def applies(self, n_call: int, since_first_s: float) -> bool:
+        if n_call <= self.after_calls:
+            return False
+        if self.from_s is not None and since_first_s < self.from_s:
+            return False
+        return self.until_s is None or since_first_s < self.until_s
 
 
 def estimate_tokens(text: str) -> int:
@@ -38,12 +65,14 @@ class ScriptedBackend(LLMBackend):
     Latency: ``latency_s`` before the first token, then ``per_token_s`` per output token.
     Failures: ``fail_after=N`` makes every call after the N-th raise ``BackendError``;
     ``fail_when(request)`` makes matching calls raise; both use ``fail_retryable``.
+    ``faults``: scripted hangs, slowdowns and outages over calls or time (``Fault``).
     """
 
     def __init__(self, script: Script, *, default: str | None = None, latency_s: float = 0.0,
                  per_token_s: float = 0.0, fail_after: int | None = None,
                  fail_when: Callable[[LLMRequest], bool] | None = None,
-                 fail_retryable: bool = True, name: str = "scripted"):
+                 fail_retryable: bool = True, faults: Sequence[Fault] = (),
+                 name: str = "scripted"):
         if latency_s < 0 or per_token_s < 0:
             raise ValueError("latencies must be non-negative")
         self.name = name
@@ -55,11 +84,17 @@ class ScriptedBackend(LLMBackend):
         self.fail_after = fail_after
         self.fail_when = fail_when
         self.fail_retryable = fail_retryable
+        self.faults = tuple(faults)
+        self._first_call: float | None = None
         self.calls: list[LLMRequest] = []  # every request received, in order
         self.calls_by_stage: dict[str, int] = defaultdict(int)
 
     def count_tokens(self, text: str) -> int:
         return max(1, estimate_tokens(text))
+
+    @property
+    def tokenizer_key(self) -> tuple:
+        return ("scripted",)
 
     def _answer(self, request: LLMRequest) -> str:
         if callable(self._script):
@@ -84,6 +119,19 @@ class ScriptedBackend(LLMBackend):
         self.calls.append(request)
         self.calls_by_stage[request.stage] += 1
         n_call = len(self.calls)
+        now = time.perf_counter()
+        if self._first_call is None:
+            self._first_call = now
+        fault = next((f for f in self.faults if f.applies(n_call, now - self._first_call)),
+                     None)
+        if fault is not None and fault.fail:
+            raise BackendError(f"{self.name}: injected fault (call {n_call})",
+                               retryable=fault.retryable)
+        latency_s, per_token_s = self.latency_s, self.per_token_s
+        if fault is not None:
+            latency_s = (fault.latency_s if fault.latency_s is not None else latency_s) \
+                * fault.slowdown
+            per_token_s *= fault.slowdown
         if self.fail_after is not None and n_call > self.fail_after:
             raise BackendError(f"{self.name}: injected failure (call {n_call} > "
                                f"{self.fail_after})", retryable=self.fail_retryable)
@@ -105,12 +153,15 @@ class ScriptedBackend(LLMBackend):
                 words.pop()
             text, finish = " ".join(words), "length"
         n_out = estimate_tokens(text)
-        if self.latency_s:
-            await asyncio.sleep(self.latency_s)
+        if latency_s:
+            await asyncio.sleep(latency_s)
         ttft = time.perf_counter() - start
-        if self.per_token_s:
+        stall_after = fault.stall_after_tokens if fault is not None else None
+        if per_token_s or stall_after is not None:
             for i in range(1, n_out + 1):
-                await asyncio.sleep(self.per_token_s)
+                if stall_after is not None and i > stall_after:
+                    await asyncio.sleep(10 ** 6)  # hangs until cancelled
+                await asyncio.sleep(per_token_s)
                 if on_progress is not None:
                     on_progress(i)
         elif on_progress is not None and n_out:

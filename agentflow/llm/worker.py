@@ -129,7 +129,9 @@ class PriorityWorker:
                 return
             self._busy = True
             self._running = job
-        self._executor.submit(self._run, job)
+            # Submitted under the lock so close() cannot shut the executor down between
+            # choosing a job and starting it (the job would then never resolve).
+            self._executor.submit(self._run, job)
 
     def _run(self, job: Job[Any]) -> None:
         job.started_at = time.perf_counter()

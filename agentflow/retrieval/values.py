@@ -400,7 +400,7 @@ def collect_values(db, *, max_value_len: int = DEFAULT_MAX_VALUE_LEN,
                 skipped[name] = "key-like column"
                 continue
             col = q(column.name)
-            sql = (f"SELECT {col} FROM {q(table.name)} WHERE {col} IS NOT NULL "
+            sql = (f"SELECT {col} FROM {table.quoted} WHERE {col} IS NOT NULL "
                    f"AND length({col}) <= {int(max_value_len)} GROUP BY {col} "
                    f"ORDER BY count(*) DESC, {col} LIMIT {int(max_values_per_column)}")
             result = db.try_execute(sql, timeout_s=timeout_s, max_rows=max_values_per_column)

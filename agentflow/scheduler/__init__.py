@@ -12,7 +12,8 @@ from agentflow.scheduler.coordinator import (
 )
 from agentflow.scheduler.policies import PRESETS, resolve
 from agentflow.scheduler.serving import ScheduledRouter
+from agentflow.scheduler.setup import build_coordinator
 
 __all__ = ["CallState", "QueryState", "ScheduledCall", "InstanceSpec", "Coordinator",
            "Decision", "FailCall", "QueryRejected", "StartCall", "PRESETS", "resolve",
-           "ScheduledRouter"]
+           "ScheduledRouter", "build_coordinator"]

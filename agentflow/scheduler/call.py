@@ -83,6 +83,8 @@ class ScheduledCall:
     rank_version: int = field(default=0, repr=False)
     expected_finish: float | None = field(default=None, repr=False)  # set while running
     length_summary: tuple[float, float, float] | None = field(default=None, repr=False)
+    # The prompt's length on instances whose tokenizer counts it differently (other models).
+    prompt_tokens_on: dict[str, int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.mean_output = float(self.output.mean())
@@ -90,3 +92,9 @@ class ScheduledCall:
     @property
     def deadline(self) -> float | None:
         return self.query.deadline
+
+    def tokens_on(self, instance: str | None) -> int:
+        """Prompt tokens as ``instance``'s tokenizer counts them."""
+        if self.prompt_tokens_on is None or instance is None:
+            return self.prompt_tokens
+        return self.prompt_tokens_on.get(instance, self.prompt_tokens)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentflow.config import InstanceConfig
 
 
 @dataclass(frozen=True)
@@ -30,3 +34,22 @@ class InstanceSpec:
     def __post_init__(self) -> None:
         if self.max_inflight < 1:
             raise ValueError(f"instance {self.name}: max_inflight must be >= 1")
+
+    @classmethod
+    def from_config(cls, cfg: "InstanceConfig", name: str | None = None) -> "InstanceSpec":
+        """What the scheduler is told about a configured instance — in serving and in the
+        simulator alike. Without an explicit ``kv_token_budget``, a GPU instance's budget is
+        the KV cache a vLLM engine with its limits holds (the simulator's capacity model)."""
+        name = name or cfg.name
+        if name is None:
+            raise ValueError("an instance needs a name (expand the cluster's instances first)")
+        kv = cfg.kv_token_budget
+        if kv is None and cfg.gpu is not None and cfg.model is not None:
+            from agentflow.sim.engine import engine_for
+
+            engine = engine_for(name, cfg)
+            kv = engine.kv_blocks_total * engine.block_size
+        return cls(name=name, gpu=cfg.gpu, model=cfg.model, max_inflight=cfg.inflight_limit,
+                   kv_token_budget=kv, tensor_parallel=cfg.tensor_parallel,
+                   max_pending_prefill=cfg.max_pending_prefill,
+                   weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits)

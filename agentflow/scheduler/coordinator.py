@@ -9,10 +9,11 @@ time, so the same object runs real serving and simulation.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -57,7 +58,22 @@ class QueryRejected(RuntimeError):
 DEFAULT_PROMPT_TOKENS = 500
 
 
+class CoordinatorObserver(Protocol):
+    """Watches the coordinator's events (e.g. the server times each decision): told when an
+    event method starts and when it returns, with the decisions it made (empty when it made
+    none or raised). Events may nest (``cancel_query`` ends with ``on_query_done``)."""
+
+    def event_started(self, event: str) -> None: ...
+
+    def event_finished(self, event: str, decisions: list[Decision]) -> None: ...
+
+
 class Coordinator:
+    # The event methods observers see (see ``add_observer``).
+    EVENTS = ("on_query_arrival", "on_call_ready", "on_call_progress", "on_call_done",
+              "on_call_failed", "on_call_cancelled", "on_instance_down", "on_instance_up",
+              "on_query_done", "cancel_query")
+
     def __init__(self, instances: list[InstanceSpec], *, clock: Clock, policy: str = "flowsage",
                  alpha: float | None = None, predictor: LengthModel | None = None,
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
@@ -86,6 +102,7 @@ class Coordinator:
         self.max_active_queries = max_active_queries
         self.max_attempts = max_attempts
         self.queries: dict[str, QueryState] = {}
+        self._observers: list[CoordinatorObserver] = []
         self._ids = itertools.count()
         # per query: stage -> predicted length (future stages), and its (mean, P10, P90)
         self._stage_prediction: dict[str, dict[str, Distribution]] = {}
@@ -117,17 +134,18 @@ class Coordinator:
             raise QueryRejected("no model instance is up", retry_after_s=5.0)
         query = QueryState(id=query_id, arrival=now if arrival is None else arrival,
                            deadline=deadline, key_text=key_text, run=run)
-        if run is not None:
-            run.estimator = self._node_estimate(query)
         self.queries[query_id] = query
         self._refresh(query, now)
         return query
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
-                      payload: Any = None, max_tokens: int | None = None
+                      payload: Any = None, max_tokens: int | None = None,
+                      prompt_tokens_by_instance: dict[str, int] | None = None
                       ) -> tuple[ScheduledCall, list[Decision]]:
         """A call is ready. ``max_tokens`` is its output cap: the prediction is clipped to
-        it (a call cannot write more), which bounds ranking, outstanding work and KV use."""
+        it (a call cannot write more), which bounds ranking, outstanding work and KV use.
+        ``prompt_tokens_by_instance``: the prompt's length on each instance when their
+        tokenizers disagree (different models); run times and KV use are priced with it."""
         now = self.clock.now()
         query = self.queries[query_id]
         truth = self.predictor.true_lengths(query_id, node_id)
@@ -140,7 +158,8 @@ class Coordinator:
         self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
         call = ScheduledCall(id=f"c{next(self._ids)}", query=query, stage=stage,
                              node_id=node_id, prompt_tokens=prompt_tokens, output=output,
-                             ready_at=now, payload=payload)
+                             ready_at=now, payload=payload,
+                             prompt_tokens_on=prompt_tokens_by_instance)
         query.calls.add(call)
         query.calls_version += 1
         self._refresh(query, now)
@@ -149,6 +168,8 @@ class Coordinator:
     def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
         """Streaming progress: attained service feeds Gittins ranks and outstanding work; a
         first token frees a pending-prefill slot, so more calls may be admitted."""
+        if not self._live(call):
+            return []
         first = call.attained_tokens == 0 and output_tokens > 0
         crossed = self._bucket(call.attained_tokens) != self._bucket(output_tokens)
         call.attained_tokens = max(call.attained_tokens, output_tokens)
@@ -164,6 +185,8 @@ class Coordinator:
 
     def on_call_done(self, call: ScheduledCall, *, output_tokens: int, ttft_s: float = 0.0,
                      total_s: float = 0.0, cached_tokens: int = 0) -> list[Decision]:
+        if not self._live(call):
+            return []  # its query was cancelled or failed: nothing to free, nothing to learn
         now = self.clock.now()
         call.state, call.finished_at = CallState.DONE, now
         call.attained_tokens = output_tokens
@@ -176,8 +199,9 @@ class Coordinator:
                                call.prompt_tokens)
         self._stage_prediction.get(call.query.id, {}).pop(call.stage, None)
         if total_s > 0:
-            self.time_models[call.instance].observe(call.prompt_tokens, output_tokens, ttft_s,
-                                                    total_s, cached_tokens)
+            self.time_models[call.instance].observe(call.tokens_on(call.instance),
+                                                    output_tokens, ttft_s, total_s,
+                                                    cached_tokens)
             self._models_epoch += 1
         if call.query.id in self.queries:
             self._refresh(call.query, now)
@@ -186,13 +210,19 @@ class Coordinator:
     def on_call_failed(self, call: ScheduledCall, reason: str, *,
                        retryable: bool = True) -> list[Decision]:
         """A call failed on its instance: try another instance if sensible, else fail it."""
+        if not self._live(call):
+            return []
         now = self.clock.now()
         queue = self.queues[call.instance]
         queue.finish(call, self._kv_tokens(call))
         decisions = self._admit(queue, now)
         call.excluded.add(queue.name)
         call.attempts += 1
-        if not retryable or call.attempts >= self.max_attempts:
+        # A non-retryable error may still be the instance's fault (a broken server): try
+        # an instance that has not failed this call, if one is up; a second instance
+        # failing it too means the call itself is bad.
+        untried = any(n not in call.excluded for n in self.up_instances)
+        if (not retryable and not untried) or call.attempts >= self.max_attempts:
             call.state = CallState.FAILED
             call.query.calls.discard(call)
             return decisions + [FailCall(call, reason)]
@@ -263,6 +293,9 @@ class Coordinator:
         self.on_query_done(query_id)
         return running, decisions
 
+    def add_observer(self, observer: CoordinatorObserver) -> None:
+        self._observers.append(observer)
+
     # ============================================================================ view
     @property
     def up_instances(self) -> list[str]:
@@ -276,7 +309,8 @@ class Coordinator:
         model = self.time_models[instance]
         cached = call.time_cache.get(instance)
         if cached is None or cached[0] != model.observations:
-            cached = (model.observations, model.expected_s(call.prompt_tokens, call.mean_output))
+            cached = (model.observations,
+                      model.expected_s(call.tokens_on(instance), call.mean_output))
             call.time_cache[instance] = cached
         return cached[1]
 
@@ -294,7 +328,10 @@ class Coordinator:
     def time_vector(self, call: ScheduledCall) -> np.ndarray:
         """``t(call, i)`` on every instance (construction order)."""
         oh, pf, df = self._coef_vectors()
-        return oh + call.prompt_tokens * pf + call.mean_output * df
+        prompt: float | np.ndarray = call.prompt_tokens
+        if call.prompt_tokens_on:  # tokenizers disagree: each instance's own count
+            prompt = np.array([call.tokens_on(n) for n in self.queues], dtype=float)
+        return oh + prompt * pf + call.mean_output * df
 
     def dispatch_view(self, call: ScheduledCall, instances: list[str], now: float
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -490,6 +527,11 @@ class Coordinator:
         return total
 
     # ============================================================================ internals
+    def _live(self, call: ScheduledCall) -> bool:
+        """Whether a runtime's report on ``call`` still concerns the coordinator: the call is
+        running and its query is still known (a cancelled query's calls may report late)."""
+        return call.state == CallState.RUNNING and self.queries.get(call.query.id) is call.query
+
     def _remaining_call_cost(self, call: ScheduledCall) -> Distribution:
         cost = self.call_cost(call)
         if call.attained_tokens <= 0:
@@ -524,7 +566,7 @@ class Coordinator:
 
     def _kv_tokens(self, call: ScheduledCall) -> int:
         """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
-        return int(call.prompt_tokens + call.output.quantile(0.9))
+        return int(call.tokens_on(call.instance) + call.output.quantile(0.9))
 
     def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
         """Prompt tokens and output distribution of an LLM stage that has no call yet, from
@@ -581,6 +623,32 @@ class Coordinator:
         """Seconds until the least loaded instance would drain its queue (>= 1)."""
         loads = [self.outstanding_work(n, now) for n in self.up_instances] or [5.0]
         return max(1.0, min(loads))
+
+
+def _observed(method):
+    """Tell the coordinator's observers when ``method`` (an event) starts and returns."""
+    @functools.wraps(method)
+    def event(self: Coordinator, *args: Any, **kwargs: Any) -> Any:
+        if not self._observers:
+            return method(self, *args, **kwargs)
+        for observer in self._observers:
+            observer.event_started(method.__name__)
+        result = None
+        try:
+            result = method(self, *args, **kwargs)
+            return result
+        finally:
+            # Event methods return decisions, or (call(s), decisions), or no decision at all.
+            if isinstance(result, tuple) and result and isinstance(result[-1], list):
+                result = result[-1]
+            decisions = result if isinstance(result, list) else []
+            for observer in self._observers:
+                observer.event_finished(method.__name__, decisions)
+    return event
+
+
+for _event in Coordinator.EVENTS:
+    setattr(Coordinator, _event, _observed(getattr(Coordinator, _event)))
 
 
 _COST_SAMPLES = 256

@@ -220,7 +220,7 @@ class InstanceQueue:
     def _account(self, call: ScheduledCall, sign: int) -> None:
         book, i = self.book, self.index
         book.n_wait[i] += sign
-        book.wait_prompt[i] += sign * call.prompt_tokens
+        book.wait_prompt[i] += sign * call.tokens_on(self.name)
         book.wait_output[i] += sign * call.mean_output
 
 

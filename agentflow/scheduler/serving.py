@@ -2,23 +2,44 @@
 
 Each stage's LLM call waits here until the coordinator admits it to an instance, then runs on
 that instance's backend with the coordinator's priority; progress, completion and failure
-go back to the coordinator as events. A backend that fails with a retryable error takes its
-instance down (its other in-flight calls are re-dispatched too) until ``revive_after_s``
-passes; a query's cancellation removes its calls everywhere.
+go back to the coordinator as events. Every call runs under a deadline derived from its
+predicted time on that instance (``call_deadline``): past it, or once its token stream
+stalls, the call is cancelled there and re-dispatched elsewhere, counted as a retry. What
+each instance's calls did feeds its health (``health``): an instance that died, hangs or
+keeps failing stops getting work and is probed with one tiny call before it gets work
+again (first after ``probe_after_s``, backing off up to ``revive_after_s``; None: never).
+A backend that watches its own process (a Ray actor, ``agentflow.distributed``) offers
+``watch_health(listener)``: a death it notices between calls takes the instance out at once.
+A query's cancellation removes its calls everywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 
-from agentflow.llm.base import BackendError, LLMBackend
-from agentflow.scheduler.call import ScheduledCall
+from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, SamplingParams
+from agentflow.scheduler.call import CallState, ScheduledCall
+from agentflow.scheduler.call_deadline import CallDeadlines
 from agentflow.scheduler.coordinator import Coordinator, Decision, FailCall, StartCall
+from agentflow.scheduler.health import HealthSettings, HealthState, HealthTracker, Transition
 from agentflow.workflow.graph import WorkflowRun
 from agentflow.workflow.query import Query
 from agentflow.workflow.router import CallOutcome, LLMCall
 
+
+class CallTimedOut(BackendError):
+    """A call ran past its deadline (or its token stream stalled) and was cancelled on its
+    instance; retryable elsewhere."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retryable=True)
+
+
+# Listeners hear about attempts the router gave up on (the backend raised nothing).
+AttemptListener = Callable[[LLMRequest, str, BackendError], None]
 
 class _Redispatch(Exception):
     """Internal: a running call must move because its instance went down."""
@@ -26,7 +47,7 @@ class _Redispatch(Exception):
 
 class ScheduledRouter:
     def __init__(self, coordinator: Coordinator, backends: dict[str, LLMBackend], *,
-                 revive_after_s: float | None = 30.0):
+                 revive_after_s: float | None = 30.0, health: HealthSettings | None = None):
         missing = set(coordinator.queues) - set(backends)
         if missing:
             raise ValueError(f"no backend for instances: {sorted(missing)}")
@@ -34,9 +55,23 @@ class ScheduledRouter:
         self.clock = coordinator.clock
         self.backends = backends
         self.revive_after_s = revive_after_s
+        self.health_settings = health or HealthSettings()
+        self.health = HealthTracker(list(coordinator.queues), self.health_settings,
+                                    revive_after_s=revive_after_s)
+        self.deadlines = CallDeadlines(coordinator, self.health_settings)
         self._inflight: dict[ScheduledCall, asyncio.Task] = {}
         self._moved: set[ScheduledCall] = set()
+        self._progress_at: dict[ScheduledCall, float] = {}
+        self._probes: set[asyncio.Task] = set()
         self.down_reasons: dict[str, str] = {}
+        self.attempt_listeners: list[AttemptListener] = []
+        # attempts by outcome and instance since start (for /metrics): timeout, stalled,
+        # error, retried (re-dispatched after any of those)
+        self.counts: Counter[tuple[str, str]] = Counter()
+        for name, backend in backends.items():
+            watch = getattr(backend, "watch_health", None)
+            if watch is not None:
+                watch(lambda reason, name=name: self._take_down(name, reason))
 
     # ------------------------------------------------------------------ query lifecycle
     def start_query(self, query: Query, run: WorkflowRun) -> None:
@@ -60,12 +95,13 @@ class ScheduledRouter:
     async def submit(self, call: LLMCall, on_progress=None) -> CallOutcome:
         loop = asyncio.get_running_loop()
         query = call.run.query
-        first = next(iter(self.backends.values()))
-        prompt_tokens = first.count_tokens(call.request.prompt + call.request.answer_prefix)
+        counts = self._count_tokens(call.request.prompt + call.request.answer_prefix)
         future: asyncio.Future = loop.create_future()
         sc, decisions = self.coordinator.on_call_ready(
-            query.id, stage=call.node.stage, node_id=call.node.id, prompt_tokens=prompt_tokens,
-            payload=future, max_tokens=call.request.params.max_tokens)
+            query.id, stage=call.node.stage, node_id=call.node.id,
+            prompt_tokens=next(iter(counts.values())), payload=future,
+            max_tokens=call.request.params.max_tokens,
+            prompt_tokens_by_instance=counts if len(set(counts.values())) > 1 else None)
         submitted = self.clock.now()
         self._apply(decisions)
         while True:
@@ -78,6 +114,7 @@ class ScheduledRouter:
             request = replace(call.request, priority=priority)
 
             def progress(tokens: int, sc=sc) -> None:
+                self._progress_at[sc] = self.clock.now()
                 self._apply(self.coordinator.on_call_progress(sc, tokens))
                 if on_progress:
                     on_progress(tokens)
@@ -85,26 +122,46 @@ class ScheduledRouter:
             task = asyncio.ensure_future(self.backends[instance].generate(request, progress))
             self._inflight[sc] = task
             try:
-                result = await task
+                result = await self._watch(sc, instance, task, started)
             except asyncio.CancelledError:
-                self._inflight.pop(sc, None)
+                self._forget(sc)
                 if sc in self._moved and not _outer_cancelled():
                     self._moved.discard(sc)
                     sc.payload = loop.create_future()
+                    moved = BackendError(f"instance {instance} went down: "
+                                         f"{self.down_reasons.get(instance, '')}")
+                    for listener in self.attempt_listeners:  # the answer's retries show it
+                        listener(request, instance, moved)
+                    self.counts["retried", instance] += 1
                     self._apply(self.coordinator.on_call_failed(
                         sc, f"instance {instance} went down", retryable=True))
                     continue
                 self._apply(self.coordinator.on_call_cancelled(sc))
                 raise
-            except BackendError as err:
-                self._inflight.pop(sc, None)
+            except CallTimedOut as err:
+                self._forget(sc)
                 sc.payload = loop.create_future()
-                if err.retryable:
-                    self._take_down(instance, str(err))
+                for listener in self.attempt_listeners:
+                    listener(request, instance, err)
+                self._health(self.health.on_timeout(instance, self.clock.now(), str(err)))
+                self.counts["retried", instance] += 1
                 self._apply(self.coordinator.on_call_failed(sc, f"{instance}: {err}",
-                                                            retryable=err.retryable))
+                                                            retryable=True))
                 continue
-            self._inflight.pop(sc, None)
+            except BackendError as err:
+                self._forget(sc)
+                sc.payload = loop.create_future()
+                self.counts["error", instance] += 1
+                self._health(self.health.on_failure(instance, self.clock.now(), str(err),
+                                                    retryable=err.retryable))
+                decisions = self.coordinator.on_call_failed(sc, f"{instance}: {err}",
+                                                            retryable=err.retryable)
+                if sc.state != CallState.FAILED:
+                    self.counts["retried", instance] += 1
+                self._apply(decisions)
+                continue
+            self._forget(sc)
+            self._health(self.health.on_success(instance, self.clock.now()))
             self._apply(self.coordinator.on_call_done(
                 sc, output_tokens=result.completion_tokens, ttft_s=result.ttft_s,
                 total_s=result.total_s, cached_tokens=result.cached_prompt_tokens))
@@ -113,7 +170,54 @@ class ScheduledRouter:
                                started=min(finished, started + result.queue_s),
                                finished=finished, priority=priority)
 
+    async def _watch(self, sc: ScheduledCall, instance: str, task: asyncio.Task,
+                     started: float):
+        """The backend's result, or ``CallTimedOut`` once the call is past its deadline or
+        its stream has stalled (the backend task is then cancelled). The limit is
+        re-evaluated as the time models learn, so a call sent to an instance before anyone
+        knew it hangs is caught as soon as its peers show what "late" means."""
+        stall_s = self.health_settings.stall_s
+        try:
+            while True:
+                now = self.clock.now()
+                limit = self.deadlines.limit_s(sc, instance, started)
+                left = started + limit - now
+                last = self._progress_at.get(sc)
+                if left <= 0:
+                    self.counts["timeout", instance] += 1
+                    raise _give_up(task, f"no answer within {limit:.2f} s (deadline from "
+                                         f"its predicted time on {instance})")
+                if stall_s is not None and last is not None and now - last >= stall_s:
+                    self.counts["stalled", instance] += 1
+                    raise _give_up(task, f"no token for {now - last:.1f} s after "
+                                         f"{sc.attained_tokens} (stalled)")
+                wait = min(left, max(0.05, min(1.0, limit / 8)))
+                if stall_s is not None and last is not None:
+                    wait = min(wait, max(0.01, last + stall_s - now))
+                done, _ = await asyncio.wait({task}, timeout=wait)
+                if done:
+                    return task.result()
+        except asyncio.CancelledError:
+            task.cancel()  # the query was cancelled: stop the backend's work too
+            raise
+
+    def _forget(self, sc: ScheduledCall) -> None:
+        self._inflight.pop(sc, None)
+        self._progress_at.pop(sc, None)
+
     # ------------------------------------------------------------------ internals
+    def _count_tokens(self, text: str) -> dict[str, int]:
+        """The prompt's length on each instance, tokenised once per distinct tokenizer (the
+        instances may serve different models)."""
+        by_key: dict[tuple, int] = {}
+        counts = {}
+        for name, backend in self.backends.items():
+            key = backend.tokenizer_key
+            if key not in by_key:
+                by_key[key] = backend.count_tokens(text)
+            counts[name] = by_key[key]
+        return counts
+
     def _apply(self, decisions: list[Decision]) -> None:
         for d in decisions:
             future = d.call.payload
@@ -124,21 +228,69 @@ class ScheduledRouter:
             elif isinstance(d, FailCall):
                 future.set_exception(BackendError(d.reason, retryable=False))
 
-    def _take_down(self, instance: str, reason: str) -> None:
-        if not self.coordinator.queues[instance].up:
+    def _health(self, transition: Transition | None) -> None:
+        """Act on a health change: out of service (waiting calls move; when down, running
+        ones too), a probe scheduled, or back in service."""
+        if transition is None:
             return
-        self.down_reasons[instance] = reason
-        self._apply(self.coordinator.on_instance_down(instance))
-        for sc, task in list(self._inflight.items()):
-            if sc.instance == instance and not task.done():
-                self._moved.add(sc)
-                task.cancel()
-        if self.revive_after_s is not None:
-            asyncio.get_running_loop().call_later(self.revive_after_s, self._revive, instance)
+        name, new = transition.instance, transition.new
+        if new in (HealthState.SUSPECT, HealthState.DOWN):
+            self.down_reasons[name] = transition.reason
+            if self.coordinator.queues[name].up:
+                self._apply(self.coordinator.on_instance_down(name))
+            if new == HealthState.DOWN:
+                for sc, task in list(self._inflight.items()):
+                    if sc.instance == name and not task.done():
+                        self._moved.add(sc)
+                        task.cancel()
+        elif new == HealthState.HEALTHY:
+            self.down_reasons.pop(name, None)
+            self._apply(self.coordinator.on_instance_up(name))
+        if transition.probe_in_s is not None:
+            asyncio.get_running_loop().call_later(transition.probe_in_s, self._start_probe,
+                                                  name)
 
-    def _revive(self, instance: str) -> None:
-        self.down_reasons.pop(instance, None)
-        self._apply(self.coordinator.on_instance_up(instance))
+    def _take_down(self, instance: str, reason: str) -> None:
+        """Take an instance out at once (e.g. its backend is known to be gone)."""
+        self._health(self.health.on_failure(instance, self.clock.now(), reason,
+                                            retryable=True))
+
+    def _start_probe(self, instance: str) -> None:
+        transition = self.health.on_probe_started(instance, self.clock.now())
+        if transition is None:
+            return  # already back, or a probe is under way
+        task = asyncio.ensure_future(self._probe(instance))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    async def _probe(self, instance: str) -> None:
+        """One tiny real call; the instance gets work again only if it answers in time."""
+        request = LLMRequest(prompt="ping", params=SamplingParams(max_tokens=1),
+                             stage="probe", query_id="")
+        ok, reason = True, ""
+        try:
+            await asyncio.wait_for(self.backends[instance].generate(request),
+                                   self.health_settings.probe_timeout_s)
+        except asyncio.TimeoutError:
+            ok, reason = False, f"no answer within {self.health_settings.probe_timeout_s:g} s"
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure keeps the instance out
+            ok, reason = False, f"{type(err).__name__}: {err}"
+        self._health(self.health.on_probe(instance, self.clock.now(), ok, reason))
+
+
+def _give_up(task: asyncio.Task, reason: str) -> CallTimedOut:
+    """Cancel the backend's work on a call that is being moved; don't wait for it (a hung
+    backend may take its time to notice)."""
+    task.cancel()
+    task.add_done_callback(_swallow)
+    return CallTimedOut(f"call timed out: {reason}")
+
+
+def _swallow(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _outer_cancelled() -> bool:

@@ -16,7 +16,6 @@ from agentflow.hardware import GPUProfile, ModelProfile, calibrated
 from agentflow.hardware import gpu as gpu_profile
 from agentflow.hardware import model as model_profile
 from agentflow.scheduler.cluster import InstanceSpec
-from agentflow.scheduler.distribution import Distribution
 
 # Measured for the embedded default (gemma-3-270m Q4_K_M, llama.cpp, 2 threads): ~1.7 s for
 # a 935-token prompt, ~37 output tokens/s. Corrected online like every other instance.
@@ -63,12 +62,6 @@ class InstanceTimeModel:
 
     def expected_s(self, prompt_tokens: float, output_tokens: float) -> float:
         return self.prefill_s(prompt_tokens) + self.decode_s(output_tokens)
-
-    def time_distribution(self, prompt_tokens: float, output: Distribution) -> Distribution:
-        """Distribution of the call's time given its output-length distribution."""
-        base = self.prefill_s(prompt_tokens)
-        per_token = self.decode_s_per_token * self.decode_ratio
-        return output.map(lambda tokens: base + tokens * per_token)
 
     def observe(self, prompt_tokens: int, output_tokens: int, ttft_s: float, total_s: float,
                 cached_tokens: int = 0) -> None:

@@ -9,16 +9,19 @@ returns an ASGI app; ``create_app(agentflow=af)`` serves an engine the caller al
     404 unknown_database      db is not one this server serves (ids only, never paths)
     404 query_not_found       unknown query id
     409 already_finished      DELETE of a query that has ended
+    408 request_timeout       headers or body did not arrive in time (slow client)
     413 payload_too_large     body over the limit
     415 unsupported_media_type body is not JSON-typed
     422 invalid_request       empty/too long question, bad SLO, unknown pipeline or field
     429 overloaded            the scheduler's admission bound; Retry-After says when
-    503 unavailable / shutting_down  no instance up, or draining; Retry-After
+    503 unavailable / shutting_down / too_many_connections  no instance up, draining, or
+                              over the connection limit; Retry-After
     500 internal              a bug; the server log has the traceback
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -52,32 +55,53 @@ class BodyTooLarge(ApiError):
 
 
 class BodyLimit:
-    """Reject bodies over ``limit`` bytes, by Content-Length up front or while reading."""
+    """Reject bodies over ``limit`` bytes, by Content-Length up front or while reading, and
+    bodies that stop arriving: each part must come within ``timeout_s`` (a slow client
+    must not hold a request open for ever). Both are counted by ``on_error``."""
 
-    def __init__(self, app: Any, limit: int):
+    def __init__(self, app: Any, limit: int, timeout_s: float | None = None,
+                 on_error: Any = None):
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
+        self.on_error = on_error
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
+            if self.on_error is not None:
+                self.on_error(413, "payload_too_large")
             response = errors.error_response(413, "payload_too_large",
                                              f"the request body is {int(length)} bytes; at "
                                              f"most {self.limit} are accepted")
             return await response(scope, receive, send)
         seen = 0
+        complete = False
 
         async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, complete
+            if complete or self.timeout_s is None:
+                message = await receive()  # e.g. waiting for a disconnect: no time limit
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), self.timeout_s)
+                except asyncio.TimeoutError:
+                    raise BodyTimeout(self.timeout_s) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
                 if seen > self.limit:
                     raise BodyTooLarge(self.limit)
             return message
         return await self.app(scope, limited, send)
+
+
+class BodyTimeout(ApiError):
+    def __init__(self, timeout_s: float):
+        super().__init__(408, "request_timeout", f"the request body did not arrive within "
+                         f"{timeout_s:g} s", headers={"Connection": "close"})
 
 
 def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings | None = None,
@@ -96,11 +120,13 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
         await asyncio.to_thread(service.close)
 
     app = FastAPI(title="agentflow", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None,  # /docs from local assets: server/docs.py
                   description="Agentic Text-to-SQL as a service: ask a question about a "
                               "database, get SQL, rows and a per-stage timeline.")
     app.state.service = service
     app.state.api_keys = settings.keys()
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
+                       timeout_s=settings.body_timeout_s, on_error=metrics.error)
     errors.install(app, on_error=metrics.error)
     keyed = [Depends(require_key)]
 
@@ -184,16 +210,36 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
     async def instances() -> InstanceList:
         return InstanceList(instances=service.instances())
 
-    @app.get("/healthz", response_model=Health, tags=["cluster"])
+    @app.get("/healthz", response_model=Health, tags=["cluster"],
+             responses={503: {"model": Health, "description": "no instance up, or draining"}})
     async def healthz() -> Any:
-        """Open without a key. 503 while draining, so load balancers stop sending."""
-        infos = service.instances()
-        health = Health(status="draining" if service.draining else "ok",
-                        instances=len(infos), instances_up=sum(i.up for i in infos))
-        if service.draining:
+        """Open without a key. ``ok`` (every instance up), ``degraded`` (some down, still
+        serving), 503 ``unavailable`` (none up) or 503 ``draining`` (shutting down)."""
+        health = service.health()
+        if health.status in ("unavailable", "draining"):
             return JSONResponse(health.model_dump(), status_code=503,
                                 headers=retry_after_header(5))
         return health
+
+    @app.get("/livez", tags=["cluster"])
+    async def livez() -> Any:
+        """Liveness (Kubernetes livenessProbe): the process and its engine loop run. Stays
+        200 while instances are down or the server drains — restarting would not help."""
+        if not service.alive():
+            return JSONResponse({"status": "dead", "reason": "the engine loop has stopped"},
+                                status_code=503)
+        return {"status": "alive"}
+
+    @app.get("/readyz", tags=["cluster"])
+    async def readyz() -> Any:
+        """Readiness (Kubernetes readinessProbe): 200 while new queries can be served; 503
+        with Retry-After while no instance is up or the server drains."""
+        health = service.health()
+        if health.status in ("unavailable", "draining"):
+            return JSONResponse({"status": "not_ready", "reason": health.status,
+                                 "instances_up": health.instances_up}, status_code=503,
+                                headers=retry_after_header(5))
+        return {"status": "ready", "instances_up": health.instances_up}
 
     @app.get("/metrics", dependencies=keyed, tags=["cluster"],
              response_class=Response, responses={200: {"content": {"text/plain": {}}}})
@@ -201,6 +247,13 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    from agentflow.server import docs
+    from agentflow.server.results import router as results_router
+
+    docs.install(app)
+
+    app.include_router(results_router)  # CSV and charts of finished queries
 
     # ------------------------------------------------------------------ web page
     @app.get("/", include_in_schema=False)

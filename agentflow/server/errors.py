@@ -77,6 +77,11 @@ def validation_error(request: Request, exc: RequestValidationError) -> JSONRespo
                               f"{_FIELDS}")
     body_level = [e for e in errors if tuple(e.get("loc", ())) == ("body",)]
     if body_level:
+        if not content_type and body_level[0].get("type") != "missing":
+            # FastAPI reads a body as JSON only when it says so (strict_content_type)
+            return error_response(415, "unsupported_media_type",
+                                  "the request has no Content-Type header; send the JSON "
+                                  "body with Content-Type: application/json")
         if content_type and "json" not in content_type.lower():
             return error_response(415, "unsupported_media_type",
                                   f"send the body as JSON (Content-Type: application/json), "

@@ -4,8 +4,9 @@ Each app gets its own registry (several servers in one process — tests, benchm
 not share counters). Finished queries are observed once, from their answer; the cluster's
 live state (queue lengths, calls in flight, instances up) is read from the coordinator at
 scrape time rather than mirrored, so it cannot drift. Scheduler decision time is measured
-around the coordinator's event handlers by the service layer (``service._timed``), never by
-clock reads inside the scheduler.
+around the coordinator's event handlers by an observer the service layer registers
+(``service.DecisionTimer``, ``Coordinator.add_observer``), never by clock reads inside the
+scheduler.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
     from agentflow.api import Answer, QueryHandle
@@ -66,7 +67,7 @@ class ServerMetrics:
         self.queries.labels(status=status).inc()
         slo = handle.slo_s
         if slo is not None:
-            met = bool(answer is not None and answer.status == "done" and answer.met_slo)
+            met = bool(answer is not None and answer.met_slo)  # agentflow.metrics' rule
             self.slo.labels(met=str(met).lower()).inc()
             self._slo_total += 1
             self._slo_met += met
@@ -104,11 +105,21 @@ class _ClusterCollector:
                                     "LLM calls running on the instance", labels=["instance"])
         up = GaugeMetricFamily("agentflow_instance_up", "1 if the instance takes calls, 0 "
                                "while it is down after a failure", labels=["instance"])
+        placed = GaugeMetricFamily("agentflow_instance_placement", "1 per instance hosted "
+                                   "by a Ray actor, labelled with its node and GPUs",
+                                   labels=["instance", "node", "gpu", "gpu_ids"])
+        restarts = CounterMetricFamily("agentflow_instance_restarts", "Times Ray restarted "
+                                       "the instance's actor", labels=["instance"])
         for info in self.service.instances():
             waiting.add_metric([info.name], info.waiting)
             running.add_metric([info.name], info.running)
             up.add_metric([info.name], 1 if info.up else 0)
-        yield from (waiting, running, up)
+            if info.node is not None:
+                placed.add_metric([info.name, info.node, info.gpu or "",
+                                   ",".join(info.gpu_ids or [])], 1)
+                restarts.add_metric([info.name], info.restarts or 0)
+        yield from (waiting, running, up, placed, restarts)
+        yield from self._health()
         coord = self.service.coordinator
         active = GaugeMetricFamily("agentflow_active_queries", "Queries admitted and not "
                                    "finished")
@@ -121,3 +132,35 @@ class _ClusterCollector:
                                        "(since start; NaN before the first)")
         attainment.add_metric([], m._slo_met / m._slo_total if m._slo_total else float("nan"))
         yield attainment
+
+    def _health(self) -> Any:
+        """Instance health and what the router did about late or failing calls."""
+        router = getattr(self.service.af, "router", None)
+        tracker = getattr(router, "health", None)
+        if tracker is None:
+            return
+        state = GaugeMetricFamily("agentflow_instance_health", "1 for the instance's current "
+                                  "health state (healthy, suspect, down, probing)",
+                                  labels=["instance", "state"])
+        opened = CounterMetricFamily("agentflow_instance_outages", "Times the instance was "
+                                     "taken out of service (died, circuit opened, timed out)",
+                                     labels=["instance"])
+        probes = CounterMetricFamily("agentflow_instance_probes", "Probe calls to an instance "
+                                     "out of service, by result", labels=["instance", "result"])
+        for name, h in tracker.instances.items():
+            for s in ("healthy", "suspect", "down", "probing"):
+                state.add_metric([name, s], 1.0 if h.state.value == s else 0.0)
+            opened.add_metric([name], h.opened)
+            probes.add_metric([name, "ok"], h.probes_ok)
+            probes.add_metric([name, "failed"], h.probes_failed)
+        timeouts = CounterMetricFamily("agentflow_llm_call_timeouts", "LLM calls cancelled on "
+                                       "an instance: past their deadline or stalled",
+                                       labels=["instance", "kind"])
+        retries = CounterMetricFamily("agentflow_llm_call_retries", "LLM calls re-dispatched "
+                                      "after failing, timing out or being moved off the "
+                                      "instance", labels=["instance"])
+        for name in tracker.instances:
+            timeouts.add_metric([name, "deadline"], router.counts["timeout", name])
+            timeouts.add_metric([name, "stalled"], router.counts["stalled", name])
+            retries.add_metric([name], router.counts["retried", name])
+        yield from (state, opened, probes, timeouts, retries)

@@ -9,6 +9,7 @@ belong on the wire).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -17,6 +18,25 @@ from agentflow.api import MAX_QUESTION_CHARS
 
 MAX_SLO_S = 24 * 3600
 MAX_EVIDENCE_CHARS = 4000
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def first_lone_surrogate(text: str) -> int | None:
+    """Index of the first code point that UTF-8 cannot encode (a lone surrogate), if any."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as err:
+        return err.start
+
+
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD, so it always serialises."""
+    if first_lone_surrogate(text) is None:
+        return text
+    return _SURROGATES.sub("\ufffd", text)
+
 
 QueryStatusName = Literal["pending", "running", "done", "failed", "cancelled", "rejected"]
 
@@ -36,6 +56,22 @@ class QueryRequest(BaseModel):
     evidence: str = Field("", max_length=MAX_EVIDENCE_CHARS,
                           description="BIRD-style hint for the question")
     wait: bool = Field(True, description="wait for the answer (true) or answer 202 at once")
+    conversation_id: str | None = Field(
+        None, max_length=64, description="a follow-up: the conversation_id of an earlier "
+                                         "answer, whose question and SQL become context")
+
+    @field_validator("question", "db", "pipeline", "evidence")
+    @classmethod
+    def _valid_unicode(cls, value: str | None) -> str | None:
+        """JSON may carry lone surrogates (``\\ud800``) that are not text: refuse them here,
+        or they would break every response (and listing) that echoes the value."""
+        if value is not None:
+            bad = first_lone_surrogate(value)
+            if bad is not None:
+                raise ValueError(f"contains invalid Unicode (a lone surrogate "
+                                 f"U+{ord(value[bad]):04X} at character {bad}); send UTF-8 "
+                                 f"text")
+        return value
 
     @field_validator("question")
     @classmethod
@@ -87,6 +123,7 @@ class LLMCallView(BaseModel):
     queue_s: float = Field(description="waiting in the scheduler's queues")
     run_s: float = Field(description="running on the instance")
     finish_reason: str
+    node: str = Field("", description="the Ray node that ran it (empty in-process)")
     failed_attempts: list[FailedAttempt] = Field(default_factory=list)
 
 
@@ -131,6 +168,7 @@ class QuerySummary(BaseModel):
     latency_s: float | None = None
     met_slo: bool | None = None
     error: str | None = None
+    conversation_id: str | None = None
 
 
 class QueryView(QuerySummary):
@@ -172,6 +210,14 @@ class InstanceInfo(BaseModel):
     waiting: int
     running: int
     max_inflight: int
+    health: Literal["healthy", "suspect", "down", "probing"] = Field(
+        "healthy", description="suspect: a call timed out; down: failed or circuit open; "
+                               "both get no work until a probe call answers")
+    reason: str | None = Field(None, description="why it is not healthy")
+    # Instances placed on a Ray cluster (agentflow.distributed); None in-process.
+    node: str | None = Field(None, description="the Ray node hosting the instance's actor")
+    gpu_ids: list[str] | None = None
+    restarts: int | None = Field(None, description="times Ray restarted the actor")
 
 
 class InstanceList(BaseModel):
@@ -185,6 +231,10 @@ class PipelineList(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "draining"]
+    """ok: every instance up; degraded: some down (still serving); unavailable: none up;
+    draining: shutting down. The last two answer 503."""
+
+    status: Literal["ok", "degraded", "unavailable", "draining"]
     instances: int
     instances_up: int
+    instances_down: list[str] = Field(default_factory=list)

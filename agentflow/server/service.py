@@ -19,23 +19,22 @@ from collections import defaultdict
 from concurrent.futures import Future
 from typing import Any
 
-from agentflow.api import AgentFlow, Answer, InvalidRequest, QueryHandle
+from pydantic_core import PydanticSerializationError
+
+from agentflow.api import AgentFlow, Answer, ConversationNotFoundError, InvalidRequest, QueryHandle
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.server.errors import ApiError, retry_after_header
+from agentflow.server.examples import ExampleQuestions
 from agentflow.server.metrics import ServerMetrics
+from agentflow.server.results import result_links
 from agentflow.server.models import (DatabaseInfo, FailedAttempt, InstanceInfo, QueryRequest,
-                                     QuerySummary, QueryView, Retry, StageView)
+                                     QuerySummary, QueryView, Retry, StageView, valid_text)
 from agentflow.server.settings import ServerSettings
 from agentflow.sql import DatabaseNotFoundError
 
 log = logging.getLogger("agentflow.server")
 
 # Coordinator events whose handling time /metrics reports (scheduler decision time).
-COORDINATOR_EVENTS = ("on_query_arrival", "on_call_ready", "on_call_progress", "on_call_done",
-                      "on_call_failed", "on_call_cancelled", "on_instance_down",
-                      "on_instance_up", "on_query_done", "cancel_query")
-
-
 class FailureLog:
     """Failed LLM call attempts by query id, kept until the query is forgotten."""
 
@@ -90,15 +89,19 @@ class RecordingBackend(LLMBackend):
         return getattr(self.inner, name)
 
 
-def _timed(method, histogram):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            histogram.observe(time.perf_counter() - start)
-    wrapper.__wrapped__ = method
-    return wrapper
+class DecisionTimer:
+    """A coordinator observer: the time each event takes, into the decision histogram."""
+
+    def __init__(self, metrics: ServerMetrics):
+        self.metrics = metrics
+        self._started: list[float] = []  # events nest: a stack of start times
+
+    def event_started(self, event: str) -> None:
+        self._started.append(time.perf_counter())
+
+    def event_finished(self, event: str, decisions: list) -> None:
+        elapsed = time.perf_counter() - self._started.pop()
+        self.metrics.decision_seconds.labels(event=event.removeprefix("on_")).observe(elapsed)
 
 
 def _jsonable(value: Any) -> Any:
@@ -122,18 +125,30 @@ def _clean(value: Any) -> Any:
     return _jsonable(value)
 
 
+def _serialisable(model: Any) -> Any:
+    """The model itself if it serialises, else a copy with every string made valid
+    Unicode (a lone surrogate from the Python API, a database or a model's output)."""
+    try:
+        model.model_dump_json()
+        return model
+    except PydanticSerializationError:
+        return type(model).model_validate(_valid_strings(model.model_dump()))
+
+
+def _valid_strings(value: Any) -> Any:
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        return {_valid_strings(k): _valid_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_strings(v) for v in value]
+    return value
+
+
 def _progress(handle: QueryHandle) -> str:
     """Status of a query whose answer is not set yet: running once a stage has started."""
     return "running" if any(e.get("type") == "stage_started" for e in list(handle.events)) \
         else "pending"
-
-
-def _met_slo(answer: Answer) -> bool | None:
-    """Answered within the SLO: only a ``done`` query can meet it (a query cancelled or
-    failed early is fast, not successful)."""
-    if answer.slo_s is None:
-        return None
-    return answer.status == "done" and bool(answer.met_slo)
 
 
 class QueryService:
@@ -148,19 +163,23 @@ class QueryService:
         self._close_lock = threading.Lock()
         self._closed = False
         self._tables: dict[str, list[str]] = {}
+        self._examples = ExampleQuestions()
         self.coordinator = getattr(getattr(af, "router", None), "coordinator", None)
         for name in list(af.backends):
             if not isinstance(af.backends[name], RecordingBackend):
                 # The router holds the same dict, so wrapping in place reaches it too.
                 af.backends[name] = RecordingBackend(af.backends[name], name, self.failures,
                                                      metrics)
+        listeners = getattr(getattr(af, "router", None), "attempt_listeners", None)
+        if listeners is not None:  # calls the router cut off (deadline, stall): retries too
+            listeners.append(self._abandoned)
         if self.coordinator is not None:
-            for event in COORDINATOR_EVENTS:
-                method = getattr(self.coordinator, event, None)
-                if method is not None and not hasattr(method, "__wrapped__"):
-                    hist = metrics.decision_seconds.labels(event=event.removeprefix("on_"))
-                    setattr(self.coordinator, event, _timed(method, hist))
+            self.coordinator.add_observer(DecisionTimer(metrics))
         metrics.bind(self)
+
+    def _abandoned(self, request: LLMRequest, instance: str, error: BackendError) -> None:
+        self.failures.add(request, instance, error)
+        self.metrics.call_failures.labels(instance=instance).inc()
 
     # ------------------------------------------------------------------ queries
     def submit(self, req: QueryRequest) -> QueryHandle:
@@ -178,7 +197,10 @@ class QueryService:
                            f"{len(self.af.catalog.ids)} available)")
         try:
             handle = self.af.submit(req.question, req.db, slo=req.slo_seconds,
-                                    pipeline=req.pipeline, evidence=req.evidence)
+                                    pipeline=req.pipeline, evidence=req.evidence,
+                                    conversation=req.conversation_id)
+        except ConversationNotFoundError as err:
+            raise ApiError(404, "conversation_not_found", str(err)) from None
         except InvalidRequest as err:
             raise ApiError(422, "invalid_request", str(err)) from None
         except DatabaseNotFoundError as err:
@@ -281,37 +303,53 @@ class QueryService:
 
     # ------------------------------------------------------------------ views
     def view(self, handle: QueryHandle) -> QueryView:
+        return _serialisable(self._view(handle))
+
+    def _view(self, handle: QueryHandle) -> QueryView:
         links = {"self": f"/v1/queries/{handle.query_id}",
                  "events": f"/v1/queries/{handle.query_id}/events"}
         if not handle.done():
             return QueryView(query_id=handle.query_id, status=_progress(handle),
                              question=handle.question, db=handle.db, pipeline=handle.pipeline,
                              slo_s=handle.slo_s, stages=self._stages_from_events(handle),
-                             links=links)
+                             links=links, conversation_id=handle.conversation_id)
         answer = self._result(handle)
         stages, retries = self._stages_from_answer(answer)
+        links.update(result_links(handle.query_id, answer))
         return QueryView(
             query_id=answer.query_id, status=answer.status, question=answer.question,
             db=answer.db, pipeline=answer.pipeline, slo_s=answer.slo_s, sql=answer.sql,
             columns=[str(c) for c in answer.columns],
             rows=[[_jsonable(v) for v in row] for row in answer.rows],
             truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
-            met_slo=_met_slo(answer), stages=stages, usage=_clean(answer.usage),
-            details=_clean(answer.details), retries=retries, links=links)
+            met_slo=answer.met_slo, stages=stages, usage=_clean(answer.usage),
+            details=_clean(answer.details), retries=retries, links=links,
+            conversation_id=handle.conversation_id)
 
     def summary(self, handle: QueryHandle) -> QuerySummary:
         if not handle.done():
             return QuerySummary(query_id=handle.query_id, status=_progress(handle),
                                 question=handle.question, db=handle.db,
-                                pipeline=handle.pipeline, slo_s=handle.slo_s)
+                                pipeline=handle.pipeline, slo_s=handle.slo_s,
+                                conversation_id=handle.conversation_id)
         a = self._result(handle)
         return QuerySummary(query_id=a.query_id, status=a.status, question=a.question, db=a.db,
                             pipeline=a.pipeline, slo_s=a.slo_s, latency_s=a.latency_s,
-                            met_slo=_met_slo(a), error=a.error)
+                            met_slo=a.met_slo, error=a.error,
+                            conversation_id=handle.conversation_id)
 
     def recent(self, limit: int) -> list[QuerySummary]:
+        """Newest first. Each record is checked on its own, so one that cannot be shown
+        (text that is not valid Unicode, from any source) is repaired, never allowed to
+        break the listing for everyone."""
         handles = list(self.af.handles.values())[-limit:]
-        return [self.summary(h) for h in reversed(handles)]
+        out = []
+        for h in reversed(handles):
+            try:
+                out.append(_serialisable(self.summary(h)))
+            except Exception:  # noqa: BLE001 - one record must not break the listing
+                log.exception("query %s cannot be listed", h.query_id)
+        return out
 
     def _stages_from_events(self, handle: QueryHandle) -> list[StageView]:
         latest: dict[str, dict[str, Any]] = {}
@@ -368,11 +406,8 @@ class QueryService:
         out = []
         for db_id in catalog.ids:
             entry = catalog.entry(db_id)
-            examples = []
-            if entry.dataset is not None:
-                examples = [e.question for e in entry.dataset.examples
-                            if e.db_id == db_id][:6]
-            out.append(DatabaseInfo(id=db_id, engine=catalog.engine,
+            examples = self._examples.for_db(entry.dataset, db_id)  # train split only
+            out.append(DatabaseInfo(id=db_id, engine=catalog.engine_of(db_id),
                                     tables=self._table_names(db_id), examples=examples))
         return out
 
@@ -385,7 +420,7 @@ class QueryService:
             names = (tables_json or {}).get("table_names_original")
             if not names:
                 try:
-                    names = self.af.catalog.open(db_id).schema().table_names()
+                    names = self.af.catalog.open(db_id).schema().table_names
                 except Exception as err:  # noqa: BLE001 - a broken file must not break listing
                     log.warning("cannot list tables of %s: %s", db_id, err)
                     names = []
@@ -394,18 +429,47 @@ class QueryService:
 
     def instances(self) -> list[InstanceInfo]:
         by_name = {i.name: i for i in self.af.config.instances}
+        tracker = getattr(getattr(self.af, "router", None), "health", None)
         out = []
         for name in self.af.backends:
             cfg = by_name.get(name)
             queue = self.coordinator.queues.get(name) if self.coordinator else None
+            placed = getattr(self.af.backends[name], "placement_info", None)
+            where = placed() if callable(placed) else {}
+            health = tracker.instances.get(name) if tracker is not None else None
+            state = health.state.value if health is not None else "healthy"
             out.append(InstanceInfo(
                 name=name, gpu=cfg.gpu if cfg else None, model=cfg.model if cfg else None,
                 up=queue.up if queue else True, waiting=len(queue.waiting) if queue else 0,
                 running=len(queue.running) if queue else 0,
-                max_inflight=cfg.max_inflight if cfg else 1))
+                max_inflight=cfg.inflight_limit if cfg else 1, health=state,
+                node=where.get("node"), gpu_ids=where.get("gpu_ids"),
+                restarts=where.get("restarts"),
+                reason=health.reason if health is not None and state != "healthy" else None))
         return out
 
+    def health(self):
+        """What /healthz, /readyz say: ok, degraded (some instances down), unavailable
+        (none up) or draining."""
+        from agentflow.server.models import Health
+
+        infos = self.instances()
+        up = sum(i.up for i in infos)
+        status = ("draining" if self.draining else "unavailable" if not up
+                  else "degraded" if up < len(infos) else "ok")
+        return Health(status=status, instances=len(infos), instances_up=up,
+                      instances_down=[i.name for i in infos if not i.up])
+
+    def alive(self) -> bool:
+        """The engine's event loop still runs (liveness: restart the process if not)."""
+        thread = getattr(self.af, "_thread", None)
+        return thread is None or thread.is_alive() or self.draining
+
     # ------------------------------------------------------------------ shutdown
+    def running(self) -> int:
+        """Queries in flight."""
+        return sum(1 for h in list(self.af.handles.values()) if not h.done())
+
     def close(self, drain_s: float | None = None) -> None:
         """Finish or cancel queries in flight (their answers say which), then release the
         engine. Idempotent and thread-safe: uvicorn's shutdown and the app's lifespan may
@@ -418,15 +482,19 @@ class QueryService:
             if not self.owns_agentflow:
                 return
             drain = self.settings.drain_s if drain_s is None else drain_s
-            running = sum(1 for h in self.af.handles.values() if not h.done())
+            in_flight = [h for h in self.af.handles.values() if not h.done()]
+            running = len(in_flight)
             log.info("shutting down: %d queries in flight, draining up to %.0fs", running, drain)
             try:
                 self.af.close(drain_s=drain)
             except Exception:  # noqa: BLE001 - shutdown must finish; say what went wrong
                 log.exception("closing agentflow failed")
+            # Only the queries the shutdown met: a query a user cancelled an hour ago is no
+            # reason to warn on a normal Ctrl+C.
             statuses: dict[str, int] = defaultdict(int)
-            for h in self.af.handles.values():
+            for h in in_flight:
                 if h.done():
                     statuses[self._result(h).status] += 1
             level = logging.WARNING if statuses.get("cancelled") else logging.INFO
-            log.log(level, "agentflow closed; query statuses: %s", dict(statuses))
+            log.log(level, "agentflow closed; query statuses: %s (of those in flight at "
+                    "shutdown)", dict(statuses))

@@ -35,6 +35,12 @@ class ServerSettings(BaseModel):
     # server answers 429 at once instead of 202 followed by a rejection.
     admission_wait_s: float = Field(2.0, ge=0)
     max_body_bytes: int = Field(64 * 1024, gt=0)
+    # Slow clients: a request's headers must arrive within ``header_timeout_s`` of the
+    # connection opening (or of the previous response), its body within ``body_timeout_s``
+    # of the headers; beyond ``max_connections`` open connections new ones get 503.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    max_connections: int = Field(1000, gt=0)
     recent_limit: int = Field(50, gt=0)  # queries listed by GET /v1/queries
 
     def keys(self) -> list[str]:

@@ -37,10 +37,15 @@ def free_socket() -> socket.socket:
 class LiveServer:
     """uvicorn serving ``create_app(config, settings)`` in a background thread."""
 
-    def __init__(self, config: dict[str, Any], settings: dict[str, Any] | None = None):
+    def __init__(self, config: dict[str, Any], settings: dict[str, Any] | None = None, *,
+                 agentflow: Any = None):
         config = {"fewshot": None, **config}
-        self.app = create_app(AgentFlowConfig.model_validate(config),
-                              ServerSettings(**(settings or {})))
+        if agentflow is not None:  # an engine the test built (e.g. a scripted function)
+            self.app = create_app(settings=ServerSettings(**(settings or {})),
+                                  agentflow=agentflow)
+        else:
+            self.app = create_app(AgentFlowConfig.model_validate(config),
+                                  ServerSettings(**(settings or {})))
         self.service = self.app.state.service
         self._sock = free_socket()
         self.port = self._sock.getsockname()[1]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentflow.metrics import scale_key
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.experiment import Workload, run_policy
 
@@ -33,7 +34,7 @@ def tune_alpha(cluster: SimClusterConfig, workload: Workload, *, policy: str = "
         if metric == "p95":
             scores[alpha] = s["p95"] if s["p95"] is not None else float("inf")
         else:
-            scores[alpha] = -s["slo_attainment"][f"{slo_scale:.1f}"]
+            scores[alpha] = -(s["slo_attainment"][scale_key(slo_scale)] or 0.0)
     best = min(grid, key=lambda a: (scores[a], abs(a - 0.5)))
     return best, ({a: -v for a, v in scores.items()} if metric == "slo" else scores)
 

@@ -168,14 +168,6 @@ def fit_constants(data: dict[str, list[Row]], mask: np.ndarray | None = None,
     return FitResult(consts, overhead)
 
 
-def fitted_profile(label: str, cal: Calibration) -> GPUProfile:
-    from dataclasses import replace
-
-    return replace(hardware.gpu(GPU_LABELS[label]), bw_efficiency=cal.bw_efficiency,
-                   attn_bw_efficiency=cal.attn_bw_efficiency,
-                   request_overhead_s=cal.request_overhead_s)
-
-
 # ------------------------------------------------------------------ the reference rule
 def reference_latency(label: str, rows: Sequence[Row],
                       prefill: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:

@@ -1,9 +1,13 @@
-"""Simulated clusters, by name or from a YAML file.
+"""Simulated clusters, by name or from a cluster file — the same file serving reads.
 
     name: my-cluster
     instances:
       - {gpu: A100-80G, model: Llama-3.1-70B, weight_bits: 4, kv_bits: 4, count: 2}
       - {gpu: L40S, model: Llama-3.1-8B, tensor_parallel: 1, max_num_seqs: 128}
+
+Instances are ``agentflow.config.InstanceConfig`` (every field documented there). A full
+agentflow config (``agentflow serve --config``: pipeline, slo_s, backends, ...) is a cluster
+file too: the simulator takes its instances and checks the rest as serving would.
 """
 
 from __future__ import annotations
@@ -13,57 +17,32 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentflow import hardware
+from agentflow.config import AgentFlowConfig, InstanceConfig, expand_instances
 
-
-class SimInstanceConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    gpu: str
-    model: str
-    weight_bits: int = 16
-    kv_bits: int = 16
-    tensor_parallel: int = 1
-    count: int = 1
-    name: str | None = None  # defaults to "<gpu>-<n>"
-    max_num_seqs: int = 64  # the engine's batch limit
-    max_num_batched_tokens: int = 8192
-    # Calls the coordinator admits to the instance at once (also bounded by the engine's KV
-    # cache); the rest wait in its local queue, where the queue policy orders them.
-    max_inflight: int = 64
-    # Admitted calls without a first token yet: the engine prefills at most
-    # max_num_batched_tokens per step, so a couple of pending prefills keep it busy while
-    # the rest wait where the queue policy can order them.
-    max_pending_prefill: int | None = 2
-
-    @field_validator("gpu")
-    @classmethod
-    def _gpu(cls, value: str) -> str:
-        hardware.gpu(value)
-        return value
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, value: str) -> str:
-        hardware.model(value)
-        return value
+# The simulator's name for the shared instance description (kept for its call sites).
+SimInstanceConfig = InstanceConfig
 
 
 class SimClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "cluster"
-    instances: list[SimInstanceConfig] = Field(min_length=1)
+    instances: list[InstanceConfig] = Field(min_length=1)
 
-    def expanded(self) -> list[tuple[str, SimInstanceConfig]]:
-        """One (unique name, config) per instance, ``count`` expanded."""
-        out, seen = [], {}
-        for inst in self.instances:
-            for _ in range(inst.count):
-                base = inst.name or inst.gpu.lower()
-                seen[base] = seen.get(base, -1) + 1
-                out.append((f"{base}-{seen[base]}", inst))
-        return out
+    @field_validator("instances")
+    @classmethod
+    def _simulable(cls, value: list[InstanceConfig]) -> list[InstanceConfig]:
+        for inst in value:
+            if inst.gpu is None or inst.model is None:
+                raise ValueError(f"instance {inst.name or '(unnamed)'}: the simulator needs "
+                                 "its gpu and model (hardware profiles)")
+        expand_instances(value)  # names must come out unique
+        return value
+
+    def expanded(self) -> list[tuple[str, InstanceConfig]]:
+        """One (unique name, config) per instance, ``count`` expanded — the names serving
+        gives the same instances."""
+        return [(inst.name, inst) for inst in expand_instances(self.instances)]
 
     @property
     def gpu_types(self) -> list[str]:
@@ -97,6 +76,8 @@ CLUSTERS: dict[str, SimClusterConfig] = {
 
 
 def load_cluster(name_or_path: str) -> SimClusterConfig:
+    """A named cluster, or a cluster file: ``name`` + ``instances``, or a whole agentflow
+    config (its other settings are validated as serving would, then left to serving)."""
     if name_or_path in CLUSTERS:
         return CLUSTERS[name_or_path]
     path = Path(name_or_path)
@@ -104,4 +85,9 @@ def load_cluster(name_or_path: str) -> SimClusterConfig:
         raise ValueError(f"unknown cluster {name_or_path!r}: not a name "
                          f"({', '.join(CLUSTERS)}) nor a YAML file")
     data = yaml.safe_load(path.read_text())
-    return SimClusterConfig.model_validate(data)
+    if not isinstance(data, dict) or "instances" not in data:
+        raise ValueError(f"{path}: a cluster file is a mapping with an 'instances' list")
+    if set(data) - {"name", "instances"}:
+        AgentFlowConfig.load(path)  # a serving config: it must be a valid one
+    return SimClusterConfig.model_validate({"name": data.get("name") or path.stem,
+                                            "instances": data["instances"]})

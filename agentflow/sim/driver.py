@@ -19,18 +19,19 @@ import copy
 import heapq
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
 
-from agentflow import hardware
-from agentflow.scheduler import Coordinator, FailCall, InstanceSpec, QueryRejected, StartCall
+from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
+from agentflow.scheduler.setup import build_coordinator
 from agentflow.scheduler.length_models import TrueLengths, make_predictor
 from agentflow.scheduler.policies import parse_policy
 from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
 from agentflow.sim.engine import SimInstance
+from agentflow.sim.faults import Fault
 from agentflow.sim.workload import TraceNode, TraceQuery
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 
@@ -63,6 +64,30 @@ class QueryRecord:
         return None if self.finish is None else self.finish - self.arrival
 
 
+@dataclass(frozen=True)
+class StageTiming:
+    """One finished stage of a simulated query, for ``Simulation(on_stage=...)``.
+
+    Times are virtual seconds since the run began. For an LLM stage ``run_s`` is the time its
+    call ran on ``instance`` (from the engine's first iteration to its last) and ``queue_s``
+    the rest of the stage: waiting in the coordinator's queue and in the engine's, plus any
+    attempt lost to a failed instance. A tool step runs as soon as it is ready.
+    """
+
+    query_id: str
+    node_id: str
+    stage: str
+    kind: str  # llm | tool
+    parents: tuple[str, ...]
+    start: float
+    end: float
+    queue_s: float
+    run_s: float
+    instance: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
 @dataclass
 class SimResult:
     policy: str
@@ -79,7 +104,11 @@ class SimResult:
 class Simulation:
     def __init__(self, cluster: SimClusterConfig, policy: str, *, alpha: float | None = None,
                  embedder: str = "hashing", max_waiting_calls: int | None = None,
-                 alpha_tuner: Any = None, cached_prefix: float = 0.0):
+                 max_active_queries: int | None = None,
+                 alpha_tuner: Any = None, cached_prefix: float = 0.0,
+                 faults: Sequence[Fault] = (),
+                 on_stage: Callable[[StageTiming], None] | None = None):
+        """``on_stage`` is called with each stage's ``StageTiming`` as the stage finishes."""
         if not 0.0 <= cached_prefix < 1.0:
             raise ValueError("cached_prefix must be in [0, 1)")
         # Fraction of every prompt served from a prefix cache (0: cold prompts, physical
@@ -89,24 +118,24 @@ class Simulation:
         self.policy = policy
         self.clock = ManualClock(0.0)
         self.instances: dict[str, SimInstance] = {}
-        specs = []
+        instances = []
         for name, cfg in cluster.expanded():
-            engine = make_engine(name, cfg)
-            self.instances[name] = engine
-            # The coordinator admits no more than the engine's KV cache holds, so calls wait
-            # in the coordinator's queue — ordered by the queue policy — rather than inside
-            # the engine, where only admission order counts.
-            specs.append(InstanceSpec(name=name, gpu=cfg.gpu, model=cfg.model,
-                                      max_inflight=cfg.max_inflight,
-                                      max_pending_prefill=cfg.max_pending_prefill,
-                                      kv_token_budget=engine.kv_blocks_total * engine.block_size,
-                                      tensor_parallel=cfg.tensor_parallel,
-                                      weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits))
+            self.instances[name] = make_engine(name, cfg)
+            instances.append(cfg)
+        # The coordinator serving builds from the same description (build_coordinator): it
+        # admits no more than each engine's KV cache holds, so calls wait in its queues —
+        # ordered by the queue policy — rather than inside the engines.
         self.predictor = make_predictor(parse_policy(policy).predictor, embedder=embedder)
-        self.coordinator = Coordinator(
-            specs, clock=self.clock, policy=policy, alpha=alpha, predictor=self.predictor,
-            max_waiting_calls=max_waiting_calls)
+        self.coordinator = build_coordinator(
+            instances, clock=self.clock, policy=policy, alpha=alpha, predictor=self.predictor,
+            max_waiting_calls=max_waiting_calls, max_active_queries=max_active_queries)
         self.alpha_tuner = alpha_tuner
+        for fault in faults:
+            if fault.instance not in self.instances:
+                raise ValueError(f"fault on unknown instance {fault.instance!r}; this cluster "
+                                 f"has {', '.join(self.instances)}")
+        self.faults = list(faults)
+        self.on_stage = on_stage
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
         self._versions: dict[str, int] = {name: 0 for name in self.instances}
@@ -125,6 +154,8 @@ class Simulation:
                                  idle_latency_s=idle)
             records.append(record)
             self._push(float(t), "arrival", (q, record))
+        for fault in self.faults:
+            self._push(fault.at_s, "fault", fault)
         if self.alpha_tuner is not None:
             self.alpha_tuner.attach(self, queries, arrivals, slo_s, idle_latency_s)
         self.drain()
@@ -147,6 +178,8 @@ class Simulation:
                 name, version = payload
                 if version == self._versions[name]:
                     self._on_instance(name)
+            elif kind == "fault":
+                self._on_fault(payload)
             elif kind == "hook":
                 payload(self)
 
@@ -242,19 +275,34 @@ class Simulation:
                 max_tokens=recorded[node.id].max_tokens)
             self._calls[call.id] = call
             self._apply(decisions)
+            if query_id not in self._runs:
+                return  # the call failed the query: its other ready stages never start
 
-    def _on_node_done(self, query_id: str, node_id: str) -> None:
+    def _on_node_done(self, query_id: str, node_id: str, *, run_s: float | None = None,
+                      instance: str | None = None) -> None:
         entry = self._runs.get(query_id)
         if entry is None:
             return
         run, trace, record = entry
         done = self._trace_nodes[query_id][node_id]
+        now = self.clock.now()
         if done.kind == "tool":
             mean, n = self._tool_s.get(done.stage, (0.0, 0))
             self._tool_s[done.stage] = (mean + (done.duration_s - mean) / (n + 1), n + 1)
-        run.mark_done(node_id, self.clock.now())
+        if self.on_stage is not None:
+            start = run.query.stage(node_id).start
+            ran = now - start if run_s is None else min(run_s, now - start)
+            self.on_stage(StageTiming(
+                query_id, node_id, done.stage, done.kind, done.parents, start, now,
+                queue_s=max(0.0, now - start - ran), run_s=ran, instance=instance,
+                prompt_tokens=done.prompt_tokens, output_tokens=done.output_tokens))
+        run.mark_done(node_id, now)
         if run.finished:
-            record.status, record.finish = "done", self.clock.now()
+            record.finish = self.clock.now()
+            if trace.meta.get("status") == "failed":  # back on time, with no answer
+                record.status, record.reason = "failed", "the recorded run failed"
+            else:
+                record.status = "done"
             self.coordinator.on_query_done(query_id)
             self._forget(query_id)
         else:
@@ -265,14 +313,14 @@ class Simulation:
         now = self.clock.now()
         for ev in engine.step_until(now):
             call = self._calls.get(ev.seq_id)
-            if call is None:
-                continue
+            if call is None or call.instance != name or call.state != CallState.RUNNING:
+                continue  # an aborted call, or one that moved to another instance
             if ev.kind == "finished":
                 del self._calls[ev.seq_id]
                 self._apply(self.coordinator.on_call_done(
                     call, output_tokens=ev.output_tokens, ttft_s=ev.ttft_s or 0.0,
                     total_s=ev.total_s or 0.0))
-                self._on_node_done(*call.payload)
+                self._on_node_done(*call.payload, run_s=ev.total_s, instance=name)
             else:
                 self._apply(self.coordinator.on_call_progress(call, ev.output_tokens))
         self._reschedule(name)
@@ -292,7 +340,6 @@ class Simulation:
                         d.priority, now, cached_tokens=int(self.cached_prefix *
                                                            call.prompt_tokens))
                 except ValueError as err:  # can never fit this instance's KV cache
-                    self._calls.pop(call.id, None)
                     self._apply(self.coordinator.on_call_failed(call, str(err),
                                                                 retryable=True))
                     continue
@@ -305,10 +352,39 @@ class Simulation:
                     self._forget(query_id)
                     record.status, record.reason = "failed", d.reason
                     run.cancel_pending(now)
-                    _, more = self.coordinator.cancel_query(query_id)
+                    running, more = self.coordinator.cancel_query(query_id)
+                    for call in running:  # siblings still running: the engines drop them
+                        if self.instances[call.instance].abort(call.id, now):
+                            touched.add(call.instance)
+                    for call_id in [i for i, c in self._calls.items()
+                                    if c.payload[0] == query_id]:
+                        del self._calls[call_id]
                     self._apply(more)
         for name in sorted(touched):
             self._reschedule(name)
+
+    def _on_fault(self, fault: Fault) -> None:
+        now = self.clock.now()
+        name, engine = fault.instance, self.instances[fault.instance]
+        if fault.kind == "slow":
+            engine.set_slowdown(fault.factor, now)
+        elif fault.kind == "up":
+            self._apply(self.coordinator.on_instance_up(name))
+        elif self.coordinator.queues[name].up:  # down (twice down is once down)
+            victims = sorted((c for c in self._calls.values()
+                              if c.instance == name and c.state == CallState.RUNNING),
+                             key=lambda c: c.seq)
+            for call in victims:
+                engine.abort(call.id, now)
+            self._apply(self.coordinator.on_instance_down(name))
+            for call in victims:  # as serving does: each comes back as a retryable failure
+                self._apply(self.coordinator.on_call_failed(
+                    call, f"instance {name} went down", retryable=True))
+        self._reschedule(name)
+
+    @property
+    def down_instances(self) -> list[str]:
+        return [n for n, q in self.coordinator.queues.items() if not q.up]
 
     def _forget(self, query_id: str) -> None:
         del self._runs[query_id]
@@ -326,8 +402,7 @@ class Simulation:
 
 
 def make_engine(name: str, cfg: SimInstanceConfig) -> SimInstance:
-    model = hardware.model(cfg.model).quantized(cfg.weight_bits, cfg.kv_bits) \
-        if (cfg.weight_bits, cfg.kv_bits) != (16, 16) else hardware.model(cfg.model)
-    return SimInstance(gpu=hardware.gpu(cfg.gpu), model=model,
-                       tensor_parallel=cfg.tensor_parallel, max_num_seqs=cfg.max_num_seqs,
-                       max_num_batched_tokens=cfg.max_num_batched_tokens, name=name)
+    """The simulated engine of an instance (see ``agentflow.sim.engine.engine_for``)."""
+    from agentflow.sim.engine import engine_for
+
+    return engine_for(name, cfg)

@@ -265,6 +265,9 @@ class SimInstance:
         self.tokens_computed = 0  # prefill + decode tokens over all iterations
         self.plans = 0  # scheduling decisions (a decode run counts once)
         self.preemptions = 0
+        # Every iteration takes this many times its roofline time (fault injection: a slow
+        # instance — thermal throttling, a noisy neighbour). 1.0 multiplies exactly.
+        self.slowdown = 1.0
 
     # ------------------------------------------------------------------------------ timing
     def _fixed(self, T: int) -> tuple[float, float]:
@@ -280,7 +283,7 @@ class SimInstance:
         compute = (self._flop_tok * T + self._flop_pair * attn) / self._flops
         mem0, add = self._fixed(T)
         memory = mem0 + self._kvb * kv_read / self._bw_a
-        return np.maximum(compute, memory) + add
+        return (np.maximum(compute, memory) + add) * self.slowdown
 
     def _duration(self, T: int, attn: int, kv_read: int) -> float:
         """``_durations`` for one iteration, with the same float operations in the same order
@@ -288,7 +291,7 @@ class SimInstance:
         compute = (self._flop_tok * T + self._flop_pair * float(attn)) / self._flops
         mem0, add = self._fixed(T)
         memory = mem0 + self._kvb * float(kv_read) / self._bw_a
-        return max(memory, compute) + add
+        return (max(memory, compute) + add) * self.slowdown
 
     def step_time(self, ns, contexts) -> float:
         """Seconds of one iteration in which sequence i computes ``ns[i]`` tokens on top of
@@ -351,6 +354,21 @@ class SimInstance:
             self._cut_plan(self._now)
         s.state = _ABORTED
         return True
+
+    def set_slowdown(self, factor: float, now: float) -> None:
+        """From the iteration after the one in flight at ``now``, iterations take ``factor``
+        times as long (1.0: normal speed again)."""
+        if not factor > 0:
+            raise ValueError("slowdown factor must be positive")
+        self._advance(now, self._buf)
+        self._now = max(self._now, now)
+        self._cut_plan(self._now)
+        self.slowdown = float(factor)
+
+    @property
+    def sequences(self) -> list[str]:
+        """Ids of the sequences the engine holds (queued, in the front end or running)."""
+        return list(self._seqs)
 
     def next_event_time(self) -> float | None:
         """When ``step_until`` next has something to do, or None when idle."""
@@ -679,3 +697,15 @@ class SimInstance:
         else:
             if any(s.state == _DONE for s in p.seqs):
                 self._running = [s for s in self._running if s.state == _RUNNING]
+
+
+def engine_for(name: str, cfg) -> "SimInstance":
+    """The engine an ``InstanceConfig`` describes: its GPU and model profiles at its weight
+    and KV precision, tensor parallelism and vLLM limits."""
+    model = hardware.model(cfg.model)
+    if (cfg.weight_bits, cfg.kv_bits) != (16, 16):
+        model = model.quantized(cfg.weight_bits, cfg.kv_bits)
+    return SimInstance(gpu=hardware.gpu(cfg.gpu), model=model,
+                       tensor_parallel=cfg.tensor_parallel, max_num_seqs=cfg.max_num_seqs,
+                       max_num_batched_tokens=cfg.max_num_batched_tokens,
+                       gpu_memory_utilization=cfg.gpu_memory_utilization, name=name)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from agentflow.metrics import GOODPUT_TARGET, meets_goodput_target
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.driver import SimResult, Simulation
+from agentflow.sim.faults import Fault
+from agentflow.sim.metrics import outcomes
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import TraceQuery, arrival_times
 
@@ -50,15 +54,17 @@ def build_workload(trace: list[TraceQuery], cluster: SimClusterConfig, *, n: int
 
 def run_policy(cluster: SimClusterConfig, workload: Workload, policy: str, *,
                slo_scale: float = 2.0, alpha: float | None = None, alpha_tuner: Any = None,
-               embedder: str = "hashing", cached_prefix: float = 0.0) -> SimResult:
+               embedder: str = "hashing", cached_prefix: float = 0.0,
+               faults: Sequence[Fault] = ()) -> SimResult:
     sim = Simulation(cluster, policy, alpha=alpha, alpha_tuner=alpha_tuner, embedder=embedder,
-                     cached_prefix=cached_prefix)
+                     cached_prefix=cached_prefix, faults=faults)
     return sim.run(workload.queries, workload.arrivals, workload.deadlines(slo_scale),
                    workload.idle_latency_s)
 
 
 def goodput(cluster: SimClusterConfig, trace: list[TraceQuery], policy: str, *, n: int,
-            slo_scale: float, target: float = 0.9, arrival: str = "poisson", seed: int = 0,
+            slo_scale: float, target: float = GOODPUT_TARGET, arrival: str = "poisson",
+            seed: int = 0,
             low: float = 0.001, high: float | None = None, iterations: int = 7,
             idle: IdleLatency | None = None, cached_prefix: float = 0.0) -> float:
     """The highest rate (queries/s) at which at least ``target`` of queries meet
@@ -68,9 +74,9 @@ def goodput(cluster: SimClusterConfig, trace: list[TraceQuery], policy: str, *, 
     def ok(rate: float) -> bool:
         wl = build_workload(trace, cluster, n=n, rate=rate, arrival=arrival, seed=seed,
                             idle=idle)
-        summary = run_policy(cluster, wl, policy, slo_scale=slo_scale,
-                             cached_prefix=cached_prefix).summary((slo_scale,))
-        return summary["slo_attainment"][f"{slo_scale:.1f}"] >= target
+        result = run_policy(cluster, wl, policy, slo_scale=slo_scale,
+                            cached_prefix=cached_prefix)
+        return meets_goodput_target(outcomes(result), slo_scale, target)
 
     if not ok(low):
         return 0.0

@@ -9,7 +9,9 @@ so a runaway query stops consuming CPU instead of being merely abandoned.
 
 from __future__ import annotations
 
+import logging
 import re
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,8 +23,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
 from agentflow.sql import errors as E
+from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_value_sizes
 from agentflow.sql.dialect import sqlglot_dialect, transpile
-from agentflow.sql.guard import check_query
+from agentflow.sql.guard import parse_single_query, strip_trailing
+from agentflow.sql.watchdog import WATCHDOG
+
+log = logging.getLogger(__name__)
 
 EngineKind = Literal["sqlite", "duckdb"]
 
@@ -33,6 +39,14 @@ DEFAULT_MAX_ROWS = 10_000
 # typical benchmark query, so connections are kept and reused across queries.
 _POOL_SIZE = 4
 _POOL_OVERFLOW = 8
+
+# Memory bounds, so one question cannot take the host's memory. SQLite's heap limits are
+# process-wide (they cover every SQLite connection in the process); the soft one makes SQLite
+# give back cache first, the hard one fails allocations. DuckDB's limit is per database
+# instance; values built outside its buffer manager are bounded by ``bounds``.
+SQLITE_SOFT_HEAP_LIMIT = 256 * 1024 * 1024
+SQLITE_HARD_HEAP_LIMIT = 1024 * 1024 * 1024
+DUCKDB_MEMORY_LIMIT = "512MB"
 
 _SQLITE_SUFFIXES = {".sqlite", ".sqlite3", ".db"}
 _DUCKDB_SUFFIXES = {".duckdb", ".ddb"}
@@ -62,12 +76,16 @@ class Database:
     kind: str  # "sqlite", "duckdb", or the SQLAlchemy dialect name for other URLs
     path: Path | None = None
     _schema_cache: Any = field(default=None, repr=False)
+    # Passwords this database was opened with: scrubbed from every message it produces.
+    _secrets: tuple[str, ...] = field(default=(), repr=False)
+    search_path: tuple[str, ...] = ()
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # ----------------------------------------------------------------------------- opening
     @classmethod
     def open(cls, target: str | Path, *, db_id: str | None = None,
-             kind: EngineKind | None = None, duckdb_threads: int | None = None) -> "Database":
+             kind: EngineKind | None = None, duckdb_threads: int | None = None,
+             **url_options: Any) -> "Database":
         """Open a SQLite/DuckDB file (kind from the suffix unless given) or a SQLAlchemy URL.
 
         ``duckdb_threads=1`` makes DuckDB results reproducible where SQL leaves them open
@@ -75,7 +93,7 @@ class Database:
         aggregate's output order varies from run to run."""
         text = str(target)
         if "://" in text:
-            return cls._open_url(text, db_id=db_id)
+            return cls._open_url(text, db_id=db_id, **url_options)
         path = Path(text).expanduser().resolve()
         if not path.is_file():
             raise E.DatabaseNotFoundError(f"database file not found: {path}")
@@ -87,11 +105,13 @@ class Database:
                                       connect_args={"check_same_thread": False})
             # Some benchmark databases hold invalid UTF-8; decode leniently rather than fail.
             sa.event.listen(engine, "connect", _lenient_text)
+            sa.event.listen(engine, "connect", _sqlite_bounds)
         elif kind == "duckdb":
             engine = sa.create_engine(
                 f"duckdb:///{path}", pool_size=_POOL_SIZE, max_overflow=_POOL_OVERFLOW,
                 connect_args={"read_only": True,
                               "config": {"enable_external_access": False,
+                                         "memory_limit": DUCKDB_MEMORY_LIMIT,
                                          **({"threads": duckdb_threads}
                                             if duckdb_threads else {})}})
         else:
@@ -99,17 +119,18 @@ class Database:
         return cls(id=name, engine=engine, kind=kind, path=path)
 
     @classmethod
-    def _open_url(cls, url_text: str, *, db_id: str | None) -> "Database":
+    def _open_url(cls, url_text: str, *, db_id: str | None, **options: Any) -> "Database":
         url = make_url(url_text)
         backend = url.get_backend_name()
         if backend == "sqlite" and url.database and not url.database.startswith("file:"):
             return cls.open(url.database, db_id=db_id, kind="sqlite")
         if backend == "duckdb" and url.database and url.database != ":memory:":
             return cls.open(url.database, db_id=db_id, kind="duckdb")
-        connect_args: dict[str, Any] = {}
         if backend == "postgresql":
-            connect_args["options"] = "-c default_transaction_read_only=on"
-        engine = sa.create_engine(url, connect_args=connect_args)
+            from agentflow.sql.postgres import open_postgres
+
+            return open_postgres(cls, url, db_id=db_id, **options)
+        engine = sa.create_engine(url)
         return cls(id=db_id or (url.database or backend), engine=engine, kind=backend)
 
     @property
@@ -132,18 +153,45 @@ class Database:
         """Run one read-only query and return at most ``max_rows`` rows.
 
         ``dialect`` is the dialect ``sql`` is written in; it is transpiled to this database's
-        dialect when they differ. Raises a subclass of ``SqlError`` on any failure.
+        dialect when they differ. The time limit covers the whole call: transpiling and the
+        guard's parse are charged to it before the engine gets the rest. Raises a subclass of
+        ``SqlError`` on any failure.
         """
+        start = time.monotonic()
         if dialect and dialect != self.dialect:
             sql = transpile(sql, read=dialect, write=self.dialect)
-        check_query(sql, self.dialect)
-        start = time.monotonic()
+        tree = parse_single_query(sql, self.dialect)
+        run_sql = strip_trailing(sql, self.dialect)
+        if self.kind == "duckdb":
+            run_sql = bound_value_sizes(tree, sql) or run_sql
+        remaining = None
+        if timeout_s is not None:
+            remaining = timeout_s - (time.monotonic() - start)
+            if remaining <= 0:
+                raise E.QueryTimeoutError(
+                    f"query exceeded the {timeout_s:g}s time limit while being checked",
+                    sql=sql, limit_s=timeout_s)
+        try:
+            columns, rows, truncated = self._run(run_sql, sql, remaining, timeout_s, max_rows)
+        except sa.exc.DBAPIError as err:  # checkout failed: the server is unreachable
+            raise self._connection_error(err, sql) from err
+        return QueryResult(columns=columns, rows=rows, truncated=truncated,
+                           elapsed_s=time.monotonic() - start, sql=sql)
+
+    def _run(self, run_sql: str, sql: str, remaining: float | None, timeout_s: float | None,
+             max_rows: int | None) -> tuple[list[str], list[tuple], bool]:
         with self.engine.connect() as conn:
             raw = conn.connection.dbapi_connection
-            interrupter = _Interrupter.for_kind(self.kind, raw, timeout_s)
+            interrupter = _Interrupter(self.kind, raw, remaining)
+            if self.kind == "postgresql":
+                # A server-side cursor: only the rows asked for cross the network.
+                conn = conn.execution_options(stream_results=True, max_row_buffer=1000)
+                # psycopg reads %-placeholders in any statement sent with parameters (SQLAlchemy
+                # always sends some): a literal % (LIKE 'a%') must be doubled.
+                run_sql = run_sql.replace("%", "%%")
             try:
                 with interrupter:
-                    cursor = conn.exec_driver_sql(sql)
+                    cursor = conn.exec_driver_sql(run_sql)
                     columns = list(cursor.keys())
                     if max_rows is None:
                         rows = [tuple(r) for r in cursor.fetchall()]
@@ -154,30 +202,57 @@ class Database:
                         rows = rows[:max_rows]
                     cursor.close()
             except sa.exc.DBAPIError as err:
-                if interrupter.fired:
+                if interrupter.timed_out(err.orig):
                     raise E.QueryTimeoutError(
                         f"query exceeded the {timeout_s:g}s time limit and was interrupted",
                         sql=sql, limit_s=timeout_s) from err
-                raise _translate(err.orig, sql) from err
+                if err.connection_invalidated:
+                    raise self._connection_error(err, sql) from err
+                raise _translate(err.orig, sql, self._secrets) from err
             except Exception as err:  # drivers that raise outside the DBAPI hierarchy
-                if interrupter.fired:
+                if interrupter.timed_out(err):
                     raise E.QueryTimeoutError(
                         f"query exceeded the {timeout_s:g}s time limit and was interrupted",
                         sql=sql, limit_s=timeout_s) from err
                 if isinstance(err, E.SqlError):
                     raise
-                raise _translate(err, sql) from err
+                if _connection_broke(raw, err):
+                    # e.g. psycopg raising from a server-side cursor's fetch, unwrapped by
+                    # SQLAlchemy: the pool must not get this connection back.
+                    conn.invalidate()
+                    raise self._connection_error(err, sql) from err
+                raise _translate(err, sql, self._secrets) from err
             finally:
-                conn.rollback()
-        return QueryResult(columns=columns, rows=rows, truncated=truncated,
-                           elapsed_s=time.monotonic() - start, sql=sql)
+                try:
+                    conn.rollback()
+                except Exception:  # noqa: BLE001 - a dead connection cannot roll back
+                    pass
+        return columns, rows, truncated
+
+    def _connection_error(self, err: BaseException, sql: str) -> E.ConnectionLostError:
+        """The connection failed or broke: say so plainly, with no URL or secret in it."""
+        orig = getattr(err, "orig", None) or err
+        detail = redact(str(orig).strip().splitlines()[0] if str(orig).strip()
+                        else type(orig).__name__, self._secrets)
+        if " failed: " in detail:  # libpq: 'connection to server at "h", port p failed: why'
+            detail = detail.rsplit(" failed: ", 1)[1]
+        return E.ConnectionLostError(
+            f"lost the connection to database {self.id!r} ({detail}); the query did not "
+            "complete and may be retried", sql=sql)
 
     def try_execute(self, sql: str, **kwargs: Any) -> QueryResult | E.SqlError:
-        """Like ``execute`` but returns the error instead of raising it."""
+        """Like ``execute`` but returns the error instead of raising it; never raises."""
         try:
             return self.execute(sql, **kwargs)
         except E.SqlError as err:
             return err
+        except RecursionError as err:
+            return E.QueryTooComplexError("query too deeply nested", sql=sql)
+        except MemoryError:
+            return E.ExecutionError("out of memory while running the query", sql=sql)
+        except Exception as err:  # noqa: BLE001 - the contract is "never raises"
+            return E.ExecutionError(redact(f"{type(err).__name__}: {err}", self._secrets),
+                                    sql=sql)
 
     # ----------------------------------------------------------------------------- schema
     def schema(self):
@@ -200,6 +275,31 @@ def _lenient_text(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.text_factory = lambda b: b.decode("utf-8", errors="replace")
 
 
+def _sqlite_bounds(dbapi_connection: Any, _record: Any) -> None:
+    """Cap the size of any one string/blob (per connection) and SQLite's heap (per process)."""
+    if hasattr(dbapi_connection, "setlimit"):  # Python 3.11+
+        dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+    dbapi_connection.execute(f"PRAGMA soft_heap_limit = {SQLITE_SOFT_HEAP_LIMIT}")
+    dbapi_connection.execute(f"PRAGMA hard_heap_limit = {SQLITE_HARD_HEAP_LIMIT}")
+
+
+def _connection_broke(raw: Any, err: BaseException) -> bool:
+    """Whether ``err`` means the connection itself is gone (not the query's fault)."""
+    if getattr(raw, "broken", False) or getattr(raw, "closed", False) is True:
+        return True
+    return type(err).__name__ == "OperationalError" and any(
+        text in str(err) for text in ("server closed the connection", "terminating connection",
+                                      "connection is closed", "consuming input failed"))
+
+
+def redact(text: str, secrets: tuple[str, ...] | list[str]) -> str:
+    """``text`` with every secret (password) replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
 def _kind_from_suffix(path: Path) -> EngineKind:
     suffix = path.suffix.lower()
     if suffix in _DUCKDB_SUFFIXES:
@@ -214,98 +314,60 @@ def _kind_from_suffix(path: Path) -> EngineKind:
 
 
 class _Interrupter:
-    """Stops a running query after ``timeout_s`` inside the engine; a context manager."""
+    """Stops a running query after ``timeout_s`` from the shared watchdog thread.
 
-    def __init__(self, timeout_s: float | None):
+    SQLite and DuckDB are interrupted through the driver (``interrupt()`` works mid-step).
+    PostgreSQL stops the statement itself through ``statement_timeout``; the watchdog sends a
+    client-side cancel request at 1.5x the limit in case the server does not (a hung backend,
+    a timeout reset by the query)."""
+
+    _PG_CANCEL_FACTOR = 1.5
+    _PG_SERVER_TIMEOUT = True  # tests turn it off to show the client-side cancel alone
+
+    def __init__(self, kind: str, raw: Any, timeout_s: float | None):
+        self.kind = kind
+        self.raw = raw
         self.timeout_s = timeout_s
         self.fired = False
-
-    @staticmethod
-    def for_kind(kind: str, raw: Any, timeout_s: float | None) -> "_Interrupter":
-        if timeout_s is None:
-            return _Interrupter(None)
-        if kind == "sqlite":
-            return _SqliteProgressInterrupter(raw, timeout_s)
-        if kind == "postgresql":
-            return _PostgresStatementTimeout(raw, timeout_s)
-        method = getattr(raw, "interrupt", None) or getattr(raw, "cancel", None)
-        if method is None:
-            raise E.ExecutionError(
-                f"engine {kind!r} offers no way to interrupt a query; pass timeout_s=None "
-                "to run without a time limit")
-        return _TimerInterrupter(method, timeout_s)
-
-    def __enter__(self) -> "_Interrupter":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-class _SqliteProgressInterrupter(_Interrupter):
-    """SQLite calls the progress handler every N VM steps; a non-zero return aborts the query."""
-
-    _STEPS = 1000
-
-    def __init__(self, raw: Any, timeout_s: float):
-        super().__init__(timeout_s)
-        self._raw = raw
-        self._deadline = 0.0
-
-    def _check(self) -> int:
-        if time.monotonic() > self._deadline:
-            self.fired = True
-            return 1
-        return 0
-
-    def __enter__(self) -> "_Interrupter":
-        self._deadline = time.monotonic() + self.timeout_s
-        self._raw.set_progress_handler(self._check, self._STEPS)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._raw.set_progress_handler(None, 0)
-
-
-class _TimerInterrupter(_Interrupter):
-    """Calls the driver's interrupt/cancel from a timer thread (DuckDB and the like)."""
-
-    def __init__(self, interrupt: Callable[[], Any], timeout_s: float):
-        super().__init__(timeout_s)
-        self._interrupt = interrupt
-        self._timer: threading.Timer | None = None
+        self._token: int | None = None
 
     def _fire(self) -> None:
         self.fired = True
-        self._interrupt()
+        if self.kind == "postgresql":
+            cancel = getattr(self.raw, "cancel_safe", None)
+            cancel(timeout=2.0) if cancel is not None else self.raw.cancel()
+        else:
+            (getattr(self.raw, "interrupt", None) or self.raw.cancel)()
 
     def __enter__(self) -> "_Interrupter":
-        self._timer = threading.Timer(self.timeout_s, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
+        if self.timeout_s is None:
+            return self
+        if self.kind == "postgresql":
+            if self._PG_SERVER_TIMEOUT:
+                cur = self.raw.cursor()
+                # SET LOCAL lasts until the end of this (read-only) transaction only.
+                cur.execute(f"SET LOCAL statement_timeout = {max(1, int(self.timeout_s * 1000))}")
+                cur.close()
+            delay = self.timeout_s * self._PG_CANCEL_FACTOR
+        else:
+            if getattr(self.raw, "interrupt", None) is None and \
+                    getattr(self.raw, "cancel", None) is None:
+                raise E.ExecutionError(
+                    f"engine {self.kind!r} offers no way to interrupt a query; pass "
+                    "timeout_s=None to run without a time limit")
+            delay = self.timeout_s
+        self._token = WATCHDOG.arm(delay, self._fire)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._token is not None:
+            WATCHDOG.cancel(self._token)
 
-
-class _PostgresStatementTimeout(_Interrupter):
-    """PostgreSQL cancels the statement itself once ``statement_timeout`` passes."""
-
-    def __init__(self, raw: Any, timeout_s: float):
-        super().__init__(timeout_s)
-        self._raw = raw
-
-    def __enter__(self) -> "_Interrupter":
-        cur = self._raw.cursor()
-        cur.execute(f"SET statement_timeout = {int(self.timeout_s * 1000)}")
-        cur.close()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is not None and "statement timeout" in str(exc):
-            self.fired = True
+    def timed_out(self, err: BaseException) -> bool:
+        if self.fired:
+            return True
+        text = str(err)
+        return "statement timeout" in text or "canceling statement due to user request" in text
 
 
 _PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str], str, str], E.SqlError]]] = [
@@ -324,16 +386,27 @@ _PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str], str, str], E.Sql
     (re.compile(r'Referenced table "?([^"\s]+)"? not found'),
      lambda m, msg, sql: E.UnknownTableError(f"unknown table {m.group(1)!r}", sql=sql,
                                              name=m.group(1))),
+    (re.compile(r'relation "([^"]+)" does not exist'),
+     lambda m, msg, sql: E.UnknownTableError(f"unknown table {m.group(1)!r}", sql=sql,
+                                             name=m.group(1))),
+    (re.compile(r'column "?([^"\s]+)"? does not exist'),
+     lambda m, msg, sql: E.UnknownColumnError(f"unknown column {m.group(1)!r}", sql=sql,
+                                              name=m.group(1))),
+    (re.compile(r"string or blob too big|value too large|Out of Memory|out of memory", re.I),
+     lambda m, msg, sql: E.ExecutionError(
+         f"the query needs more memory than one question may use: {msg}", sql=sql)),
     (re.compile(r"syntax error|incomplete input|Parser Error", re.I),
      lambda m, msg, sql: E.SqlSyntaxError(f"syntax error: {msg}", sql=sql)),
-    (re.compile(r"readonly database|read-only mode|read only", re.I),
+    (re.compile(r"readonly database|read-only mode|read only|read-only transaction|"
+                r"permission denied", re.I),
      lambda m, msg, sql: E.RejectedStatementError(f"the database is read-only: {msg}", sql=sql)),
 ]
 
 
-def _translate(err: BaseException, sql: str) -> E.SqlError:
+def _translate(err: BaseException, sql: str, secrets: tuple[str, ...] = ()) -> E.SqlError:
     """Map a driver exception to the typed error a caller can act on."""
     msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    msg = redact(msg, secrets)
     for pattern, make in _PATTERNS:
         match = pattern.search(msg)
         if match:

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import sqlglot
+from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError, UnsupportedError
 
-from agentflow.sql.errors import SqlSyntaxError
+from agentflow.sql.errors import QueryTooComplexError, SqlSyntaxError
 
 # SQLAlchemy dialect name -> sqlglot dialect name, where they differ.
 _SQLALCHEMY_TO_SQLGLOT = {"postgresql": "postgres", "mssql": "tsql", "mariadb": "mysql"}
+
+
+# Engines where a quoted identifier keeps its case ("Country" is not country). SQLite ignores
+# case even in quoted names, and `to-postgres` stores names lower-case, so names coming from
+# SQLite are lower-cased on the way there (sqlglot's normalisation for SQLite does just that).
+_CASE_SENSITIVE_QUOTED = {"postgres"}
+
+
+def _sqlite_names_to_lower(tree: exp.Expression) -> exp.Expression:
+    from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
+
+    return normalize_identifiers(tree, dialect="sqlite")
 
 
 def sqlglot_dialect(sqlalchemy_dialect: str) -> str:
@@ -20,8 +33,16 @@ def transpile(sql: str, *, read: str, write: str) -> str:
     """Rewrite one statement from dialect ``read`` into ``write``; identity when they match."""
     if read == write:
         return sql
+    from agentflow.sql.guard import check_size
+
+    check_size(sql, read)  # bounded text and nesting before the (recursive) parser runs
     try:
-        out = sqlglot.transpile(sql, read=read, write=write, unsupported_level="raise")
+        if read == "sqlite" and write in _CASE_SENSITIVE_QUOTED:
+            out = [_sqlite_names_to_lower(tree).sql(dialect=write, unsupported_level="raise")
+                   for tree in sqlglot.parse(sql, read=read) if tree is not None
+                   and not isinstance(tree, exp.Semicolon)]
+        else:
+            out = sqlglot.transpile(sql, read=read, write=write, unsupported_level="raise")
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
         raise SqlSyntaxError(
@@ -29,6 +50,8 @@ def transpile(sql: str, *, read: str, write: str) -> str:
             line=first.get("line"), column=first.get("col")) from err
     except (TokenError, UnsupportedError) as err:
         raise SqlSyntaxError(f"cannot transpile {read} -> {write}: {err}", sql=sql) from err
+    except RecursionError as err:
+        raise QueryTooComplexError("query too deeply nested", sql=sql) from err
     if len(out) != 1:
         raise SqlSyntaxError(f"expected one statement, got {len(out)}", sql=sql)
     return out[0]

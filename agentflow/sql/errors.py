@@ -7,8 +7,10 @@ Each carries a short machine-readable ``kind`` for traces, JSON answers and eval
 
 from __future__ import annotations
 
+from agentflow.errors import AgentflowError
 
-class SqlError(Exception):
+
+class SqlError(AgentflowError):
     """Base class: something went wrong with one SQL statement."""
 
     kind = "error"
@@ -71,11 +73,27 @@ class RejectedStatementError(SqlError):
     kind = "rejected"
 
 
+class QueryTooComplexError(RejectedStatementError):
+    """The statement is too long or too deeply nested to check safely; it never ran.
+
+    Parsing is part of a query's budget: an unbounded text or nesting depth would let one
+    question hold a worker (or blow the interpreter's stack) before any timeout applies."""
+
+    kind = "too_complex"
+
+
+class ConnectionLostError(SqlError):
+    """The database connection broke (server restarted, network dropped) while the query ran,
+    or no connection could be made. The query did not complete; a later one may succeed."""
+
+    kind = "connection_lost"
+
+
 class ExecutionError(SqlError):
     """The engine refused or failed the query for another reason (type error, ...)."""
 
     kind = "execution_error"
 
 
-class DatabaseNotFoundError(LookupError):
+class DatabaseNotFoundError(AgentflowError, LookupError):
     """An unknown database id or a path that does not exist."""

@@ -8,11 +8,23 @@ SQLite can ATTACH another file) are covered too.
 
 from __future__ import annotations
 
+import time
+
 import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
 
-from agentflow.sql.errors import RejectedStatementError, SqlSyntaxError
+from agentflow.sql.errors import QueryTooComplexError, RejectedStatementError, SqlSyntaxError
+
+# Parsing is part of a query's budget. sqlglot's parser is linear-ish in the text but far from
+# free (a 1.3 MB OR chain took ~12 s), so the text is bounded first; 100k characters is ~20x
+# the longest gold query of Spider/BIRD and parses in well under a second.
+MAX_SQL_CHARS = 100_000
+# sqlglot parses nested expressions recursively (~20 Python frames per level), so a few dozen
+# levels exhaust the interpreter's stack. Benchmark gold queries nest fewer than 10 levels.
+MAX_NESTING = 24
 
 # Nodes that must not appear anywhere in the tree (a SELECT can hide DML in a CTE on some engines).
 _FORBIDDEN_NODES: tuple[type[exp.Expression], ...] = tuple(
@@ -22,6 +34,7 @@ _FORBIDDEN_NODES: tuple[type[exp.Expression], ...] = tuple(
         "TruncateTable", "Pragma", "Attach", "Detach", "Copy", "Command", "Set", "Use",
         "Transaction", "Commit", "Rollback", "Grant", "Into", "LoadData", "Export", "Install",
         "Summarize", "Describe", "Cache", "Uncache", "Refresh", "Analyze",
+        "Lock",  # SELECT ... FOR UPDATE/SHARE takes row locks other sessions wait on
     )
     if hasattr(exp, name)
 )
@@ -34,7 +47,20 @@ _FORBIDDEN_FUNCTIONS = frozenset({
     "read_blob", "read_xlsx", "glob", "sniff_csv", "sqlite_scan", "sqlite_attach", "iceberg_scan",
     "delta_scan", "parquet_metadata", "parquet_schema", "duckdb_secrets", "getenv",
     "pg_read_file", "pg_read_binary_file", "pg_ls_dir", "lo_import", "lo_export", "load_file",
+    # PostgreSQL: change settings, signal or reload the server, run SQL given as text, or take
+    # locks that outlive the query on a pooled connection.
+    "set_config", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf",
+    "pg_rotate_logfile", "pg_notify", "pg_stat_file", "pg_switch_wal", "pg_promote",
+    "pg_create_restore_point", "txid_current", "pg_current_xact_id", "nextval", "setval",
+    "pg_import_system_collations", "pg_backend_pid",
 })
+# Whole families, by prefix: dblink_*, large objects, advisory locks, file access, XML from
+# arbitrary SQL text, logical replication.
+_FORBIDDEN_PREFIXES = (
+    "dblink", "lo_", "pg_advisory", "pg_try_advisory", "pg_ls_", "pg_read_", "pg_file_",
+    "pg_stat_reset", "query_to_xml", "cursor_to_xml", "pg_logical_", "pg_replication_",
+    "pg_create_", "pg_drop_",
+)
 
 # sqlglot parses several of these into dedicated nodes rather than Anonymous functions.
 _FORBIDDEN_FUNCTION_NODES: tuple[type[exp.Expression], ...] = tuple(
@@ -52,8 +78,13 @@ def parse_single_query(sql: str, dialect: str | None = None) -> exp.Expression:
     """
     if not sql or not sql.strip():
         raise RejectedStatementError("empty SQL statement", sql=sql)
+    check_size(sql, dialect)
     try:
-        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+        # A trailing comment becomes an empty statement holding it: not a second statement.
+        statements = [s for s in sqlglot.parse(sql, read=dialect)
+                      if s is not None and not isinstance(s, exp.Semicolon)]
+    except RecursionError as err:
+        raise QueryTooComplexError("query too deeply nested", sql=sql) from err
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
         raise SqlSyntaxError(
@@ -72,6 +103,51 @@ def parse_single_query(sql: str, dialect: str | None = None) -> exp.Expression:
         raise RejectedStatementError(
             f"only read-only queries (SELECT, WITH, UNION/INTERSECT/EXCEPT) are allowed, "
             f"got {_describe(tree)}", sql=sql)
+    try:
+        _check_nodes(tree, sql)
+    except RecursionError as err:
+        raise QueryTooComplexError("query too deeply nested", sql=sql) from err
+    return tree
+
+
+def strip_trailing(sql: str, dialect: str | None = None) -> str:
+    """The text of the one statement, without a trailing ``;`` and whatever comment follows.
+
+    PostgreSQL runs queries inside ``DECLARE ... CURSOR FOR <query>``, where a ``;`` is an
+    error; the other engines do not mind either way."""
+    for token in Dialect.get_or_raise(dialect).tokenize(sql):
+        if token.token_type == TokenType.SEMICOLON:
+            return sql[: token.start].rstrip()
+    return sql
+
+
+def check_size(sql: str, dialect: str | None = None) -> None:
+    """Reject text longer than ``MAX_SQL_CHARS`` or nested deeper than ``MAX_NESTING``
+    parentheses, before anything parses it (the transpiler included).
+
+    Tokenizing is linear and iterative, so this is safe where the recursive parser is not."""
+    if len(sql) > MAX_SQL_CHARS:
+        raise QueryTooComplexError(
+            f"query text is too long ({len(sql):,} characters; at most {MAX_SQL_CHARS:,})",
+            sql=sql)
+    try:
+        tokens = Dialect.get_or_raise(dialect).tokenize(sql)
+    except TokenError as err:
+        raise SqlSyntaxError(f"syntax error: {err}", sql=sql) from err
+    depth = deepest = 0
+    for token in tokens:
+        if token.token_type == TokenType.L_PAREN:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token.token_type == TokenType.R_PAREN:
+            depth -= 1
+    if deepest > MAX_NESTING:
+        raise QueryTooComplexError(
+            f"query too deeply nested ({deepest} levels of parentheses; at most {MAX_NESTING})",
+            sql=sql)
+
+
+def _check_nodes(tree: exp.Expression, sql: str) -> None:
     for node in tree.walk():
         if isinstance(node, _FORBIDDEN_NODES):
             raise RejectedStatementError(
@@ -81,15 +157,19 @@ def parse_single_query(sql: str, dialect: str | None = None) -> exp.Expression:
                 f"function {_describe(node)} reads files and is not allowed", sql=sql)
         if isinstance(node, exp.Func):
             name = _function_name(node)
-            if name in _FORBIDDEN_FUNCTIONS:
+            if name in _FORBIDDEN_FUNCTIONS or name.startswith(_FORBIDDEN_PREFIXES):
                 raise RejectedStatementError(
-                    f"function {name}() touches files or extensions and is not allowed", sql=sql)
-    return tree
+                    f"function {name}() touches files, settings, locks or the server and is "
+                    "not allowed", sql=sql)
 
 
-def check_query(sql: str, dialect: str | None = None) -> None:
-    """Raise unless ``sql`` is a single read-only query (see ``parse_single_query``)."""
+def check_query(sql: str, dialect: str | None = None) -> float:
+    """Raise unless ``sql`` is a single read-only query (see ``parse_single_query``).
+
+    Returns the seconds the check took, so callers can charge it to the query's budget."""
+    start = time.monotonic()
     parse_single_query(sql, dialect)
+    return time.monotonic() - start
 
 
 def _function_name(node: exp.Func) -> str:

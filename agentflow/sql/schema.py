@@ -24,6 +24,8 @@ class Column:
     type: str
     primary_key: bool = False
     nullable: bool = True
+    comment: str = ""  # COMMENT ON COLUMN (PostgreSQL): documentation users write
+    values: tuple[str, ...] = ()  # the labels of an enum type, in order
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,19 @@ class Table:
     name: str
     columns: tuple[Column, ...]
     foreign_keys: tuple[ForeignKey, ...] = ()
+    comment: str = ""  # COMMENT ON TABLE/VIEW
+    kind: str = "table"  # or "view"
+    # Where the engine has schemas: ``name`` is ``schema.table`` outside the default schema.
+    schema: str | None = None
+    bare_name: str = ""
+    row_estimate: int = -1  # the planner's estimate (PostgreSQL reltuples); -1 unknown
+
+    @property
+    def quoted(self) -> str:
+        """The name as a query must write it (schema-qualified and quoted when needed)."""
+        if self.schema is not None and self.bare_name and self.name != self.bare_name:
+            return f"{_quote_ident(self.schema)}.{_quote_ident(self.bare_name)}"
+        return _quote_ident(self.name)
 
     def column(self, name: str) -> Column | None:
         lower = name.lower()
@@ -63,6 +78,10 @@ def introspect(db: "Database") -> Schema:
             return _introspect_sqlite(conn)
         if db.kind == "duckdb":
             return _introspect_duckdb(conn)
+    if db.kind == "postgresql":
+        from agentflow.sql.postgres import introspect_postgres
+
+        return introspect_postgres(db)
     return _introspect_generic(db.engine)
 
 
@@ -127,20 +146,48 @@ def _introspect_generic(engine: sa.Engine) -> Schema:
     return Schema(tables=tuple(tables))
 
 
-def sample_values(db: "Database", table: str, column: str, k: int = 3,
+# Above this many rows (planner estimate) sample values come from a TABLESAMPLE, not a scan.
+BIG_TABLE_ROWS = 100_000
+_SAMPLE_ROWS = 10_000
+
+
+def sample_values(db: "Database", table: "str | Table", column: "str | Column", k: int = 3,
                   max_len: int = 40) -> list[Any]:
-    """Up to ``k`` distinct non-NULL values of a column (the most frequent first), for prompts."""
+    """Up to ``k`` distinct non-NULL values of a column (the most frequent first), for prompts.
+
+    On PostgreSQL no full scan: the planner's most-common values when analysed, else the
+    values of a bounded sample (TABLESAMPLE on big tables, the first rows otherwise)."""
+    if isinstance(table, str):
+        table = db.schema().table(table) or Table(name=table, columns=())
+    col_name = column if isinstance(column, str) else column.name
     q = _quote_ident
-    sql = (f"SELECT {q(column)} FROM {q(table)} WHERE {q(column)} IS NOT NULL "
-           f"GROUP BY {q(column)} ORDER BY count(*) DESC, {q(column)} LIMIT {int(k)}")
-    result = db.try_execute(sql, timeout_s=5.0, max_rows=k)
-    if not hasattr(result, "rows"):
-        return []
+    values = None
+    if db.kind == "postgresql":
+        from agentflow.sql.postgres import sample_values_postgres
+
+        col = table.column(col_name) or Column(col_name, "")
+        values = sample_values_postgres(db, table, col, k)
+        if values is None:
+            source = table.quoted
+            if table.kind == "table" and table.row_estimate > BIG_TABLE_ROWS:
+                pct = max(0.01, min(100.0, 100.0 * _SAMPLE_ROWS / table.row_estimate))
+                source += f" TABLESAMPLE SYSTEM ({pct:.4f})"
+            sql = (f"SELECT v FROM (SELECT {q(col_name)} AS v FROM {source} WHERE "
+                   f"{q(col_name)} IS NOT NULL LIMIT {_SAMPLE_ROWS}) s GROUP BY v "
+                   f"ORDER BY count(*) DESC, v LIMIT {int(k)}")
+    else:
+        sql = (f"SELECT {q(col_name)} FROM {table.quoted} WHERE {q(col_name)} IS NOT NULL "
+               f"GROUP BY {q(col_name)} ORDER BY count(*) DESC, {q(col_name)} LIMIT {int(k)}")
+    if values is None:
+        result = db.try_execute(sql, timeout_s=5.0, max_rows=k)
+        if not hasattr(result, "rows"):
+            return []
+        values = [r[0] for r in result.rows]
     out = []
-    for (value,) in result.rows:
+    for value in values:
         if isinstance(value, str) and len(value) > max_len:
             value = value[: max_len - 1] + "…"
-        elif isinstance(value, (bytes, bytearray)):
+        elif isinstance(value, (bytes, bytearray, memoryview)):
             continue
         out.append(value)
     return out
@@ -164,9 +211,16 @@ def schema_prompt(db: "Database", *, tables: Mapping[str, Sequence[str] | None] 
             text = f"  {_quote_ident(col.name)} {col.type or 'TEXT'}"
             if col.primary_key:
                 text += " PRIMARY KEY" if sum(c.primary_key for c in table.columns) == 1 else ""
-            values = sample_values(db, table.name, col.name, samples, max_value_len) \
-                if samples else []
-            body.append((text, _format_values(values)))
+            values = sample_values(db, table, col, samples, max_value_len) \
+                if samples and not col.values else []
+            notes = []
+            if col.comment:
+                notes.append(_one_line(col.comment))
+            if col.values:
+                notes.append("one of " + _format_values(col.values))
+            elif values:
+                notes.append("e.g. " + _format_values(values))
+            body.append((text, "; ".join(notes)))
         pk = [c.name for c in table.columns if c.primary_key]
         extra = []
         if len(pk) > 1:
@@ -175,15 +229,18 @@ def schema_prompt(db: "Database", *, tables: Mapping[str, Sequence[str] | None] 
             if fk.ref_table.lower() in kept_tables:
                 extra.append(
                     f"  FOREIGN KEY ({', '.join(_quote_ident(c) for c in fk.columns)}) "
-                    f"REFERENCES {_quote_ident(fk.ref_table)}"
+                    f"REFERENCES {_quote_table_name(fk.ref_table)}"
                     f"({', '.join(_quote_ident(c) for c in fk.ref_columns if c)})")
         entries = [text for text, _ in body] + extra
         rendered = []
         for i, entry in enumerate(entries):
             comma = "," if i < len(entries) - 1 else ""
             comment = body[i][1] if i < len(body) else ""
-            rendered.append(f"{entry}{comma}{'  -- e.g. ' + comment if comment else ''}")
-        lines.append(f"CREATE TABLE {_quote_ident(table.name)} (\n" + "\n".join(rendered) + "\n);")
+            rendered.append(f"{entry}{comma}{'  -- ' + comment if comment else ''}")
+        if table.comment:
+            lines.append(f"-- {_one_line(table.comment)}")
+        keyword = "VIEW" if table.kind == "view" else "TABLE"
+        lines.append(f"CREATE {keyword} {table.quoted} (\n" + "\n".join(rendered) + "\n);")
     return "\n".join(lines)
 
 
@@ -205,6 +262,19 @@ def _select(schema: Schema, tables: Mapping[str, Sequence[str] | None] | None
         keep |= {c.lower() for fk in table.foreign_keys for c in fk.columns}
         out.append((table, [c for c in table.columns if c.name.lower() in keep]))
     return out
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _quote_table_name(name: str) -> str:
+    """A table name as ``Table.name`` holds it (``schema.table`` outside the default)."""
+    if "." in name:
+        schema, _, bare = name.partition(".")
+        return f"{_quote_ident(schema)}.{_quote_ident(bare)}"
+    return _quote_ident(name)
 
 
 def _format_values(values: Sequence[Any]) -> str:

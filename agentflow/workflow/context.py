@@ -51,7 +51,8 @@ class StageContext:
             prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
             cached_prompt_tokens=result.cached_prompt_tokens, submitted=outcome.submitted,
             started=outcome.started, finished=outcome.finished,
-            finish_reason=result.finish_reason, max_tokens=request.params.max_tokens))
+            finish_reason=result.finish_reason, max_tokens=request.params.max_tokens,
+            node=result.node))
         trace = self.state.setdefault("_llm_texts", {})
         trace[request.request_id] = {"prompt": prompt + answer_prefix, "output": result.text}
         return result

@@ -113,26 +113,31 @@ class WorkflowRun:
         """Nodes pending or running (what a query still has to do)."""
         return [self.node(n) for n in self._unfinished()]
 
-    def remaining_critical_path(self, now: float) -> float:
+    # Each path query takes an optional ``estimator`` (a node's expected seconds): a scheduler
+    # passes its own (predicted lengths on its instances); None uses the run's.
+    def remaining_critical_path(self, now: float, estimator: Estimator | None = None) -> float:
         """Expected seconds left on the longest chain of unfinished stages (networkx longest
         path; a running stage counts only its expected remainder)."""
-        return self._longest_path(now, set(self._unfinished()))
+        return self._longest_path(now, set(self._unfinished()), estimator or self.estimator)
 
-    def downstream_critical_path(self, node_id: str, now: float) -> float:
+    def downstream_critical_path(self, node_id: str, now: float,
+                                 estimator: Estimator | None = None) -> float:
         """Expected seconds on the longest chain of stages that must run *after* ``node_id``:
         the denominator share of HexGen-Flow's per-stage budget."""
         after = set(nx.descendants(self.graph, node_id)) & set(self._unfinished())
-        return self._longest_path(now, after)
+        return self._longest_path(now, after, estimator or self.estimator)
 
-    def downstream_paths(self, now: float) -> dict[str, float]:
+    def downstream_paths(self, now: float,
+                         estimator: Estimator | None = None) -> dict[str, float]:
         """``downstream_critical_path`` of every unfinished node in one pass (a DP over the
         networkx topological order), for schedulers that rank many calls at once."""
+        estimator = estimator or self.estimator
         unfinished = set(self._unfinished())
         after: dict[str, float] = {}
         for node_id in reversed(list(nx.topological_sort(self.graph.subgraph(unfinished)))):
             after[node_id] = max(
-                (self._remaining(s, now) + after[s] for s in self.graph.successors(node_id)
-                 if s in unfinished), default=0.0)
+                (self._remaining(s, now, estimator) + after[s]
+                 for s in self.graph.successors(node_id) if s in unfinished), default=0.0)
         return after
 
     # ----------------------------------------------------------------------------- events
@@ -176,20 +181,20 @@ class WorkflowRun:
     def _unfinished(self) -> Iterable[str]:
         return (n for n, s in self._state.items() if s in (self.PENDING, self.RUNNING))
 
-    def _remaining(self, node_id: str, now: float) -> float:
-        expected = max(0.0, float(self.estimator(self.node(node_id))))
+    def _remaining(self, node_id: str, now: float, estimator: Estimator) -> float:
+        expected = max(0.0, float(estimator(self.node(node_id))))
         if self._state[node_id] == self.RUNNING:
             return max(0.0, expected - (now - self._started_at[node_id]))
         return expected
 
-    def _longest_path(self, now: float, nodes: set[str]) -> float:
+    def _longest_path(self, now: float, nodes: set[str], estimator: Estimator) -> float:
         if not nodes:
             return 0.0
         # Node weights become edge weights into the node, from a virtual source.
         sub = nx.DiGraph()
         source = object()
         for n in nodes:
-            weight = self._remaining(n, now)
+            weight = self._remaining(n, now, estimator)
             sub.add_edge(source, n, weight=weight)
             for p in self.graph.predecessors(n):
                 if p in nodes:

@@ -32,6 +32,9 @@ class PipelineEnv:
     # Constrain SQL-writing calls with a grammar of the shown schema (llama.cpp, or servers
     # that accept a GBNF ``grammar`` field); off for endpoints that reject unknown fields.
     constrain_sql: bool = True
+    # Earlier turns of the conversation (agentflow.conversation.Turn: question, sql), oldest
+    # first; empty for a first question.
+    history: tuple[Any, ...] = ()
 
 
 @dataclass

@@ -32,6 +32,7 @@ class LLMCallRecord:
     finished: float
     finish_reason: str
     max_tokens: int | None = None  # the call's output cap (replays clip predictions to it)
+    node: str = ""  # the machine that ran it, for instances placed elsewhere (Ray)
 
     @property
     def queue_s(self) -> float:

@@ -17,6 +17,7 @@ from agentflow.workflow.clock import Clock
 
 if TYPE_CHECKING:
     from agentflow.workflow.graph import Node, WorkflowRun
+    from agentflow.workflow.query import Query
 
 
 @dataclass
@@ -41,11 +42,23 @@ class CallOutcome:
 
 
 class CallRouter(Protocol):
+    """What the runtime needs of a router: a query's lifecycle around its calls."""
+
     clock: Clock
+
+    def start_query(self, query: "Query", run: "WorkflowRun") -> None:
+        """A query starts (before its first call); may raise
+        ``agentflow.scheduler.QueryRejected`` when the router cannot take it."""
 
     async def submit(self, call: LLMCall,
                      on_progress: ProgressCallback | None = None) -> CallOutcome:
         """Run the call on some instance; raise ``BackendError`` if it cannot be served."""
+
+    def cancel_query(self, query_id: str) -> None:
+        """The query was cancelled: drop its waiting calls, stop its running ones."""
+
+    def end_query(self, query: "Query") -> None:
+        """The query is over (done, failed or cancelled): forget it."""
 
 
 @dataclass
@@ -60,6 +73,15 @@ class DirectRouter:
         if not self.backends:
             raise ValueError("DirectRouter needs at least one backend")
         self._cycle = itertools.cycle(list(self.backends))
+
+    def start_query(self, query: "Query", run: "WorkflowRun") -> None:
+        """Nothing to register: calls go out as they come."""
+
+    def cancel_query(self, query_id: str) -> None:
+        """Nothing queued here: the runtime cancels the calls' tasks itself."""
+
+    def end_query(self, query: "Query") -> None:
+        """Nothing kept per query."""
 
     async def submit(self, call: LLMCall,
                      on_progress: ProgressCallback | None = None) -> CallOutcome:

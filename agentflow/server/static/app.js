@@ -6,7 +6,26 @@
 (function () {
   "use strict";
   const $ = (id) => document.getElementById(id);
-  const esc = window.SqlHighlight.escapeHtml;
+
+  /* Build DOM: el("td", {class: "num", title: t}, text, child...). Text always goes in as
+   * text nodes and attributes through setAttribute, so nothing a model, a database or a
+   * user wrote can become markup. ``style`` takes an object of CSS properties. */
+  function el(tag, attrs) {
+    const node = document.createElement(tag);
+    Object.entries(attrs || {}).forEach(([k, v]) => {
+      if (v === null || v === undefined || v === false) return;
+      if (k === "class") node.className = v;
+      else if (k === "style") Object.assign(node.style, v);
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? "" : String(v));
+    });
+    const kids = Array.prototype.slice.call(arguments, 2).flat(Infinity);
+    kids.forEach((c) => {
+      if (c === null || c === undefined || c === false || c === "") return;
+      node.append(c instanceof Node ? c : String(c));
+    });
+    return node;
+  }
   const PALETTE = ["#4f46e5", "#0891b2", "#d97706", "#db2777", "#059669", "#7c3aed",
     "#2563eb", "#65a30d"];
   const state = {
@@ -14,6 +33,7 @@
     databases: [], instances: [], colors: {},
     live: null,          // the query being shown: {id, t0, slo, stages: Map, final}
     stream: null,        // AbortController of the open event stream
+    followUp: null,      // {conversation_id, question} when the next question follows up
   };
 
   // ------------------------------------------------------------------ HTTP
@@ -120,14 +140,12 @@
     state.databases = dbs.databases;
     const select = $("db");
     const previous = select.value || localStorage.getItem("agentflow.db");
-    select.innerHTML = state.databases.map((d) =>
-      '<option value="' + esc(d.id) + '">' + esc(d.id) + " · " + d.tables.length +
-      " tables</option>").join("");
+    select.replaceChildren(...state.databases.map((d) =>
+      el("option", { value: d.id }, d.id + " · " + d.tables.length + " tables")));
     if (previous && state.databases.some((d) => d.id === previous)) select.value = previous;
     const pipeline = $("pipeline");
-    pipeline.innerHTML = pipes.pipelines.map((p) => '<option value="' + esc(p) + '"' +
-      (p === pipes.default ? " selected" : "") + ">" + esc(p) +
-      (p === pipes.default ? " (default)" : "") + "</option>").join("");
+    pipeline.replaceChildren(...pipes.pipelines.map((p) => el("option",
+      { value: p, selected: p === pipes.default }, p + (p === pipes.default ? " (default)" : ""))));
     if (pipes.default_slo_s && !$("slo").value) $("slo").value = pipes.default_slo_s;
     showDatabase();
   }
@@ -136,15 +154,19 @@
     const db = state.databases.find((d) => d.id === $("db").value);
     if (!db) return;
     localStorage.setItem("agentflow.db", db.id);
-    $("tables").innerHTML = db.tables.map((t) => "<span>" + esc(t) + "</span>").join("");
+    $("tables").replaceChildren(...db.tables.map((t) => el("span", null, t)));
+    // The placeholder and the examples follow the database: its own sample questions
+    // (a benchmark's train split, never the evaluated one), else one about its first table.
+    const sample = db.examples.length ? db.examples[0]
+      : (db.tables.length ? "How many rows does " + db.tables[0] + " have?" : "");
+    $("question").placeholder = sample ? "e.g. " + sample : "Ask about " + db.id;
     const box = $("examples");
-    if (!db.examples.length) { box.innerHTML = ""; return; }
-    box.innerHTML = '<div class="label">Try one of these</div>' + db.examples.slice(0, 4).map(
-      (q) => '<button type="button" class="example">' + esc(q) + "</button>").join("");
-    box.querySelectorAll("button").forEach((b) => b.addEventListener("click", () => {
-      $("question").value = b.textContent;
-      $("question").focus();
-    }));
+    if (!db.examples.length) { box.replaceChildren(); return; }
+    box.replaceChildren(el("div", { class: "label" }, "Try one of these"),
+      ...db.examples.slice(0, 4).map((q) => el("button", {
+        type: "button", class: "example",
+        onclick: () => { $("question").value = q; $("question").focus(); },
+      }, q)));
   }
   $("db").addEventListener("change", showDatabase);
 
@@ -153,25 +175,25 @@
       const data = await getJson("/v1/instances");
       state.instances = data.instances;
       data.instances.forEach((i) => colorOf(i.name));
-      $("cluster").innerHTML = data.instances.map((i) =>
-        '<span class="inst' + (i.up ? "" : " down") + '" title="' +
-        esc((i.gpu || "CPU") + (i.model ? " · " + i.model : "") + " · " + i.max_inflight +
-          " call(s) at once") + '"><span class="dot" style="background:' +
-        (i.up ? colorOf(i.name) : "#ef4444") + '"></span>' + esc(i.name) +
-        (i.gpu ? ' <span class="load">' + esc(i.gpu) + "</span>" : "") +
-        ' <span class="load">' + (i.up ? i.running + " run · " + i.waiting + " wait" : "down") +
-        "</span></span>").join("");
+      $("cluster").replaceChildren(...data.instances.map((i) => el("span", {
+        class: "inst" + (i.up ? "" : " down"),
+        title: (i.gpu || "CPU") + (i.model ? " · " + i.model : "") + " · " + i.max_inflight +
+          " call(s) at once",
+      }, el("span", { class: "dot", style: { background: i.up ? colorOf(i.name) : "#ef4444" } }),
+      i.name, i.gpu ? [" ", el("span", { class: "load" }, i.gpu)] : null, " ",
+      el("span", { class: "load" }, i.up ? i.running + " run · " + i.waiting + " wait" : "down"))));
       renderLegend();
     } catch (e) { /* shown elsewhere */ }
   }
 
   function renderLegend() {
-    const names = state.instances.map((i) => i.name);
-    $("legend").innerHTML = names.map((n) => '<span><i style="background:' + colorOf(n) +
-      '"></i>' + esc(n) + "</span>").join("") +
-      '<span><i class="tl-bar queue" style="position:static;background-color:#64748b"></i>queued</span>' +
-      '<span><i style="background:#e5e7eb"></i>prompt / parse</span>' +
-      '<span><i style="background:#9ca3af"></i>tool step</span>';
+    const swatch = (style, label, cls) => el("span", null, el("i", { class: cls, style: style }),
+      label);
+    $("legend").replaceChildren(
+      ...state.instances.map((i) => swatch({ background: colorOf(i.name) }, i.name)),
+      swatch({ position: "static", backgroundColor: "#64748b" }, "queued", "tl-bar queue"),
+      swatch({ background: "#e5e7eb" }, "prompt / parse"),
+      swatch({ background: "#9ca3af" }, "tool step"));
   }
 
   // ------------------------------------------------------------------ recent queries
@@ -179,25 +201,25 @@
     let data;
     try { data = await getJson("/v1/queries?limit=12"); } catch (e) { return; }
     const list = $("recent");
-    if (!data.queries.length) { list.innerHTML = '<li class="muted">none yet</li>'; return; }
-    list.innerHTML = data.queries.map((q) => {
-      let bar = "";
+    if (!data.queries.length) {
+      list.replaceChildren(el("li", { class: "muted" }, "none yet"));
+      return;
+    }
+    list.replaceChildren(...data.queries.map((q) => {
+      let bar = null;
       if (q.slo_s && q.latency_s !== null) {
         const pct = Math.min(100, 100 * q.latency_s / q.slo_s);
-        bar = '<span class="rbar" title="latency / SLO"><i class="' +
-          (q.met_slo ? "" : "miss") + '" style="width:' + Math.max(2, pct).toFixed(1) +
-          '%"></i></span>';
+        bar = el("span", { class: "rbar", title: "latency / SLO" }, el("i", {
+          class: q.met_slo ? "" : "miss", style: { width: Math.max(2, pct).toFixed(1) + "%" } }));
       }
       const timing = q.latency_s !== null
         ? fmtS(q.latency_s) + (q.slo_s ? " / SLO " + fmtS(q.slo_s) : "")
         : (q.slo_s ? "SLO " + fmtS(q.slo_s) : "");
-      return '<li data-id="' + esc(q.query_id) + '"><div class="rq"><span class="sdot ' +
-        q.status + '" title="' + q.status + '"></span><span class="q">' + esc(q.question) +
-        '</span></div><div class="rmeta">' + esc(q.db) + " · " + esc(q.status) + bar +
-        "<span>" + timing + "</span></div></li>";
-    }).join("");
-    list.querySelectorAll("li[data-id]").forEach((li) =>
-      li.addEventListener("click", () => openQuery(li.dataset.id)));
+      return el("li", { "data-id": q.query_id, onclick: () => openQuery(q.query_id) },
+        el("div", { class: "rq" }, el("span", { class: "sdot " + q.status, title: q.status }),
+          el("span", { class: "q" }, q.question)),
+        el("div", { class: "rmeta" }, q.db + " · " + q.status, bar, el("span", null, timing)));
+    }));
   }
 
   // ------------------------------------------------------------------ answer
@@ -206,15 +228,20 @@
     badge.hidden = false;
     badge.className = "badge " + status;
     badge.textContent = status;
-    let text = "";
+    const parts = [];
     if (latency !== null && latency !== undefined) {
-      text = "latency <b class=\"" + (slo ? (latency <= slo ? "ok" : "bad") : "") + "\">" +
-        fmtS(latency) + "</b>";
-      if (slo) text += " · SLO " + fmtS(slo) + (latency <= slo ? " ✓ met" : " ✗ missed");
+      parts.push("latency ", el("b", { class: slo && status === "done" ?
+        (latency <= slo ? "ok" : "bad") : "" },
+        fmtS(latency)));
+      // met/missed only for an answer: a cancelled or failed query met no SLO
+      if (slo) {
+        parts.push(" · SLO " + fmtS(slo) + (status !== "done" ? ""
+          : (latency <= slo ? " ✓ met" : " ✗ missed")));
+      }
     } else if (slo) {
-      text = "SLO " + fmtS(slo);
+      parts.push("SLO " + fmtS(slo));
     }
-    $("latency").innerHTML = text;
+    $("latency").replaceChildren(...parts);
   }
 
   function renderAnswer(q) {
@@ -224,7 +251,7 @@
     const sql = $("sql");
     if (q.sql) {
       sql.hidden = false;
-      $("sql-code").innerHTML = window.SqlHighlight.highlight(q.sql);
+      $("sql-code").replaceChildren(window.SqlHighlight.highlight(q.sql));
     } else {
       sql.hidden = true;
     }
@@ -236,38 +263,75 @@
     } else {
       err.hidden = true;
     }
-    const result = $("result");
-    if (q.status === "done" && q.columns.length) {
-      result.hidden = false;
-      const shown = q.rows.slice(0, 200);
-      $("result-meta").textContent = q.rows.length + (q.rows.length === 1 ? " row" : " rows") +
-        (q.truncated ? " (truncated by the server's row cap)" : "") +
-        (q.rows.length > shown.length ? " · showing the first " + shown.length : "") +
-        " · " + q.db;
-      const numeric = q.columns.map((_, i) => shown.length > 0 && shown.every(
-        (row) => row[i] === null || typeof row[i] === "number"));
-      const head = "<thead><tr>" + q.columns.map((c, i) => "<th" +
-        (numeric[i] ? ' class="num"' : "") + ">" + esc(c) + "</th>").join("") + "</tr></thead>";
-      const body = "<tbody>" + shown.map((row) => "<tr>" + row.map((v) => {
-        if (v === null) return '<td class="null">NULL</td>';
-        const num = typeof v === "number";
-        return "<td" + (num ? ' class="num"' : "") + ">" + esc(String(v)) + "</td>";
-      }).join("") + "</tr>").join("") + "</tbody>";
-      $("result-table").innerHTML = head + body;
-    } else {
-      result.hidden = true;
-    }
+    renderResult(q);
     const retries = $("retries");
     if (q.retries && q.retries.length) {
       retries.hidden = false;
-      retries.innerHTML = q.retries.map((r) => "<li><b>" + esc(r.node_id) + "</b>: instance " +
-        esc(r.failed_on) + " failed (" + esc(r.error) + ") — " +
-        (r.rerun_on ? "re-run on <b>" + esc(r.rerun_on) + "</b>" : "not recovered") +
-        "</li>").join("");
+      retries.replaceChildren(...q.retries.map((r) => el("li", null, el("b", null, r.node_id),
+        ": instance " + r.failed_on + " failed (" + r.error + ") — ",
+        r.rerun_on ? ["re-run on ", el("b", null, r.rerun_on)] : "not recovered")));
     } else {
       retries.hidden = true;
     }
+    $("follow-up-button").hidden = !(q.status === "done" && q.conversation_id);
   }
+
+  function renderResult(q) {
+    const result = $("result");
+    const chartBox = $("chart");
+    chartBox.hidden = true;
+    chartBox.replaceChildren();
+    if (q.status !== "done" || !q.columns.length) { result.hidden = true; return; }
+    result.hidden = false;
+    const shown = q.rows.slice(0, 200);
+    $("result-meta").textContent = (q.rows.length === 0 ? "0 rows: the query ran and " +
+      "matched nothing" : q.rows.length + (q.rows.length === 1 ? " row" : " rows")) +
+      (q.truncated ? " (truncated by the server's row cap)" : "") +
+      (q.rows.length > shown.length ? " · showing the first " + shown.length : "") +
+      " · " + q.db;
+    const numeric = q.columns.map((_, i) => shown.length > 0 && shown.every(
+      (row) => row[i] === null || typeof row[i] === "number"));
+    const head = el("thead", null, el("tr", null, q.columns.map((c, i) =>
+      el("th", { class: numeric[i] ? "num" : null }, c))));
+    const body = el("tbody", null, shown.map((row) => el("tr", null, row.map((v) =>
+      v === null ? el("td", { class: "null" }, "NULL")
+        : el("td", { class: typeof v === "number" ? "num" : null }, String(v))))));
+    const table = $("result-table");
+    table.replaceChildren(head, body);
+    $("no-rows").hidden = q.rows.length > 0;
+    $("csv-button").hidden = !(q.links && q.links.csv);
+    if (q.links && q.links.chart) loadChart(q);
+  }
+
+  /* The chart is drawn by the server (Vega-Lite rendered to SVG) and shown as an image:
+   * an <img> never runs scripts from the SVG, and no charting library loads here. */
+  async function loadChart(q) {
+    try {
+      const res = await api(q.links.chart + "?format=svg");
+      if (!res.ok) return;
+      const blob = await res.blob();
+      if (!state.live || state.live.id !== q.query_id) return;
+      const url = URL.createObjectURL(blob);
+      $("chart").replaceChildren(el("img", { src: url, alt: "chart of the result" }));
+      $("chart").hidden = false;
+    } catch (e) { /* the table is there anyway */ }
+  }
+
+  async function downloadCsv() {
+    const q = state.live && state.live.final;
+    if (!q || !q.links || !q.links.csv) return;
+    try {
+      const res = await api(q.links.csv);
+      if (!res.ok) { await readJson(res); return; }
+      const url = URL.createObjectURL(await res.blob());
+      const a = el("a", { href: url, download: q.query_id + ".csv" });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 10000);
+    } catch (e) { showFormError(e.message); }
+  }
+  $("csv-button").addEventListener("click", downloadCsv);
 
   // ------------------------------------------------------------------ timeline
   function stageFromEvent(prev, ev) {
@@ -306,30 +370,32 @@
     const pct = (t) => (100 * Math.max(0, t) / span).toFixed(3) + "%";
     const ticks = [];
     for (let t = 0; t <= span + 1e-9; t += step) ticks.push(t);
-    const grid = ticks.map((t) => '<div class="tl-grid" style="left:' + pct(t) + '"></div>').join("");
-    const slo = showSlo ? '<div class="tl-slo" style="left:' + pct(live.slo) + '"><span>SLO ' +
-      fmtS(live.slo) + "</span></div>" : "";
-    let html = '<div class="tl-axis"><div class="muted">stage</div><div class="tl-scale">' +
-      ticks.filter((t) => !showSlo || Math.abs(t - live.slo) > span * 0.05)
-        .map((t) => '<span class="tl-tick" style="left:' + pct(t) + '">' +
-        parseFloat(t.toFixed(3)) + "s</span>").join("") +
-      slo + '</div><div class="muted">' + (showSlo || !live.slo ? "" : "SLO " + fmtS(live.slo) +
-        " (off scale)") + "</div></div>";
+    const grid = () => ticks.map((t) => el("div", { class: "tl-grid", style: { left: pct(t) } }));
+    const rows = [el("div", { class: "tl-axis" }, el("div", { class: "muted" }, "stage"),
+      el("div", { class: "tl-scale" },
+        ticks.filter((t) => !showSlo || Math.abs(t - live.slo) > span * 0.05).map((t) =>
+          el("span", { class: "tl-tick", style: { left: pct(t) } }, parseFloat(t.toFixed(3)) + "s")),
+        showSlo ? el("div", { class: "tl-slo", style: { left: pct(live.slo) } },
+          el("span", null, "SLO " + fmtS(live.slo))) : null),
+      el("div", { class: "muted" }, showSlo || !live.slo ? "" : "SLO " + fmtS(live.slo) +
+        " (off scale)"))];
     stages.forEach((s) => {
       const bars = [];
       const stageEnd = s.end !== null && s.end !== undefined ? s.end : now;
+      const failed = s.status === "error" || s.status === "cancelled";
       const bar = (cls, a, b, color, title) => {
         if (b === null || b === undefined || a === null) return;
         const w = Math.max(0, b - a);
-        bars.push('<div class="tl-bar ' + cls + '" style="left:' + pct(a) + ";width:" +
-          (100 * w / span).toFixed(3) + "%" + (color ? ";background-color:" + color : "") +
-          '" title="' + esc(title) + '"></div>');
+        const style = { left: pct(a), width: (100 * w / span).toFixed(3) + "%" };
+        if (color) style.backgroundColor = color;
+        bars.push(el("div", { class: "tl-bar " + (failed ? "error " : "") + cls, style: style,
+          title: title }));
       };
-      let info = "";
+      let info = [];
       if (s.status === "running") {
         bar("running", s.start, stageEnd, s.kind === "llm" ? "#93a3f8" : "#cbd5e1",
           s.node_id + " running");
-        info = "running…";
+        info = ["running…"];
       } else if (s.kind === "llm" && s.llm_calls && s.llm_calls.length) {
         let cursor = s.start;
         s.llm_calls.forEach((c) => {
@@ -345,7 +411,7 @@
         const inst = Array.from(new Set(s.llm_calls.map((c) => c.instance)));
         const q = s.llm_calls.reduce((a, c) => a + c.queue_s, 0);
         const r = s.llm_calls.reduce((a, c) => a + c.run_s, 0);
-        info = "<b>" + esc(inst.join(", ")) + "</b> · queue " + fmtS(q) + " · run " + fmtS(r);
+        info = [el("b", null, inst.join(", ")), " · queue " + fmtS(q) + " · run " + fmtS(r)];
       } else if (s.kind === "llm" && s.end !== null && s.end !== undefined) {
         const runStart = s.end - s.run_s;
         const queueStart = runStart - s.queue_s;
@@ -353,41 +419,44 @@
         bar("prep", s.start, queueStart, null, "prompt building");
         bar("queue", queueStart, runStart, colorOf(inst), "queued " + fmtS(s.queue_s));
         bar("run", runStart, s.end, colorOf(inst), "ran " + fmtS(s.run_s));
-        info = inst ? "<b>" + esc(inst) + "</b> · queue " + fmtS(s.queue_s) + " · run " +
-          fmtS(s.run_s) : "";
+        info = inst ? [el("b", null, inst), " · queue " + fmtS(s.queue_s) + " · run " +
+          fmtS(s.run_s)] : [];
       } else {
         bar("tool", s.start, stageEnd, null, s.summary || s.node_id);
-        info = esc(s.summary || "") || fmtS(stageEnd - s.start);
+        info = [s.summary || fmtS(stageEnd - s.start)];
       }
-      const failed = s.status === "error" || s.status === "cancelled";
-      if (failed) info = esc(s.status + (s.error ? ": " + s.error : ""));
-      html += '<div class="tl-row"><div class="tl-name" title="' + esc(s.node_id) + '">' +
-        esc(s.node_id) + '<span class="kind">' + esc(s.kind) + "</span></div>" +
-        '<div class="tl-track">' + grid + (showSlo ? '<div class="tl-slo" style="top:0;left:' +
-        pct(live.slo) + '"></div>' : "") + bars.join("").replace(/class="tl-bar /g,
-          failed ? 'class="tl-bar error ' : 'class="tl-bar ') + "</div>" +
-        '<div class="tl-info' + (failed ? " err" : "") + '" title="' +
-        esc(info.replace(/<[^>]+>/g, "")) + '">' + info + "</div></div>";
+      if (failed) info = [s.status + (s.error ? ": " + s.error : "")];
+      const infoText = info.map((x) => (x instanceof Node ? x.textContent : x)).join("");
+      rows.push(el("div", { class: "tl-row" },
+        el("div", { class: "tl-name", title: s.node_id }, s.node_id,
+          el("span", { class: "kind" }, s.kind)),
+        el("div", { class: "tl-track" }, grid(), showSlo ? el("div", { class: "tl-slo",
+          style: { top: "0", left: pct(live.slo) } }) : null, bars),
+        el("div", { class: "tl-info" + (failed ? " err" : ""), title: infoText }, info)));
     });
-    if (!stages.length) html += '<div class="muted" style="padding:8px 0">waiting for the first stage…</div>';
-    if (live.final) html += usageLine(live.final);
-    box.innerHTML = html;
+    if (!stages.length) {
+      rows.push(el("div", { class: "muted", style: { padding: "8px 0" } },
+        "waiting for the first stage…"));
+    }
+    const usage = live.final ? usageLine(live.final) : null;
+    if (usage) rows.push(usage);
+    box.replaceChildren(...rows);
   }
 
   function usageLine(q) {
     const calls = [];
     q.stages.forEach((s) => (s.llm_calls || []).forEach((c) => calls.push(c)));
-    if (!calls.length) return "";
+    if (!calls.length) return null;
     const instances = new Set(calls.map((c) => c.instance));
     const queued = calls.filter((c) => c.queue_s >= 0.001);
     const waited = queued.reduce((a, c) => a + c.queue_s, 0);
     const tokensIn = calls.reduce((a, c) => a + c.prompt_tokens, 0);
     const tokensOut = calls.reduce((a, c) => a + c.completion_tokens, 0);
-    return '<div class="tl-usage">' + calls.length + " LLM call" + (calls.length === 1 ? "" : "s") +
+    return el("div", { class: "tl-usage" }, calls.length + " LLM call" + (calls.length === 1 ? "" : "s") +
       " on " + instances.size + " instance" + (instances.size === 1 ? "" : "s") + " · " +
       (queued.length ? queued.length + " queued for " + fmtS(waited) + " in total" : "none queued") +
       " · " + tokensIn.toLocaleString() + " prompt → " + tokensOut.toLocaleString() +
-      " output tokens · pipeline " + esc(q.pipeline) + "</div>";
+      " output tokens · pipeline " + q.pipeline);
   }
 
   function tick() {
@@ -396,8 +465,8 @@
     if (state.live.id) {
       const elapsed = (performance.now() - state.live.t0) / 1000;
       renderStatus("running", null, state.live.slo);
-      $("latency").innerHTML = "elapsed <b>" + fmtS(elapsed) + "</b>" +
-        (state.live.slo ? " · SLO " + fmtS(state.live.slo) : "");
+      $("latency").replaceChildren("elapsed ", el("b", null, fmtS(elapsed)),
+        state.live.slo ? " · SLO " + fmtS(state.live.slo) : "");
     }
     requestAnimationFrame(tick);
   }
@@ -411,6 +480,10 @@
     renderAnswer(q);
     renderTimeline();
     setBusy(false);
+    if (state.followUp && state.followUp.conversation_id === q.conversation_id) {
+      state.followUp.question = q.question;  // the next follow-up builds on this turn
+      showFollowUp();
+    }
     refreshRecent();
     refreshInstances();
   }
@@ -421,8 +494,9 @@
     view.stages.forEach((s) => state.live.stages.set(s.node_id, s));
     $("answer-empty").hidden = true;
     $("question-echo").textContent = view.question;
+    renderStatus(view.status, null, view.slo_s);  // never leave the last answer's badge up
     $("sql").hidden = true; $("result").hidden = true; $("answer-error").hidden = true;
-    $("retries").hidden = true;
+    $("retries").hidden = true; $("follow-up-button").hidden = true; $("chart").hidden = true;
     if (["done", "failed", "cancelled", "rejected"].indexOf(view.status) >= 0) {
       showFinal(view);
       return;
@@ -467,7 +541,45 @@
   function setBusy(busy) {
     $("ask-button").disabled = busy;
     $("ask-button").textContent = busy ? "Running…" : "Ask";
+    $("cancel-button").hidden = !busy;
+    $("cancel-button").disabled = false;
   }
+
+  $("cancel-button").addEventListener("click", async () => {
+    const live = state.live;
+    if (!live || !live.id || live.final) return;
+    $("cancel-button").disabled = true;
+    try {
+      const view = await readJson(await api("/v1/queries/" + encodeURIComponent(live.id),
+        { method: "DELETE" }));
+      showFinal(view);
+    } catch (e) {
+      // 409: it finished meanwhile; the stream delivers the answer.
+      if (e.status !== 409) showFormError(e.message);
+    }
+  });
+
+  function showFollowUp() {
+    const f = state.followUp;
+    $("follow-up").hidden = !f;
+    $("follow-up-text").textContent = f ? f.question : "";
+    $("db").disabled = !!f;
+  }
+  $("follow-up-button").addEventListener("click", () => {
+    const q = state.live && state.live.final;
+    if (!q || !q.conversation_id) return;
+    state.followUp = { conversation_id: q.conversation_id, question: q.question, db: q.db };
+    $("db").value = q.db;
+    showFollowUp();
+    $("question").value = "";
+    $("question").placeholder = "e.g. now only the first five";
+    $("question").focus();
+  });
+  $("follow-up-clear").addEventListener("click", () => {
+    state.followUp = null;
+    showFollowUp();
+    showDatabase();
+  });
   function showFormError(message) {
     const box = $("form-error");
     box.hidden = !message;
@@ -480,6 +592,7 @@
     const question = $("question").value.trim();
     if (!question) { showFormError("Type a question first."); return; }
     const body = { question: question, db: $("db").value, wait: false };
+    if (state.followUp) body.conversation_id = state.followUp.conversation_id;
     // The server checks the SLO (and everything else) and says what is wrong.
     if ($("slo").value !== "") body.slo_seconds = Number($("slo").value);
     if ($("pipeline").value) body.pipeline = $("pipeline").value;

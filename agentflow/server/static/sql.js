@@ -1,8 +1,9 @@
 /* A small SQL highlighter (no dependencies, nothing loaded from the internet).
  *
- * Tokenizes with one regular expression, escapes everything, wraps keywords, functions,
- * strings, numbers, comments and quoted identifiers in spans, and breaks long one-line
- * queries before their main clauses so they read top to bottom. */
+ * Tokenizes with one regular expression, wraps keywords, functions, strings, numbers,
+ * comments and quoted identifiers in spans, and breaks long one-line queries before their
+ * main clauses so they read top to bottom. It builds DOM nodes whose text is set with
+ * textContent, never HTML strings: SQL written by a model is untrusted text. */
 (function (global) {
   "use strict";
   const KEYWORDS = new Set((
@@ -16,10 +17,21 @@
     "intersect", "except", "join", "left", "right", "inner", "full", "cross"]);
   const TOKEN = /(--[^\n]*|\/\*[\s\S]*?\*\/)|('(?:[^']|'')*'?)|("(?:[^"]|"")*"?|`[^`]*`?|\[[^\]]*\]?)|(\b\d+(?:\.\d+)?(?:e[+-]?\d+)?\b)|([A-Za-z_][A-Za-z0-9_$]*)|(\s+)|([\s\S])/gi;
 
+  /* For callers that must build markup: escapes all five characters that matter in
+   * element content and in quoted attribute values. */
   function escapeHtml(text) {
-    return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;").replace(/'/g, "&#39;");
   }
 
+  function span(cls, text) {
+    const node = document.createElement("span");
+    node.className = cls;
+    node.textContent = text;
+    return node;
+  }
+
+  /* A DocumentFragment of the highlighted SQL. */
   function highlight(sql) {
     const tokens = [];
     let m;
@@ -37,12 +49,12 @@
     const breakLines = !multiline && sql.length > 70;
     let depth = 0;
     let prevWord = "";
-    const out = [];
+    const out = document.createDocumentFragment();
     tokens.forEach(([kind, text], i) => {
       if (kind === "punct") {
         if (text === "(") depth++;
         if (text === ")") depth = Math.max(0, depth - 1);
-        out.push('<span class="sql-punct">' + escapeHtml(text) + "</span>");
+        out.append(span("sql-punct", text));
         return;
       }
       if (kind === "space") {
@@ -51,9 +63,9 @@
         const joinAfterModifier = nextWord === "join" &&
           ["left", "right", "inner", "full", "cross", "outer", "natural"].indexOf(prevWord) >= 0;
         if (breakLines && depth === 0 && CLAUSES.has(nextWord) && !joinAfterModifier) {
-          out.push("\n");
+          out.append("\n");
         } else {
-          out.push(escapeHtml(text));
+          out.append(text);
         }
         return;
       }
@@ -63,17 +75,17 @@
         let next = tokens[i + 1];
         if (next && next[0] === "space") next = tokens[i + 2];
         if (KEYWORDS.has(lower)) {
-          out.push('<span class="sql-kw">' + escapeHtml(text) + "</span>");
+          out.append(span("sql-kw", text));
         } else if (next && next[1] === "(") {
-          out.push('<span class="sql-fn">' + escapeHtml(text) + "</span>");
+          out.append(span("sql-fn", text));
         } else {
-          out.push('<span class="sql-id">' + escapeHtml(text) + "</span>");
+          out.append(span("sql-id", text));
         }
         return;
       }
-      out.push('<span class="sql-' + kind + '">' + escapeHtml(text) + "</span>");
+      out.append(span("sql-" + kind, text));
     });
-    return out.join("");
+    return out;
   }
 
   global.SqlHighlight = { highlight: highlight, escapeHtml: escapeHtml };

@@ -8,12 +8,10 @@ broken gold queries apart instead of blaming the prediction for them.
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from agentflow.eval.compare import MatchRule, describe_mismatch, gold_has_order_by, results_match
+from agentflow.accuracy.compare import MatchRule, describe_mismatch, gold_has_order_by, results_match
 from agentflow.sql import (
     Database,
     QueryResult,
@@ -52,20 +50,6 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class AccuracySummary:
-    """Totals over many verdicts; ``by_reason`` lists every reason, zeros included."""
-
-    total: int
-    correct: int
-    accuracy: float
-    by_reason: dict[str, int] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"total": self.total, "correct": self.correct, "accuracy": self.accuracy,
-                "by_reason": dict(self.by_reason)}
 
 
 def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
@@ -122,20 +106,6 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
     detail = describe_mismatch(pred_run.rows, gold_result.rows, rule=rule,
                                order_matters=order_matters)
     return Verdict(False, "mismatch", detail, **timing)
-
-
-def summarize(verdicts: Iterable[Verdict]) -> AccuracySummary:
-    """Execution accuracy over all verdicts; gold failures count in the total (as not correct)."""
-    counts: Counter[str] = Counter()
-    total = correct = 0
-    for verdict in verdicts:
-        total += 1
-        correct += verdict.correct
-        counts[verdict.reason] += 1
-    by_reason = {reason: counts.get(reason, 0) for reason in REASONS}
-    by_reason.update({r: c for r, c in counts.items() if r not in by_reason})
-    return AccuracySummary(total=total, correct=correct,
-                           accuracy=correct / total if total else 0.0, by_reason=by_reason)
 
 
 # ----------------------------------------------------------------------------- execution

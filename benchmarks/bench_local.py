@@ -1,6 +1,6 @@
 """Side-by-side measurements of the local llama.cpp backend, in one run::
 
-    python -m agentflow.llm.bench_local [--model PATH] [--threads N] [--with-llama-ram-cache]
+    python benchmarks/bench_local.py [--model PATH] [--threads N] [--with-llama-ram-cache]
 
 Why a script: the backend's defaults (prefix-state cache on, grammar checked per chosen token)
 were chosen on these numbers, and the project reports performance only as ratios measured side

@@ -1,0 +1,1 @@
+"""agentflow as a Model Context Protocol server (``agentflow mcp``): see ``server``."""

@@ -1,0 +1,175 @@
+"""agentflow for agent clients: an MCP server built with the official ``mcp`` SDK.
+
+Tools (each returns structured JSON):
+
+    list_databases()                      ids, engines and table names
+    describe_database(db)                 tables, columns (type, key), foreign keys
+    ask(question, db, ...)                the pipeline's SQL, rows, status and a timeline
+                                          summary; a scheduled query like any other (SLO,
+                                          cancellation, follow-ups by conversation_id)
+    run_sql(db, sql, max_rows)            one read-only SELECT through the same guard the
+                                          pipelines use (single statement, allow-list,
+                                          read-only connection, timeout, row cap)
+
+Only catalog ids are accepted as ``db`` (never file paths: an HTTP client must not be able
+to open files on this machine). Transports: stdio (a client starts ``agentflow mcp``) and
+streamable HTTP (``agentflow mcp --http --port 8765``, endpoint ``/mcp``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from agentflow.api import AgentFlow, AgentflowError
+from agentflow.sql import DatabaseNotFoundError
+
+MAX_ROWS = 200
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _rows(rows: list, limit: int) -> list[list[Any]]:
+    return [[_jsonable(v) for v in row] for row in rows[:limit]]
+
+
+def timeline_summary(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per stage: what ran, when, where, how long it queued and ran."""
+    out = []
+    for s in stages:
+        calls = s.get("llm_calls") or []
+        out.append({
+            "stage": s["node_id"], "kind": s["kind"], "status": s.get("status"),
+            "start_s": _round(s.get("start")), "end_s": _round(s.get("end")),
+            "instances": sorted({c["instance"] for c in calls}),
+            "queue_s": _round(sum(c["queue_s"] for c in calls)),
+            "run_s": _round(sum(c["run_s"] for c in calls)),
+            "summary": (s.get("error") or s.get("summary") or "")[:200]})
+    return out
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+class AgentflowTools:
+    """The tools' logic, apart from MCP so it reads (and fails) like plain Python."""
+
+    def __init__(self, af: AgentFlow):
+        self.af = af
+
+    def _db(self, db: str) -> str:
+        if db not in self.af.catalog.ids:
+            # the catalog's message names the known databases; no file paths over MCP
+            raise DatabaseNotFoundError(self.af.catalog._unknown_message(db, paths=False))
+        return db
+
+    def list_databases(self) -> dict[str, Any]:
+        catalog = self.af.catalog
+        out = []
+        for db_id in catalog.ids:
+            entry = catalog.entry(db_id)
+            tables = ((entry.entry.tables_json or {}).get("table_names_original")
+                      if entry.entry else None)
+            if not tables:
+                tables = catalog.open(db_id).schema().table_names()
+            out.append({"id": db_id, "engine": catalog.engine, "tables": list(tables)})
+        return {"databases": out}
+
+    def describe_database(self, db: str) -> dict[str, Any]:
+        database = self.af.catalog.open(self._db(db))
+        tables = []
+        for t in database.schema().tables:
+            tables.append({
+                "name": t.name,
+                "columns": [{"name": c.name, "type": c.type, "primary_key": c.primary_key}
+                            for c in t.columns],
+                "foreign_keys": [{"columns": list(f.columns), "ref_table": f.ref_table,
+                                  "ref_columns": list(f.ref_columns)}
+                                 for f in t.foreign_keys]})
+        return {"db": db, "dialect": database.dialect, "tables": tables}
+
+    async def ask(self, question: str, db: str, slo_seconds: float | None = None,
+                  pipeline: str | None = None, conversation_id: str | None = None,
+                  max_rows: int = 50) -> dict[str, Any]:
+        answer = await self.af.ask_async(question, self._db(db), slo=slo_seconds,
+                                         pipeline=pipeline, conversation=conversation_id)
+        limit = max(0, min(max_rows, MAX_ROWS))
+        return {"query_id": answer.query_id, "status": answer.status, "error": answer.error,
+                "sql": answer.sql, "columns": [str(c) for c in answer.columns],
+                "rows": _rows(answer.rows, limit), "row_count": len(answer.rows),
+                "rows_truncated": answer.truncated or len(answer.rows) > limit,
+                "latency_s": _round(answer.latency_s), "slo_s": answer.slo_s,
+                "met_slo": answer.met_slo, "pipeline": answer.pipeline,
+                "conversation_id": answer.conversation_id,
+                "llm_calls": answer.usage.get("calls", 0),
+                "timeline": timeline_summary(answer.stages)}
+
+    async def run_sql(self, db: str, sql: str, max_rows: int = 50) -> dict[str, Any]:
+        database = self.af.catalog.open(self._db(db))
+        limit = max(1, min(max_rows, MAX_ROWS))
+        result = await asyncio.to_thread(database.execute, sql,
+                                         timeout_s=self.af.config.sql_timeout_s,
+                                         max_rows=limit)
+        return {"columns": [str(c) for c in result.columns], "rows": _rows(result.rows, limit),
+                "truncated": result.truncated, "elapsed_s": _round(result.elapsed_s)}
+
+
+def build_server(af: AgentFlow):
+    """An ``MCPServer`` whose tools answer with ``af``."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    tools = AgentflowTools(af)
+    server = MCPServer(
+        name="agentflow", title="agentflow: agentic Text-to-SQL",
+        instructions="Ask questions about SQL databases in plain language. Call "
+                     "list_databases first, describe_database for a schema, ask to have the "
+                     "pipeline write and run SQL, run_sql to run a read-only SELECT yourself.")
+
+    def checked(fn):
+        """Input errors become tool errors with agentflow's message (isError results)."""
+        async def call(*args, **kwargs):
+            try:
+                result = fn(*args, **kwargs)
+                return await result if asyncio.iscoroutine(result) else result
+            except (AgentflowError, LookupError, ValueError) as err:
+                message = err.args[0] if isinstance(err, LookupError) and err.args else err
+                raise ToolError(f"{type(err).__name__}: {message}") from None
+        return call
+
+    @server.tool(description="List the databases agentflow can answer questions about, with "
+                             "their tables.")
+    async def list_databases() -> dict[str, Any]:
+        return await checked(tools.list_databases)()
+
+    @server.tool(description="Describe one database: its tables, columns (type, primary "
+                             "key) and foreign keys.")
+    async def describe_database(db: str) -> dict[str, Any]:
+        return await checked(tools.describe_database)(db)
+
+    @server.tool(description="Answer a question about a database: a multi-stage LLM "
+                             "pipeline writes SQL, runs it read-only, and returns the SQL, "
+                             "rows, status and a per-stage timeline. Pass the "
+                             "conversation_id of an earlier answer to ask a follow-up.")
+    async def ask(question: str, db: str, slo_seconds: float | None = None,
+                  pipeline: str | None = None, conversation_id: str | None = None,
+                  max_rows: int = 50) -> dict[str, Any]:
+        return await checked(tools.ask)(question, db, slo_seconds, pipeline, conversation_id,
+                                        max_rows)
+
+    @server.tool(description="Run one read-only SELECT on a database (single statement; "
+                             "writes, DDL and PRAGMAs are refused) and return its rows.")
+    async def run_sql(db: str, sql: str, max_rows: int = 50) -> dict[str, Any]:
+        return await checked(tools.run_sql)(db, sql, max_rows)
+
+    return server

@@ -1,0 +1,72 @@
+"""How long an LLM call may run on an instance before it is cancelled and sent elsewhere.
+
+The scheduler already has, for every call, a distribution of its output length and, for
+every instance, a time model; together they give a distribution of the call's run time on
+that instance. The call's limit is a high quantile of it times a safety factor, so a call
+is only given up on when it is far later than almost every call like it — and, as a
+query's deadline comes closer, the margin shrinks towards the plain quantile (never below:
+cutting a call that is merely on time would only waste the work done).
+
+An instance that has never finished a call (it hung from the start, or just joined) has an
+uncorrected time model; for it the correction ratios of its peers (same GPU and model) that
+have finished calls stand in, so a hung instance is found as fast as a slow one would be.
+
+Pure functions of the coordinator's state and ``now``: no clock reads, no sleeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from agentflow.scheduler.call import ScheduledCall
+from agentflow.scheduler.health import HealthSettings
+from agentflow.scheduler.time_model import InstanceTimeModel
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.coordinator import Coordinator
+
+
+class CallDeadlines:
+    def __init__(self, coordinator: "Coordinator", settings: HealthSettings | None = None):
+        self.coordinator = coordinator
+        self.settings = settings or HealthSettings()
+
+    def time_model(self, instance: str) -> InstanceTimeModel:
+        """The instance's own model once it has observations, else one corrected like its
+        observed peers of the same hardware (the most pessimistic of them)."""
+        models = self.coordinator.time_models
+        model = models[instance]
+        if model.observations:
+            return model
+        spec = self.coordinator.queues[instance].spec
+        peers = [models[n] for n, q in self.coordinator.queues.items()
+                 if n != instance and models[n].observations
+                 and (q.spec.gpu, q.spec.model) == (spec.gpu, spec.model)]
+        if not peers:
+            return model
+        return replace(model, prefill_ratio=max(p.prefill_ratio for p in peers),
+                       decode_ratio=max(p.decode_ratio for p in peers))
+
+    def expected_quantile_s(self, call: ScheduledCall, instance: str) -> float:
+        """The quantile of the call's time there: time is increasing in the output length,
+        so it is the time of the output length's quantile."""
+        model = self.time_model(instance)
+        tokens = float(call.output.quantile(self.settings.deadline_quantile))
+        return model.expected_s(call.tokens_on(instance), tokens)
+
+    def limit_s(self, call: ScheduledCall, instance: str, started: float) -> float:
+        """Seconds the call may run on ``instance`` counted from ``started`` (when it was
+        handed to the backend). Each earlier attempt doubles it, so a call re-dispatched
+        after a timeout is not cut short again by the same too-tight estimate."""
+        s = self.settings
+        quantile = self.expected_quantile_s(call, instance)
+        limit = s.deadline_safety * quantile
+        deadline = call.query.deadline
+        if deadline is not None:
+            limit = min(limit, max(deadline - started, quantile))
+        limit *= 2 ** min(call.attempts, 4)
+        limit = max(limit, s.deadline_min_s)
+        if s.deadline_max_s is not None:
+            limit = min(limit, s.deadline_max_s)
+        return limit

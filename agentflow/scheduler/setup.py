@@ -1,0 +1,43 @@
+"""Building the coordinator from configuration — one function for serving and simulation.
+
+``build_coordinator`` turns instance descriptions (``agentflow.config.InstanceConfig``) and
+scheduler settings into a ``Coordinator``: the same ``InstanceSpec``s, policy, alpha, length
+model and admission limits whichever runtime drives it. ``AgentFlow`` calls it with a wall
+clock, ``agentflow.sim.Simulation`` with a virtual one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.coordinator import Coordinator
+from agentflow.scheduler.length_models import LengthModel, make_predictor
+from agentflow.scheduler.policies import parse_policy
+from agentflow.workflow.clock import Clock
+
+if TYPE_CHECKING:
+    from agentflow.config import InstanceConfig, SchedulerConfig
+
+
+def build_coordinator(instances: Sequence["InstanceConfig"], *, clock: Clock, policy: str,
+                      alpha: float | None = None, embedder: str = "hashing",
+                      predictor: LengthModel | None = None,
+                      max_waiting_calls: int | None = None,
+                      max_active_queries: int | None = None) -> Coordinator:
+    """``instances`` must be named (``expand_instances``); ``predictor`` defaults to the
+    length model the policy name picks, with ``embedder``."""
+    specs = [InstanceSpec.from_config(cfg) for cfg in instances]
+    if predictor is None:
+        predictor = make_predictor(parse_policy(policy).predictor, embedder=embedder)
+    return Coordinator(specs, clock=clock, policy=policy, alpha=alpha, predictor=predictor,
+                       max_waiting_calls=max_waiting_calls,
+                       max_active_queries=max_active_queries)
+
+
+def scheduler_settings(scheduler: "SchedulerConfig") -> dict:
+    """``build_coordinator``'s keyword arguments from a config's scheduler section."""
+    return {"policy": scheduler.policy, "alpha": scheduler.alpha,
+            "embedder": scheduler.embedder, "max_waiting_calls": scheduler.max_waiting_calls,
+            "max_active_queries": scheduler.max_active_queries}

@@ -1,0 +1,91 @@
+"""A finished query's result in other shapes: CSV, and a chart (Vega-Lite, SVG or PNG).
+
+Routes of their own (``router``), so the query routes in ``app.py`` stay as they are:
+
+    GET /v1/queries/{id}/rows.csv                  the result rows as CSV (header = columns)
+    GET /v1/queries/{id}/chart                     the Vega-Lite spec (JSON)
+    GET /v1/queries/{id}/chart?format=svg|png      the chart, rendered on the server
+
+``result_links`` tells a client which of these exist for an answer (the view's ``links``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from agentflow.server.auth import require_key
+from agentflow.server.errors import ApiError
+
+
+def result_links(query_id: str, answer: Any) -> dict[str, str]:
+    """Links to the CSV (any answer with columns) and the chart (when one fits)."""
+    from agentflow.charts import choose
+
+    if answer.status != "done" or not answer.columns:
+        return {}
+    links = {"csv": f"/v1/queries/{query_id}/rows.csv"}
+    if choose(list(answer.columns), [list(r) for r in answer.rows]) is not None:
+        links["chart"] = f"/v1/queries/{query_id}/chart"
+    return links
+
+
+def to_csv(columns: list[str], rows: list[list[Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if v is None else v for v in row])
+    return buffer.getvalue()
+
+
+router = APIRouter(tags=["queries"], dependencies=[Depends(require_key)])
+
+
+def _finished_view(request: Request, query_id: str):
+    service = request.app.state.service
+    handle = service.handle(query_id)
+    if not handle.done():
+        raise ApiError(409, "not_finished", f"query {query_id} is still running; its result "
+                       f"is not there yet")
+    view = service.view(handle)
+    if view.status != "done" or not view.columns:
+        raise ApiError(404, "no_result", f"query {query_id} has no result rows "
+                       f"(status {view.status})")
+    return view
+
+
+@router.get("/v1/queries/{query_id}/rows.csv", response_class=Response,
+            responses={200: {"content": {"text/csv": {}}}})
+async def rows_csv(query_id: str, request: Request) -> Response:
+    """The result as CSV (all rows the server kept; the first line names the columns)."""
+    view = _finished_view(request, query_id)
+    return Response(to_csv(view.columns, view.rows), media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="{query_id}.csv"'})
+
+
+@router.get("/v1/queries/{query_id}/chart",
+            responses={200: {"content": {"application/json": {}, "image/svg+xml": {},
+                                         "image/png": {}}}})
+async def chart(query_id: str, request: Request,
+                format: Literal["vega-lite", "svg", "png"] = Query(
+                    "vega-lite", description="the Vega-Lite spec, or the chart drawn as SVG "
+                                             "or PNG")) -> Response:
+    """A chart of the result, chosen by column types: a line over a date/year column, bars
+    per text category; 404 when no chart fits (e.g. a single number)."""
+    from agentflow import charts
+
+    view = _finished_view(request, query_id)
+    spec = charts.vega_lite(view.columns, view.rows, title=view.question[:80])
+    if spec is None:
+        raise ApiError(404, "no_chart", "no chart fits this result (it needs a text or date "
+                       "column and a numeric column)")
+    if format == "vega-lite":
+        return JSONResponse(spec, media_type="application/json")
+    image = await asyncio.to_thread(charts.render, spec, format)
+    return Response(image, media_type="image/svg+xml" if format == "svg" else "image/png")

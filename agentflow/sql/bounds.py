@@ -1,0 +1,107 @@
+"""Size bounds on the functions that build one huge value from a small input (DuckDB).
+
+DuckDB's ``memory_limit`` governs its buffer manager — hash tables, sorts, intermediate
+chunks — but the result of one scalar call such as ``repeat('x', 2000000000)`` or
+``lpad('x', 2000000000)`` is allocated outside it, filled in one uninterruptible step (measured:
+~10-40 s and ~3.9 GB before an interrupt could land). SQLite has a per-connection cap for this
+(``SQLITE_LIMIT_LENGTH``); DuckDB has none, so the guard adds one: a literal size above the cap
+is rejected before the query runs, and a computed size is wrapped so that DuckDB raises
+``error(...)`` instead of allocating. Queries without these functions are left untouched.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp, parse_one
+
+from agentflow.sql.errors import RejectedStatementError
+
+# Largest value (bytes, or list elements) one scalar call may build; SQLite gets the same cap
+# through SQLITE_LIMIT_LENGTH.
+MAX_VALUE_BYTES = 32 * 1024 * 1024
+
+_LIST_RESIZE = {"list_resize", "array_resize"}
+
+
+def bound_value_sizes(tree: exp.Expression, sql: str, *, dialect: str = "duckdb",
+                      cap: int = MAX_VALUE_BYTES) -> str | None:
+    """Return the SQL to run with computed sizes bounded, or None when nothing needed it.
+
+    Raises RejectedStatementError when a literal size alone exceeds ``cap``."""
+    changed = False
+    for node in list(tree.find_all(exp.Repeat, exp.Pad, exp.GenerateSeries, exp.Anonymous)):
+        if isinstance(node, exp.Repeat):
+            changed |= _bound(node, "times", cap, sql, dialect, unit=node.this)
+        elif isinstance(node, exp.Pad):
+            changed |= _bound(node, "expression", cap, sql, dialect)
+        elif isinstance(node, exp.GenerateSeries):
+            if isinstance(node.parent, exp.Table):
+                continue  # range() in FROM streams rows and is interruptible
+            changed |= _bound(node, "end", cap // 8, sql, dialect, start=node.args.get("start"))
+        elif str(node.this).lower() in _LIST_RESIZE and len(node.expressions) >= 2:
+            changed |= _bound_anonymous(node, 1, cap // 8, sql, dialect)
+    return tree.sql(dialect=dialect) if changed else None
+
+
+def _size_expr(arg: exp.Expression, unit: exp.Expression | None,
+               start: exp.Expression | None, dialect: str) -> str:
+    size = f"({arg.sql(dialect=dialect)})"
+    if start is not None:
+        size = f"({size} - ({start.sql(dialect=dialect)}))"
+    if unit is not None:
+        size = f"(length({unit.sql(dialect=dialect)}) * {size})"
+    return size
+
+
+def _literal_size(arg: exp.Expression, unit: exp.Expression | None,
+                  start: exp.Expression | None) -> int | None:
+    """The size when every part is a literal (so the decision is made before running)."""
+    try:
+        n = int(float(arg.this)) if isinstance(arg, exp.Literal) and not arg.is_string else None
+        if n is None:
+            return None
+        if start is not None:
+            if not (isinstance(start, exp.Literal) and not start.is_string):
+                return None
+            n -= int(float(start.this))
+        if unit is not None:
+            if not (isinstance(unit, exp.Literal) and unit.is_string):
+                return None
+            n *= len(unit.this)
+        return n
+    except (TypeError, ValueError):
+        return None
+
+
+def _guarded(arg: exp.Expression, size: str, cap: int, dialect: str) -> exp.Expression:
+    message = f"value too large: a single value may hold at most {cap} bytes or elements"
+    return parse_one(f"CASE WHEN {size} > {cap} THEN error('{message}') "
+                     f"ELSE {arg.sql(dialect=dialect)} END", read=dialect)
+
+
+def _bound(node: exp.Expression, key: str, cap: int, sql: str, dialect: str, *,
+           unit: exp.Expression | None = None, start: exp.Expression | None = None) -> bool:
+    arg = node.args.get(key)
+    if arg is None:
+        return False
+    literal = _literal_size(arg, unit, start)
+    if literal is not None:
+        if literal > cap:
+            raise RejectedStatementError(
+                f"{node.sql_name().lower()}() would build a value of {literal:,} bytes or "
+                f"elements; at most {cap:,} are allowed", sql=sql)
+        return False
+    node.set(key, _guarded(arg, _size_expr(arg, unit, start, dialect), cap, dialect))
+    return True
+
+
+def _bound_anonymous(node: exp.Anonymous, index: int, cap: int, sql: str, dialect: str) -> bool:
+    arg = node.expressions[index]
+    literal = _literal_size(arg, None, None)
+    if literal is not None:
+        if literal > cap:
+            raise RejectedStatementError(
+                f"{str(node.this).lower()}() would build a list of {literal:,} elements; at "
+                f"most {cap:,} are allowed", sql=sql)
+        return False
+    arg.replace(_guarded(arg, _size_expr(arg, None, None, dialect), cap, dialect))
+    return True

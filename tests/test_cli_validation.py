@@ -1,0 +1,64 @@
+"""The CLI rejects bad input before it loads a model, with a message that says what to do.
+
+Each run uses a config whose only instance is a local model at a path that does not exist:
+had the CLI tried to load it first, the error would be "GGUF model not found" instead of the
+input error, and the check would fail.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "missing-model.yaml"
+    path.write_text("fewshot: null\ninstances:\n  - name: local\n    backend: {type: local, "
+                    "model_path: /nonexistent/model.gguf}\n")
+    return path
+
+
+def agentflow(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "agentflow.cli.main", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["ask", "How many stores?", "--db", "bookshop", "--pipeline", "chesss"],
+     "invalid choice: 'chesss'"),
+    (["ask", "   ", "--db", "bookshop"], "the question is empty"),
+    (["ask", "How many stores?", "--db", "bookshop", "--slo", "-5"],
+     "must be a positive number of seconds"),
+    (["ask", "How many singers?", "--db", "concert_singer"], "known: bookshop"),
+    (["ask", "How many singers?", "--db", "concert_singer"], "--data"),
+    (["ask", "How many?", "--db", "/nonexistent/music.sqlite"], "file not found"),
+])
+def test_bad_input_is_rejected_before_the_model_loads(config, args, expected) -> None:
+    out = agentflow(*args, "--config", str(config))
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert expected in out.stderr, out.stderr
+    assert "GGUF" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_serve_on_a_busy_port_says_so_before_loading_anything(config) -> None:
+    pytest.importorskip("uvicorn")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        start = time.monotonic()
+        out = agentflow("serve", "--config", str(config), "--port", str(port))
+        took = time.monotonic() - start
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert f"port {port} on 127.0.0.1 is already in use" in out.stderr, out.stderr
+    assert "GGUF" not in out.stderr and took < 30

@@ -1,0 +1,176 @@
+"""Issue 11 §2: a SQL timeout is a promise, memory is bounded, no input breaks the guard.
+
+The timing test runs each statement in a fresh Python process, so its peak RSS is that
+statement's alone, and checks it stopped within 2x a 1 s limit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentflow.datasets.to_duckdb import convert_sqlite_to_duckdb
+from agentflow.sql import Database, QueryTimeoutError, RejectedStatementError, SqlError
+from agentflow.sql.errors import QueryTooComplexError
+from agentflow.sql.guard import MAX_NESTING, MAX_SQL_CHARS, check_query
+
+LIMIT_S = 1.0
+PEAK_RSS_BOUND_MB = 1024  # stated bound: each runaway statement stays under 1 GiB
+
+# (engine, statement): the issue's cases, plus variants that stay under the value-size cap so
+# only the watchdog can stop them.
+RUNAWAYS = [
+    ("sqlite", "SELECT sum(length(randomblob(50000000))) FROM book a, book b, book c, book d"),
+    ("sqlite", "WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n+1, s||s FROM r "
+               "WHERE n < 40) SELECT max(length(s)) FROM r"),
+    ("sqlite", "SELECT sum(length(randomblob(20000000))) FROM book a, book b, book c, book d"),
+    ("sqlite", "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+               "SELECT count(*) FROM c"),
+    ("duckdb", "SELECT length(repeat('x', 2000000000))"),
+    ("duckdb", "SELECT length(repeat('x', (SELECT 2000000000)))"),
+    ("duckdb", "SELECT sum(length(lpad('x', 30000000, 'y'))) FROM range(100000)"),
+    ("duckdb", "SELECT len(range(2000000000))"),
+    ("duckdb", "WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n+1, s||s FROM r "
+               "WHERE n < 40) SELECT max(length(s)) FROM r"),
+    ("duckdb", "SELECT count(*) FROM range(100000) a, range(100000) b"),
+]
+
+_CHILD = """
+import json, resource, sys, time
+from agentflow.sql import Database
+path, sql, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
+db = Database.open(path)
+db.execute("SELECT 1", timeout_s=limit)  # warm the pool: connection set-up is not the query
+start = time.monotonic()
+result = db.try_execute(sql, timeout_s=limit)
+elapsed = time.monotonic() - start
+print(json.dumps({"elapsed": elapsed, "kind": getattr(result, "kind", "ok"),
+                  "error": str(result) if hasattr(result, "kind") else None,
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+@pytest.fixture(scope="module")
+def engine_paths(tmp_path_factory) -> dict[str, Path]:
+    from tests.conftest import make_library_sqlite
+
+    base = tmp_path_factory.mktemp("limits")
+    sqlite_path = make_library_sqlite(base / "library.sqlite")
+    duck = convert_sqlite_to_duckdb(sqlite_path, base / "library.duckdb").dst
+    return {"sqlite": sqlite_path, "duckdb": duck}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine,sql", RUNAWAYS)
+def test_runaway_statement_stops_within_twice_the_limit_and_bounded_memory(
+        engine_paths, engine: str, sql: str) -> None:
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(engine_paths[engine]), sql,
+                          str(LIMIT_S)], capture_output=True, text=True, timeout=50,
+                         cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["kind"] in ("timeout", "rejected", "execution_error"), report
+    assert report["elapsed"] < 2 * LIMIT_S, report
+    assert report["peak_mb"] < PEAK_RSS_BOUND_MB, report
+
+
+def test_watchdog_interrupts_a_few_expensive_steps(engine_paths) -> None:
+    """Each row is one ~50 ms step: SQLite's own progress check would see very few steps."""
+    with Database.open(engine_paths["sqlite"]) as db:
+        start = time.monotonic()
+        with pytest.raises(QueryTimeoutError):
+            db.execute("SELECT sum(length(randomblob(20000000))) FROM book a, book b, book c",
+                       timeout_s=0.5)
+        assert time.monotonic() - start < 1.0
+        # The pooled connection is usable afterwards and is not interrupted again.
+        time.sleep(0.6)
+        assert db.execute("SELECT count(*) FROM book").rows == [(4,)]
+
+
+def test_guard_text_length_is_bounded_and_fast() -> None:
+    chain = "SELECT * FROM singer WHERE " + " OR ".join(f"singer_id = {i}" for i in range(80_000))
+    start = time.monotonic()
+    with pytest.raises(QueryTooComplexError, match="too long"):
+        check_query(chain)
+    assert time.monotonic() - start < 0.1
+    # The longest text the guard accepts is still checked quickly.
+    n = 0
+    parts = []
+    while len(" OR ".join(parts)) < MAX_SQL_CHARS - 200:
+        parts.append(f"singer_id = {n}")
+        n += 1
+    sql = "SELECT * FROM singer WHERE " + " OR ".join(parts)
+    assert len(sql) <= MAX_SQL_CHARS
+    spent = check_query(sql)
+    assert spent < 5.0, spent
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT " + "abs(" * 41 + "1" + ")" * 41,
+    "SELECT " + "(" * 47 + "1" + ")" * 47,
+    "SELECT " + "(" * 5000 + "1" + ")" * 5000,
+    "SELECT * FROM t WHERE x IN " + "(SELECT x FROM t WHERE x IN " * 30 + "(1)" + ")" * 30,
+])
+def test_deep_nesting_is_a_typed_error(sql: str) -> None:
+    with pytest.raises(QueryTooComplexError, match="too deeply nested"):
+        check_query(sql)
+    assert isinstance(QueryTooComplexError("x"), SqlError)
+
+
+def test_nesting_up_to_the_limit_is_accepted_even_deep_in_the_stack() -> None:
+    sql = "SELECT " + "abs(" * (MAX_NESTING - 1) + "1" + ")" * (MAX_NESTING - 1)
+
+    def recurse(n: int) -> None:
+        if n:
+            return recurse(n - 1)
+        check_query(sql)
+
+    recurse(300)  # a server's call stack is not shallow
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "duckdb"])
+def test_try_execute_never_raises(engine_paths, engine: str) -> None:
+    with Database.open(engine_paths[engine]) as db:
+        for sql in ["SELECT " + "abs(" * 60 + "1" + ")" * 60, "", "DROP TABLE book",
+                    "SELECT * FROM nowhere", "SELECT 'x' " + "|| 'y' " * 30_000, "SELECT (",
+                    "\x00", "SELECT '\ud800'"]:
+            result = db.try_execute(sql, timeout_s=LIMIT_S)
+            assert isinstance(result, SqlError) or hasattr(result, "rows"), sql[:40]
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "duckdb"])
+@pytest.mark.parametrize("sql", ["SELECT count(*) FROM book; -- count books",
+                                 "SELECT count(*) FROM book; /* count */",
+                                 "SELECT count(*) FROM book -- count books",
+                                 "SELECT count(*) FROM book;"])
+def test_trailing_comment_is_not_a_second_statement(engine_paths, engine: str,
+                                                    sql: str) -> None:
+    with Database.open(engine_paths[engine]) as db:
+        assert db.execute(sql).rows == [(4,)]
+
+
+def test_a_real_second_statement_after_a_comment_is_still_rejected(engine_paths) -> None:
+    with Database.open(engine_paths["sqlite"]) as db:
+        with pytest.raises(RejectedStatementError):
+            db.execute("SELECT 1; -- c\nDELETE FROM book")
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "duckdb"])
+def test_bounds_apply_before_transpiling_too(engine_paths, engine: str) -> None:
+    """A query in another dialect is transpiled first: the same bounds must hold there."""
+    other = "duckdb" if engine == "sqlite" else "sqlite"
+    with Database.open(engine_paths[engine]) as db:
+        with pytest.raises(QueryTooComplexError, match="too deeply nested"):
+            db.execute("SELECT " + "abs(" * 60 + "1" + ")" * 60, dialect=other)
+        start = time.monotonic()
+        chain = "SELECT 1 WHERE " + " OR ".join(f"1 = {i}" for i in range(60_000))
+        with pytest.raises(QueryTooComplexError, match="too long"):
+            db.execute(chain, dialect=other)
+        assert time.monotonic() - start < 0.5
+        assert db.execute("SELECT count(*) FROM book", dialect=other).rows == [(4,)]
