@@ -145,8 +145,12 @@ def find_l1(trace, cluster, idle: IdleLatency, n: int, seed: int) -> float:
         return run_policy(cluster, wl, "vllm").summary()["p95"]
 
     target = 2 * p95(1e-5)
-    low, high = 0.0, 0.005 * len(cluster.expanded())
+    start = 0.005 * len(cluster.expanded())
+    low, high = 0.0, start
     while p95(high) < target:
+        if high > 1e4 * start:  # the run is too short to load this cluster at any rate
+            raise RuntimeError(f"vllm's P95 never doubled with {n} queries on "
+                               f"{cluster.name}: use more queries for the search")
         low, high = high, high * 2
     for _ in range(4):
         mid = (low + high) / 2 if low > 0 else high / 2
@@ -263,6 +267,8 @@ def main() -> None:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--goodput", action="store_true")
+    p.add_argument("--clusters", default=None,
+                   help="comma list: run only the cells on these clusters")
     p.add_argument("--out", type=Path, default=Path("artifacts/policy_suite"))
     args = p.parse_args()
     out = args.out / ("quick" if args.quick else "full")
@@ -274,6 +280,8 @@ def main() -> None:
     names = args.workloads.split(",") if args.workloads else (
         ["trace1"] if args.quick else list(all_workloads))
     cells = grid(names, args.quick)
+    if args.clusters:
+        cells = [c for c in cells if c.cluster in args.clusters.split(",")]
     idles: dict[str, IdleLatency] = {}
     for cell in cells:
         cluster = load_cluster(cell.cluster)
@@ -282,7 +290,9 @@ def main() -> None:
         lkey = f"{cell.workload}/{cell.cluster}"
         if lkey not in results["l1"]:
             t0 = time.perf_counter()
-            results["l1"][lkey] = find_l1(trace, cluster, idle, 60, args.seed)
+            # enough queries that round-robin can queue at all: >= 8 per instance
+            results["l1"][lkey] = find_l1(trace, cluster, idle,
+                                          max(60, 8 * len(cluster.expanded())), args.seed)
             print(f"L1 {lkey}: {results['l1'][lkey]:.4g} q/s "
                   f"({time.perf_counter() - t0:.0f}s)", flush=True)
         rate = 1.5 * results["l1"][lkey]

@@ -608,17 +608,6 @@ class Coordinator:
                 sum(m.decode_s_per_token * m.decode_ratio for m in models) / k)
         return coef[1] + prompt_tokens * coef[2] + output_tokens * coef[3]
 
-    def _node_estimate(self, query: QueryState):
-        def estimate(node: Node) -> float:
-            if node.kind != NodeKind.LLM:
-                truth = self.predictor.true_lengths(query.id, node.id)
-                if truth is not None and truth.duration_s is not None:
-                    return truth.duration_s
-                return node.expected_s
-            prompt, output = self._future_lengths(query, node)
-            return self._mean_time(prompt, output.mean())
-        return estimate
-
     def _retry_after(self, now: float) -> float:
         """Seconds until the least loaded instance would drain its queue (>= 1)."""
         loads = [self.outstanding_work(n, now) for n in self.up_instances] or [5.0]
