@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policy_suite import find_l1, workloads  # noqa: E402
 
+from agentflow.metrics import scale_key  # noqa: E402
 from agentflow.sim.cluster import load_cluster  # noqa: E402
 from agentflow.sim.experiment import build_workload, run_policy  # noqa: E402
 from agentflow.sim.slo import IdleLatency  # noqa: E402
@@ -79,7 +80,7 @@ def main() -> None:
             res = run_policy(cluster, wl, policy, slo_scale=2.0)
             s = res.summary()
             per[policy] = {"p95": s["p95"], "mean": s["mean"],
-                           "slo": s["slo_attainment"]["2.0"], **tail_makeup(res, wl)}
+                           "slo": s["slo_attainment"][scale_key(2.0)], **tail_makeup(res, wl)}
             m = per[policy]
             print(f"{cell:<16} {policy:<36} p95={m['p95']:6.1f} mean={m['mean']:6.1f} "
                   f"slo={m['slo']:.2f} tail: calls={m['tail_calls']:.1f} "

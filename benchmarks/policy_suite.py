@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agentflow.metrics import scale_key
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.experiment import build_workload, goodput, run_policy
 from agentflow.sim.slo import IdleLatency
@@ -165,7 +166,7 @@ def geomean(values: list[float]) -> float:
 
 
 def metrics(summary: dict, slo_scale: float) -> dict:
-    key = f"{slo_scale:.1f}"
+    key = scale_key(slo_scale)
     met = summary["slo_attainment"][key] * summary["queries"]
     span = summary["makespan"]
     return {"p95": summary["p95"], "mean": summary["mean"],
