@@ -91,8 +91,9 @@ def vega_lite(columns: list[str], rows: list[list[Any]],
             encoding["xOffset"] = alt.XOffset("measure:N")
     chart = alt.Chart(alt.Data(values=values))
     mark = chart.mark_line(point=True) if choice.mark == "line" else chart.mark_bar()
-    spec = mark.encode(**encoding).properties(width=360, height=220,
-                                              title=title or alt.Undefined)
+    spec = mark.encode(**encoding).properties(width=360, height=220)
+    if title:
+        spec = spec.properties(title=title)
     return spec.to_dict()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentflow.distributed.placement import RayPlacement
 from agentflow.scheduler.health import HealthSettings
@@ -61,14 +61,15 @@ class InstanceConfig(BaseModel):
             hardware.gpu(value)
         return value
 
-    @field_validator("model")
-    @classmethod
-    def _model(cls, value: str | None) -> str | None:
-        if value is not None:
+    @model_validator(mode="after")
+    def _model_profile(self) -> "InstanceConfig":
+        """On a GPU the model names a profile (it prices the instance); on a CPU it is only
+        a label, timed by measurement."""
+        if self.gpu is not None and self.model is not None:
             from agentflow import hardware
 
-            hardware.model(value)
-        return value
+            hardware.model(self.model)
+        return self
 
     @property
     def inflight_limit(self) -> int:

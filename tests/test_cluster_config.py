@@ -135,3 +135,13 @@ def test_bad_cluster_files_are_refused_with_the_reason(tmp_path: Path) -> None:
     f.write_text("instances:\n  - {gpu: H100, model: Llama-3.1-8B, tensor_paralel: 2}\n")
     with pytest.raises(ValidationError, match="tensor_paralel"):
         load_cluster(str(f))
+
+
+def test_a_cpu_model_is_a_label_and_an_impossible_gpu_instance_says_what_to_set() -> None:
+    assert InstanceConfig(name="cpu", model="my-finetune").model == "my-finetune"
+    with pytest.raises(ValidationError, match="unknown model"):
+        InstanceConfig(name="g", gpu="H100", model="my-finetune")
+    with pytest.raises(ValueError, match="set its tensor_parallel or weight_bits"):
+        InstanceSpec.from_config(InstanceConfig(name="x", gpu="L40S", model="Llama-3.1-70B"))
+    given = InstanceConfig(name="x", gpu="L40S", model="Llama-3.1-70B", kv_token_budget=9000)
+    assert InstanceSpec.from_config(given).kv_token_budget == 9000

@@ -388,6 +388,7 @@ def collect_values(db, *, max_value_len: int = DEFAULT_MAX_VALUE_LEN,
     """Distinct short text values of every text, non-key column (most frequent first when
     capped), and why the other columns were left out."""
     from agentflow.sql.schema import _quote_ident as q
+    from agentflow.sql.schema import sampled_source
 
     values: dict[tuple[str, str], list[str]] = {}
     skipped: dict[str, str] = {}
@@ -400,7 +401,9 @@ def collect_values(db, *, max_value_len: int = DEFAULT_MAX_VALUE_LEN,
                 skipped[name] = "key-like column"
                 continue
             col = q(column.name)
-            sql = (f"SELECT {col} FROM {table.quoted} WHERE {col} IS NOT NULL "
+            # Big PostgreSQL tables are sampled (frequent values survive a sample).
+            sql = (f"SELECT {col} FROM {sampled_source(db, table, 100_000)} "
+                   f"WHERE {col} IS NOT NULL "
                    f"AND length({col}) <= {int(max_value_len)} GROUP BY {col} "
                    f"ORDER BY count(*) DESC, {col} LIMIT {int(max_values_per_column)}")
             result = db.try_execute(sql, timeout_s=timeout_s, max_rows=max_values_per_column)

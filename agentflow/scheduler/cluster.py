@@ -47,7 +47,11 @@ class InstanceSpec:
         if kv is None and cfg.gpu is not None and cfg.model is not None:
             from agentflow.sim.engine import engine_for
 
-            engine = engine_for(name, cfg)
+            try:
+                engine = engine_for(name, cfg)
+            except ValueError as err:
+                raise ValueError(f"instance {name}: {err}; set its tensor_parallel or "
+                                 "weight_bits as deployed, or its kv_token_budget") from None
             kv = engine.kv_blocks_total * engine.block_size
         return cls(name=name, gpu=cfg.gpu, model=cfg.model, max_inflight=cfg.inflight_limit,
                    kv_token_budget=kv, tensor_parallel=cfg.tensor_parallel,

@@ -174,7 +174,7 @@ class Database:
         try:
             columns, rows, truncated = self._run(run_sql, sql, remaining, timeout_s, max_rows)
         except sa.exc.DBAPIError as err:  # checkout failed: the server is unreachable
-            raise self._connection_error(err, sql) from err
+            raise self._connection_error(err, sql, connected=False) from err
         return QueryResult(columns=columns, rows=rows, truncated=truncated,
                            elapsed_s=time.monotonic() - start, sql=sql)
 
@@ -229,13 +229,18 @@ class Database:
                     pass
         return columns, rows, truncated
 
-    def _connection_error(self, err: BaseException, sql: str) -> E.ConnectionLostError:
+    def _connection_error(self, err: BaseException, sql: str, *,
+                          connected: bool = True) -> E.ConnectionLostError:
         """The connection failed or broke: say so plainly, with no URL or secret in it."""
         orig = getattr(err, "orig", None) or err
         detail = redact(str(orig).strip().splitlines()[0] if str(orig).strip()
                         else type(orig).__name__, self._secrets)
         if " failed: " in detail:  # libpq: 'connection to server at "h", port p failed: why'
             detail = detail.rsplit(" failed: ", 1)[1]
+        if not connected:
+            return E.ConnectionLostError(
+                f"cannot connect to database {self.id!r} ({detail}); the query did not run",
+                sql=sql)
         return E.ConnectionLostError(
             f"lost the connection to database {self.id!r} ({detail}); the query did not "
             "complete and may be retried", sql=sql)

@@ -151,6 +151,17 @@ BIG_TABLE_ROWS = 100_000
 _SAMPLE_ROWS = 10_000
 
 
+def sampled_source(db: "Database", table: "Table", rows: int = _SAMPLE_ROWS) -> str:
+    """What to put after FROM to read ``table`` without a full scan when it is big: on
+    PostgreSQL a ``TABLESAMPLE SYSTEM`` of about ``rows`` rows above ``BIG_TABLE_ROWS``
+    (planner estimate); the table itself otherwise."""
+    if getattr(db, "kind", None) == "postgresql" and table.kind == "table" \
+            and table.row_estimate > BIG_TABLE_ROWS:
+        pct = max(0.01, min(100.0, 100.0 * rows / table.row_estimate))
+        return f"{table.quoted} TABLESAMPLE SYSTEM ({pct:.4f})"
+    return table.quoted
+
+
 def sample_values(db: "Database", table: "str | Table", column: "str | Column", k: int = 3,
                   max_len: int = 40) -> list[Any]:
     """Up to ``k`` distinct non-NULL values of a column (the most frequent first), for prompts.
@@ -168,10 +179,7 @@ def sample_values(db: "Database", table: "str | Table", column: "str | Column", 
         col = table.column(col_name) or Column(col_name, "")
         values = sample_values_postgres(db, table, col, k)
         if values is None:
-            source = table.quoted
-            if table.kind == "table" and table.row_estimate > BIG_TABLE_ROWS:
-                pct = max(0.01, min(100.0, 100.0 * _SAMPLE_ROWS / table.row_estimate))
-                source += f" TABLESAMPLE SYSTEM ({pct:.4f})"
+            source = sampled_source(db, table)
             sql = (f"SELECT v FROM (SELECT {q(col_name)} AS v FROM {source} WHERE "
                    f"{q(col_name)} IS NOT NULL LIMIT {_SAMPLE_ROWS}) s GROUP BY v "
                    f"ORDER BY count(*) DESC, v LIMIT {int(k)}")
