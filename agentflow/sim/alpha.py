@@ -92,6 +92,8 @@ class OnlineAlphaTuner:
         return list(range(max(0, arrived - count), arrived))
 
     def _retune(self, sim) -> None:
+        if not hasattr(sim.coordinator.dispatch, "alpha"):
+            return  # the policy's dispatch has no alpha (e.g. flowsage's earliest_finish)
         now = sim.clock.now()
         window = self._window(now)
         if not window and not sim.pending_queries:
