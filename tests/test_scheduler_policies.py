@@ -66,7 +66,7 @@ def test_urgency_orders_by_budget_share_and_budgets_shrink_as_time_passes() -> N
     #   budget = 9 * 4 / 4 = 9,           urgency = 4 - 9 = -5
     # urgency runs A first; EDF would run B first (9 < 10).
     lengths = {"a1": 2, "a2": 3, "a3": 3, "b1": 4}
-    for policy, first in (("least_loaded+urgency", "A"), ("least_loaded+edf", "B")):
+    for policy, first in (("least_loaded+edf", "B"), ("least_loaded+urgency", "A")):
         c = coordinator(policy, lengths)
         occupy(c)
         run_a = chain_run("A", 10, ["a1", "a2", "a3"])
@@ -98,7 +98,7 @@ def test_llf_uses_the_query_remaining_critical_path() -> None:
     c.on_query_arrival("B", deadline=9, run=chain_run("B", 9, ["b1"]))
     c.on_call_ready("B", stage="b1", node_id="B.0", prompt_tokens=0)
     c.on_call_ready("A", stage="a1", node_id="A.0", prompt_tokens=0)
-    keys = {call.query.id: c.queues["fast"].policy.key(call, 0.0, c)[0]
+    keys = {call.query.id: c.queues["fast"].policy.key(call, 0.0, c)[1]
             for call in c.queues["fast"].waiting}
     assert keys == {"A": 2.0, "B": 5.0}
 
@@ -116,12 +116,12 @@ def test_gittins_prefers_the_call_likely_to_finish_soon() -> None:
     assert [x.stage for x in c.queues["fast"].ordered_waiting(0.0, c)] == ["risky", "sure"]
 
 
-def test_flowsage_runs_at_risk_calls_first_then_the_query_with_least_work_left() -> None:
+def test_flowsage_v1_runs_at_risk_calls_first_then_the_query_with_least_work_left() -> None:
     # Short: one 2 s stage left, deadline 100 -> not at risk; remaining cost 2^2/2 = 2.
     # Long:  stages 2, 50, 50 left, deadline 1000 -> not at risk; remaining cost 2 + 1250*2.
     # Late:  one 5 s stage, deadline 3: budget 3 < t = 5 -> at risk (urgency 2): runs first.
     lengths = {"s1": 2, "l1": 2, "l2": 50, "l3": 50, "x1": 5}
-    c = coordinator("least_loaded+flowsage", lengths)
+    c = coordinator("least_loaded+flowsage_v1", lengths)
     occupy(c)
     c.on_query_arrival("Long", deadline=1000, run=chain_run("Long", 1000, ["l1", "l2", "l3"]))
     c.on_query_arrival("Short", deadline=100, run=chain_run("Short", 100, ["s1"]))
@@ -140,7 +140,7 @@ def test_presets_and_bad_names() -> None:
     assert [type(p).__name__ for p in resolve("sagesched")] == ["LeastLoadedDispatch",
                                                                  "GittinsQueue"]
     assert [p.name for p in resolve("vllm")] == ["round_robin", "fcfs"]
-    assert [p.name for p in resolve("flowsage")] == ["workload_balanced", "flowsage"]
+    assert [p.name for p in resolve("flowsage")] == ["earliest_finish", "flowsage"]
     assert [p.name for p in resolve("llf")] == ["least_loaded", "llf"]
     with pytest.raises(ValueError, match="unknown policy"):
         resolve("fastest")
@@ -149,3 +149,26 @@ def test_presets_and_bad_names() -> None:
     with pytest.raises(ValueError, match="alpha"):
         resolve("workload_balanced+fcfs", alpha=2.0)
     assert math.isfinite(resolve("hexgen-flow", alpha=0.3)[0].alpha)
+
+
+def test_flowsage_runs_the_query_most_likely_to_miss_first() -> None:
+    # Both queries: deadline 20, one stage left whose mean is 10 s -> the same slack (10 s).
+    # "Sure" always writes 10 tokens; "Unsure" writes 2 or 18 (mean 10): its P10-P90 path
+    # spread is 16 s, so its miss probability is higher -> it runs first, unlike LLF, which
+    # sees equal laxity and falls back to arrival order.
+    unsure = Distribution(values=[2.0, 18.0], probs=[0.5, 0.5])
+    made = {}
+    for policy, first in (("least_loaded+flowsage", "Unsure"), ("least_loaded+llf", "Sure")):
+        c = made[policy] = coordinator(policy, {"s": 10, "u": unsure})
+        occupy(c)
+        c.on_query_arrival("Sure", deadline=20, run=chain_run("Sure", 20, ["s"]))
+        c.on_query_arrival("Unsure", deadline=20, run=chain_run("Unsure", 20, ["u"]))
+        c.on_call_ready("Sure", stage="s", node_id="Sure.0", prompt_tokens=0)
+        c.on_call_ready("Unsure", stage="u", node_id="Unsure.0", prompt_tokens=0)
+        order = [x.query.id for x in c.queues["fast"].ordered_waiting(0.0, c)]
+        assert order[0] == first, policy
+    # z = (D - now - R) / sigma falls faster for the predictable query: once both are late
+    # (now = 30, slack -10), the predictable one is the likelier miss.
+    c = made["least_loaded+flowsage"]
+    assert [x.query.id for x in c.queues["fast"].ordered_waiting(30.0, c)][0] == "Sure"
+    assert [x.query.id for x in c.queues["fast"].ordered_waiting(5.0, c)][0] == "Unsure"

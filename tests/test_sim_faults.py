@@ -64,7 +64,10 @@ def test_a_query_that_fails_aborts_its_running_siblings_and_others_finish() -> N
     cluster = SimClusterConfig(instances=[SimInstanceConfig(
         gpu="H100", model="Llama-3.1-8B", count=5, max_pending_prefill=None)])
     queries = [chess_like(0), doomed(), chess_like(1)]
-    sim = Simulation(cluster, "flowsage")
+    # least_loaded: the three retries go to the three idle instances at once (flowsage's
+    # earliest_finish dispatch may prefer a busy instance whose learned prefill rate is
+    # lower, which delays the third attempt — a different, also valid, sequence).
+    sim = Simulation(cluster, "least_loaded+flowsage")
     checks = watch(sim, 120.0)
     running_siblings: list[int] = []
     sim.schedule_hook(3.0, lambda s: running_siblings.append(

@@ -40,6 +40,15 @@ class QueryState:
     # Critical-path lengths by node, valid for one workflow version (see Coordinator).
     path_cache: dict[str | None, float] = field(default_factory=dict)
     path_cache_version: int = -1
+    path_cache_at: float = 0.0  # when the critical paths were last computed
+    # The remaining critical path with every unfinished LLM stage at a low / high quantile
+    # of its predicted length (optimistic / pessimistic), and the expected LLM seconds left
+    # summed over all unfinished stages (the query's remaining work, parallel stages added).
+    path_lo: float = 0.0
+    path_hi: float = 0.0
+    work_left: float = 0.0
+    done_nodes: set[str] = field(default_factory=set)  # stages whose call finished
+    topo: tuple | None = field(default=None, repr=False)  # cached topological order
 
 
 @dataclass(eq=False)
@@ -68,6 +77,12 @@ class ScheduledCall:
     cost: Distribution | None = field(default=None, repr=False)  # O^2/2 + I*O, cached
     # expected run time per instance, tagged with the time model's observation count
     time_cache: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
+    # queue ranking (InstanceQueue): the key, where it sits, a version for stale timers
+    rank_key: tuple = field(default=(), repr=False)
+    rank_slot: tuple[int, int] | None = field(default=None, repr=False)
+    rank_version: int = field(default=0, repr=False)
+    expected_finish: float | None = field(default=None, repr=False)  # set while running
+    length_summary: tuple[float, float, float] | None = field(default=None, repr=False)
     # The prompt's length on instances whose tokenizer counts it differently (other models).
     prompt_tokens_on: dict[str, int] | None = field(default=None, repr=False)
 

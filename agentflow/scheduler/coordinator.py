@@ -20,7 +20,7 @@ import numpy as np
 from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.distribution import Distribution, cost_distribution
-from agentflow.scheduler.instance import InstanceQueue
+from agentflow.scheduler.instance import InstanceQueue, LoadBook
 from agentflow.scheduler.length_models import LengthModel, make_predictor
 from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.time_model import InstanceTimeModel
@@ -88,8 +88,14 @@ class Coordinator:
         self.clock = clock
         self.policy_name = policy
         self.dispatch, queue_policy = resolve(policy, alpha=alpha, **queue_kwargs)
-        self.queues = {s.name: InstanceQueue(s, queue_policy) for s in instances}
-        self.time_models = {s.name: InstanceTimeModel.for_spec(s) for s in instances}
+        self._queue_policy = queue_policy
+        self.loads = LoadBook(len(instances))
+        self.queues = {s.name: InstanceQueue(s, queue_policy, self.loads, i)
+                       for i, s in enumerate(instances)}
+        self._index = {s.name: i for i, s in enumerate(instances)}
+        self._name_rank = np.argsort(np.argsort(np.array(names, dtype=object)))
+        self.time_models = _TimeModels(self, {s.name: InstanceTimeModel.for_spec(s)
+                                              for s in instances})
         self.predictor: LengthModel = predictor if predictor is not None \
             else make_predictor(parse_policy(policy).predictor)
         self.max_waiting_calls = max_waiting_calls
@@ -98,10 +104,17 @@ class Coordinator:
         self.queries: dict[str, QueryState] = {}
         self._observers: list[CoordinatorObserver] = []
         self._ids = itertools.count()
-        self._stage_prediction: dict[tuple[str, str], Distribution] = {}
+        # per query: stage -> predicted length (future stages), and its (mean, P10, P90)
+        self._stage_prediction: dict[str, dict[str, Distribution]] = {}
+        self._stage_summary: dict[str, dict[str, tuple[Distribution, tuple]]] = {}
         # Mean prompt tokens of each stage's calls so far: the estimate for future calls of
         # the stage when the pipeline gives no hint (what serving knows before a prompt exists).
         self._stage_prompts: dict[str, tuple[float, int]] = {}
+        # Bumped whenever a time model learns or an instance goes up/down: the cluster-mean
+        # stage-time coefficients are recomputed only then.
+        self._models_epoch = 0
+        self._mean_coef: tuple[int, float, float, float] | None = None
+        self._coef_cache: tuple | None = None
 
     # ============================================================================ events
     def on_query_arrival(self, query_id: str, *, arrival: float | None = None,
@@ -122,6 +135,7 @@ class Coordinator:
         query = QueryState(id=query_id, arrival=now if arrival is None else arrival,
                            deadline=deadline, key_text=key_text, run=run)
         self.queries[query_id] = query
+        self._refresh(query, now)
         return query
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
@@ -148,6 +162,7 @@ class Coordinator:
                              prompt_tokens_on=prompt_tokens_by_instance)
         query.calls.add(call)
         query.calls_version += 1
+        self._refresh(query, now)
         return call, self._dispatch(call, now)
 
     def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
@@ -156,11 +171,14 @@ class Coordinator:
         if not self._live(call):
             return []
         first = call.attained_tokens == 0 and output_tokens > 0
-        if self._bucket(call.attained_tokens) != self._bucket(output_tokens):
-            call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
+        crossed = self._bucket(call.attained_tokens) != self._bucket(output_tokens)
         call.attained_tokens = max(call.attained_tokens, output_tokens)
+        if crossed and call.query.id in self.queries:
+            call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
+            self._refresh(call.query, self.clock.now())
         if first and call.instance is not None and call.state == CallState.RUNNING:
             queue = self.queues[call.instance]
+            queue.first_token(call)
             if queue.spec.max_pending_prefill is not None:
                 return self._admit(queue, self.clock.now())
         return []
@@ -176,13 +194,17 @@ class Coordinator:
         queue.finish(call, self._kv_tokens(call))
         call.query.calls.discard(call)
         call.query.calls_version += 1
+        call.query.done_nodes.add(call.node_id)
         self.predictor.observe(call.stage, call.query.key_text, output_tokens,
                                call.prompt_tokens)
-        self._stage_prediction.pop((call.query.id, call.stage), None)
+        self._stage_prediction.get(call.query.id, {}).pop(call.stage, None)
         if total_s > 0:
             self.time_models[call.instance].observe(call.tokens_on(call.instance),
                                                     output_tokens, ttft_s, total_s,
                                                     cached_tokens)
+            self._models_epoch += 1
+        if call.query.id in self.queries:
+            self._refresh(call.query, now)
         return self._admit(queue, now)
 
     def on_call_failed(self, call: ScheduledCall, reason: str, *,
@@ -228,6 +250,7 @@ class Coordinator:
         now = self.clock.now()
         queue = self.queues[name]
         queue.up = False
+        self._models_epoch += 1
         decisions: list[Decision] = []
         for call in sorted(queue.waiting, key=lambda c: c.seq):
             queue.remove(call)
@@ -237,12 +260,13 @@ class Coordinator:
     def on_instance_up(self, name: str) -> list[Decision]:
         queue = self.queues[name]
         queue.up = True
+        self._models_epoch += 1
         return self._admit(queue, self.clock.now())
 
     def on_query_done(self, query_id: str) -> None:
         self.queries.pop(query_id, None)
-        for key in [k for k in self._stage_prediction if k[0] == query_id]:
-            del self._stage_prediction[key]
+        self._stage_prediction.pop(query_id, None)
+        self._stage_summary.pop(query_id, None)
 
     def cancel_query(self, query_id: str) -> tuple[list[ScheduledCall], list[Decision]]:
         """Remove the query's waiting calls everywhere. Returns its running calls (for the
@@ -291,43 +315,185 @@ class Coordinator:
         return cached[1]
 
     def outstanding_work(self, instance: str, now: float) -> float:
-        queue = self.queues[instance]
-        model = self.time_models[instance]
-        work = (len(queue.waiting) * model.overhead_s
-                + model.prefill_s(queue.waiting_prompt_tokens) - model.overhead_s
-                + model.decode_s(queue.waiting_output_tokens)) if queue.waiting else 0.0
-        for c in queue.running:
-            left = self.expected_s(c, instance)
-            if c.started_at is not None:
-                left -= now - c.started_at
-            work += max(left, 0.0)
-        return work
+        return float(self.work_vector(now)[self._index[instance]])
+
+    def work_vector(self, now: float) -> np.ndarray:
+        """``W_i`` of every instance (construction order): the waiting calls' expected time
+        from their token totals, plus what is left of the running calls."""
+        oh, pf, df = self._coef_vectors()
+        book = self.loads
+        return (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df
+                + book.running(now))
+
+    def time_vector(self, call: ScheduledCall) -> np.ndarray:
+        """``t(call, i)`` on every instance (construction order)."""
+        oh, pf, df = self._coef_vectors()
+        prompt: float | np.ndarray = call.prompt_tokens
+        if call.prompt_tokens_on:  # tokenizers disagree: each instance's own count
+            prompt = np.array([call.tokens_on(n) for n in self.queues], dtype=float)
+        return oh + prompt * pf + call.mean_output * df
+
+    def dispatch_view(self, call: ScheduledCall, instances: list[str], now: float
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(W, t, name rank) for ``instances``, aligned with that list: what every dispatch
+        policy reads, in a few vector operations whatever the cluster size."""
+        idx = [self._index[n] for n in instances]
+        return self.work_vector(now)[idx], self.time_vector(call)[idx], self._name_rank[idx]
+
+    def _coef_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-instance overhead, prefill and decode seconds per token (with the online
+        corrections), refreshed only when a time model learns."""
+        cached = self._coef_cache
+        key = self._models_epoch
+        if cached is None or cached[0] != key:
+            models = [self.time_models[n] for n in self.queues]
+            cached = self._coef_cache = (
+                key, np.array([m.overhead_s for m in models]),
+                np.array([m.prefill_s_per_token * m.prefill_ratio for m in models]),
+                np.array([m.decode_s_per_token * m.decode_ratio for m in models]))
+        return cached[1], cached[2], cached[3]
 
     def downstream_s(self, call: ScheduledCall, now: float) -> float:
-        run = call.query.run
-        if run is None:
+        """Expected seconds on the longest chain after ``call``'s stage, as of the query's
+        last event (see ``_refresh``)."""
+        if call.query.run is None:
             return 0.0
-        return self._paths(call.query, now).get(call.node_id, 0.0)
+        self._paths_on_demand(call.query, now)
+        return call.query.path_cache.get(call.node_id, 0.0)
 
     def remaining_s(self, query: QueryState, now: float) -> float:
+        """Expected seconds left on the query's critical path, as of its last event."""
         if query.run is not None:
-            paths = self._paths(query, now)
-            return paths[None]
+            self._paths_on_demand(query, now)
+            return query.path_cache.get(None, 0.0)
         return sum(self._mean_time(c.prompt_tokens, c.output.mean()) for c in query.calls)
 
-    def _paths(self, query: QueryState, now: float) -> dict[str | None, float]:
-        """Critical paths of a query's unfinished stages, recomputed when its workflow changes
-        (a stage starts, finishes or the graph grows), not at every ranking, so a queue of
-        thousands of calls re-ranks in milliseconds. Between changes, running stages'
-        elapsed time is taken as of the last change. Key ``None``: the whole remaining path."""
-        if query.path_cache_version != query.run.version:
-            run = query.run
-            estimate = self._node_estimate(query)  # the run's own estimator stays its own
-            paths: dict[str | None, float] = dict(run.downstream_paths(now, estimate))
-            paths[None] = run.remaining_critical_path(now, estimate)
-            query.path_cache = paths
-            query.path_cache_version = run.version
-        return query.path_cache
+    def _paths_on_demand(self, query: QueryState, now: float) -> None:
+        """Policies that keep no per-query state (fcfs, edf, gittins) skip the critical
+        paths at events; asked for them anyway (inspection, tests), compute them now."""
+        if not self._queue_policy.query_dependent:
+            self._critical_paths(query, now)
+
+    def _refresh(self, query: QueryState, now: float) -> None:
+        """Something happened to ``query`` (arrival, a call ready, finished, or past an
+        attained-service bucket): recompute its critical paths once, and re-key its waiting
+        calls. Keys change only here, never per decision, so a queue of thousands of calls
+        picks the next one in O(log n). Policies whose keys ignore the query skip both."""
+        if not self._queue_policy.query_dependent:
+            return
+        if query.run is not None:
+            self._critical_paths(query, now)
+        policy = self._queue_policy
+        seen: set[str] = set()
+        key = None
+        for c in list(query.calls):
+            if c.state == CallState.WAITING and c.instance is not None:
+                if policy.per_query:  # one key for the query, placed once per instance
+                    if c.instance in seen:
+                        continue
+                    seen.add(c.instance)
+                    if key is None:
+                        key = policy.rank(c, now, self)
+                self.queues[c.instance].rekey(c, now, self, key)
+
+    # quantile levels of the optimistic and pessimistic paths (a symmetric 80% band)
+    PATH_QUANTILES = (0.1, 0.9)
+
+    def _critical_paths(self, query: QueryState, now: float) -> None:
+        """Downstream critical path of every unfinished stage, and (key ``None``) of the
+        whole remaining workflow, by one DP over a cached topological order: a stage the
+        scheduler saw finish counts as done even before the runtime marks it, a running
+        stage counts its expected remainder. The same pass gives the optimistic and
+        pessimistic whole paths (every LLM stage at its P10 / P90 length) and the work left."""
+        run = query.run
+        graph = run.graph
+        shape = len(graph)  # the graph only grows, and only by new nodes (expansions)
+        if query.topo is None or query.topo[0] != shape:
+            import networkx as nx
+
+            order = list(nx.topological_sort(graph))
+            query.topo = (shape, [(n, run.node(n), list(graph.successors(n)))
+                                  for n in reversed(order)])
+        _, reverse_order = query.topo
+        self._mean_time(0.0, 0.0)  # refresh the cluster-mean coefficients
+        _, oh, pf, df = self._mean_coef
+        calls = {c.node_id: c for c in query.calls}
+        done = query.done_nodes
+        pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
+        rem: dict[str, tuple[float, float, float]] = {}
+        after: dict[str | None, float] = {}
+        after_lo: dict[str, float] = {}
+        after_hi: dict[str, float] = {}
+        total = total_lo = total_hi = work = 0.0
+        for n, node, succ in reverse_order:
+            state = run.state(n)
+            if (state != pending and state != running) or n in done:
+                continue
+            if node.kind == llm:
+                prompt, (mean, lo, hi) = self._stage_lengths(query, node, calls.get(n))
+                base = oh + prompt * pf
+                t, t_lo, t_hi = base + mean * df, base + lo * df, base + hi * df
+                work += t
+            else:
+                t = t_lo = t_hi = self._tool_time(query, node)
+            if state == running:
+                started = run.started_at(n)
+                if started is not None:
+                    elapsed = now - started
+                    t = max(0.0, t - elapsed)
+                    t_lo = max(0.0, t_lo - elapsed)
+                    t_hi = max(0.0, t_hi - elapsed)
+            rem[n] = (t, t_lo, t_hi)
+            best = best_lo = best_hi = 0.0
+            for child in succ:
+                r = rem.get(child)
+                if r is not None:
+                    v = r[0] + after[child]
+                    if v > best:
+                        best = v
+                    v = r[1] + after_lo[child]
+                    if v > best_lo:
+                        best_lo = v
+                    v = r[2] + after_hi[child]
+                    if v > best_hi:
+                        best_hi = v
+            after[n], after_lo[n], after_hi[n] = best, best_lo, best_hi
+            if t + best > total:
+                total = t + best
+            if t_lo + best_lo > total_lo:
+                total_lo = t_lo + best_lo
+            if t_hi + best_hi > total_hi:
+                total_hi = t_hi + best_hi
+        after[None] = total
+        query.path_cache = after
+        query.path_cache_version = run.version
+        query.path_cache_at = now
+        query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
+
+    def _tool_time(self, query: QueryState, node: Node) -> float:
+        truth = self.predictor.true_lengths(query.id, node.id)
+        if truth is not None and truth.duration_s is not None:
+            return truth.duration_s
+        return max(0.0, float(node.expected_s))
+
+    def _stage_lengths(self, query: QueryState, node: Node, call: ScheduledCall | None
+                       ) -> tuple[float, tuple[float, float, float]]:
+        """(prompt tokens, (mean, P10, P90) output tokens) of an LLM stage: its call's
+        when it has one, else what ``_future_lengths`` expects."""
+        if call is not None:
+            if call.length_summary is None:
+                call.length_summary = _length_summary(call.output)
+            return call.prompt_tokens, call.length_summary
+        truth = self.predictor.true_lengths(query.id, node.id)
+        if truth is not None:  # the oracle: this stage's real sizes
+            o = float(truth.output_tokens)
+            return truth.prompt_tokens, (o, o, o)
+        prompt, dist = self._future_lengths(query, node)
+        per_query = self._stage_summary.setdefault(query.id, {})
+        summary = per_query.get(node.stage)
+        if summary is None or summary[0] is not dist:
+            summary = per_query[node.stage] = (dist, _length_summary(dist))
+        return prompt, summary[1]
 
     def call_cost(self, call: ScheduledCall) -> Distribution:
         if call.cost is None:
@@ -365,6 +531,7 @@ class Coordinator:
         """Whether a runtime's report on ``call`` still concerns the coordinator: the call is
         running and its query is still known (a cancelled query's calls may report late)."""
         return call.state == CallState.RUNNING and self.queries.get(call.query.id) is call.query
+
     def _remaining_call_cost(self, call: ScheduledCall) -> Distribution:
         cost = self.call_cost(call)
         if call.attained_tokens <= 0:
@@ -418,29 +585,28 @@ class Coordinator:
 
     def _predict_stage(self, query: QueryState, stage: str, prompt_tokens: int | None = None,
                        max_tokens: int | None = None) -> Distribution:
-        key = (query.id, stage)
-        if key not in self._stage_prediction:
-            self._stage_prediction[key] = self.predictor.predict(
+        per_query = self._stage_prediction.setdefault(query.id, {})
+        dist = per_query.get(stage)
+        if dist is None:
+            dist = per_query[stage] = self.predictor.predict(
                 stage, query.key_text, prompt_tokens, max_tokens=max_tokens)
-        return self._stage_prediction[key]
+        return dist
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
         """A stage's time averaged over the cluster's up instances (HexGen-Flow's budget
-        estimate, since the stage's instance is not chosen yet)."""
-        names = self.up_instances or list(self.queues)
-        return sum(self.time_models[n].expected_s(prompt_tokens, output_tokens)
-                   for n in names) / len(names)
-
-    def _node_estimate(self, query: QueryState):
-        def estimate(node: Node) -> float:
-            if node.kind != NodeKind.LLM:
-                truth = self.predictor.true_lengths(query.id, node.id)
-                if truth is not None and truth.duration_s is not None:
-                    return truth.duration_s
-                return node.expected_s
-            prompt, output = self._future_lengths(query, node)
-            return self._mean_time(prompt, output.mean())
-        return estimate
+        estimate, since the stage's instance is not chosen yet). The time models are linear
+        in tokens, so the average is three coefficients, refreshed when a model learns."""
+        coef = self._mean_coef
+        key = self._models_epoch
+        if coef is None or coef[0] != key:
+            names = self.up_instances or list(self.queues)
+            models = [self.time_models[n] for n in names]
+            k = len(models)
+            coef = self._mean_coef = (
+                key, sum(m.overhead_s for m in models) / k,
+                sum(m.prefill_s_per_token * m.prefill_ratio for m in models) / k,
+                sum(m.decode_s_per_token * m.decode_ratio for m in models) / k)
+        return coef[1] + prompt_tokens * coef[2] + output_tokens * coef[3]
 
     def _retry_after(self, now: float) -> float:
         """Seconds until the least loaded instance would drain its queue (>= 1)."""
@@ -475,6 +641,32 @@ for _event in Coordinator.EVENTS:
 
 
 _COST_SAMPLES = 256
+
+class _TimeModels(dict):
+    """The coordinator's time models by instance; replacing one (tests, calibration) marks the
+    cached cluster-wide coefficients stale, as learning does."""
+
+    def __init__(self, owner: "Coordinator", models: dict[str, InstanceTimeModel]):
+        super().__init__(models)
+        self._owner = owner
+
+    def __setitem__(self, name: str, model: InstanceTimeModel) -> None:
+        super().__setitem__(name, model)
+        owner = self.__dict__.get("_owner")  # absent while copy.deepcopy rebuilds the dict
+        if owner is not None and hasattr(owner, "_models_epoch"):
+            owner._models_epoch += 1
+
+
+_QUANTILE_LEVELS = np.array(Coordinator.PATH_QUANTILES) - 1e-12  # as Distribution.quantile
+
+
+def _length_summary(dist: Distribution) -> tuple[float, float, float]:
+    """(mean, P10, P90) of a length distribution (``Distribution.quantile``'s lower quantile,
+    in one search)."""
+    values = dist.values
+    idx = np.minimum(np.searchsorted(dist._cdf_array(), _QUANTILE_LEVELS, side="left"),
+                     values.size - 1)
+    return float(dist.mean()), float(values[idx[0]]), float(values[idx[1]])
 
 
 def _sum_by_sampling(parts: list[Distribution], seed_text: str) -> Distribution:

@@ -1,102 +1,280 @@
-"""One instance's local queue: waiting calls in policy order, admitted up to capacity."""
+"""One instance's local queue: waiting calls in policy order, admitted up to capacity.
+
+Every policy gives each waiting call a key (``ranking.Segment`` list) when something happens
+to the call's query; ``InstanceQueue`` keeps one ``KineticTournament`` per tier plus a timer
+heap of tier switches, so choosing the next call costs O(log n) amortised whatever the policy,
+including the ones whose keys move with time (llf, urgency, flowsage). ``reference_peek``
+is the plain O(n) scan over the same keys, kept so tests can check that both always pick the
+same call.
+"""
 
 from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.policies.base import QueuePolicy, SchedulerView
+from agentflow.scheduler.ranking import KineticTournament, key_at, next_switch, segment_at
 
 
 class InstanceQueue:
-    """Waiting and running calls of one instance.
+    """Waiting and running calls of one instance."""
 
-    Static-key policies (fcfs, edf, gittins) keep a heap, so admission is O(log n); policies
-    whose keys move with time (llf, urgency, flowsage) rank the waiting calls afresh at each
-    admission, O(n), which is what keeps their budgets current.
-    """
-
-    def __init__(self, spec: InstanceSpec, policy: QueuePolicy):
+    def __init__(self, spec: InstanceSpec, policy: QueuePolicy, book: "LoadBook | None" = None,
+                 index: int = 0):
         self.spec = spec
+        self.book = book if book is not None else LoadBook(1)
+        self.index = index
         self.policy = policy
         self.up = True
         self.waiting: set[ScheduledCall] = set()
         self.running: set[ScheduledCall] = set()
-        self._heap: list[tuple[tuple, int, ScheduledCall]] = []
+        self._tiers: dict[int, KineticTournament] = {}
+        self._tier_order: list[int] = []
+        self._timers: list[tuple[float, int, int, _Entry]] = []
+        # ranked entries: one per waiting call, or one per query for per-query policies
+        self._entries: dict[object, _Entry] = {}
+        self._now = float("-inf")  # latest decision time seen (for re-placing entries)
         self._admitted = 0
         self.kv_tokens_in_use = 0
-        # Token totals of the waiting calls: with a time model linear in tokens they give the
-        # queue's expected work in O(1) instead of a pass over thousands of calls.
-        self.waiting_prompt_tokens = 0.0
-        self.waiting_output_tokens = 0.0
+        self._pending_prefill: set[ScheduledCall] = set()
+        self.check_reference = False  # tests: assert the fast pick equals the O(n) scan
 
     @property
     def name(self) -> str:
         return self.spec.name
 
+    # ------------------------------------------------------------------------------ waiting
     def enqueue(self, call: ScheduledCall, now: float, view: SchedulerView) -> None:
         call.instance = self.name
         call.state = CallState.WAITING
         self.waiting.add(call)
         self._account(call, +1)
-        if not self.policy.time_dependent:
-            heapq.heappush(self._heap, (self.policy.key(call, now, view), call.seq, call))
+        owner = call.query if self.policy.per_query else call
+        entry = self._entries.get(owner)
+        if entry is None:
+            entry = self._entries[owner] = _Entry(owner)
+            heapq.heappush(entry.calls, (call.seq, call))
+            entry.live = 1
+            self._rank(entry, call, now, view)
+        else:
+            heapq.heappush(entry.calls, (call.seq, call))
+            entry.live += 1
+            call.rank_key = entry.key
+            if call.seq < entry.seq:  # a retried older call: the tie-break seq moves
+                self._place(entry, now)
+
+    def rekey(self, call: ScheduledCall, now: float, view: SchedulerView,
+              key: tuple | None = None) -> None:
+        """Recompute the key of a waiting call (its query changed) and re-place it; for
+        per-query policies this re-keys the query's whole entry once (``key``: already
+        computed by the caller for the query)."""
+        if call not in self.waiting:
+            return
+        entry = self._entries[call.query if self.policy.per_query else call]
+        self._rank(entry, call, now, view, key)
 
     def remove(self, call: ScheduledCall) -> None:
-        """Forget a waiting call (cancelled or moved); heap entries are dropped lazily."""
-        if call in self.waiting:
-            self.waiting.discard(call)
-            self._account(call, -1)
+        """Forget a waiting call (cancelled, moved or admitted)."""
+        if call not in self.waiting:
+            return
+        self.waiting.discard(call)
+        self._account(call, -1)
+        owner = call.query if self.policy.per_query else call
+        entry = self._entries[owner]
+        entry.live -= 1
+        if entry.live == 0:
+            self._unplace(entry)
+            del self._entries[owner]
+            return
+        calls = entry.calls
+        if calls[0][1] is call:
+            heapq.heappop(calls)
+            while calls[0][1] not in self.waiting or calls[0][1].instance != self.name:
+                heapq.heappop(calls)
+            self._place(entry, self._now)
 
+    def peek(self, now: float) -> ScheduledCall | None:
+        """The call the policy runs next, in O(log n) amortised."""
+        self._now = max(self._now, now)
+        self._fire_timers(now)
+        for tier in self._tier_order:
+            t = self._tiers[tier]
+            if t.n:
+                call = t.peek(now).calls[0][1]
+                if self.check_reference:
+                    ref = self.reference_peek(now)
+                    assert ref is call, (f"fast pick {call.id} != reference {ref.id} at {now}")
+                return call
+        return None
+
+    def reference_peek(self, now: float) -> ScheduledCall | None:
+        """The same choice by an O(n) scan over the same keys."""
+        if not self.waiting:
+            return None
+        return min(self.waiting, key=lambda c: (*key_at(c.rank_key, now), c.seq))
+
+    def ordered_waiting(self, now: float, view: SchedulerView | None = None
+                        ) -> list[ScheduledCall]:
+        """Waiting calls in the order they would be admitted now (inspection and tests)."""
+        return sorted(self.waiting, key=lambda c: (*key_at(c.rank_key, now), c.seq))
+
+    # ------------------------------------------------------------------------------ running
     def admit(self, now: float, view: SchedulerView, kv_tokens) -> list[ScheduledCall]:
         """Start waiting calls in queue order while capacity allows; each gets its admission
         number as the backend priority (vLLM: lower runs earlier)."""
         started: list[ScheduledCall] = []
         pending_limit = self.spec.max_pending_prefill
         while self.up and self.waiting and len(self.running) < self.spec.max_inflight:
-            if pending_limit is not None and self.pending_prefill() >= pending_limit:
+            if pending_limit is not None and len(self._pending_prefill) >= pending_limit:
                 break  # admit more once an admitted call produces its first token
-            call = self._peek(now, view)
+            call = self.peek(now)
             need = kv_tokens(call)
             budget = self.spec.kv_token_budget
             if budget is not None and self.running and self.kv_tokens_in_use + need > budget:
                 break  # wait for memory; an empty instance always admits one call
-            self._pop(call)
+            self.remove(call)
             call.state = CallState.RUNNING
             call.started_at = now
             call.priority = self._admitted
             self._admitted += 1
             self.running.add(call)
+            if call.attained_tokens == 0:
+                self._pending_prefill.add(call)
             self.kv_tokens_in_use += need
+            self.book.start(self.index, call, now + view.expected_s(call, self.name))
             started.append(call)
         return started
 
+    def first_token(self, call: ScheduledCall) -> None:
+        self._pending_prefill.discard(call)
+
     def pending_prefill(self) -> int:
         """Admitted calls that have not produced a token yet."""
-        return sum(1 for c in self.running if c.attained_tokens == 0)
+        return len(self._pending_prefill)
 
     def finish(self, call: ScheduledCall, kv_tokens: int) -> None:
         if call in self.running:
             self.running.discard(call)
+            self._pending_prefill.discard(call)
             self.kv_tokens_in_use = max(0, self.kv_tokens_in_use - kv_tokens)
+            self.book.stop(self.index, call)
 
-    def ordered_waiting(self, now: float, view: SchedulerView) -> list[ScheduledCall]:
-        """Waiting calls in the order they would be admitted (for inspection and tests)."""
-        return sorted(self.waiting, key=lambda c: (self.policy.key(c, now, view), c.seq))
+    @property
+    def waiting_prompt_tokens(self) -> float:
+        return float(self.book.wait_prompt[self.index])
 
-    def _peek(self, now: float, view: SchedulerView) -> ScheduledCall:
-        if self.policy.time_dependent:
-            return min(self.waiting, key=lambda c: (self.policy.key(c, now, view), c.seq))
-        while self._heap[0][2] not in self.waiting:
-            heapq.heappop(self._heap)
-        return self._heap[0][2]
+    @property
+    def waiting_output_tokens(self) -> float:
+        return float(self.book.wait_output[self.index])
+
+    def running_work(self, now: float) -> float:
+        """Expected seconds left on the running calls (see ``LoadBook``)."""
+        return float(self.book.running(now)[self.index])
+
+    # ---------------------------------------------------------------------------- internals
+    def _rank(self, entry: "_Entry", call: ScheduledCall, now: float,
+              view: SchedulerView, key: tuple | None = None) -> None:
+        if key is None:
+            key = self.policy.rank(call, now, view)
+        if key == entry.key and entry.slot is not None:
+            return  # unchanged: nothing to move
+        entry.key = key
+        if self.policy.per_query:
+            for _, c in entry.calls:  # the reference scan reads each call's key
+                c.rank_key = entry.key
+        else:
+            call.rank_key = entry.key
+        self._place(entry, now)
+
+    def _place(self, entry: "_Entry", now: float) -> None:
+        self._unplace(entry)
+        seg = segment_at(entry.key, now)
+        tournament = self._tiers.get(seg.tier)
+        if tournament is None:
+            tournament = self._tiers[seg.tier] = KineticTournament()
+            self._tier_order = sorted(self._tiers)
+        entry.seq = entry.calls[0][0]
+        entry.slot = (seg.tier, tournament.insert(entry, seg.a, seg.s, entry.seq))
+        entry.version += 1
+        switch = next_switch(entry.key, now)
+        if switch is not None:
+            heapq.heappush(self._timers, (switch, entry.seq, entry.version, entry))
+
+    def _unplace(self, entry: "_Entry") -> None:
+        if entry.slot is not None:
+            tier, slot = entry.slot
+            self._tiers[tier].remove(slot)
+            entry.slot = None
+
+    def _fire_timers(self, now: float) -> None:
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, version, entry = heapq.heappop(timers)
+            if version == entry.version and entry.slot is not None:
+                self._place(entry, now)
 
     def _account(self, call: ScheduledCall, sign: int) -> None:
-        self.waiting_prompt_tokens += sign * call.tokens_on(self.name)
-        self.waiting_output_tokens += sign * call.mean_output
+        book, i = self.book, self.index
+        book.n_wait[i] += sign
+        book.wait_prompt[i] += sign * call.tokens_on(self.name)
+        book.wait_output[i] += sign * call.mean_output
 
-    def _pop(self, call: ScheduledCall) -> None:
-        self.remove(call)
-        if not self.policy.time_dependent and self._heap and self._heap[0][2] is call:
-            heapq.heappop(self._heap)
+
+class LoadBook:
+    """Every instance's load in a few arrays, so a dispatch over 64 instances is a handful of
+    vector operations instead of 64 scans: waiting calls and their token totals (with a
+    time model linear in tokens they give the queue's expected work), and the running calls'
+    expected finish times (estimated at admission). The work left on running calls is
+    ``sum(f) - n * now`` over calls not yet past their expected finish; one heap over all
+    instances retires the over-running ones (amortised O(1): the clock never goes back, so
+    an over-run stays one, and it counts 0 as before)."""
+
+    def __init__(self, n: int):
+        self.n_wait = np.zeros(n)
+        self.wait_prompt = np.zeros(n)
+        self.wait_output = np.zeros(n)
+        self.finish_sum = np.zeros(n)
+        self.finish_n = np.zeros(n)
+        self._heap: list[tuple[float, int, int, ScheduledCall]] = []
+
+    def start(self, index: int, call: ScheduledCall, finish: float) -> None:
+        call.expected_finish = finish
+        heapq.heappush(self._heap, (finish, call.seq, index, call))
+        self.finish_sum[index] += finish
+        self.finish_n[index] += 1
+
+    def stop(self, index: int, call: ScheduledCall) -> None:
+        if call.expected_finish is not None:
+            self.finish_sum[index] -= call.expected_finish
+            self.finish_n[index] -= 1
+            if self.finish_n[index] == 0:
+                self.finish_sum[index] = 0.0  # no drift once the instance is idle
+            call.expected_finish = None
+
+    def running(self, now: float) -> np.ndarray:
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            finish, _, index, call = heapq.heappop(heap)
+            if call.expected_finish == finish:
+                self.stop(index, call)
+        return np.maximum(self.finish_sum - self.finish_n * now, 0.0)
+
+
+class _Entry:
+    """What the tournament ranks: one call, or all of one query's waiting calls here (then
+    they share the query's key and leave in ``seq`` order, ties going to the oldest)."""
+
+    __slots__ = ("calls", "key", "live", "owner", "seq", "slot", "version")
+
+    def __init__(self, owner: object):
+        self.owner = owner
+        self.calls: list[tuple[int, ScheduledCall]] = []  # heap by seq (lazy removals)
+        self.live = 0
+        self.key: tuple = ()
+        self.seq = 0
+        self.slot: tuple[int, int] | None = None
+        self.version = 0

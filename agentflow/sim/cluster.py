@@ -64,6 +64,14 @@ CLUSTERS: dict[str, SimClusterConfig] = {
         SimInstanceConfig(gpu="H200", model="Qwen3-30B-A3B"),
         SimInstanceConfig(gpu="A40", model="Qwen3-30B-A3B", weight_bits=8),
         SimInstanceConfig(gpu="L40S", model="Qwen3-30B-A3B", weight_bits=8)]),
+    # A service-scale heterogeneous fleet: 64 single-GPU Llama-3.1-8B instances on five GPU
+    # generations (the decision-cost target of issue 10: every policy < 1 ms per decision).
+    "hetero-64": SimClusterConfig(name="hetero-64", instances=[
+        SimInstanceConfig(gpu="H200", model="Llama-3.1-8B", count=8),
+        SimInstanceConfig(gpu="H100", model="Llama-3.1-8B", count=16),
+        SimInstanceConfig(gpu="A100-80G", model="Llama-3.1-8B", count=16),
+        SimInstanceConfig(gpu="L40S", model="Llama-3.1-8B", count=12),
+        SimInstanceConfig(gpu="A6000", model="Llama-3.1-8B", count=12)]),
 }
 
 

@@ -15,8 +15,10 @@ model listens to.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +39,9 @@ from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 # A tool step's expected duration before any step of its stage has finished (the pipelines'
 # own default guess, agentflow's pipelines.common.TOOL_EXPECTED_S).
 TOOL_PRIOR_S = 0.05
+
+
+_LOCK_TYPES = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
 
 
 async def _replayed(ctx):  # pragma: no cover - simulated stages are never executed
@@ -153,6 +158,14 @@ class Simulation:
             self._push(fault.at_s, "fault", fault)
         if self.alpha_tuner is not None:
             self.alpha_tuner.attach(self, queries, arrivals, slo_s, idle_latency_s)
+        self.drain()
+        history = self.alpha_tuner.history if self.alpha_tuner is not None else []
+        return SimResult(policy=self.policy, records=records, alpha_history=history,
+                         events=self.events)
+
+    def drain(self) -> None:
+        """Process events until none is left (``run`` does this; a forked simulation that was
+        given more arrivals with ``add_arrival`` does it too)."""
         while self._heap:
             t, _, kind, payload = heapq.heappop(self._heap)
             self.clock.advance_to(max(t, self.clock.now()))
@@ -169,9 +182,43 @@ class Simulation:
                 self._on_fault(payload)
             elif kind == "hook":
                 payload(self)
-        history = self.alpha_tuner.history if self.alpha_tuner is not None else []
-        return SimResult(policy=self.policy, records=records, alpha_history=history,
-                         events=self.events)
+
+    def add_arrival(self, query: TraceQuery, record: QueryRecord) -> None:
+        """One more query arriving at ``record.arrival`` (forecasts in forked simulations)."""
+        self._push(record.arrival, "arrival", (query, record))
+
+    def fork(self) -> "Simulation":
+        """A copy of the live state — engines, queues, running and waiting calls, workflows in
+        flight — without the future: no pending arrivals, no hooks, no alpha tuner. What a
+        tuner replays its forecasts on, so the backlog counts."""
+        heap, tuner = self._heap, self.alpha_tuner
+        self._heap = [e for e in heap if e[2] not in ("arrival", "hook")]
+        self.alpha_tuner = None
+        # Locks (the length predictor's, for serving threads) cannot be copied: a fork,
+        # single-threaded, gets fresh ones.
+        memo: dict[int, Any] = {}
+        stack, seen = [self.predictor], set()
+        while stack:
+            obj = stack.pop()
+            if obj is None or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            for value in getattr(obj, "__dict__", {}).values():
+                if isinstance(value, tuple(_LOCK_TYPES)):
+                    memo[id(value)] = _LOCK_TYPES[type(value)]()
+                elif hasattr(value, "__dict__") and not isinstance(value, type):
+                    stack.append(value)
+        try:
+            clone = copy.deepcopy(self, memo)
+        finally:
+            self._heap, self.alpha_tuner = heap, tuner
+        heapq.heapify(clone._heap)
+        return clone
+
+    @property
+    def in_flight(self) -> list[QueryRecord]:
+        """Records of the queries that arrived and have not finished."""
+        return [record for _, _, record in self._runs.values()]
 
     def schedule_hook(self, t: float, fn: Callable[["Simulation"], None]) -> None:
         self._push(t, "hook", fn)

@@ -105,6 +105,10 @@ class WorkflowRun:
     def running(self) -> list[str]:
         return [n for n, s in self._state.items() if s == self.RUNNING]
 
+    def started_at(self, node_id: str) -> float | None:
+        """When a stage started (None if it has not)."""
+        return self._started_at.get(node_id)
+
     def unfinished(self) -> list[Node]:
         """Nodes pending or running (what a query still has to do)."""
         return [self.node(n) for n in self._unfinished()]

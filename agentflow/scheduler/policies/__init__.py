@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentflow.scheduler.policies.base import DispatchPolicy, QueuePolicy, SchedulerView
+from agentflow.scheduler.policies.dispatch_earliest_finish import EarliestFinishDispatch
 from agentflow.scheduler.policies.dispatch_least_loaded import LeastLoadedDispatch
 from agentflow.scheduler.policies.dispatch_round_robin import RoundRobinDispatch
 from agentflow.scheduler.policies.dispatch_workload_balanced import WorkloadBalancedDispatch
 from agentflow.scheduler.policies.queue_edf import EdfQueue
 from agentflow.scheduler.policies.queue_fcfs import FcfsQueue
 from agentflow.scheduler.policies.queue_flowsage import FlowSageQueue
+from agentflow.scheduler.policies.queue_flowsage_tiers import FlowSageTiersQueue, variant
+from agentflow.scheduler.policies.queue_flowsage_v1 import FlowSageV1Queue
 from agentflow.scheduler.policies.queue_gittins import GittinsQueue
 from agentflow.scheduler.policies.queue_llf import LlfQueue
 from agentflow.scheduler.policies.queue_urgency import UrgencyQueue
@@ -27,6 +30,7 @@ DISPATCH: dict[str, Callable[..., DispatchPolicy]] = {
     "round_robin": RoundRobinDispatch,
     "least_loaded": LeastLoadedDispatch,
     "workload_balanced": WorkloadBalancedDispatch,
+    "earliest_finish": EarliestFinishDispatch,
 }
 
 QUEUE: dict[str, Callable[..., QueuePolicy]] = {
@@ -36,14 +40,30 @@ QUEUE: dict[str, Callable[..., QueuePolicy]] = {
     "urgency": UrgencyQueue,
     "gittins": GittinsQueue,
     "flowsage": FlowSageQueue,
+    "flowsage_v1": FlowSageV1Queue,
+    # ablations: earlier designs and their parts alone
+    "flowsage_tiers": FlowSageTiersQueue,
+    "flowsage_call": variant("flowsage_call", safe_order="call"),
+    "flowsage_laxity": variant("flowsage_laxity", safe_order="laxity"),
+    "query_srpt": variant("query_srpt", feasibility=False),
+    "query_fcfs": variant("query_fcfs", feasibility=False, safe_order="arrival"),
+    "flowsage_fifo": variant("flowsage_fifo", safe_order="arrival", demote_hopeless=False),
+    "flowsage_fifo_demote": variant("flowsage_fifo_demote", safe_order="arrival"),
+    "query_gittins": lambda **kw: _named(FlowSageV1Queue(urgency=False, **kw), "query_gittins"),
 }
+
+
+def _named(queue: QueuePolicy, name: str) -> QueuePolicy:
+    queue.name = name
+    return queue
+
 
 PRESETS: dict[str, tuple[str, str]] = {
     "vllm": ("round_robin", "fcfs"),
     "hexgen-flow": ("workload_balanced", "urgency"),
     "sagesched": ("least_loaded", "gittins"),
     "llf": ("least_loaded", "llf"),
-    "flowsage": ("workload_balanced", "flowsage"),
+    "flowsage": ("earliest_finish", "flowsage"),
 }
 PRESETS["oracle"] = PRESETS["flowsage"]  # flowsage with true lengths: the yardstick
 # Presets that also fix the length model (every other name uses DEFAULT_PREDICTOR).

@@ -8,8 +8,11 @@ import abc
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from agentflow.scheduler.call import QueryState, ScheduledCall
     from agentflow.scheduler.distribution import Distribution
+    from agentflow.scheduler.ranking import Key
 
 
 class SchedulerView(Protocol):
@@ -18,6 +21,12 @@ class SchedulerView(Protocol):
 
     def outstanding_work(self, instance: str, now: float) -> float:
         """``W_i``: expected seconds of work waiting and still running on ``instance``."""
+
+    def dispatch_view(self, call: "ScheduledCall", instances: list[str], now: float
+                      ) -> tuple["np.ndarray", "np.ndarray", "np.ndarray"]:
+        """(``W_i``, ``t(call, i)``, rank of the instance's name) for each of ``instances``,
+        as arrays aligned with the list (vectorised, so dispatch cost barely grows with the
+        cluster)."""
 
     def downstream_s(self, call: "ScheduledCall", now: float) -> float:
         """Expected seconds of the query's critical path after this call's stage."""
@@ -42,13 +51,33 @@ class DispatchPolicy(abc.ABC):
 
 
 class QueuePolicy(abc.ABC):
+    """Orders one instance's waiting calls.
+
+    ``rank`` returns the call's key as ``ranking.Segment``s (tier, then ``a - s * now``,
+    smaller first, ties to the older call), computed when the call is enqueued or its query
+    changes — so a key may move with time only along a line and switch tier at known
+    instants, which is what lets ``InstanceQueue`` pick the next call in O(log n)."""
+
     name = "queue"
-    # Whether a call's key changes as time passes (then queues re-rank at every decision).
+    # Whether a call's key changes as time passes (informational; every policy is ranked
+    # by the same kinetic structure).
     time_dependent = False
+    # Whether keys read the query's state (critical paths, work left): then the coordinator
+    # keeps those current and re-keys the query's waiting calls at each of its events.
+    query_dependent = True
+    # Whether a key depends on the query only (not on which of its calls): then a queue ranks
+    # one entry per query, and a query event re-keys that entry once, not every call.
+    per_query = False
 
     @abc.abstractmethod
+    def rank(self, call: "ScheduledCall", now: float, view: SchedulerView) -> "Key":
+        """The call's key from ``now`` until its query's next event."""
+
     def key(self, call: "ScheduledCall", now: float, view: SchedulerView) -> tuple:
-        """Sort key; the smallest runs first. Ties are broken by arrival order."""
+        """(tier, value) of a freshly computed key at ``now`` (for inspection and tests)."""
+        from agentflow.scheduler.ranking import key_at
+
+        return key_at(self.rank(call, now, view), now)
 
 
 def budget_and_urgency(call: "ScheduledCall", now: float, view: SchedulerView
@@ -68,3 +97,11 @@ def budget_and_urgency(call: "ScheduledCall", now: float, view: SchedulerView
     share = t / (t + downstream) if t + downstream > 0 else 1.0
     budget = remaining * share
     return budget, t - budget
+
+
+def stage_share(call: "ScheduledCall", now: float, view: SchedulerView) -> tuple[float, float]:
+    """(t, share): the call's expected time on its instance and ``t / (t + downstream)``."""
+    t = view.expected_s(call, call.instance) if call.instance else 0.0
+    downstream = view.downstream_s(call, now)
+    share = t / (t + downstream) if t + downstream > 0 else 1.0
+    return t, share

@@ -1,7 +1,10 @@
 """``least_loaded``: the instance with the least outstanding expected work ``W_i`` (seconds,
-so a fast GPU's queue counts for less); ties go to the instance that runs the call faster."""
+so a fast GPU's queue counts for less); ties go to the instance that runs the call faster,
+then to the first name."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from agentflow.scheduler.policies.base import DispatchPolicy
 
@@ -10,5 +13,5 @@ class LeastLoadedDispatch(DispatchPolicy):
     name = "least_loaded"
 
     def choose(self, call, instances, now, view) -> str:
-        return min(instances, key=lambda i: (view.outstanding_work(i, now),
-                                             view.expected_s(call, i), i))
+        work, times, names = view.dispatch_view(call, instances, now)
+        return instances[int(np.lexsort((names, times, work))[0])]

@@ -11,6 +11,8 @@ still prefers the less loaded of two instances.
 
 from __future__ import annotations
 
+import numpy as np
+
 from agentflow.scheduler.policies.base import DispatchPolicy
 
 
@@ -23,13 +25,14 @@ class WorkloadBalancedDispatch(DispatchPolicy):
         self.alpha = alpha
 
     def scores(self, call, instances, now, view) -> dict[str, float]:
-        times = {i: view.expected_s(call, i) for i in instances}
-        ref = min(instances, key=lambda i: (times[i], i))
-        loads = {i: view.outstanding_work(i, now) for i in instances}
+        return dict(zip(instances, self._scores(call, instances, now, view).tolist()))
+
+    def _scores(self, call, instances, now, view) -> np.ndarray:
+        loads, times, names = view.dispatch_view(call, instances, now)
+        ref = int(np.lexsort((names, times))[0])
         w_ref = loads[ref] if loads[ref] > 0 else max(times[ref], 1e-9)
-        return {i: self.alpha * times[ref] / max(times[i], 1e-9)
-                - (1 - self.alpha) * loads[i] / w_ref for i in instances}
+        return (self.alpha * times[ref] / np.maximum(times, 1e-9)
+                - (1 - self.alpha) * loads / w_ref)
 
     def choose(self, call, instances, now, view) -> str:
-        scores = self.scores(call, instances, now, view)
-        return max(instances, key=lambda i: (scores[i], -instances.index(i)))
+        return instances[int(np.argmax(self._scores(call, instances, now, view)))]

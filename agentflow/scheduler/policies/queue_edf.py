@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
 from agentflow.scheduler.policies.base import QueuePolicy
+from agentflow.scheduler.ranking import flat
 
 
 class EdfQueue(QueuePolicy):
     name = "edf"
+    query_dependent = False
 
-    def key(self, call, now, view) -> tuple:
-        return (call.deadline if call.deadline is not None else math.inf, call.ready_at)
+    def rank(self, call, now, view):
+        if call.deadline is None:
+            return flat(1, call.ready_at)
+        return flat(0, call.deadline)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from agentflow.scheduler.policies.base import QueuePolicy
+from agentflow.scheduler.ranking import flat
 
 
 class FcfsQueue(QueuePolicy):
     name = "fcfs"
+    query_dependent = False
 
-    def key(self, call, now, view) -> tuple:
-        return (call.ready_at,)
+    def rank(self, call, now, view):
+        return flat(0, call.ready_at)

@@ -1,27 +1,50 @@
-"""``flowsage``: ours. Calls at risk of missing their stage budget (HexGen-Flow urgency above
-``-risk_margin * budget``) go first, most urgent first; every other call is ordered by the
-Gittins index of its *query's* remaining workflow cost, so questions with little work left
-finish first without starving the ones that are running late."""
+"""``flowsage`` (queue): the query most likely to miss its deadline runs first, where the
+likelihood comes from the query's remaining-path *distribution*, not its mean.
+
+At each of its events the coordinator gives a query three remaining critical paths — every
+unfinished stage at its P10, mean and P90 predicted length, averaged over the cluster
+(``Coordinator._critical_paths``). Read as a location-scale law of the remaining time, with
+mean ``R`` and spread ``sigma = (R_P90 - R_P10) / (2 * 1.2816)`` (the P10-P90 width of a
+normal law), the miss probability at time ``now`` is ``1 - Phi(z)`` with
+
+    z = (D - now - R) / sigma
+
+so ranking by miss probability is ranking by ``z``, lowest first. ``z`` is a line in time of
+slope ``1 / sigma`` — an uncertain query's risk grows faster as time passes than a
+predictable one's with the same slack — so the kinetic queue orders it exactly between
+events. Least laxity (``D - now - R``) is the special case of equal spreads; HexGen-Flow's
+urgency splits the slack per stage instead and ignores the spread.
+
+Every call of a query shares the key (the query finishes with its slowest branch, so its
+calls are not ranked against each other). Queries without a deadline go after, least
+remaining work first.
+"""
 
 from __future__ import annotations
 
-from agentflow.scheduler.gittins import GittinsRanker
-from agentflow.scheduler.policies.base import QueuePolicy, budget_and_urgency
+from agentflow.scheduler.policies.base import QueuePolicy
+from agentflow.scheduler.ranking import Segment
+
+_NEG_INF = float("-inf")
+_Z90 = 1.2815515655446004  # standard normal quantile at 0.9
+# Spread floor, relative to the mean remaining path: a query whose lengths are known exactly
+# (the oracle, or one left with a fixed-length tool step) would otherwise get an infinite
+# slope; 1% keeps the ranking finite without changing it for any real prediction.
+_MIN_REL_SPREAD = 0.01
 
 
 class FlowSageQueue(QueuePolicy):
     name = "flowsage"
     time_dependent = True
+    per_query = True
 
-    def __init__(self, risk_margin: float = 0.0):
-        self.risk_margin = risk_margin
-        self.ranker = GittinsRanker()
-
-    def key(self, call, now, view) -> tuple:
-        bu = budget_and_urgency(call, now, view)
-        if bu is not None:
-            budget, urgency = bu
-            if urgency > -self.risk_margin * max(budget, 0.0):
-                return (0, -urgency, call.ready_at)
-        index = self.ranker.index(view.remaining_cost(call.query), 0.0)
-        return (1, -index, call.ready_at)
+    def rank(self, call, now, view):
+        query = call.query
+        remaining = view.remaining_s(query, now)
+        if query.deadline is None:
+            work = query.work_left if query.run is not None else remaining
+            return (Segment(_NEG_INF, 1, work, 0.0),)
+        lo, hi = (query.path_lo, query.path_hi) if query.run is not None else (remaining,
+                                                                               remaining)
+        sigma = max((hi - lo) / (2 * _Z90), _MIN_REL_SPREAD * remaining, 1e-6)
+        return (Segment(_NEG_INF, 0, (query.deadline - remaining) / sigma, 1.0 / sigma),)

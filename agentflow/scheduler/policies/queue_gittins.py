@@ -1,8 +1,8 @@
 """``gittins``: SageSched — highest Gittins index of the call's cost distribution first.
 
 Cost is ``O^2/2 + I*O`` over the predicted output-length distribution; the index is taken at
-the cost already attained, which changes only for calls that ran and were put back, and is
-recomputed when it crosses a bucket boundary (``GittinsRanker``), not every token.
+the cost the call has already attained (non-zero for a call that ran and was put back),
+on SageSched's geometric buckets (``GittinsRanker``).
 """
 
 from __future__ import annotations
@@ -10,14 +10,19 @@ from __future__ import annotations
 from agentflow.scheduler.distribution import kv_cost
 from agentflow.scheduler.gittins import GittinsRanker
 from agentflow.scheduler.policies.base import QueuePolicy
+from agentflow.scheduler.ranking import flat
 
 
 class GittinsQueue(QueuePolicy):
     name = "gittins"
+    query_dependent = False
 
     def __init__(self) -> None:
         self.ranker = GittinsRanker()
 
-    def key(self, call, now, view) -> tuple:
+    def index(self, call, view) -> float:
         attained = kv_cost(call.prompt_tokens, call.attained_tokens)
-        return (-self.ranker.index(view.call_cost(call), attained, key=call.id), call.ready_at)
+        return self.ranker.index(view.call_cost(call), attained, key=call.id)
+
+    def rank(self, call, now, view):
+        return flat(0, -self.index(call, view))

@@ -1,18 +1,22 @@
 """``llf``: least laxity first — laxity is the query's slack, ``D - now - remaining critical
-path``; the query closest to missing its deadline runs first."""
+path``; the query closest to missing its deadline runs first.
+
+The remaining path is the one computed at the query's last event, so every waiting call's
+laxity falls at the same rate (slope 1) and the order changes only at events."""
 
 from __future__ import annotations
 
-import math
-
 from agentflow.scheduler.policies.base import QueuePolicy
+from agentflow.scheduler.ranking import Segment, flat
 
 
 class LlfQueue(QueuePolicy):
     name = "llf"
     time_dependent = True
+    per_query = True
 
-    def key(self, call, now, view) -> tuple:
+    def rank(self, call, now, view):
         if call.deadline is None:
-            return (math.inf, call.ready_at)
-        return (call.deadline - now - view.remaining_s(call.query, now), call.ready_at)
+            return flat(1, call.ready_at)
+        return (Segment(float("-inf"), 0, call.deadline - view.remaining_s(call.query, now),
+                        1.0),)

@@ -1,0 +1,19 @@
+"""``earliest_finish``: the instance where the call is expected to finish first — its queue's
+outstanding work ``W_i`` plus the call's own expected time there (the list-scheduling rule of
+HEFT). ``least_loaded`` looks only at ``W_i`` and ``workload_balanced`` trades speed against
+load with a tuned ``alpha``; here both are in the same unit (seconds on that instance), so no
+weight is needed: a fast GPU wins until its queue is longer than the time it saves."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agentflow.scheduler.policies.base import DispatchPolicy
+
+
+class EarliestFinishDispatch(DispatchPolicy):
+    name = "earliest_finish"
+
+    def choose(self, call, instances, now, view) -> str:
+        work, times, names = view.dispatch_view(call, instances, now)
+        return instances[int(np.lexsort((names, work + times))[0])]

@@ -1,0 +1,93 @@
+"""Why does a policy win or lose? Dispatch x queue, flowsage's parts, oracle lengths, and which
+queries make up the P95 — on a few cells of the policy suite.
+
+    python benchmarks/flowsage_ablations.py [--cells trace1/poisson,trace1/gamma:3]
+        [--queries 120] [--policies A,B,...] [--out artifacts/ablations]
+
+Each cell: ``paper-4gpu``, deadlines 2x idle, rate 1.5 x L1 (the policy suite's level,
+read from its cached results when present, else searched the same way). For each policy it
+prints P95, mean, SLO attainment and the make-up of the slowest 5% of queries: their mean
+LLM calls, mean idle latency relative to the workload's, and how many of them missed the
+deadline by more than 2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policy_suite import find_l1, workloads  # noqa: E402
+
+from agentflow.metrics import scale_key  # noqa: E402
+from agentflow.sim.cluster import load_cluster  # noqa: E402
+from agentflow.sim.experiment import build_workload, run_policy  # noqa: E402
+from agentflow.sim.slo import IdleLatency  # noqa: E402
+
+DISPATCH = ("round_robin", "least_loaded", "workload_balanced", "earliest_finish")
+QUEUES = ("fcfs", "edf", "llf", "urgency", "gittins", "flowsage_v1", "query_gittins",
+          "flowsage", "flowsage_call", "flowsage_laxity", "query_srpt")
+DEFAULT = [f"{d}+{q}" for d in DISPATCH[1:] for q in QUEUES] + [
+    "vllm", "sagesched@oracle", "least_loaded+edf@oracle", "llf@oracle", "hexgen-flow@oracle",
+    "oracle", "least_loaded+flowsage@oracle"]
+
+
+def tail_makeup(result, wl) -> dict:
+    done = [(r, q) for r, q in zip(result.records, wl.queries) if r.latency_s is not None]
+    lat = np.array([r.latency_s for r, _ in done])
+    cut = np.percentile(lat, 95)
+    tail = [(r, q) for r, q in done if r.latency_s >= cut]
+    idle_mean = float(np.mean(wl.idle_latency_s))
+    return {"tail_calls": float(np.mean([q.llm_calls for _, q in tail])),
+            "tail_idle_rel": float(np.mean([r.idle_latency_s for r, _ in tail]) / idle_mean),
+            "tail_missed_2x": sum(r.latency_s > 2 * r.slo_s for r, _ in tail) / len(tail)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cells", default="trace1/poisson,trace1/gamma:3")
+    p.add_argument("--queries", type=int, default=120)
+    p.add_argument("--policies", default=",".join(DEFAULT))
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=Path("artifacts/ablations"))
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    store = args.out / "results.json"
+    results = json.loads(store.read_text()) if store.exists() else {}
+    suite = Path("artifacts/policy_suite/full/results.json")
+    l1s = json.loads(suite.read_text())["l1"] if suite.exists() else {}
+    cluster = load_cluster("paper-4gpu")
+    idle = IdleLatency(cluster)
+    traces = workloads()
+    for cell in args.cells.split(","):
+        name, arrival = cell.split("/")
+        l1 = l1s.get(f"{name}/paper-4gpu") or find_l1(traces[name], cluster, idle, 60,
+                                                       args.seed)
+        rate = 1.5 * l1
+        wl = build_workload(traces[name], cluster, n=args.queries, rate=rate, arrival=arrival,
+                            seed=args.seed, idle=idle)
+        per = results.setdefault(f"{cell}/{args.queries}", {})
+        for policy in args.policies.split(","):
+            if policy in per:
+                continue
+            t0 = time.perf_counter()
+            res = run_policy(cluster, wl, policy, slo_scale=2.0)
+            s = res.summary()
+            per[policy] = {"p95": s["p95"], "mean": s["mean"],
+                           "slo": s["slo_attainment"][scale_key(2.0)], **tail_makeup(res, wl)}
+            m = per[policy]
+            print(f"{cell:<16} {policy:<36} p95={m['p95']:6.1f} mean={m['mean']:6.1f} "
+                  f"slo={m['slo']:.2f} tail: calls={m['tail_calls']:.1f} "
+                  f"idle={m['tail_idle_rel']:.2f}x missed2x={m['tail_missed_2x']:.2f} "
+                  f"({time.perf_counter() - t0:.1f}s)", flush=True)
+            store.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
