@@ -42,9 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-scale", type=float, default=2.0,
                    help="deadline given to the scheduler, as a multiple of idle latency")
     p.add_argument("--alpha", type=float, default=None, help="fixed workload_balanced alpha")
-    p.add_argument("--cached-prefix", type=float, default=0.0,
+    p.add_argument("--cached-prefix", type=_cached_prefix, default=0.0,
                    help="fraction of each prompt served from a prefix cache (default 0: "
-                        "cold prompts)")
+                        "cold prompts), or 'auto': model each instance's automatic prefix "
+                        "cache (LRU over 16-token blocks) from the prompts' text — agentflow "
+                        "traces only; HexGen-Flow traces have no text and run cold")
     p.add_argument("--tune-alpha", action="store_true",
                    help="re-tune alpha online from forked simulations of the recent window")
     p.add_argument("--fault", action="append", default=[], metavar="KIND:INSTANCE@T",
@@ -61,6 +63,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also write every policy's metrics to this JSON file")
     p.add_argument("--plot", type=Path, default=None, help="SLO attainment vs scale (PNG)")
     p.set_defaults(func=cmd_simulate)
+
+
+def _cached_prefix(value: str) -> float | str:
+    if value == "auto":
+        return value
+    try:
+        frac = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1) or 'auto', got "
+                                         f"{value!r}") from None
+    if not 0.0 <= frac < 1.0:
+        raise argparse.ArgumentTypeError(f"fraction must be in [0, 1), got {frac}")
+    return frac
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

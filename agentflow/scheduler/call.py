@@ -85,6 +85,19 @@ class ScheduledCall:
     length_summary: tuple[float, float, float] | None = field(default=None, repr=False)
     # The prompt's length on instances whose tokenizer counts it differently (other models).
     prompt_tokens_on: dict[str, int] | None = field(default=None, repr=False)
+    # Chained hashes of the prompt's full blocks (``prefix_index.block_hashes``) and the
+    # prompt's pseudo-token count, when the runtime passed the prompt text; else empty.
+    prefix_hashes: tuple = field(default=(), repr=False)
+    prefix_pseudo_tokens: int = field(default=0, repr=False)
+
+    def prefix_tokens(self, blocks: int) -> int:
+        """The prompt tokens ``blocks`` leading hashed blocks cover (trace/tokenizer units)."""
+        if blocks <= 0 or not self.prefix_pseudo_tokens:
+            return 0
+        from agentflow.scheduler.prefix_index import BLOCK_TOKENS
+
+        share = min(1.0, blocks * BLOCK_TOKENS / self.prefix_pseudo_tokens)
+        return min(int(share * self.prompt_tokens), max(0, self.prompt_tokens - 1))
 
     def __post_init__(self) -> None:
         self.mean_output = float(self.output.mean())

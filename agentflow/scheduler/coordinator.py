@@ -23,6 +23,7 @@ from agentflow.scheduler.distribution import Distribution, cost_distribution
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
 from agentflow.scheduler.length_models import LengthModel, make_predictor
 from agentflow.scheduler.policies import parse_policy, resolve
+from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow.clock import Clock
 from agentflow.workflow.graph import Node, NodeKind
@@ -115,6 +116,12 @@ class Coordinator:
         self._models_epoch = 0
         self._mean_coef: tuple[int, float, float, float] | None = None
         self._coef_cache: tuple | None = None
+        # Router-side approximate prefix index, kept only for dispatch policies that read it
+        # (``prefix_aware``): fed with the prompt text of dispatched calls.
+        self.prefix_index = None
+        if getattr(self.dispatch, "prefix_aware", False):
+            self.prefix_index = PrefixIndex({
+                s.name: (s.kv_token_budget or 2 ** 40) // BLOCK_TOKENS for s in instances})
 
     # ============================================================================ events
     def on_query_arrival(self, query_id: str, *, arrival: float | None = None,
@@ -140,12 +147,15 @@ class Coordinator:
 
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
                       payload: Any = None, max_tokens: int | None = None,
-                      prompt_tokens_by_instance: dict[str, int] | None = None
+                      prompt_tokens_by_instance: dict[str, int] | None = None,
+                      prompt_text: str | None = None
                       ) -> tuple[ScheduledCall, list[Decision]]:
         """A call is ready. ``max_tokens`` is its output cap: the prediction is clipped to
         it (a call cannot write more), which bounds ranking, outstanding work and KV use.
         ``prompt_tokens_by_instance``: the prompt's length on each instance when their
-        tokenizers disagree (different models); run times and KV use are priced with it."""
+        tokenizers disagree (different models); run times and KV use are priced with it.
+        ``prompt_text``: the prompt itself, where the runtime has it: its prefix blocks are
+        hashed (``call.prefix_hashes``) for prefix-aware dispatch and engines that cache."""
         now = self.clock.now()
         query = self.queries[query_id]
         truth = self.predictor.true_lengths(query_id, node_id)
@@ -160,6 +170,9 @@ class Coordinator:
                              node_id=node_id, prompt_tokens=prompt_tokens, output=output,
                              ready_at=now, payload=payload,
                              prompt_tokens_on=prompt_tokens_by_instance)
+        if prompt_text:
+            call.prefix_hashes = block_hashes(prompt_text)
+            call.prefix_pseudo_tokens = pseudo_tokens(prompt_text)
         query.calls.add(call)
         query.calls_version += 1
         self._refresh(query, now)
@@ -251,6 +264,8 @@ class Coordinator:
         queue = self.queues[name]
         queue.up = False
         self._models_epoch += 1
+        if self.prefix_index is not None:  # its cache is lost with it
+            self.prefix_index.forget_instance(name)
         decisions: list[Decision] = []
         for call in sorted(queue.waiting, key=lambda c: c.seq):
             queue.remove(call)
@@ -339,6 +354,16 @@ class Coordinator:
         policy reads, in a few vector operations whatever the cluster size."""
         idx = [self._index[n] for n in instances]
         return self.work_vector(now)[idx], self.time_vector(call)[idx], self._name_rank[idx]
+
+    def prefix_saved_s(self, call: ScheduledCall, instances: list[str]) -> np.ndarray:
+        """Expected prefill seconds ``call`` would skip on each of ``instances``: the prompt
+        tokens the router-side prefix index believes each holds, at its prefill rate."""
+        if self.prefix_index is None or not call.prefix_hashes:
+            return np.zeros(len(instances))
+        blocks = self.prefix_index.matched_blocks(call.prefix_hashes, instances)
+        tokens = np.array([call.prefix_tokens(b) for b in blocks], dtype=float)
+        pf = self._coef_vectors()[1]
+        return tokens * pf[[self._index[n] for n in instances]]
 
     def _coef_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-instance overhead, prefill and decode seconds per token (with the online
@@ -556,6 +581,8 @@ class Coordinator:
             call.query.calls.discard(call)
             return [FailCall(call, f"no instance can run the call: {reason_if_none}")]
         instance = self.dispatch.choose(call, candidates, now, self)
+        if self.prefix_index is not None:
+            self.prefix_index.record(instance, call.prefix_hashes)
         queue = self.queues[instance]
         queue.enqueue(call, now, self)
         return self._admit(queue, now)

@@ -101,7 +101,8 @@ class ScheduledRouter:
             query.id, stage=call.node.stage, node_id=call.node.id,
             prompt_tokens=next(iter(counts.values())), payload=future,
             max_tokens=call.request.params.max_tokens,
-            prompt_tokens_by_instance=counts if len(set(counts.values())) > 1 else None)
+            prompt_tokens_by_instance=counts if len(set(counts.values())) > 1 else None,
+            prompt_text=call.request.prompt + call.request.answer_prefix)
         submitted = self.clock.now()
         self._apply(decisions)
         while True:

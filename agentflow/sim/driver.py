@@ -29,6 +29,7 @@ from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
 from agentflow.scheduler.setup import build_coordinator
 from agentflow.scheduler.length_models import TrueLengths, make_predictor
 from agentflow.scheduler.policies import parse_policy
+from agentflow.scheduler.prefix_index import BLOCK_TOKENS
 from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
 from agentflow.sim.engine import SimInstance
 from agentflow.sim.faults import Fault
@@ -105,14 +106,21 @@ class Simulation:
     def __init__(self, cluster: SimClusterConfig, policy: str, *, alpha: float | None = None,
                  embedder: str = "hashing", max_waiting_calls: int | None = None,
                  max_active_queries: int | None = None,
-                 alpha_tuner: Any = None, cached_prefix: float = 0.0,
+                 alpha_tuner: Any = None, cached_prefix: float | str = 0.0,
                  faults: Sequence[Fault] = (),
                  on_stage: Callable[[StageTiming], None] | None = None):
-        """``on_stage`` is called with each stage's ``StageTiming`` as the stage finishes."""
-        if not 0.0 <= cached_prefix < 1.0:
-            raise ValueError("cached_prefix must be in [0, 1)")
-        # Fraction of every prompt served from a prefix cache (0: cold prompts, physical
-        # prefill; the vLLM latency measurements correspond to fully cached prompts).
+        """``on_stage`` is called with each stage's ``StageTiming`` as the stage finishes.
+
+        ``cached_prefix``: a fixed fraction of every prompt served from a prefix cache (0:
+        cold prompts, physical prefill; the vLLM latency measurements correspond to fully
+        cached prompts), or ``"auto"``: each engine models vLLM's automatic prefix caching
+        over the prompts' text (``SimInstance``), for the calls whose trace recorded their
+        prompt (agentflow traces); calls without text (HexGen-Flow traces) run cold."""
+        self.prefix_cache = cached_prefix == "auto"
+        if self.prefix_cache:
+            cached_prefix = 0.0
+        elif isinstance(cached_prefix, str) or not 0.0 <= cached_prefix < 1.0:
+            raise ValueError("cached_prefix must be in [0, 1) or 'auto'")
         self.cached_prefix = cached_prefix
         self.cluster = cluster
         self.policy = policy
@@ -272,7 +280,8 @@ class Simulation:
             call, decisions = self.coordinator.on_call_ready(
                 query_id, stage=node.stage, node_id=node.id,
                 prompt_tokens=recorded[node.id].prompt_tokens, payload=(query_id, node.id),
-                max_tokens=recorded[node.id].max_tokens)
+                max_tokens=recorded[node.id].max_tokens,
+                prompt_text=recorded[node.id].prompt_text if self.prefix_cache else None)
             self._calls[call.id] = call
             self._apply(decisions)
             if query_id not in self._runs:
@@ -333,12 +342,16 @@ class Simulation:
             if isinstance(d, StartCall):
                 call = d.call
                 query_id, node_id = call.payload
+                hashes, per_block = call.prefix_hashes, 0.0
+                if hashes:  # trace tokens per hashed block of pseudo-tokens
+                    per_block = call.prompt_tokens * BLOCK_TOKENS / call.prefix_pseudo_tokens
                 try:
                     self.instances[d.instance].add(
                         call.id, call.prompt_tokens,
                         max(1, self._trace_nodes[query_id][node_id].output_tokens),
                         d.priority, now, cached_tokens=int(self.cached_prefix *
-                                                           call.prompt_tokens))
+                                                           call.prompt_tokens),
+                        prefix_hashes=hashes, tokens_per_block=per_block)
                 except ValueError as err:  # can never fit this instance's KV cache
                     self._apply(self.coordinator.on_call_failed(call, str(err),
                                                                 retryable=True))

@@ -22,6 +22,22 @@ Scheduling, one iteration (vLLM V1, ``--scheduling-policy priority``)
 * ``cached_tokens`` (prefix-cache hits) skip prefill compute on first admission; like vLLM
   only whole blocks count, and at least one prompt token is always computed.
 
+Automatic prefix caching (a request added with ``prefix_hashes``)
+----------------------------------------------------------------
+vLLM's APC over the same paged cache: a prompt's full blocks are keyed by chained hashes
+(``agentflow.scheduler.prefix_index.block_hashes``). At each admission (first or after a
+preemption) the leading blocks found in the cache skip prefill (whole blocks, at least one
+prompt token computed); the admitted sequence then holds all of its prompt's blocks (reference
+counted: not evictable while any running sequence holds them). When it finishes, is aborted or
+preempted its blocks become evictable, tail first (vLLM frees in reverse order), and stay in
+the free pool's LRU until a new allocation needs the memory: the evictable set never exceeds
+the free blocks. Simplifications, stated: a prompt's blocks count as cached from its
+admission (vLLM V1 marks them as their chunk is scheduled, so a same-step sibling may hit a
+few blocks early here); two running sequences sharing blocks each count them against memory
+(vLLM stores them once), which under-states free memory under heavy sharing; generated tokens
+are never keyed (no text for them). Requests without hashes (every HexGen-Flow trace) take the
+path above unchanged.
+
 KV-cache capacity (blocks of ``block_size`` tokens)
 ---------------------------------------------------
     per GPU free  = mem * gpu_memory_utilization - weight_bytes / tp - activation_reserve
@@ -71,6 +87,7 @@ iteration ending at or before ``t`` and returns the events in time order.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -117,6 +134,9 @@ class _Seq:
     __slots__ = (
         "arrival",
         "blocks",
+        "hashes",
+        "held",
+        "tok_per_block",
         "cached",
         "computed",
         "eligible",
@@ -148,6 +168,9 @@ class _Seq:
         self.first_sched: float | None = None
         self.first_token: float | None = None
         self.preempted = 0
+        self.hashes: tuple = ()  # chained prefix-block hashes (prefix caching), or none
+        self.tok_per_block = 0.0  # the trace's tokens per hashed block
+        self.held = False  # whether it holds references to its blocks in the prefix cache
 
 
 class _Plan:
@@ -268,6 +291,12 @@ class SimInstance:
         # Every iteration takes this many times its roofline time (fault injection: a slow
         # instance — thermal throttling, a noisy neighbour). 1.0 multiplies exactly.
         self.slowdown = 1.0
+        # Automatic prefix caching: block hash -> running sequences holding it, and the
+        # evictable blocks (held by none) in LRU order, oldest first.
+        self._pc_ref: dict[bytes, int] = {}
+        self._pc_lru: OrderedDict[bytes, None] = OrderedDict()
+        self.prefix_lookup_tokens = 0  # prompt tokens of admissions that looked up the cache
+        self.prefix_hit_tokens = 0  # of which served from it
 
     # ------------------------------------------------------------------------------ timing
     def _fixed(self, T: int) -> tuple[float, float]:
@@ -305,9 +334,13 @@ class SimInstance:
 
     # --------------------------------------------------------------------------------- API
     def add(self, seq_id: str, prompt_tokens: int, output_tokens: int, priority: int,
-            now: float, cached_tokens: int = 0) -> None:
+            now: float, cached_tokens: int = 0, prefix_hashes: tuple = (),
+            tokens_per_block: float = 0.0) -> None:
         """Admit a request at ``now``; it generates exactly ``output_tokens`` (at least 1).
 
+        ``prefix_hashes``: its prompt's chained block hashes, for automatic prefix caching
+        (then ``cached_tokens`` is ignored: hits are found at admission); a hit of ``h``
+        blocks skips ``h * tokens_per_block`` prompt tokens (whole engine blocks).
         Raises ValueError if it can never fit in the KV cache on its own."""
         if seq_id in self._seqs:
             raise ValueError(f"{self.name}: duplicate sequence id {seq_id!r}")
@@ -323,6 +356,10 @@ class SimInstance:
         cached -= cached % self.block_size
         s = _Seq(seq_id, prompt_tokens, output_tokens, priority, now, self._order, cached,
                  now + self.request_overhead_s)
+        if prefix_hashes:
+            s.cached = 0
+            s.hashes = tuple(prefix_hashes)
+            s.tok_per_block = float(tokens_per_block)
         self._order += 1
         self._seqs[seq_id] = s
         self._n_waiting += 1
@@ -351,6 +388,7 @@ class SimInstance:
             self._free += s.blocks
             s.blocks = 0
             self._running.remove(s)
+            self._prefix_release(s)
             self._cut_plan(self._now)
         s.state = _ABORTED
         return True
@@ -520,7 +558,10 @@ class SimInstance:
                 if s.state != _WAITING:
                     heapq.heappop(w)
                     continue
-                comp = s.cached if s.first_sched is None else 0
+                if s.hashes:
+                    comp = self._prefix_hit(s)
+                else:
+                    comp = s.cached if s.first_sched is None else 0
                 unc = s.prompt + s.generated - comp
                 if unc > budget:
                     if self.chunked_prefill:
@@ -538,6 +579,8 @@ class SimInstance:
                 self._n_waiting -= 1
                 s.state = _RUNNING
                 s.computed = comp
+                if s.hashes:
+                    self._prefix_hold(s, comp)
                 s.blocks = need
                 self._free -= need
                 if s.first_sched is None:
@@ -605,10 +648,52 @@ class SimInstance:
                              pw[kk[order], 0].tolist()))
         self._plan = p
 
+    # ------------------------------------------------------------------ prefix caching
+    def _prefix_hit(self, s: _Seq) -> int:
+        """Prompt tokens of ``s`` found in the cache now (whole blocks, < its prompt)."""
+        lru = self._pc_lru
+        # Evictable blocks live in free memory. Trimming here, lazily, evicts what trimming
+        # at every allocation would: releases only append newer entries and nothing is
+        # touched between lookups, so the oldest entries now are the ones evicted then.
+        while len(lru) > self._free:
+            lru.popitem(last=False)
+        ref = self._pc_ref
+        h = 0
+        for x in s.hashes:
+            if x not in ref and x not in lru:
+                break
+            h += 1
+        cached = min(int(h * s.tok_per_block), s.prompt - 1)
+        return cached - cached % self.block_size
+
+    def _prefix_hold(self, s: _Seq, hit: int) -> None:
+        self.prefix_lookup_tokens += s.prompt
+        self.prefix_hit_tokens += hit
+        ref, lru = self._pc_ref, self._pc_lru
+        for x in s.hashes:
+            if x in lru:
+                del lru[x]
+            ref[x] = ref.get(x, 0) + 1
+        s.held = True
+
+    def _prefix_release(self, s: _Seq) -> None:
+        if not s.held:
+            return
+        s.held = False
+        ref, lru = self._pc_ref, self._pc_lru
+        for x in reversed(s.hashes):  # tail blocks are evicted first
+            n = ref[x] - 1
+            if n:
+                ref[x] = n
+            else:
+                del ref[x]
+                lru[x] = None
+
     def _preempt(self, s: _Seq) -> None:
         self._running.remove(s)
         self._free += s.blocks
         s.blocks = 0
+        self._prefix_release(s)
         s.computed = 0
         s.preempted += 1
         self.preemptions += 1
@@ -665,6 +750,7 @@ class SimInstance:
         s.state = _DONE
         self._free += s.blocks
         s.blocks = 0
+        self._prefix_release(s)
         self._seqs.pop(s.id, None)
         events.append((t, s.order, 2, SeqEvent(
             "finished", s.id, t, s.generated, ttft_s=s.first_token - s.first_sched,

@@ -16,8 +16,10 @@ from agentflow.sim.workload import TraceQuery
 
 
 class IdleLatency:
-    def __init__(self, cluster: SimClusterConfig, cached_prefix: float = 0.0):
-        self.cached_prefix = cached_prefix
+    def __init__(self, cluster: SimClusterConfig, cached_prefix: float | str = 0.0):
+        # "auto" (modelled prefix caching): idle latency stays cold, so deadlines are the
+        # same with the cache on and off and the comparison is fair.
+        self.cached_prefix = 0.0 if cached_prefix == "auto" else cached_prefix
         from agentflow.sim.driver import make_engine
 
         by_gpu = {}

@@ -35,6 +35,10 @@ class TraceNode:
     # The call's output cap, when the trace recorded it (agentflow traces do; HexGen-Flow
     # traces do not): a setting of the pipeline, known to the scheduler before the call runs.
     max_tokens: int | None = None
+    # The prompt's text, when the trace recorded it and the stage made exactly one call
+    # (agentflow traces): what the prefix cache keys. HexGen-Flow traces carry none, and a
+    # node without text never shares a prefix with anything in the simulator.
+    prompt_text: str | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -91,11 +95,13 @@ def load_agentflow(path: str | Path) -> list[TraceQuery]:
                 if n["kind"] == "llm":
                     calls = n.get("calls") or []
                     caps = [c.get("max_tokens") for c in calls]
+                    text = calls[0].get("prompt") if len(calls) == 1 else None
                     nodes.append(TraceNode(
                         n["id"], n["stage"], "llm", parents,
                         sum(c["prompt_tokens"] for c in calls),
                         sum(c["completion_tokens"] for c in calls),
-                        max_tokens=sum(caps) if caps and None not in caps else None))
+                        max_tokens=sum(caps) if caps and None not in caps else None,
+                        prompt_text=text if isinstance(text, str) and text else None))
                 else:
                     duration = (n["end"] or 0.0) - (n["start"] or 0.0)
                     nodes.append(TraceNode(n["id"], n["stage"], "tool", parents,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentflow.scheduler.policies.base import DispatchPolicy, QueuePolicy, SchedulerView
+from agentflow.scheduler.policies.dispatch_cache_aware import CacheAwareDispatch
 from agentflow.scheduler.policies.dispatch_earliest_finish import EarliestFinishDispatch
 from agentflow.scheduler.policies.dispatch_least_loaded import LeastLoadedDispatch
 from agentflow.scheduler.policies.dispatch_round_robin import RoundRobinDispatch
@@ -31,6 +32,7 @@ DISPATCH: dict[str, Callable[..., DispatchPolicy]] = {
     "least_loaded": LeastLoadedDispatch,
     "workload_balanced": WorkloadBalancedDispatch,
     "earliest_finish": EarliestFinishDispatch,
+    "cache_aware": CacheAwareDispatch,
 }
 
 QUEUE: dict[str, Callable[..., QueuePolicy]] = {

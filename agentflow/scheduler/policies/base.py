@@ -28,6 +28,10 @@ class SchedulerView(Protocol):
         as arrays aligned with the list (vectorised, so dispatch cost barely grows with the
         cluster)."""
 
+    def prefix_saved_s(self, call: "ScheduledCall", instances: list[str]) -> "np.ndarray":
+        """Expected prefill seconds ``call`` skips on each instance thanks to the prompt
+        prefix the router-side index believes it holds (zeros without prompt text)."""
+
     def downstream_s(self, call: "ScheduledCall", now: float) -> float:
         """Expected seconds of the query's critical path after this call's stage."""
 
