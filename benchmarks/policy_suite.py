@@ -139,11 +139,13 @@ def arrival_spec(arrival: str, rate: float) -> str:
 
 
 # ------------------------------------------------------------------------------ load level
-def find_l1(trace, cluster, idle: IdleLatency, n: int, seed: int) -> float:
-    """Lowest rate at which vllm's P95 >= 2 x its idle-cluster P95 (doubling, bisection)."""
+def find_l1(trace, cluster, idle: IdleLatency, n: int, seed: int,
+            cached_prefix: float | str = 0.0) -> float:
+    """Lowest rate at which vllm's P95 >= 2 x its idle-cluster P95 (doubling, bisection);
+    ``cached_prefix`` as in ``Simulation`` ("auto": with the prefix cache modelled)."""
     def p95(rate: float) -> float:
         wl = build_workload(trace, cluster, n=n, rate=rate, seed=seed, idle=idle)
-        return run_policy(cluster, wl, "vllm").summary()["p95"]
+        return run_policy(cluster, wl, "vllm", cached_prefix=cached_prefix).summary()["p95"]
 
     target = 2 * p95(1e-5)
     start = 0.005 * len(cluster.expanded())

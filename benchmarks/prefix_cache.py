@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--load", type=float, default=1.5, help="rate as a multiple of L1")
     ap.add_argument("--rate", type=float, help="fixed rate instead of the L1 search")
+    ap.add_argument("--cache-l1", action="store_true",
+                    help="search L1 with the prefix cache modelled (loads the cached system)")
     ap.add_argument("--slo-scale", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--speed", type=int, default=0, help="also time this many queries")
@@ -99,9 +101,10 @@ def main() -> None:
         rate = args.rate
     else:
         t0 = time.perf_counter()
-        l1 = find_l1(trace, cluster, idle, n=min(args.queries, 200), seed=args.seed)
+        l1 = find_l1(trace, cluster, idle, n=min(args.queries, 200), seed=args.seed,
+                     cached_prefix="auto" if args.cache_l1 else 0.0)
         rate = args.load * l1
-        print(f"L1 = {l1:.3g} q/s (search {time.perf_counter() - t0:.0f} s); rate = "
+        print(f"L1{' (cache on)' if args.cache_l1 else ''} = {l1:.3g} q/s (search {time.perf_counter() - t0:.0f} s); rate = "
               f"{args.load:g} x L1 = {rate:.3g} q/s")
     wl = build_workload(trace, cluster, n=args.queries, rate=rate, seed=args.seed, idle=idle)
     key = scale_key(args.slo_scale)
