@@ -35,6 +35,13 @@ RUNAWAYS = [
     ("duckdb", "SELECT length(repeat('x', (SELECT 2000000000)))"),
     ("duckdb", "SELECT sum(length(lpad('x', 30000000, 'y'))) FROM range(100000)"),
     ("duckdb", "SELECT len(range(2000000000))"),
+    # per-row builders: DuckDB fills a 2,048-row vector in one step (ran > 90 s before the
+    # per-vector cap); over the cap, computed, and under the cap (only the watchdog stops it)
+    ("duckdb", "SELECT sum(length(lpad(CAST(range AS VARCHAR), 30000000, 'y'))) FROM range(3000)"),
+    ("duckdb", "SELECT sum(length(lpad(CAST(range AS VARCHAR), (SELECT 30000000), 'y'))) "
+               "FROM range(3000)"),
+    ("duckdb", "SELECT sum(length(lpad(CAST(range AS VARCHAR), 60000, 'y'))) "
+               "FROM range(1000000000)"),
     ("duckdb", "WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n+1, s||s FROM r "
                "WHERE n < 40) SELECT max(length(s)) FROM r"),
     # 10^12 pairs: 10^10 are counted in under a second on an idle machine (not a runaway)
@@ -175,3 +182,10 @@ def test_bounds_apply_before_transpiling_too(engine_paths, engine: str) -> None:
             db.execute(chain, dialect=other)
         assert time.monotonic() - start < 0.5
         assert db.execute("SELECT count(*) FROM book", dialect=other).rows == [(4,)]
+
+
+@pytest.mark.parametrize("fn", ["lpad", "rpad"])
+def test_a_size_rejection_names_the_function_as_written(engine_paths, fn: str) -> None:
+    with Database.open(engine_paths["duckdb"]) as db:
+        with pytest.raises(RejectedStatementError, match=rf"^{fn}\(\) would build"):
+            db.execute(f"SELECT {fn}('x', 30000000, 'y')", timeout_s=LIMIT_S)

@@ -122,11 +122,15 @@ def build_server(af: AgentFlow):
                      "pipeline write and run SQL, run_sql to run a read-only SELECT yourself.")
 
     def checked(fn):
-        """Input errors become tool errors with agentflow's message (isError results)."""
+        """Input errors become tool errors with agentflow's message (isError results).
+        Synchronous tools (opening a database, reading its schema) run in a worker thread:
+        on the event loop, one slow describe would hold up every session of the HTTP
+        transport."""
         async def call(*args, **kwargs):
             try:
-                result = fn(*args, **kwargs)
-                return await result if asyncio.iscoroutine(result) else result
+                if asyncio.iscoroutinefunction(fn):
+                    return await fn(*args, **kwargs)
+                return await asyncio.to_thread(fn, *args, **kwargs)
             except (AgentflowError, LookupError, ValueError) as err:
                 message = err.args[0] if isinstance(err, LookupError) and err.args else err
                 raise ToolError(f"{type(err).__name__}: {message}") from None

@@ -7,6 +7,12 @@ chunks — but the result of one scalar call such as ``repeat('x', 2000000000)``
 (``SQLITE_LIMIT_LENGTH``); DuckDB has none, so the guard adds one: a literal size above the cap
 is rejected before the query runs, and a computed size is wrapped so that DuckDB raises
 ``error(...)`` instead of allocating. Queries without these functions are left untouched.
+
+The cap is per *value*, but DuckDB evaluates a scalar function a whole vector (2,048 rows) at a
+time, and an interrupt lands only between vectors: ``lpad(CAST(range AS VARCHAR), 30000000)``
+over ``range(3000)`` built 2,048 values of 30 MB in one step and ran past 90 s on a 1 s limit.
+So DuckDB's cap is sized for one vector, ``DUCKDB_VALUE_BYTES`` x 2,048 = 128 MiB per step,
+far above any value a question about a database needs (zero-padded ids, text bars).
 """
 
 from __future__ import annotations
@@ -19,11 +25,15 @@ from agentflow.sql.errors import RejectedStatementError
 # through SQLITE_LIMIT_LENGTH.
 MAX_VALUE_BYTES = 32 * 1024 * 1024
 
+# DuckDB builds a scalar function's results for a vector of rows in one uninterruptible step.
+DUCKDB_VECTOR_ROWS = 2048
+DUCKDB_VALUE_BYTES = 64 * 1024  # x 2,048 rows = 128 MiB per step at most
+
 _LIST_RESIZE = {"list_resize", "array_resize"}
 
 
 def bound_value_sizes(tree: exp.Expression, sql: str, *, dialect: str = "duckdb",
-                      cap: int = MAX_VALUE_BYTES) -> str | None:
+                      cap: int = DUCKDB_VALUE_BYTES) -> str | None:
     """Return the SQL to run with computed sizes bounded, or None when nothing needed it.
 
     Raises RejectedStatementError when a literal size alone exceeds ``cap``."""
@@ -91,8 +101,12 @@ def _bound(node: exp.Expression, arg: exp.Expression | None, cap: int, sql: str,
     literal = _literal_size(arg, unit, start)
     if literal is not None:
         if literal > cap:
-            name = (str(node.this) if isinstance(node, exp.Anonymous)
-                    else node.sql_name()).lower()
+            if isinstance(node, exp.Anonymous):
+                name = str(node.this).lower()
+            elif isinstance(node, exp.Pad):  # one node for both: name the one the user wrote
+                name = "lpad" if node.args.get("is_left") else "rpad"
+            else:
+                name = node.sql_name().lower()
             raise RejectedStatementError(
                 f"{name}() would build {builds.format(size=f'{literal:,}')}; at most "
                 f"{cap:,} are allowed", sql=sql)
