@@ -118,7 +118,8 @@ def main() -> None:
             s, hit, wall, cpu, _ = simulate(cluster, wl, policy, mode, args.slo_scale)
             rows[mode] = s
             label = "on" if mode == "auto" else "off"
-            ratio = (f"{s['p95'] / rows[0.0]['p95']:10.3f} {s['mean'] / rows[0.0]['mean']:11.3f}"
+            off = rows[0.0]
+            ratio = (f"{s['p95'] / off['p95']:10.3f} {s['mean'] / off['mean']:11.3f}"
                      if mode == "auto" else "")
             print(f"{policy:26} {label:5} {s['p95']:8.2f} {s['mean']:8.2f} "
                   f"{s['slo_attainment'][key]:6.2f} {hit:6.1%} {ratio}")

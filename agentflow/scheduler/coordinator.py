@@ -23,7 +23,8 @@ from agentflow.scheduler.distribution import Distribution, cost_distribution
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
 from agentflow.scheduler.length_models import LengthModel, make_predictor
 from agentflow.scheduler.policies import parse_policy, resolve
-from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
+from agentflow.scheduler.prefix_index import (BLOCK_TOKENS, PrefixIndex, block_hashes,
+                                              pseudo_tokens)
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow.clock import Clock
 from agentflow.workflow.graph import Node, NodeKind
