@@ -2,7 +2,7 @@
 workloads, arrival processes, deadlines and clusters, with a geometric-mean summary.
 
     python benchmarks/policy_suite.py [--quick] [--out artifacts/policy_suite]
-        [--policies vllm,hexgen-flow,...] [--goodput]
+        [--policies vllm,hexgen-flow,...] [--goodput] [--ray [ADDRESS]]
 
 Grid (one factor at a time around a centre cell, per workload, so it fits in minutes):
 
@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from agentflow.metrics import scale_key
+from agentflow.distributed.grid import run_grid
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.experiment import build_workload, goodput, run_policy
 from agentflow.sim.slo import IdleLatency
@@ -262,6 +263,22 @@ def plots(results: dict, policies: list[str], cells: list[Cell], out: Path) -> N
 
 
 # ------------------------------------------------------------------------------------ main
+def policy_run(policy: str, context: tuple) -> dict:
+    """One policy on one cell's workload (a grid cell: the same here or as a Ray task)."""
+    cluster, wl, slo_scale = context
+    t0 = time.perf_counter()
+    summary = run_policy(cluster, wl, policy, slo_scale=slo_scale).summary()
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    return summary
+
+
+def goodput_search(policy: str, context: tuple) -> float:
+    """One policy's rate goodput on a centre cell (a grid cell)."""
+    cluster, trace, seed, idle, low = context
+    return goodput(cluster, trace, policy, n=80, slo_scale=2.0, seed=seed, idle=idle, low=low,
+                   iterations=5)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -270,6 +287,9 @@ def main() -> None:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--goodput", action="store_true")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run each cell's policies and the goodput searches as Ray tasks "
+                        "(agentflow.distributed.grid): the same numbers as the serial run")
     p.add_argument("--clusters", default=None,
                    help="comma list: run only the cells on these clusters")
     p.add_argument("--out", type=Path, default=Path("artifacts/policy_suite"))
@@ -302,30 +322,29 @@ def main() -> None:
         wl = build_workload(trace, cluster, n=queries_for(cell.cluster, args.quick), rate=rate,
                             arrival=arrival_spec(cell.arrival, rate), seed=args.seed, idle=idle)
         entry = results["cells"].setdefault(cell.name, {"rate": rate, "policies": {}})
-        for policy in policies:
-            if policy in entry["policies"]:
-                continue
-            t0 = time.perf_counter()
-            summary = run_policy(cluster, wl, policy, slo_scale=cell.slo_scale).summary()
-            summary["wall_s"] = round(time.perf_counter() - t0, 1)
-            entry["policies"][policy] = metrics(summary, cell.slo_scale)
-            m = entry["policies"][policy]
-            print(f"{cell.name:<40} {policy:<18} p95={m['p95']:7.1f} mean={m['mean']:6.1f} "
+        todo = [p for p in policies if p not in entry["policies"]]
+
+        def done(i: int, summary: dict, cell: Cell = cell, entry: dict = entry) -> None:
+            entry["policies"][todo[i]] = m = metrics(summary, cell.slo_scale)
+            print(f"{cell.name:<40} {todo[i]:<18} p95={m['p95']:7.1f} mean={m['mean']:6.1f} "
                   f"slo={m['slo']:.2f} ({summary['wall_s']}s)", flush=True)
             store.write_text(json.dumps(results, indent=1))
+        run_grid(policy_run, todo, context=(cluster, wl, cell.slo_scale), ray=args.ray,
+                 on_result=done)
     if args.goodput:
         results.setdefault("goodput", {})
         for w in names:
             cluster = load_cluster("paper-4gpu")
             per = results["goodput"].setdefault(w, {})
             l1 = results["l1"][f"{w}/paper-4gpu"]
-            for policy in policies:
-                if policy not in per:
-                    per[policy] = goodput(cluster, all_workloads[w], policy, n=80,
-                                          slo_scale=2.0, seed=args.seed,
-                                          idle=idles["paper-4gpu"], low=l1 / 4, iterations=5)
-                    print(f"goodput {w} {policy}: {per[policy]:.4f}", flush=True)
-                    store.write_text(json.dumps(results, indent=1))
+            todo = [p for p in policies if p not in per]
+
+            def found(i: int, qps: float, w: str = w, per: dict = per) -> None:
+                per[todo[i]] = qps
+                print(f"goodput {w} {todo[i]}: {qps:.4f}", flush=True)
+                store.write_text(json.dumps(results, indent=1))
+            run_grid(goodput_search, todo, ray=args.ray, on_result=found, context=(
+                cluster, all_workloads[w], args.seed, idles["paper-4gpu"], l1 / 4))
     text = report(results, policies, cells)
     (out / "report.md").write_text(text)
     plots(results, policies, cells, out)
