@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -28,16 +29,35 @@ def admin_url(pg) -> str:
     return f"postgresql://postgres@/loadtest?host={pg.socket_dir}&port={pg.port}"
 
 
+def run_sqlite_script(path: Path, script: str) -> Path:
+    con = sqlite3.connect(path)
+    con.executescript(script)
+    con.commit()
+    con.close()
+    return path
+
+
+@contextmanager
+def loaded_into_bench(bench, src: Path, schema: str):
+    """Load ``src`` as the superuser, autocommit off as `datasets to-postgres` connects (the
+    load is one transaction); yields the report and the connection, to look at the result."""
+    import psycopg
+
+    from agentflow.datasets.to_postgres import load_sqlite_into_postgres
+
+    with psycopg.connect(host=str(bench.socket_dir), port=bench.port, user="postgres",
+                         dbname="loadtest") as conn:
+        yield load_sqlite_into_postgres(src, conn, schema), conn
+
+
 def test_spider_folder_loads_and_every_gold_query_passes(bench, spider_dir: Path,
                                                          tmp_path: Path, capsys) -> None:
     # A messy column (text in an INT column) and a key the data breaks, as benchmarks have.
-    con = sqlite3.connect(spider_dir / "database" / "library" / "library.sqlite")
-    con.executescript("CREATE TABLE shelf (shelf_id INTEGER PRIMARY KEY, code INT, "
+    run_sqlite_script(spider_dir / "database" / "library" / "library.sqlite",
+                      "CREATE TABLE shelf (shelf_id INTEGER PRIMARY KEY, code INT, "
                       "book_id INTEGER REFERENCES book(book_id));"
                       "INSERT INTO shelf VALUES (1, 'A1', 1), (2, 7, 99);"
                       "CREATE VIEW recent AS SELECT title FROM book WHERE year > 1970;")
-    con.commit()
-    con.close()
     assert main(["datasets", "to-postgres", str(spider_dir), "--url", admin_url(bench),
                  "--grant", "loader_reader"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
@@ -95,23 +115,13 @@ def test_spider_dev_gold_self_check_on_postgres(bench, shared_spider) -> None:
 def test_self_references_are_kept_when_the_data_holds_them(bench, tmp_path: Path) -> None:
     """PostgreSQL gets keys after the data, so a table may reference itself; a
     self-reference the data breaks is dropped with the same checks as any other key."""
-    from agentflow.datasets.to_postgres import load_sqlite_into_postgres
-
-    src = tmp_path / "staff.sqlite"
-    con = sqlite3.connect(src)
-    con.executescript(
+    src = run_sqlite_script(
+        tmp_path / "staff.sqlite",
         "CREATE TABLE staff (id INTEGER PRIMARY KEY, boss INTEGER REFERENCES staff(id));"
         "INSERT INTO staff VALUES (1, NULL), (2, 1), (3, 2);"
         "CREATE TABLE team (id INTEGER PRIMARY KEY, parent INTEGER REFERENCES team(id));"
         "INSERT INTO team VALUES (1, NULL), (2, 9);")
-    con.commit()
-    con.close()
-    import psycopg
-
-    # autocommit off, as `datasets to-postgres` connects: the load is one transaction
-    with psycopg.connect(host=str(bench.socket_dir), port=bench.port, user="postgres",
-                         dbname="loadtest") as conn:
-        report = load_sqlite_into_postgres(src, conn, "staff")
+    with loaded_into_bench(bench, src, "staff") as (report, conn):
         keys = conn.execute(
             "SELECT conrelid::regclass::text FROM pg_constraint WHERE contype = 'f' AND "
             "connamespace = 'staff'::regnamespace ORDER BY 1").fetchall()
@@ -123,18 +133,10 @@ def test_self_references_are_kept_when_the_data_holds_them(bench, tmp_path: Path
 def test_names_with_double_quotes_load(bench, tmp_path: Path) -> None:
     """SQLite allows a double quote inside a quoted name; reading the source must escape
     it as the PostgreSQL side does, not fail the whole load."""
-    from agentflow.datasets.to_postgres import load_sqlite_into_postgres
-
-    src = tmp_path / "quoted.sqlite"
-    con = sqlite3.connect(src)
-    con.executescript('CREATE TABLE "say ""hi""" (id INTEGER PRIMARY KEY, "a ""b""" TEXT);'
-                      'INSERT INTO "say ""hi""" VALUES (1, \'x\'), (2, \'y\');')
-    con.commit()
-    con.close()
-    import psycopg
-
-    with psycopg.connect(host=str(bench.socket_dir), port=bench.port, user="postgres",
-                         dbname="loadtest") as conn:
-        report = load_sqlite_into_postgres(src, conn, "quoted")
+    src = run_sqlite_script(
+        tmp_path / "quoted.sqlite",
+        'CREATE TABLE "say ""hi""" (id INTEGER PRIMARY KEY, "a ""b""" TEXT);'
+        'INSERT INTO "say ""hi""" VALUES (1, \'x\'), (2, \'y\');')
+    with loaded_into_bench(bench, src, "quoted") as (report, conn):
         rows = conn.execute('SELECT "a ""b""" FROM quoted."say ""hi""" ORDER BY id').fetchall()
     assert report.rows == 2 and rows == [("x",), ("y",)]
