@@ -23,6 +23,7 @@ from pydantic_core import PydanticSerializationError
 from agentflow.api import (AgentFlow, Answer, ConversationNotFoundError, InvalidRequest,
                            QueryHandle, ShuttingDownError)
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
+from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
 from agentflow.server.metrics import ServerMetrics
@@ -160,15 +161,16 @@ class QueryService:
         self._closed = False
         self._tables: dict[str, list[str]] = {}
         self._examples = ExampleQuestions()
-        self.coordinator = getattr(getattr(af, "router", None), "coordinator", None)
+        # A router passed in code may schedule nothing (no coordinator, no health states).
+        self.scheduled = af.router if isinstance(af.router, ScheduledRouter) else None
+        self.coordinator = self.scheduled.coordinator if self.scheduled else None
         for name in list(af.backends):
             if not isinstance(af.backends[name], RecordingBackend):
                 # The router holds the same dict, so wrapping in place reaches it too.
                 af.backends[name] = RecordingBackend(af.backends[name], name, self.failures,
                                                      metrics)
-        listeners = getattr(getattr(af, "router", None), "attempt_listeners", None)
-        if listeners is not None:  # calls the router cut off (deadline, stall): retries too
-            listeners.append(self._abandoned)
+        if self.scheduled:  # calls the router cut off (deadline, stall): retries too
+            self.scheduled.attempt_listeners.append(self._abandoned)
         if self.coordinator is not None:
             self.coordinator.add_observer(DecisionTimer(metrics))
         metrics.bind(self)
@@ -419,7 +421,7 @@ class QueryService:
 
     def instances(self) -> list[InstanceInfo]:
         by_name = {i.name: i for i in self.af.config.instances}
-        tracker = getattr(getattr(self.af, "router", None), "health", None)
+        tracker = self.scheduled.health if self.scheduled else None
         out = []
         for name in self.af.backends:
             cfg = by_name.get(name)
