@@ -229,9 +229,8 @@ def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = Non
     actor's backend fails to build, or when start-up exceeds ``startup_timeout_s``; actors
     already started are then killed."""
     placement: RayPlacement = config.placement
-    ray = require_ray()
-    connect_ray(placement.address, namespace=placement.namespace,
-                runtime_env=placement.runtime_env)
+    ray = connect_ray(placement.address, namespace=placement.namespace,
+                      runtime_env=placement.runtime_env)
     needs = {inst.name: actor_resources(inst, placement) for inst in config.instances}
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     for inst in config.instances:
