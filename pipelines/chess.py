@@ -30,8 +30,8 @@ from pipelines.common import (
     record_attempt,
     result_preview,
     set_schema_grammar,
+    sql_context,
     sql_params,
-    shots,
     tool_node,
 )
 from pipelines.sqltext import extract_sql, result_key
@@ -122,8 +122,7 @@ class ChessPipeline(Pipeline):
                                             value_matches=ctx.state.get("values", []))
         tables = selection.tables
         schema = ctx.env.db.schema_prompt(tables=tables, samples=self.samples)
-        prefix = prompts.context(schema, ctx.env.db.dialect,
-                                 shots(ctx.env, asked, self.n_shots), ctx.env.history)
+        prefix = sql_context(ctx.env, schema, q.question, self.n_shots)
         ctx.state["sql_context"] = prefix
         ctx.state["_context_tokens"] = len(prefix) // 4
         set_schema_grammar(ctx.env, ctx.state, tables)

@@ -100,6 +100,13 @@ def shots(env: PipelineEnv, question: str, k: int) -> list[prompts.Shot]:
     return [prompts.Shot(f.example.question, f.example.gold_sql) for f in found]
 
 
+def sql_context(env: PipelineEnv, schema_text: str, question: str, k: int) -> str:
+    """The shared prefix of a query's SQL-writing calls: the schema, ``k`` examples retrieved
+    for the question read with the conversation's earlier turns, and those turns."""
+    asked = prompts.with_history(question, env.history)
+    return prompts.context(schema_text, env.db.dialect, shots(env, asked, k), env.history)
+
+
 def sql_params(env: PipelineEnv, state: dict, **overrides) -> SamplingParams:
     """Sampling parameters for an SQL-writing call: the shared defaults, plus the schema
     grammar the pipeline stored in ``state["sql_grammar"]`` when constraining is on."""

@@ -28,7 +28,7 @@ from pipelines.common import (
     llm_node,
     record_attempt,
     set_schema_grammar,
-    shots,
+    sql_context,
     tool_node,
 )
 from pipelines.sqltext import extract_sql
@@ -84,9 +84,7 @@ class MacSqlPipeline(Pipeline):
 
     def _set_context(self, ctx: StageContext, tables: dict[str, None] | None) -> None:
         schema = ctx.env.db.schema_prompt(tables=tables, samples=self.samples)
-        asked = prompts.with_history(ctx.query.question, ctx.env.history)
-        prefix = prompts.context(schema, ctx.env.db.dialect,
-                                 shots(ctx.env, asked, self.n_shots), ctx.env.history)
+        prefix = sql_context(ctx.env, schema, ctx.query.question, self.n_shots)
         ctx.state["sql_context"] = prefix
         ctx.state["_context_tokens"] = len(prefix) // 4
         set_schema_grammar(ctx.env, ctx.state, tables)

@@ -19,7 +19,7 @@ from pipelines.common import (
     llm_node,
     record_attempt,
     set_schema_grammar,
-    shots,
+    sql_context,
     sql_params,
     tool_node,
 )
@@ -39,9 +39,7 @@ class SinglePipeline(Pipeline):
     def build(self, query: Query, env: PipelineEnv) -> nx.DiGraph:
         async def generate(ctx: StageContext) -> str:
             schema = ctx.env.db.schema_prompt(samples=self.samples)
-            asked = prompts.with_history(ctx.query.question, ctx.env.history)
-            prefix = prompts.context(schema, ctx.env.db.dialect,
-                                     shots(ctx.env, asked, self.n_shots), ctx.env.history)
+            prefix = sql_context(ctx.env, schema, ctx.query.question, self.n_shots)
             prompt = prompts.generate_sql(prefix, ctx.query.question, ctx.query.evidence)
             set_schema_grammar(ctx.env, ctx.state, None)
             result = await ctx.llm(prompt, sql_params(ctx.env, ctx.state), answer_prefix="SELECT")

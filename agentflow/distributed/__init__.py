@@ -14,17 +14,13 @@ the default test suite stay Ray-free.
 from __future__ import annotations
 
 
-def ray_missing_message() -> str:
-    return ("Ray is not installed: pip install 'agentflow[ray]' (on every node of the "
-            "cluster, the same agentflow version)")
-
-
 def require_ray():
     """Import Ray or raise ``ImportError`` saying how to get it."""
     try:
         import ray
     except ImportError as err:
-        raise ImportError(ray_missing_message()) from err
+        raise ImportError("Ray is not installed: pip install 'agentflow[ray]' (on every node "
+                          "of the cluster, the same agentflow version)") from err
     return ray
 
 

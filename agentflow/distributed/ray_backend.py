@@ -44,14 +44,13 @@ class RayActorBackend(LLMBackend):
     """An instance hosted by a Ray actor (see the module doc)."""
 
     def __init__(self, name: str, actor: Any, *, resources: ActorResources,
-                 gpu: str | None = None, probe_timeout_s: float = 10.0,
+                 probe_timeout_s: float = 10.0,
                  count_tokens: tuple[tuple, Callable[[str], int]] | None = None,
                  loop: asyncio.AbstractEventLoop | None = None):
         self.ray = require_ray()
         self.name = name
         self.actor = actor
         self.resources = resources
-        self.gpu = gpu
         self.probe_timeout_s = probe_timeout_s
         self._tokenizer = count_tokens
         self._loop = loop
@@ -230,9 +229,8 @@ def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = Non
     actor's backend fails to build, or when start-up exceeds ``startup_timeout_s``; actors
     already started are then killed."""
     placement: RayPlacement = config.placement
-    ray = require_ray()
-    connect_ray(placement.address, namespace=placement.namespace,
-                runtime_env=placement.runtime_env)
+    ray = connect_ray(placement.address, namespace=placement.namespace,
+                      runtime_env=placement.runtime_env)
     needs = {inst.name: actor_resources(inst, placement) for inst in config.instances}
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     for inst in config.instances:
@@ -254,9 +252,8 @@ def start_instances(config: Any, *, loop: asyncio.AbstractEventLoop | None = Non
             max_restarts=placement.max_restarts, max_task_retries=0,
             max_concurrency=1000).remote(inst.name, actor_backend_spec(inst))
         backends[inst.name] = RayActorBackend(
-            inst.name, actor, resources=need, gpu=inst.gpu,
-            probe_timeout_s=placement.probe_timeout_s, count_tokens=_token_counter(inst),
-            loop=loop)
+            inst.name, actor, resources=need, probe_timeout_s=placement.probe_timeout_s,
+            count_tokens=_token_counter(inst), loop=loop)
     probes = {b.actor.probe.remote(): name for name, b in backends.items()}
     deadline = time.monotonic() + placement.startup_timeout_s
     pending = list(probes)
