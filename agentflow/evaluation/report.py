@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from agentflow.evaluation.metrics import level_key
+from agentflow.metrics import scale_key
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -83,7 +84,7 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, str]) -> 
         lat, use = r["latency_s"], r["usage_per_question"]
         rows.append([k, str(r["questions"]), _acc(r["accuracy"]), _acc(r["accuracy"], True),
                      _s(lat["mean"]), _s(lat["p50"]), _s(lat["p95"]), _s(lat["p99"]),
-                     _num(r["throughput_qps"], 3), _pct(r["slo_attainment"].get(f"{scale:g}")),
+                     _num(r["throughput_qps"], 3), _pct(r["slo_attainment"].get(scale_key(scale))),
                      _num(use["calls"]), _num(use["prompt_tokens"], 0),
                      _num(use["completion_tokens"], 0)])
     lines.append(_table(header, rows))
