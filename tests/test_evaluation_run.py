@@ -281,3 +281,25 @@ def test_eval_and_simulate_report_the_same_attainment_on_the_same_trace(real_run
         run = summary["runs"][f"chess__{policy}"]
         assert run["latency_s"]["p95"] == pytest.approx(simulated[policy]["p95"])
         assert run["throughput_qps"] == pytest.approx(simulated[policy]["throughput_qps"])
+
+
+def test_latency_cdf_is_over_answered_questions(tmp_path: Path, monkeypatch) -> None:
+    """The CDF plot shows the distribution the P50/P95 table is computed from: a quick
+    failure is not an answered question (agentflow.metrics)."""
+    from matplotlib.axes import Axes
+
+    from agentflow.evaluation.metrics import summarize_run
+    from agentflow.evaluation.report import write_plots
+
+    records = [{"status": "done", "latency_s": 2.0, "idle_latency_s": 1.0, "correct": True,
+                "reason": "match", "difficulty": "easy", "db_id": "demo"},
+               {"status": "failed", "latency_s": 0.5, "idle_latency_s": 1.0, "correct": False,
+                "reason": "pred_error", "difficulty": "easy", "db_id": "demo"}]
+    summary = {"mode": "real", "runs": {"r": summarize_run(records, slo_scale=2.0)}}
+    steps: list[list[float]] = []
+    real_step = Axes.step
+    monkeypatch.setattr(Axes, "step", lambda self, x, *a, **k: (steps.append(list(x)),
+                                                                 real_step(self, x, *a, **k)))
+    write_plots(tmp_path, summary, {"r": records})
+    assert steps == [[2.0]]
+    assert summary["runs"]["r"]["latency_s"]["n"] == 1

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from agentflow.scheduler.policies import policy_help
 from agentflow.cli import table_console
+from agentflow.metrics import scale_key
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -107,7 +108,7 @@ def print_summary(console: Console, summary: dict) -> None:
         acc, lat = r["accuracy"], r["latency_s"]
         table.add_row(key, str(r["questions"]), pct(acc["accuracy"]), pct(acc["accuracy_bird"]),
                       f(lat["mean"]), f(lat["p50"]), f(lat["p95"]), f(lat["p99"]),
-                      f(r["throughput_qps"], 3), pct(r["slo_attainment"].get(f"{scale:g}")),
+                      f(r["throughput_qps"], 3), pct(r["slo_attainment"].get(scale_key(scale))),
                       f(r["usage_per_question"]["calls"], 1))
     console.print(table)
     console.print(f"report: {summary['out']}/report.md", highlight=False)

@@ -12,7 +12,6 @@ import numpy as np
 
 from agentflow.accuracy import REASONS
 from agentflow.metrics import SLO_SCALES, Outcome, absolute_attainment, attainment_table
-from agentflow.metrics import attainment as _attainment
 from agentflow.metrics import completed_latencies, latency_stats
 from agentflow.metrics import throughput as _throughput
 
@@ -38,11 +37,6 @@ def _acc(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def level_key(level: str) -> tuple[int, str]:
     return (LEVEL_ORDER.index(level) if level in LEVEL_ORDER else len(LEVEL_ORDER), level)
-
-
-def attainment(records: list[dict[str, Any]], scale: float) -> float | None:
-    """Share of all questions answered (``done``) within ``scale`` x their idle latency."""
-    return _attainment([Outcome.of(r) for r in records], scale)
 
 
 def throughput(records: list[dict[str, Any]]) -> tuple[float | None, float]:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from agentflow.evaluation.metrics import level_key
+from agentflow.metrics import Outcome, completed_latencies, scale_key
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -83,7 +84,7 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, str]) -> 
         lat, use = r["latency_s"], r["usage_per_question"]
         rows.append([k, str(r["questions"]), _acc(r["accuracy"]), _acc(r["accuracy"], True),
                      _s(lat["mean"]), _s(lat["p50"]), _s(lat["p95"]), _s(lat["p99"]),
-                     _num(r["throughput_qps"], 3), _pct(r["slo_attainment"].get(f"{scale:g}")),
+                     _num(r["throughput_qps"], 3), _pct(r["slo_attainment"].get(scale_key(scale))),
                      _num(use["calls"]), _num(use["prompt_tokens"], 0),
                      _num(use["completion_tokens"], 0)])
     lines.append(_table(header, rows))
@@ -236,12 +237,11 @@ def write_plots(folder: Path, summary: dict[str, Any],
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for key, recs in records.items():
-        lat = np.sort([r["latency_s"] for r in recs
-                       if r.get("latency_s") is not None and r.get("status") in ("done", "failed")])
+        lat = np.sort(completed_latencies([Outcome.of(r) for r in recs]))  # answered ones
         if len(lat):
             ax.step(lat, np.arange(1, len(lat) + 1) / len(lat), where="post", label=key)
     ax.set_xlabel("end-to-end latency (s)")
-    ax.set_ylabel("share of questions")
+    ax.set_ylabel("share of answered questions")
     ax.set_ylim(0, 1.02)
     finish_figure(fig, ax, folder / "latency_cdf.png", title=f"Latency CDF ({mode})", dpi=110,
                   legend_fontsize=8)
