@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentflow.metrics import scale_key
+from agentflow.metrics import Outcome, attainment, scale_key
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.experiment import Workload, run_policy
 
@@ -121,9 +121,7 @@ class OnlineAlphaTuner:
                 judged.append(record)
         fork.drain()
         if self.metric == "slo":
-            met = sum(1 for r in judged if r.latency_s is not None
-                      and r.latency_s <= self.slo_scale * r.idle_latency_s + 1e-9)
-            return -met / len(judged)
+            return -attainment([Outcome.of(r) for r in judged], self.slo_scale)
         latencies = [r.latency_s for r in judged if r.latency_s is not None]
         if len(latencies) < len(judged):
             return float("inf")
