@@ -26,14 +26,6 @@ class Workload:
     def deadlines(self, slo_scale: float) -> list[float]:
         return [slo_scale * t for t in self.idle_latency_s]
 
-    def window(self, start: float, end: float) -> "Workload":
-        """Queries that arrived in [start, end), arrivals rebased to 0 (for a forked run)."""
-        keep = [i for i, t in enumerate(self.arrivals) if start <= t < end]
-        base = self.arrivals[keep[0]] if keep else 0.0
-        return Workload([self.queries[i] for i in keep],
-                        [self.arrivals[i] - base for i in keep],
-                        [self.idle_latency_s[i] for i in keep])
-
 
 def build_workload(trace: list[TraceQuery], cluster: SimClusterConfig, *, n: int, rate: float,
                    arrival: str = "poisson", seed: int = 0,
