@@ -81,3 +81,28 @@ def goodput(cluster: SimClusterConfig, trace: list[TraceQuery], policy: str, *, 
         mid = (low + hi) / 2
         low, hi = (mid, hi) if ok(mid) else (low, mid)
     return low
+
+
+def loaded_rate(cluster: SimClusterConfig, trace: list[TraceQuery], idle: IdleLatency, *,
+                n: int, seed: int, idle_rate: float, low: float, high: float,
+                iterations: int, slo_scale: float = 2.0, cached_prefix: float | str = 0.0,
+                max_high: float | None = None) -> float:
+    """The benchmarks' load level L1: the lowest rate at which ``vllm``'s P95 is at least
+    twice its P95 at ``idle_rate`` (an idle cluster) — doubling ``(low, high)`` until
+    ``high`` loads it, then ``iterations`` bisection steps; returns the loaded end. Past
+    ``max_high`` the run of ``n`` queries is taken as too short to load the cluster."""
+    def p95(rate: float) -> float:
+        wl = build_workload(trace, cluster, n=n, rate=rate, seed=seed, idle=idle)
+        return run_policy(cluster, wl, "vllm", slo_scale=slo_scale,
+                          cached_prefix=cached_prefix).summary()["p95"]
+
+    target = 2 * p95(idle_rate)
+    while p95(high) < target:
+        if max_high is not None and high > max_high:
+            raise RuntimeError(f"vllm's P95 never doubled with {n} queries on "
+                               f"{cluster.name}: use more queries for the search")
+        low, high = high, high * 2
+    for _ in range(iterations):
+        mid = (low + high) / 2
+        low, high = (low, mid) if p95(mid) >= target else (mid, high)
+    return high
