@@ -197,10 +197,10 @@ class Simulation:
 
     def fork(self) -> "Simulation":
         """A copy of the live state — engines, queues, running and waiting calls, workflows in
-        flight — without the future: no pending arrivals, no hooks, no alpha tuner. What a
-        tuner replays its forecasts on, so the backlog counts."""
+        flight — without the future: no pending arrivals, no faults still to come, no hooks,
+        no alpha tuner. What a tuner replays its forecasts on, so the backlog counts."""
         heap, tuner = self._heap, self.alpha_tuner
-        self._heap = [e for e in heap if e[2] not in ("arrival", "hook")]
+        self._heap = [e for e in heap if e[2] not in ("arrival", "fault", "hook")]
         self.alpha_tuner = None
         # Locks (the length predictor's, for serving threads) cannot be copied: a fork,
         # single-threaded, gets fresh ones.
