@@ -241,9 +241,9 @@ def plots(results: dict, policies: list[str], cells: list[Cell], out: Path) -> N
         return
     fig, ax = plt.subplots(figsize=(max(6, len(done) * 0.5), 4))
     x = np.arange(len(done))
-    for i, p in enumerate(policies):
-        best = [min(results["cells"][c.name]["policies"][q]["p95"] for q in policies
-                    if q != REFERENCE) for c in done]
+    best = [min(results["cells"][c.name]["policies"][q]["p95"] for q in policies
+                if q != REFERENCE) for c in done]
+    for p in policies:
         ys = [results["cells"][c.name]["policies"][p]["p95"] / b for c, b in zip(done, best)]
         ax.plot(x, ys, marker="o", label=p)
     ax.set_xticks(x, [c.name for c in done], rotation=75, fontsize=6)
