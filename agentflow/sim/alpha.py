@@ -15,6 +15,7 @@ import numpy as np
 
 from agentflow.metrics import Outcome, attainment, scale_key
 from agentflow.sim.cluster import SimClusterConfig
+from agentflow.sim.driver import QueryRecord
 from agentflow.sim.experiment import Workload, run_policy
 
 DEFAULT_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -104,8 +105,6 @@ class OnlineAlphaTuner:
         self.history.append((now, best))
 
     def _score(self, sim, alpha: float, window: list[int], now: float) -> float:
-        from agentflow.sim.driver import QueryRecord
-
         fork = sim.fork()
         fork.coordinator.dispatch.alpha = alpha
         judged = fork.in_flight
