@@ -25,7 +25,7 @@ from agentflow.distributed.grid import run_grid
 from agentflow.metrics import scale_key
 from agentflow.sim.alpha import OnlineAlphaTuner
 from agentflow.sim.cluster import load_cluster
-from agentflow.sim.experiment import build_workload, goodput, run_policy
+from agentflow.sim.experiment import build_workload, goodput, loaded_rate, run_policy
 from agentflow.sim.plots import plot_attainment, plot_p95_vs_rate
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import load_hexgen
@@ -114,20 +114,8 @@ def base_idle_p95(cluster, trace, args, idle) -> float:
 
 def find_level(cluster, trace, args, idle) -> float:
     """Lowest rate at which vllm's P95 >= 2 x its idle P95 (doubling, then bisection)."""
-    target = 2 * base_idle_p95(cluster, trace, args, idle)
-
-    def p95(rate: float) -> float:
-        wl = build_workload(trace, cluster, n=args.queries, rate=rate, seed=args.seed,
-                            idle=idle)
-        return run_policy(cluster, wl, "vllm", slo_scale=args.slo_scale).summary()["p95"]
-
-    low, high = 0.002, 0.004
-    while p95(high) < target:
-        low, high = high, high * 2
-    for _ in range(6):
-        mid = (low + high) / 2
-        low, high = (low, mid) if p95(mid) >= target else (mid, high)
-    return high
+    return loaded_rate(cluster, trace, idle, n=args.queries, seed=args.seed, idle_rate=1e-4,
+                       low=0.002, high=0.004, iterations=6, slo_scale=args.slo_scale)
 
 
 def report(results: dict, args) -> str:

@@ -43,7 +43,7 @@ import numpy as np
 from agentflow.metrics import scale_key
 from agentflow.distributed.grid import run_grid
 from agentflow.sim.cluster import load_cluster
-from agentflow.sim.experiment import build_workload, goodput, run_policy
+from agentflow.sim.experiment import build_workload, goodput, loaded_rate, run_policy
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import TraceNode, TraceQuery, load_hexgen
 
@@ -142,24 +142,13 @@ def arrival_spec(arrival: str, rate: float) -> str:
 # ------------------------------------------------------------------------------ load level
 def find_l1(trace, cluster, idle: IdleLatency, n: int, seed: int,
             cached_prefix: float | str = 0.0) -> float:
-    """Lowest rate at which vllm's P95 >= 2 x its idle-cluster P95 (doubling, bisection);
-    ``cached_prefix`` as in ``Simulation`` ("auto": with the prefix cache modelled)."""
-    def p95(rate: float) -> float:
-        wl = build_workload(trace, cluster, n=n, rate=rate, seed=seed, idle=idle)
-        return run_policy(cluster, wl, "vllm", cached_prefix=cached_prefix).summary()["p95"]
-
-    target = 2 * p95(1e-5)
+    """Lowest rate at which vllm's P95 >= 2 x its idle-cluster P95 (doubling from a rate
+    that scales with the cluster's size, then bisection); ``cached_prefix`` as in
+    ``Simulation`` ("auto": with the prefix cache modelled)."""
     start = 0.005 * len(cluster.expanded())
-    low, high = 0.0, start
-    while p95(high) < target:
-        if high > 1e4 * start:  # the run is too short to load this cluster at any rate
-            raise RuntimeError(f"vllm's P95 never doubled with {n} queries on "
-                               f"{cluster.name}: use more queries for the search")
-        low, high = high, high * 2
-    for _ in range(4):
-        mid = (low + high) / 2 if low > 0 else high / 2
-        low, high = (low, mid) if p95(mid) >= target else (mid, high)
-    return high
+    return loaded_rate(cluster, trace, idle, n=n, seed=seed, idle_rate=1e-5, low=0.0,
+                       high=start, iterations=4, cached_prefix=cached_prefix,
+                       max_high=1e4 * start)
 
 
 # ---------------------------------------------------------------------------------- report
@@ -252,9 +241,9 @@ def plots(results: dict, policies: list[str], cells: list[Cell], out: Path) -> N
         return
     fig, ax = plt.subplots(figsize=(max(6, len(done) * 0.5), 4))
     x = np.arange(len(done))
-    for i, p in enumerate(policies):
-        best = [min(results["cells"][c.name]["policies"][q]["p95"] for q in policies
-                    if q != REFERENCE) for c in done]
+    best = [min(results["cells"][c.name]["policies"][q]["p95"] for q in policies
+                if q != REFERENCE) for c in done]
+    for p in policies:
         ys = [results["cells"][c.name]["policies"][p]["p95"] / b for c, b in zip(done, best)]
         ax.plot(x, ys, marker="o", label=p)
     ax.set_xticks(x, [c.name for c in done], rotation=75, fontsize=6)

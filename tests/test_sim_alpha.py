@@ -50,3 +50,26 @@ def test_a_fork_carries_the_backlog_and_leaves_the_live_run_alone() -> None:
     assert seen["fork"] == seen["live"] == seen["live_after"]
     assert seen["fork_left"] == 0 and seen["live_status"] == {"pending"}
     assert all(r.status == "done" for r in result.records)
+
+
+def test_the_slo_score_counts_a_recorded_failure_as_missed() -> None:
+    # a query whose recorded run failed comes back on time but unanswered: it misses its SLO
+    # in the tuner's score as in every report (agentflow.metrics), however loose the SLO
+    from dataclasses import replace
+
+    cluster = CLUSTERS["paper-4gpu"]
+    failed = [replace(q, meta={"status": "failed"}) for q in trace()]
+    wl = build_workload(failed, cluster, n=8, rate=1.0, seed=3)
+    tuner = OnlineAlphaTuner(cluster, metric="slo", slo_scale=100.0, every_queries=100,
+                             window_queries=4, grid=(0.0, 1.0))
+    sim = Simulation(cluster, "hexgen-flow", alpha_tuner=tuner)
+    scores = []
+
+    def probe(s: Simulation) -> None:
+        now = s.clock.now()
+        scores.append(tuner._score(s, 0.5, tuner._window(now), now))
+
+    sim.schedule_hook(wl.arrivals[5], probe)
+    result = sim.run(wl.queries, wl.arrivals, wl.deadlines(100.0), wl.idle_latency_s)
+    assert {r.status for r in result.records} == {"failed"}
+    assert scores == [0.0]

@@ -152,3 +152,24 @@ def test_fault_syntax_and_unknown_instances() -> None:
             Fault.parse(bad)
     with pytest.raises(ValueError, match="unknown instance 'h100-9'"):
         Simulation(CLUSTER, "vllm", faults=[Fault(1.0, "h100-9", "down")])
+
+
+def test_a_fork_knows_nothing_of_faults_still_to_come() -> None:
+    # a fork (what the alpha tuner judges on) carries the live state, an instance already
+    # down included, but not the faults the run has not reached: serving cannot foresee them
+    wl = build_workload([chess_like(i) for i in range(4)], CLUSTER, n=8, rate=5.0, seed=2)
+    first, second = [name for name, _ in CLUSTER.expanded()][:2]
+    sim = Simulation(CLUSTER, "hexgen-flow",
+                     faults=[Fault(0.5, first, "down"), Fault(1.5, second, "down")])
+    seen = {}
+
+    def probe(s: Simulation) -> None:
+        fork = s.fork()
+        seen["at_fork"] = fork.down_instances
+        fork.drain()
+        seen["fork_drained"] = fork.down_instances
+
+    sim.schedule_hook(1.0, probe)
+    sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s)
+    assert seen["at_fork"] == seen["fork_drained"] == [first]
+    assert sim.down_instances == [first, second]

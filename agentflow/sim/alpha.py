@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentflow.metrics import scale_key
+from agentflow.metrics import Outcome, attainment, scale_key
 from agentflow.sim.cluster import SimClusterConfig
+from agentflow.sim.driver import QueryRecord
 from agentflow.sim.experiment import Workload, run_policy
 
 DEFAULT_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -104,8 +105,6 @@ class OnlineAlphaTuner:
         self.history.append((now, best))
 
     def _score(self, sim, alpha: float, window: list[int], now: float) -> float:
-        from agentflow.sim.driver import QueryRecord
-
         fork = sim.fork()
         fork.coordinator.dispatch.alpha = alpha
         judged = fork.in_flight
@@ -121,9 +120,7 @@ class OnlineAlphaTuner:
                 judged.append(record)
         fork.drain()
         if self.metric == "slo":
-            met = sum(1 for r in judged if r.latency_s is not None
-                      and r.latency_s <= self.slo_scale * r.idle_latency_s + 1e-9)
-            return -met / len(judged)
+            return -attainment([Outcome.of(r) for r in judged], self.slo_scale)
         latencies = [r.latency_s for r in judged if r.latency_s is not None]
         if len(latencies) < len(judged):
             return float("inf")

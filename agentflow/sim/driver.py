@@ -30,8 +30,8 @@ from agentflow.scheduler.setup import build_coordinator
 from agentflow.scheduler.length_models import TrueLengths, make_predictor
 from agentflow.scheduler.policies import parse_policy
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS
-from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
-from agentflow.sim.engine import SimInstance
+from agentflow.sim.cluster import SimClusterConfig
+from agentflow.sim.engine import SimInstance, engine_for
 from agentflow.sim.faults import Fault
 from agentflow.sim.workload import TraceNode, TraceQuery
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
@@ -128,7 +128,7 @@ class Simulation:
         self.instances: dict[str, SimInstance] = {}
         instances = []
         for name, cfg in cluster.expanded():
-            self.instances[name] = make_engine(name, cfg)
+            self.instances[name] = engine_for(name, cfg)
             instances.append(cfg)
         # The coordinator serving builds from the same description (build_coordinator): it
         # admits no more than each engine's KV cache holds, so calls wait in its queues —
@@ -197,10 +197,10 @@ class Simulation:
 
     def fork(self) -> "Simulation":
         """A copy of the live state — engines, queues, running and waiting calls, workflows in
-        flight — without the future: no pending arrivals, no hooks, no alpha tuner. What a
-        tuner replays its forecasts on, so the backlog counts."""
+        flight — without the future: no pending arrivals, no faults still to come, no hooks,
+        no alpha tuner. What a tuner replays its forecasts on, so the backlog counts."""
         heap, tuner = self._heap, self.alpha_tuner
-        self._heap = [e for e in heap if e[2] not in ("arrival", "hook")]
+        self._heap = [e for e in heap if e[2] not in ("arrival", "fault", "hook")]
         self.alpha_tuner = None
         # Locks (the length predictor's, for serving threads) cannot be copied: a fork,
         # single-threaded, gets fresh ones.
@@ -412,10 +412,3 @@ class Simulation:
 
     def _push(self, t: float, kind: str, payload: Any) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
-
-
-def make_engine(name: str, cfg: SimInstanceConfig) -> SimInstance:
-    """The simulated engine of an instance (see ``agentflow.sim.engine.engine_for``)."""
-    from agentflow.sim.engine import engine_for
-
-    return engine_for(name, cfg)

@@ -26,14 +26,6 @@ class Workload:
     def deadlines(self, slo_scale: float) -> list[float]:
         return [slo_scale * t for t in self.idle_latency_s]
 
-    def window(self, start: float, end: float) -> "Workload":
-        """Queries that arrived in [start, end), arrivals rebased to 0 (for a forked run)."""
-        keep = [i for i, t in enumerate(self.arrivals) if start <= t < end]
-        base = self.arrivals[keep[0]] if keep else 0.0
-        return Workload([self.queries[i] for i in keep],
-                        [self.arrivals[i] - base for i in keep],
-                        [self.idle_latency_s[i] for i in keep])
-
 
 def build_workload(trace: list[TraceQuery], cluster: SimClusterConfig, *, n: int, rate: float,
                    arrival: str = "poisson", seed: int = 0,
@@ -89,3 +81,28 @@ def goodput(cluster: SimClusterConfig, trace: list[TraceQuery], policy: str, *, 
         mid = (low + hi) / 2
         low, hi = (mid, hi) if ok(mid) else (low, mid)
     return low
+
+
+def loaded_rate(cluster: SimClusterConfig, trace: list[TraceQuery], idle: IdleLatency, *,
+                n: int, seed: int, idle_rate: float, low: float, high: float,
+                iterations: int, slo_scale: float = 2.0, cached_prefix: float | str = 0.0,
+                max_high: float | None = None) -> float:
+    """The benchmarks' load level L1: the lowest rate at which ``vllm``'s P95 is at least
+    twice its P95 at ``idle_rate`` (an idle cluster) — doubling ``(low, high)`` until
+    ``high`` loads it, then ``iterations`` bisection steps; returns the loaded end. Past
+    ``max_high`` the run of ``n`` queries is taken as too short to load the cluster."""
+    def p95(rate: float) -> float:
+        wl = build_workload(trace, cluster, n=n, rate=rate, seed=seed, idle=idle)
+        return run_policy(cluster, wl, "vllm", slo_scale=slo_scale,
+                          cached_prefix=cached_prefix).summary()["p95"]
+
+    target = 2 * p95(idle_rate)
+    while p95(high) < target:
+        if max_high is not None and high > max_high:
+            raise RuntimeError(f"vllm's P95 never doubled with {n} queries on "
+                               f"{cluster.name}: use more queries for the search")
+        low, high = high, high * 2
+    for _ in range(iterations):
+        mid = (low + high) / 2
+        low, high = (low, mid) if p95(mid) >= target else (mid, high)
+    return high

@@ -12,6 +12,7 @@ import math
 import networkx as nx
 
 from agentflow.sim.cluster import SimClusterConfig
+from agentflow.sim.engine import engine_for
 from agentflow.sim.workload import TraceQuery
 
 
@@ -20,12 +21,10 @@ class IdleLatency:
         # "auto" (modelled prefix caching): idle latency stays cold, so deadlines are the
         # same with the cache on and off and the comparison is fair.
         self.cached_prefix = 0.0 if cached_prefix == "auto" else cached_prefix
-        from agentflow.sim.driver import make_engine
-
         by_gpu = {}
         for name, cfg in cluster.expanded():
             by_gpu.setdefault(cfg.gpu, (name, cfg))
-        self._factories = [lambda n=n, c=c: make_engine(n, c) for n, c in by_gpu.values()]
+        self._factories = [lambda n=n, c=c: engine_for(n, c) for n, c in by_gpu.values()]
         self._cache: dict[tuple[int, int], float] = {}
 
     def call_s(self, prompt_tokens: int, output_tokens: int) -> float:
