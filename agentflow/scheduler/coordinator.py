@@ -492,7 +492,6 @@ class Coordinator:
         after[None] = total
         query.path_cache = after
         query.path_cache_version = run.version
-        query.path_cache_at = now
         query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
 
     def _tool_time(self, query: QueryState, node: Node) -> float:
