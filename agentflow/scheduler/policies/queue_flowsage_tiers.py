@@ -92,11 +92,3 @@ class FlowSageTiersQueue(QueuePolicy):
         segments[0] = Segment(_NEG_INF, first.tier, first.a, first.s)
         return tuple(segments)
 
-
-def variant(name: str, **options):
-    """A registry entry for an ablation of flowsage (``QUEUE[name]``)."""
-    def make(**kwargs) -> FlowSageTiersQueue:
-        q = FlowSageTiersQueue(**{**options, **kwargs})
-        q.name = name
-        return q
-    return make
