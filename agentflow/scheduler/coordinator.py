@@ -392,7 +392,7 @@ class Coordinator:
         if query.run is not None:
             self._paths_on_demand(query, now)
             return query.path_cache.get(None, 0.0)
-        return sum(self._mean_time(c.prompt_tokens, c.output.mean()) for c in query.calls)
+        return sum(self._mean_time(c.prompt_tokens, c.mean_output) for c in query.calls)
 
     def _paths_on_demand(self, query: QueryState, now: float) -> None:
         """Policies that keep no per-query state (fcfs, edf, gittins) skip the critical
