@@ -137,9 +137,7 @@ def policy_help(*, simulation: bool = True) -> str:
         model = PRESET_PREDICTORS.get(name)
         return f"{name} ({d}+{q}{'@' + model if model else ''})"
 
-    presets = [preset(n) for n in PRESETS
-               if simulation or not PREDICTORS[PRESET_PREDICTORS.get(n, "learned")]
-               .simulation_only]
+    presets = [preset(n) for n in PRESETS if simulation or not parse_policy(n).simulation_only]
     models = [f"{k.name}: {k.help}" for k in PREDICTORS.values()
               if simulation or not k.simulation_only]
     return (f"presets: {', '.join(presets)}; or DISPATCH+QUEUE with dispatch in "
