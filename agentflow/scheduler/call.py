@@ -40,7 +40,6 @@ class QueryState:
     # Critical-path lengths by node, valid for one workflow version (see Coordinator).
     path_cache: dict[str | None, float] = field(default_factory=dict)
     path_cache_version: int = -1
-    path_cache_at: float = 0.0  # when the critical paths were last computed
     # The remaining critical path with every unfinished LLM stage at a low / high quantile
     # of its predicted length (optimistic / pessimistic), and the expected LLM seconds left
     # summed over all unfinished stages (the query's remaining work, parallel stages added).

@@ -392,7 +392,7 @@ class Coordinator:
         if query.run is not None:
             self._paths_on_demand(query, now)
             return query.path_cache.get(None, 0.0)
-        return sum(self._mean_time(c.prompt_tokens, c.output.mean()) for c in query.calls)
+        return sum(self._mean_time(c.prompt_tokens, c.mean_output) for c in query.calls)
 
     def _paths_on_demand(self, query: QueryState, now: float) -> None:
         """Policies that keep no per-query state (fcfs, edf, gittins) skip the critical
@@ -441,8 +441,7 @@ class Coordinator:
             query.topo = (shape, [(n, run.node(n), list(graph.successors(n)))
                                   for n in reversed(order)])
         _, reverse_order = query.topo
-        self._mean_time(0.0, 0.0)  # refresh the cluster-mean coefficients
-        _, oh, pf, df = self._mean_coef
+        oh, pf, df = self._mean_coefs()
         calls = {c.node_id: c for c in query.calls}
         done = query.done_nodes
         pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
@@ -493,7 +492,6 @@ class Coordinator:
         after[None] = total
         query.path_cache = after
         query.path_cache_version = run.version
-        query.path_cache_at = now
         query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
 
     def _tool_time(self, query: QueryState, node: Node) -> float:
@@ -622,23 +620,29 @@ class Coordinator:
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
         """A stage's time averaged over the cluster's up instances (HexGen-Flow's budget
-        estimate, since the stage's instance is not chosen yet). The time models are linear
-        in tokens, so the average is three coefficients, refreshed when a model learns."""
+        estimate, since the stage's instance is not chosen yet)."""
+        oh, pf, df = self._mean_coefs()
+        return oh + prompt_tokens * pf + output_tokens * df
+
+    def _mean_coefs(self) -> tuple[float, float, float]:
+        """The time models are linear in tokens, so their average over the up instances (all
+        when none is up) is the mean of their coefficients (``_coef_vectors``), refreshed
+        when a model learns or an instance goes up or down."""
         coef = self._mean_coef
         key = self._models_epoch
         if coef is None or coef[0] != key:
-            names = self.up_instances or list(self.queues)
-            models = [self.time_models[n] for n in names]
-            k = len(models)
-            coef = self._mean_coef = (
-                key, sum(m.overhead_s for m in models) / k,
-                sum(m.prefill_s_per_token * m.prefill_ratio for m in models) / k,
-                sum(m.decode_s_per_token * m.decode_ratio for m in models) / k)
-        return coef[1] + prompt_tokens * coef[2] + output_tokens * coef[3]
+            up = [q.up for q in self.queues.values()]
+            vectors = self._coef_vectors()
+            if any(up):
+                vectors = tuple(v[up] for v in vectors)
+            k = len(vectors[0])
+            coef = self._mean_coef = (key, *(sum(v.tolist()) / k for v in vectors))
+        return coef[1], coef[2], coef[3]
 
     def _retry_after(self, now: float) -> float:
         """Seconds until the least loaded instance would drain its queue (>= 1)."""
-        loads = [self.outstanding_work(n, now) for n in self.up_instances] or [5.0]
+        work = self.work_vector(now)
+        loads = [float(work[self._index[n]]) for n in self.up_instances] or [5.0]
         return max(1.0, min(loads))
 
 

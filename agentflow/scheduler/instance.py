@@ -163,18 +163,6 @@ class InstanceQueue:
             self.kv_tokens_in_use = max(0, self.kv_tokens_in_use - kv_tokens)
             self.book.stop(self.index, call)
 
-    @property
-    def waiting_prompt_tokens(self) -> float:
-        return float(self.book.wait_prompt[self.index])
-
-    @property
-    def waiting_output_tokens(self) -> float:
-        return float(self.book.wait_output[self.index])
-
-    def running_work(self, now: float) -> float:
-        """Expected seconds left on the running calls (see ``LoadBook``)."""
-        return float(self.book.running(now)[self.index])
-
     # ---------------------------------------------------------------------------- internals
     def _rank(self, entry: "_Entry", call: ScheduledCall, now: float,
               view: SchedulerView, key: tuple | None = None) -> None:

@@ -21,7 +21,7 @@ from agentflow.scheduler.policies.dispatch_workload_balanced import WorkloadBala
 from agentflow.scheduler.policies.queue_edf import EdfQueue
 from agentflow.scheduler.policies.queue_fcfs import FcfsQueue
 from agentflow.scheduler.policies.queue_flowsage import FlowSageQueue
-from agentflow.scheduler.policies.queue_flowsage_tiers import FlowSageTiersQueue, variant
+from agentflow.scheduler.policies.queue_flowsage_tiers import FlowSageTiersQueue
 from agentflow.scheduler.policies.queue_flowsage_v1 import FlowSageV1Queue
 from agentflow.scheduler.policies.queue_gittins import GittinsQueue
 from agentflow.scheduler.policies.queue_llf import LlfQueue
@@ -35,6 +35,17 @@ DISPATCH: dict[str, Callable[..., DispatchPolicy]] = {
     "cache_aware": CacheAwareDispatch,
 }
 
+
+def _variant(name: str, cls: Callable[..., QueuePolicy], **options: Any
+             ) -> Callable[..., QueuePolicy]:
+    """A registry entry for an ablation: ``cls`` with ``options`` set, under ``name``."""
+    def make(**kwargs: Any) -> QueuePolicy:
+        queue = cls(**{**options, **kwargs})
+        queue.name = name
+        return queue
+    return make
+
+
 QUEUE: dict[str, Callable[..., QueuePolicy]] = {
     "fcfs": FcfsQueue,
     "edf": EdfQueue,
@@ -45,19 +56,17 @@ QUEUE: dict[str, Callable[..., QueuePolicy]] = {
     "flowsage_v1": FlowSageV1Queue,
     # ablations: earlier designs and their parts alone
     "flowsage_tiers": FlowSageTiersQueue,
-    "flowsage_call": variant("flowsage_call", safe_order="call"),
-    "flowsage_laxity": variant("flowsage_laxity", safe_order="laxity"),
-    "query_srpt": variant("query_srpt", feasibility=False),
-    "query_fcfs": variant("query_fcfs", feasibility=False, safe_order="arrival"),
-    "flowsage_fifo": variant("flowsage_fifo", safe_order="arrival", demote_hopeless=False),
-    "flowsage_fifo_demote": variant("flowsage_fifo_demote", safe_order="arrival"),
-    "query_gittins": lambda **kw: _named(FlowSageV1Queue(urgency=False, **kw), "query_gittins"),
+    "flowsage_call": _variant("flowsage_call", FlowSageTiersQueue, safe_order="call"),
+    "flowsage_laxity": _variant("flowsage_laxity", FlowSageTiersQueue, safe_order="laxity"),
+    "query_srpt": _variant("query_srpt", FlowSageTiersQueue, feasibility=False),
+    "query_fcfs": _variant("query_fcfs", FlowSageTiersQueue, feasibility=False,
+                           safe_order="arrival"),
+    "flowsage_fifo": _variant("flowsage_fifo", FlowSageTiersQueue, safe_order="arrival",
+                              demote_hopeless=False),
+    "flowsage_fifo_demote": _variant("flowsage_fifo_demote", FlowSageTiersQueue,
+                                     safe_order="arrival"),
+    "query_gittins": _variant("query_gittins", FlowSageV1Queue, urgency=False),
 }
-
-
-def _named(queue: QueuePolicy, name: str) -> QueuePolicy:
-    queue.name = name
-    return queue
 
 
 PRESETS: dict[str, tuple[str, str]] = {
@@ -128,9 +137,7 @@ def policy_help(*, simulation: bool = True) -> str:
         model = PRESET_PREDICTORS.get(name)
         return f"{name} ({d}+{q}{'@' + model if model else ''})"
 
-    presets = [preset(n) for n in PRESETS
-               if simulation or not PREDICTORS[PRESET_PREDICTORS.get(n, "learned")]
-               .simulation_only]
+    presets = [preset(n) for n in PRESETS if simulation or not parse_policy(n).simulation_only]
     models = [f"{k.name}: {k.help}" for k in PREDICTORS.values()
               if simulation or not k.simulation_only]
     return (f"presets: {', '.join(presets)}; or DISPATCH+QUEUE with dispatch in "

@@ -95,11 +95,8 @@ def budget_and_urgency(call: "ScheduledCall", now: float, view: SchedulerView
     """
     if call.deadline is None:
         return None
-    t = view.expected_s(call, call.instance) if call.instance else 0.0
-    downstream = view.downstream_s(call, now)
-    remaining = call.deadline - now
-    share = t / (t + downstream) if t + downstream > 0 else 1.0
-    budget = remaining * share
+    t, share = stage_share(call, now, view)
+    budget = (call.deadline - now) * share
     return budget, t - budget
 
 

@@ -12,18 +12,15 @@ without prompt text (HexGen-Flow traces) save nothing here: exactly ``earliest_f
 
 from __future__ import annotations
 
-import numpy as np
-
-from agentflow.scheduler.policies.base import DispatchPolicy
+from agentflow.scheduler.policies.dispatch_earliest_finish import EarliestFinishDispatch
 
 
-class CacheAwareDispatch(DispatchPolicy):
+class CacheAwareDispatch(EarliestFinishDispatch):
     name = "cache_aware"
     prefix_aware = True  # the coordinator keeps its prefix index for this policy
 
-    def choose(self, call, instances, now, view) -> str:
-        work, times, names = view.dispatch_view(call, instances, now)
-        finish = work + times
+    def finish_s(self, call, instances, now, view):
+        finish, names = super().finish_s(call, instances, now, view)
         if call.prefix_hashes:
             finish = finish - view.prefix_saved_s(call, instances)
-        return instances[int(np.lexsort((names, finish))[0])]
+        return finish, names

@@ -14,6 +14,11 @@ from agentflow.scheduler.policies.base import DispatchPolicy
 class EarliestFinishDispatch(DispatchPolicy):
     name = "earliest_finish"
 
-    def choose(self, call, instances, now, view) -> str:
+    def finish_s(self, call, instances, now, view) -> tuple[np.ndarray, np.ndarray]:
+        """(expected finish, name rank) on each of ``instances``."""
         work, times, names = view.dispatch_view(call, instances, now)
-        return instances[int(np.lexsort((names, work + times))[0])]
+        return work + times, names
+
+    def choose(self, call, instances, now, view) -> str:
+        finish, names = self.finish_s(call, instances, now, view)
+        return instances[int(np.lexsort((names, finish))[0])]

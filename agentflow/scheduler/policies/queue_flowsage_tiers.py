@@ -52,17 +52,14 @@ class FlowSageTiersQueue(QueuePolicy):
         self.safe_order = safe_order
         self.per_query = safe_order != "call"
         if safe_order == "call":
-            from agentflow.scheduler.gittins import GittinsRanker
+            from agentflow.scheduler.policies.queue_gittins import GittinsQueue
 
-            self.ranker = GittinsRanker()
+            self.gittins = GittinsQueue()
 
     def _safe_value(self, call, remaining, view) -> float:
         query = call.query
         if self.safe_order == "call":
-            from agentflow.scheduler.distribution import kv_cost
-
-            attained = kv_cost(call.prompt_tokens, call.attained_tokens)
-            return -self.ranker.index(view.call_cost(call), attained, key=call.id)
+            return -self.gittins.index(call, view)
         if self.safe_order == "laxity" and query.deadline is not None:
             return query.deadline - remaining
         if self.safe_order == "arrival":
@@ -92,11 +89,3 @@ class FlowSageTiersQueue(QueuePolicy):
         segments[0] = Segment(_NEG_INF, first.tier, first.a, first.s)
         return tuple(segments)
 
-
-def variant(name: str, **options):
-    """A registry entry for an ablation of flowsage (``QUEUE[name]``)."""
-    def make(**kwargs) -> FlowSageTiersQueue:
-        q = FlowSageTiersQueue(**{**options, **kwargs})
-        q.name = name
-        return q
-    return make
