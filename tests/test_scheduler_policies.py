@@ -140,7 +140,7 @@ def test_presets_and_bad_names() -> None:
     assert [type(p).__name__ for p in resolve("sagesched")] == ["LeastLoadedDispatch",
                                                                  "GittinsQueue"]
     assert [p.name for p in resolve("vllm")] == ["round_robin", "fcfs"]
-    assert [p.name for p in resolve("flowsage")] == ["earliest_finish", "flowsage"]
+    assert [p.name for p in resolve("flowsage")] == ["marginal_delay", "flowsage"]
     assert [p.name for p in resolve("llf")] == ["least_loaded", "llf"]
     with pytest.raises(ValueError, match="unknown policy"):
         resolve("fastest")

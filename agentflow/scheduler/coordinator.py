@@ -46,6 +46,25 @@ class FailCall:
 Decision = StartCall | FailCall
 
 
+@dataclass(frozen=True)
+class BatchView:
+    """What dispatch to a continuous-batching engine needs to know, one entry per candidate
+    instance (``Coordinator.batch_view``): seconds of calls waiting in its queue (``queued_s``)
+    and left on the ones it runs (``running_s``), in single-request time; how many it runs
+    (``n_running``) of at most ``slots``; whether it has a slot and KV room for the call now
+    (``room``); the call's expected time there (``time_s``) and the part of it that is prompt
+    prefill (``prefill_s``); and the rank of the instance's name (ties)."""
+
+    queued_s: np.ndarray
+    running_s: np.ndarray
+    n_running: np.ndarray
+    room: np.ndarray
+    slots: np.ndarray
+    time_s: np.ndarray
+    prefill_s: np.ndarray
+    name_rank: np.ndarray
+
+
 class QueryRejected(RuntimeError):
     """Admission refused (overload); ``retry_after_s`` estimates when to try again."""
 
@@ -96,6 +115,10 @@ class Coordinator:
                        for i, s in enumerate(instances)}
         self._index = {s.name: i for i, s in enumerate(instances)}
         self._name_rank = np.argsort(np.argsort(np.array(names, dtype=object)))
+        # What a batching engine can hold at once (``batch_view``): call slots and KV tokens.
+        self._max_inflight = np.array([s.max_inflight for s in instances], dtype=float)
+        self._kv_budget = np.array([s.kv_token_budget if s.kv_token_budget is not None
+                                    else np.inf for s in instances], dtype=float)
         self.time_models = _TimeModels(self, {s.name: InstanceTimeModel.for_spec(s)
                                               for s in instances})
         self.predictor: LengthModel = predictor if predictor is not None \
@@ -355,6 +378,25 @@ class Coordinator:
         policy reads, in a few vector operations whatever the cluster size."""
         idx = [self._index[n] for n in instances]
         return self.work_vector(now)[idx], self.time_vector(call)[idx], self._name_rank[idx]
+
+    def batch_view(self, call: ScheduledCall, instances: list[str], now: float) -> BatchView:
+        """How each of ``instances`` would take ``call`` now, as arrays aligned with the list:
+        see ``BatchView``."""
+        idx = [self._index[n] for n in instances]
+        oh, pf, df = self._coef_vectors()
+        book = self.loads
+        queued = (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df)[idx]
+        prompt: float | np.ndarray = call.prompt_tokens
+        if call.prompt_tokens_on:
+            prompt = np.array([call.tokens_on(n) for n in instances], dtype=float)
+        n_run = book.n_run[idx]
+        need = prompt + call.output.quantile(0.9)  # as ``_kv_tokens``
+        room = (n_run < self._max_inflight[idx]) & (
+            (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
+        return BatchView(queued_s=queued, running_s=book.running(now)[idx], n_running=n_run,
+                         room=room, slots=self._max_inflight[idx],
+                         time_s=self.time_vector(call)[idx], prefill_s=prompt * pf[idx],
+                         name_rank=self._name_rank[idx])
 
     def prefix_saved_s(self, call: ScheduledCall, instances: list[str]) -> np.ndarray:
         """Expected prefill seconds ``call`` would skip on each of ``instances``: the prompt

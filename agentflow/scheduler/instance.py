@@ -39,13 +39,17 @@ class InstanceQueue:
         self._entries: dict[object, _Entry] = {}
         self._now = float("-inf")  # latest decision time seen (for re-placing entries)
         self._admitted = 0
-        self.kv_tokens_in_use = 0
         self._pending_prefill: set[ScheduledCall] = set()
         self.check_reference = False  # tests: assert the fast pick equals the O(n) scan
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def kv_tokens_in_use(self) -> int:
+        """KV-cache tokens the admitted calls may hold (kept in the shared ``LoadBook``)."""
+        return int(self.book.kv_used[self.index])
 
     # ------------------------------------------------------------------------------ waiting
     def enqueue(self, call: ScheduledCall, now: float, view: SchedulerView) -> None:
@@ -144,8 +148,7 @@ class InstanceQueue:
             self.running.add(call)
             if call.attained_tokens == 0:
                 self._pending_prefill.add(call)
-            self.kv_tokens_in_use += need
-            self.book.start(self.index, call, now + view.expected_s(call, self.name))
+            self.book.start(self.index, call, now + view.expected_s(call, self.name), need)
             started.append(call)
         return started
 
@@ -160,8 +163,7 @@ class InstanceQueue:
         if call in self.running:
             self.running.discard(call)
             self._pending_prefill.discard(call)
-            self.kv_tokens_in_use = max(0, self.kv_tokens_in_use - kv_tokens)
-            self.book.stop(self.index, call)
+            self.book.finish(self.index, call, kv_tokens)
 
     # ---------------------------------------------------------------------------- internals
     def _rank(self, entry: "_Entry", call: ScheduledCall, now: float,
@@ -227,15 +229,27 @@ class LoadBook:
         self.wait_output = np.zeros(n)
         self.finish_sum = np.zeros(n)
         self.finish_n = np.zeros(n)
+        self.n_run = np.zeros(n)
+        self.kv_used = np.zeros(n)
         self._heap: list[tuple[float, int, int, ScheduledCall]] = []
 
-    def start(self, index: int, call: ScheduledCall, finish: float) -> None:
+    def start(self, index: int, call: ScheduledCall, finish: float, kv_tokens: int = 0
+              ) -> None:
+        self.n_run[index] += 1
+        self.kv_used[index] += kv_tokens
         call.expected_finish = finish
         heapq.heappush(self._heap, (finish, call.seq, index, call))
         self.finish_sum[index] += finish
         self.finish_n[index] += 1
 
+    def finish(self, index: int, call: ScheduledCall, kv_tokens: int = 0) -> None:
+        """An admitted call left the instance (done, failed, cancelled)."""
+        self.n_run[index] -= 1
+        self.kv_used[index] = max(0.0, self.kv_used[index] - kv_tokens)
+        self.stop(index, call)
+
     def stop(self, index: int, call: ScheduledCall) -> None:
+        """Stop counting ``call``'s expected remainder (it finished, or over-ran)."""
         if call.expected_finish is not None:
             self.finish_sum[index] -= call.expected_finish
             self.finish_n[index] -= 1

@@ -16,6 +16,7 @@ from agentflow.scheduler.policies.base import DispatchPolicy, QueuePolicy, Sched
 from agentflow.scheduler.policies.dispatch_cache_aware import CacheAwareDispatch
 from agentflow.scheduler.policies.dispatch_earliest_finish import EarliestFinishDispatch
 from agentflow.scheduler.policies.dispatch_least_loaded import LeastLoadedDispatch
+from agentflow.scheduler.policies.dispatch_marginal_delay import MarginalDelayDispatch
 from agentflow.scheduler.policies.dispatch_round_robin import RoundRobinDispatch
 from agentflow.scheduler.policies.dispatch_workload_balanced import WorkloadBalancedDispatch
 from agentflow.scheduler.policies.queue_edf import EdfQueue
@@ -33,6 +34,7 @@ DISPATCH: dict[str, Callable[..., DispatchPolicy]] = {
     "workload_balanced": WorkloadBalancedDispatch,
     "earliest_finish": EarliestFinishDispatch,
     "cache_aware": CacheAwareDispatch,
+    "marginal_delay": MarginalDelayDispatch,
 }
 
 
@@ -74,7 +76,7 @@ PRESETS: dict[str, tuple[str, str]] = {
     "hexgen-flow": ("workload_balanced", "urgency"),
     "sagesched": ("least_loaded", "gittins"),
     "llf": ("least_loaded", "llf"),
-    "flowsage": ("earliest_finish", "flowsage"),
+    "flowsage": ("marginal_delay", "flowsage"),
 }
 PRESETS["oracle"] = PRESETS["flowsage"]  # flowsage with true lengths: the yardstick
 # Presets that also fix the length model (every other name uses DEFAULT_PREDICTOR).

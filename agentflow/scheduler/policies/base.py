@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from agentflow.scheduler.call import QueryState, ScheduledCall
+    from agentflow.scheduler.coordinator import BatchView
     from agentflow.scheduler.distribution import Distribution
     from agentflow.scheduler.ranking import Key
 
@@ -27,6 +28,11 @@ class SchedulerView(Protocol):
         """(``W_i``, ``t(call, i)``, rank of the instance's name) for each of ``instances``,
         as arrays aligned with the list (vectorised, so dispatch cost barely grows with the
         cluster)."""
+
+    def batch_view(self, call: "ScheduledCall", instances: list[str], now: float
+                   ) -> "BatchView":
+        """Queue, batch and KV state of each of ``instances`` and the call's times there
+        (``coordinator.BatchView``), vectorised like ``dispatch_view``."""
 
     def prefix_saved_s(self, call: "ScheduledCall", instances: list[str]) -> "np.ndarray":
         """Expected prefill seconds ``call`` skips on each instance thanks to the prompt
