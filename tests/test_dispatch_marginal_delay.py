@@ -70,6 +70,20 @@ def test_a_long_prompt_leaves_a_busy_batch_and_a_short_one_joins_it() -> None:
                                 heft) == "slow"
 
 
+def test_prompts_admitted_but_not_yet_prefilled_are_waited_for() -> None:
+    c = batching()
+    c.on_query_arrival("q", deadline=None)
+    first, _ = c.on_call_ready("q", stage="short", node_id="a", prompt_tokens=300)
+    assert first.instance == "fast"  # 3 + 2 = 5 s there, 6 + 4 = 10 s on "slow"
+    call = probe(c, prompt=100, output=2)
+    # fast: 3 s of prefill ahead + (1 + 2) own + 1 co-runner * 1 s = 7; slow: 2 + 4 = 6
+    price, _ = c.dispatch.price_s(call, ["fast", "slow"], 0.0, c)
+    assert price.tolist() == pytest.approx([7.0, 6.0])
+    c.on_call_progress(first, 1)  # its prefill is done: only the stall it would suffer is left
+    price, _ = c.dispatch.price_s(call, ["fast", "slow"], 0.0, c)
+    assert price.tolist() == pytest.approx([4.0, 6.0])
+
+
 def test_a_full_engine_is_priced_with_the_wait_for_a_slot() -> None:
     # One slot per instance: a serial engine. The running call's remainder is the wait (as
     # HEFT counts it), and no one decodes next to the probe's prefill.
@@ -103,7 +117,9 @@ def test_the_load_book_counts_admitted_calls_and_their_kv_through_every_exit() -
             calls.append(call)
         else:
             call = rng.choice(live)
-            if call.state == CallState.WAITING or action < 0.7:
+            if call.state == CallState.RUNNING and action < 0.6:
+                c.on_call_progress(call, 1)  # first token: its prefill is done
+            elif call.state == CallState.WAITING or action < 0.7:
                 c.on_call_cancelled(call)
             elif action < 0.9:
                 c.on_call_done(call, output_tokens=2)
@@ -113,3 +129,5 @@ def test_the_load_book_counts_admitted_calls_and_their_kv_through_every_exit() -
         for i, queue in enumerate(c.queues.values()):
             assert c.loads.n_run[i] == len(queue.running)
             assert queue.kv_tokens_in_use == sum(c._kv_tokens(x) for x in queue.running)
+            assert c.loads.prefill_prompt[i] == sum(x.prompt_tokens for x in queue.running
+                                                    if x.attained_tokens == 0)

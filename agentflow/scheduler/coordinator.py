@@ -49,13 +49,15 @@ Decision = StartCall | FailCall
 @dataclass(frozen=True)
 class BatchView:
     """What dispatch to a continuous-batching engine needs to know, one entry per candidate
-    instance (``Coordinator.batch_view``): seconds of calls waiting in its queue (``queued_s``)
-    and left on the ones it runs (``running_s``), in single-request time; how many it runs
+    instance (``Coordinator.batch_view``): seconds of calls waiting in its queue (``queued_s``),
+    of prompt prefill admitted there but not yet done (``prefilling_s``) and left on the calls
+    it runs (``running_s``), in single-request time; how many it runs
     (``n_running``) of at most ``slots``; whether it has a slot and KV room for the call now
     (``room``); the call's expected time there (``time_s``) and the part of it that is prompt
     prefill (``prefill_s``); and the rank of the instance's name (ties)."""
 
     queued_s: np.ndarray
+    prefilling_s: np.ndarray
     running_s: np.ndarray
     n_running: np.ndarray
     room: np.ndarray
@@ -393,7 +395,8 @@ class Coordinator:
         need = prompt + call.output.quantile(0.9)  # as ``_kv_tokens``
         room = (n_run < self._max_inflight[idx]) & (
             (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
-        return BatchView(queued_s=queued, running_s=book.running(now)[idx], n_running=n_run,
+        return BatchView(queued_s=queued, prefilling_s=book.prefill_prompt[idx] * pf[idx],
+                         running_s=book.running(now)[idx], n_running=n_run,
                          room=room, slots=self._max_inflight[idx],
                          time_s=self.time_vector(call)[idx], prefill_s=prompt * pf[idx],
                          name_rank=self._name_rank[idx])

@@ -148,12 +148,18 @@ class InstanceQueue:
             self.running.add(call)
             if call.attained_tokens == 0:
                 self._pending_prefill.add(call)
+                self.book.prefill_prompt[self.index] += call.tokens_on(self.name)
             self.book.start(self.index, call, now + view.expected_s(call, self.name), need)
             started.append(call)
         return started
 
     def first_token(self, call: ScheduledCall) -> None:
-        self._pending_prefill.discard(call)
+        self._prefilled(call)
+
+    def _prefilled(self, call: ScheduledCall) -> None:
+        if call in self._pending_prefill:
+            self._pending_prefill.discard(call)
+            self.book.prefill_prompt[self.index] -= call.tokens_on(self.name)
 
     def pending_prefill(self) -> int:
         """Admitted calls that have not produced a token yet."""
@@ -162,7 +168,7 @@ class InstanceQueue:
     def finish(self, call: ScheduledCall, kv_tokens: int) -> None:
         if call in self.running:
             self.running.discard(call)
-            self._pending_prefill.discard(call)
+            self._prefilled(call)
             self.book.finish(self.index, call, kv_tokens)
 
     # ---------------------------------------------------------------------------- internals
@@ -231,6 +237,7 @@ class LoadBook:
         self.finish_n = np.zeros(n)
         self.n_run = np.zeros(n)
         self.kv_used = np.zeros(n)
+        self.prefill_prompt = np.zeros(n)  # prompt tokens admitted but not yet prefilled
         self._heap: list[tuple[float, int, int, ScheduledCall]] = []
 
     def start(self, index: int, call: ScheduledCall, finish: float, kv_tokens: int = 0

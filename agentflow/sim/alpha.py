@@ -94,7 +94,7 @@ class OnlineAlphaTuner:
 
     def _retune(self, sim) -> None:
         if not hasattr(sim.coordinator.dispatch, "alpha"):
-            return  # the policy's dispatch has no alpha (e.g. flowsage's earliest_finish)
+            return  # the policy's dispatch has no alpha (e.g. flowsage's marginal_delay)
         now = sim.clock.now()
         window = self._window(now)
         if not window and not sim.pending_queries:

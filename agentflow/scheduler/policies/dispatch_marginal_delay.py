@@ -15,8 +15,9 @@ So the price of instance ``i`` for a call is
 
     wait_i + t(call, i) + co_i * prefill(call, i)
 
-* ``wait_i``: the calls queued ahead (their single-request seconds, as ``earliest_finish``)
-  and, when the engine has no slot or KV room for the call now, the mean remainder of its
+* ``wait_i``: the calls queued ahead (their single-request seconds, as ``earliest_finish``),
+  the prompts admitted there and not yet prefilled (the engine's token budget serves them
+  first) and, when the engine has no slot or KV room for the call now, the mean remainder of its
   running calls (one of them must finish first; on an engine that runs one call at a time
   this is exactly the running call's remainder, so a serial instance is priced as HEFT
   prices it);
@@ -44,7 +45,8 @@ class MarginalDelayDispatch(DispatchPolicy):
     def price_s(self, call, instances, now, view) -> tuple[np.ndarray, np.ndarray]:
         """(price in seconds, name rank) of each of ``instances`` for ``call``."""
         b = view.batch_view(call, instances, now)
-        wait = b.queued_s + np.where(b.room, 0.0, b.running_s / np.maximum(b.n_running, 1.0))
+        wait = b.queued_s + b.prefilling_s + np.where(
+            b.room, 0.0, b.running_s / np.maximum(b.n_running, 1.0))
         co_runners = np.minimum(b.n_running, b.slots - 1.0)
         return wait + b.time_s + co_runners * b.prefill_s, b.name_rank
 
