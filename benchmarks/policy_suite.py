@@ -23,7 +23,7 @@ showed the policies apart. Seeds are fixed; every cell is reproducible and cache
 
 Per cell: P95, mean, SLO attainment at the cell's deadline scale, and SLO goodput (queries
 that met their deadline per second of the run); the summary gives each policy's geometric
-mean over cells, and flowsage's ratio to the best *other* policy (oracle excluded) per cell.
+mean over cells (attainment: arithmetic; goodput: over the cells where no policy is at 0), and flowsage's ratio to the best *other* policy (oracle excluded) per cell.
 ``--goodput`` adds the issue's rate goodput (highest rate with >= 90% within 2x idle) on the
 centre cells. No prefix cache is modelled here: none of these traces carries prompt text.
 Nothing here is fitted to these traces.
@@ -198,13 +198,22 @@ def report(results: dict, policies: list[str], cells: list[Cell]) -> str:
             lines.append(f"| {cell.name} | " + " | ".join(
                 fmt.format(entry["policies"][p][metric]) for p in policies) + " |")
     done = [c for c in cells if c.name in ratios]
-    lines += ["", f"## Geometric means over {len(done)} cells", "",
+    # SLO goodput is 0 where a policy met no deadline (deeply overloaded cells): its geometric
+    # mean is taken over the cells where every policy's is positive, the same cells for all;
+    # attainment, a fraction, is averaged.
+    per_cell = {c.name: results["cells"][c.name]["policies"] for c in done}
+    positive = [c for c in done if all(per_cell[c.name][p]["goodput"] > 0 for p in policies)]
+    lines += ["", f"## Means over {len(done)} cells", "",
+              "Geometric means of P95 and mean latency; arithmetic mean of SLO attainment; "
+              f"geometric mean of SLO goodput over the {len(positive)} cells where every "
+              "policy's is positive.", "",
               "| policy | P95 | mean | SLO attainment | SLO goodput | goodput / vllm |",
               "|---|---|---|---|---|---|"]
     gm = {}
     for p in policies:
-        vals = {m: geomean([results["cells"][c.name]["policies"][p][m] for c in done])
-                for m in ("p95", "mean", "slo", "goodput")}
+        vals = {m: geomean([per_cell[c.name][p][m] for c in done]) for m in ("p95", "mean")}
+        vals["slo"] = float(np.mean([per_cell[c.name][p]["slo"] for c in done]))
+        vals["goodput"] = geomean([per_cell[c.name][p]["goodput"] for c in positive])
         gm[p] = vals
     for p in policies:
         v = gm[p]

@@ -33,7 +33,7 @@ from agentflow.sim.experiment import build_workload  # noqa: E402
 from agentflow.sim.slo import IdleLatency  # noqa: E402
 from agentflow.sim.workload import load_agentflow  # noqa: E402
 
-POLICIES = "earliest_finish+fcfs,cache_aware+fcfs,flowsage,cache_aware+flowsage"
+POLICIES = "marginal_delay+fcfs,cache_aware+fcfs,flowsage,cache_aware+flowsage"
 
 
 def record(out: Path, seed: int) -> None:

@@ -136,15 +136,15 @@ def simulate_json(tmp_path: Path, name: str, *args: str) -> dict:
 def test_hexgen_traces_are_unchanged_by_the_prefix_cache(tmp_path) -> None:
     common = ["--trace", str(TRACES / "trace1.json"), "--cluster", "paper-4gpu",
               "--rate", "0.05", "--queries", "30",
-              "--policy", "earliest_finish+fcfs,cache_aware+fcfs"]
+              "--policy", "marginal_delay+fcfs,cache_aware+fcfs"]
     off = simulate_json(tmp_path, "off", *common)
     on = simulate_json(tmp_path, "on", *common, "--cached-prefix", "auto")
     assert on["config"].pop("cached_prefix") == "auto"
     assert off["config"].pop("cached_prefix") == 0.0
     assert json.dumps(on, sort_keys=True) == json.dumps(off, sort_keys=True)
-    # and without text cache_aware is exactly earliest_finish
+    # and without text cache_aware is exactly marginal_delay
     p = on["policies"]
-    assert json.dumps(p["cache_aware+fcfs"]) == json.dumps(p["earliest_finish+fcfs"])
+    assert json.dumps(p["cache_aware+fcfs"]) == json.dumps(p["marginal_delay+fcfs"])
 
 
 def test_cached_prefix_rejects_anything_but_a_fraction_or_auto(tmp_path) -> None:
@@ -220,7 +220,7 @@ def test_cache_aware_dispatch_follows_the_prefix_at_equal_load_not_onto_a_backlo
     sibling, _ = ready(c, "q", "q1", shared + text("s1", 5))
     assert sibling.instance == "b"  # equal (zero) load: the holder, though "a" ties first
     finish(c, sibling)
-    # without the prefix, the same situation goes to "a" (earliest_finish's tie-break)
+    # without the prefix, the same situation goes to "a" (marginal_delay's tie-break)
     stranger, _ = ready(c, "v", "v0", text("stranger", 105))
     assert stranger.instance == "a"
     finish(c, stranger)
