@@ -1,0 +1,42 @@
+"""The policy suite's summary: what it averages, and over which cells (benchmarks/policy_suite.py
+is a script; its report is checked here on hand-made results, not on a run)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from policy_suite import Cell, report  # noqa: E402
+
+POLICIES = ["vllm", "sagesched", "flowsage", "oracle"]
+
+
+def entry(p95: float, slo: float, goodput: float) -> dict:
+    return {"p95": p95, "mean": p95 / 2, "slo": slo, "goodput": goodput}
+
+
+def test_a_policy_at_zero_goodput_in_a_cell_does_not_leave_that_cell_out_of_its_means() -> None:
+    a, b = Cell("trace1"), Cell("trace2")
+    results = {"cells": {
+        a.name: {"rate": 1.0, "policies": {
+            "vllm": entry(400, 0.5, 0.02), "sagesched": entry(300, 0.8, 0.04),
+            "flowsage": entry(240, 0.9, 0.05), "oracle": entry(250, 0.9, 0.05)}},
+        # deeply overloaded: sagesched met no deadline at all
+        b.name: {"rate": 1.0, "policies": {
+            "vllm": entry(100, 0.1, 0.01), "sagesched": entry(90, 0.0, 0.0),
+            "flowsage": entry(99, 0.05, 0.005), "oracle": entry(99, 0.05, 0.005)}}}}
+    text = report(results, POLICIES, [a, b])
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ") and "x |" in line}
+    # attainment is averaged, zeros included: sagesched (0.8 + 0) / 2, not 0.8
+    assert float(rows["sagesched"][2]) == pytest.approx(0.4)
+    # goodput only over the cell where every policy's is positive (trace1): 0.04 / 0.02
+    assert rows["sagesched"][4] == "2.00x" and rows["flowsage"][4] == "2.50x"
+    assert "over the 1 cells where every policy's is positive" in text
+    # P95: geometric means over both cells; flowsage vs the best other (oracle excluded)
+    assert float(rows["flowsage"][0]) == pytest.approx((240 * 99) ** 0.5, abs=0.05)
+    assert "best other (sagesched): 0.938" in text
+    assert "worst cell ratio to the best other policy in that cell: 1.100" in text
