@@ -11,8 +11,9 @@ LLM calls, mean idle latency relative to the workload's, and how many of them mi
 deadline by more than 2x. ``--makeup`` adds where the LLM calls' time went: the share spent
 waiting (coordinator and engine queues) and the *stretch* — run time on the loaded cluster over
 the same call's run time when the workload arrives so slowly that no two queries overlap (same
-policy). A stretch well above 1 with a small wait share means the latency is made in the
-engines' batches (prefill stalls), which dispatch decides, not queue order.
+policy), and how many calls the engines preempted (a running call is re-ranked or evicted only
+through preemption). A stretch well above 1 with a small wait share means the latency is made
+in the engines' batches (prefill stalls), which dispatch decides, not queue order.
 """
 
 from __future__ import annotations
@@ -56,11 +57,14 @@ def tail_makeup(result, wl) -> dict:
 
 def time_makeup(cluster, wl, policy: str) -> dict:
     """Wait share and run stretch of the LLM calls (see the module docstring)."""
+    preempted = []
+
     def stages(workload):
         seen: list = []
-        Simulation(cluster, policy, on_stage=seen.append).run(
-            workload.queries, workload.arrivals, workload.deadlines(2.0),
-            workload.idle_latency_s)
+        sim = Simulation(cluster, policy, on_stage=seen.append)
+        sim.run(workload.queries, workload.arrivals, workload.deadlines(2.0),
+                workload.idle_latency_s)
+        preempted.append(sum(e.load().preemptions for e in sim.instances.values()))
         return {(s.query_id, s.node_id): s for s in seen if s.kind == "llm"}
 
     alone = Workload(wl.queries, [i * 1e6 for i in range(len(wl.queries))], wl.idle_latency_s)
@@ -69,7 +73,8 @@ def time_makeup(cluster, wl, policy: str) -> dict:
     run = sum(s.run_s for s in loaded.values())
     run_alone = sum(solo[k].run_s for k in loaded if k in solo)
     return {"wait_share": wait / (wait + run) if wait + run else 0.0,
-            "stretch": run / run_alone if run_alone else float("nan")}
+            "stretch": run / run_alone if run_alone else float("nan"),
+            "preempted": preempted[0]}
 
 
 def main() -> None:
@@ -110,8 +115,8 @@ def main() -> None:
             if args.makeup:
                 per[policy].update(time_makeup(cluster, wl, policy))
             m = per[policy]
-            makeup = (f" wait={m['wait_share']:.2f} stretch={m['stretch']:.2f}"
-                      if "stretch" in m else "")
+            makeup = (f" wait={m['wait_share']:.2f} stretch={m['stretch']:.2f} "
+                      f"preempted={m.get('preempted', 0)}" if "stretch" in m else "")
             print(f"{cell:<16} {policy:<36} p95={m['p95']:6.1f} mean={m['mean']:6.1f} "
                   f"slo={m['slo']:.2f} tail: calls={m['tail_calls']:.1f} "
                   f"idle={m['tail_idle_rel']:.2f}x missed2x={m['tail_missed_2x']:.2f}{makeup} "

@@ -131,3 +131,39 @@ def test_the_load_book_counts_admitted_calls_and_their_kv_through_every_exit() -
             assert queue.kv_tokens_in_use == sum(c._kv_tokens(x) for x in queue.running)
             assert c.loads.prefill_prompt[i] == sum(x.prompt_tokens for x in queue.running
                                                     if x.attained_tokens == 0)
+
+
+def test_the_time_model_learns_how_co_runners_slow_decoding() -> None:
+    model = InstanceTimeModel(prefill_s_per_token=0.0, decode_s_per_token=1.0)
+    assert model.co_runner_slope() == (0.0, 0.0)  # nothing seen: no slowdown assumed
+    for n in [0, 2, 4, 6, 8] * 10:  # decode ratio 1 + 0.1 n: 11 tokens in 10 * ratio s
+        model.observe(0, 11, ttft_s=0.0, total_s=10 * (1 + 0.1 * n), co_runners=n)
+    slope, seen = model.co_runner_slope()
+    assert slope == pytest.approx(0.1) and seen == pytest.approx(4.0, abs=0.2)
+    alone = InstanceTimeModel(prefill_s_per_token=0.0, decode_s_per_token=1.0)
+    for _ in range(20):  # a serial engine: always alone, so no slope to learn
+        alone.observe(0, 11, ttft_s=0.0, total_s=13.0, co_runners=0)
+    assert alone.co_runner_slope() == (0.0, 0.0)
+    faster = InstanceTimeModel(prefill_s_per_token=0.0, decode_s_per_token=1.0)
+    for n in [0, 8] * 10:  # noise that makes company look faster is not a speed-up
+        faster.observe(0, 11, ttft_s=0.0, total_s=10 * (1 - 0.05 * n), co_runners=n)
+    assert faster.co_runner_slope()[0] == 0.0
+
+
+def test_finished_calls_teach_the_slope_and_dispatch_prices_it() -> None:
+    c = batching()
+    decoders = start_decoders(c, 3)  # the first found 0 co-runners, the third 2
+    c.clock.advance(4.0)
+    c.on_call_done(decoders[2], output_tokens=11, ttft_s=0.0, total_s=10.0)
+    w, x, *_ = c.time_models["fast"]._batch_sums
+    assert w == 1.0 and x == pytest.approx((2 + 2) / 2)  # 2 beside it at start and at end
+    # a learned slope of 0.5 decode-ratio per co-runner at 1 co-runner on average:
+    c.time_models["fast"]._batch_sums = [2.0, 2.0, 3.0, 4.0, 4.0]  # (x, y) = (0, 1), (2, 2)
+    assert c.time_models["fast"].co_runner_slope() == pytest.approx((0.5, 1.0))
+    call = probe(c, prompt=0, output=2)
+    # fast: 2 decoders running; the probe decodes D = 2 s there, and each co-runner adds
+    # 0.5 * 2 = 1 s to it, as it adds 1 s to each of them.
+    #   own: 2 + 1 * (2 - 1) = 3; inflicted: 2 * (0 + 1) = 2 -> 5
+    # slow: 4 s, nothing running, nothing learned
+    price, _ = c.dispatch.price_s(call, ["fast", "slow"], 4.0, c)
+    assert price.tolist() == pytest.approx([5.0, 4.0])

@@ -71,6 +71,7 @@ class ScheduledCall:
     finished_at: float | None = None
     priority: int = 0
     attempts: int = 0
+    co_runners_at_start: int = 0  # calls its instance was running when it was admitted
     excluded: set[str] = field(default_factory=set)  # instances that failed this call
     mean_output: float = field(init=False)
     cost: Distribution | None = field(default=None, repr=False)  # O^2/2 + I*O, cached

@@ -54,7 +54,9 @@ class BatchView:
     it runs (``running_s``), in single-request time; how many it runs
     (``n_running``) of at most ``slots``; whether it has a slot and KV room for the call now
     (``room``); the call's expected time there (``time_s``) and the part of it that is prompt
-    prefill (``prefill_s``); and the rank of the instance's name (ties)."""
+    prefill (``prefill_s``); the decode seconds the call gains, and inflicts, per call running
+    beside it (``co_runner_decode_s``, learned) and the co-runners ``time_s`` already assumes
+    (``co_runners_seen``); and the rank of the instance's name (ties)."""
 
     queued_s: np.ndarray
     prefilling_s: np.ndarray
@@ -64,6 +66,8 @@ class BatchView:
     slots: np.ndarray
     time_s: np.ndarray
     prefill_s: np.ndarray
+    co_runner_decode_s: np.ndarray
+    co_runners_seen: np.ndarray
     name_rank: np.ndarray
 
 
@@ -142,6 +146,7 @@ class Coordinator:
         self._models_epoch = 0
         self._mean_coef: tuple[int, float, float, float] | None = None
         self._coef_cache: tuple | None = None
+        self._batch_cache: tuple | None = None
         # Router-side approximate prefix index, kept only for dispatch policies that read it
         # (``prefix_aware``): fed with the prompt text of dispatched calls.
         self.prefix_index = None
@@ -230,6 +235,8 @@ class Coordinator:
         call.state, call.finished_at = CallState.DONE, now
         call.attained_tokens = output_tokens
         queue = self.queues[call.instance]
+        # calls beside it: the mean of what it found on admission and leaves behind
+        co_runners = (call.co_runners_at_start + len(queue.running) - 1) / 2
         queue.finish(call, self._kv_tokens(call))
         call.query.calls.discard(call)
         call.query.calls_version += 1
@@ -240,7 +247,7 @@ class Coordinator:
         if total_s > 0:
             self.time_models[call.instance].observe(call.tokens_on(call.instance),
                                                     output_tokens, ttft_s, total_s,
-                                                    cached_tokens)
+                                                    cached_tokens, co_runners=co_runners)
             self._models_epoch += 1
         if call.query.id in self.queries:
             self._refresh(call.query, now)
@@ -395,11 +402,28 @@ class Coordinator:
         need = prompt + call.output.quantile(0.9)  # as ``_kv_tokens``
         room = (n_run < self._max_inflight[idx]) & (
             (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
+        slope, seen = self._batch_coefs()
         return BatchView(queued_s=queued, prefilling_s=book.prefill_prompt[idx] * pf[idx],
                          running_s=book.running(now)[idx], n_running=n_run,
                          room=room, slots=self._max_inflight[idx],
                          time_s=self.time_vector(call)[idx], prefill_s=prompt * pf[idx],
-                         name_rank=self._name_rank[idx])
+                         co_runner_decode_s=call.mean_output * slope[idx],
+                         co_runners_seen=seen[idx], name_rank=self._name_rank[idx])
+
+    def _batch_coefs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per instance: decode seconds per output token that each co-runner adds (the
+        learned ``InstanceTimeModel.co_runner_slope``, a decode ratio, times the model's base
+        decode rate, which the ratio is relative to), and the mean co-runners the ratio was
+        learned at; refreshed when a time model learns."""
+        cached = self._batch_cache
+        if cached is None or cached[0] != self._models_epoch:
+            models = [self.time_models[n] for n in self.queues]
+            fits = [m.co_runner_slope() for m in models]
+            cached = self._batch_cache = (
+                self._models_epoch,
+                np.array([m.decode_s_per_token * f[0] for m, f in zip(models, fits)]),
+                np.array([f[1] for f in fits]))
+        return cached[1], cached[2]
 
     def prefix_saved_s(self, call: ScheduledCall, instances: list[str]) -> np.ndarray:
         """Expected prefill seconds ``call`` would skip on each of ``instances``: the prompt

@@ -144,6 +144,7 @@ class InstanceQueue:
             call.state = CallState.RUNNING
             call.started_at = now
             call.priority = self._admitted
+            call.co_runners_at_start = len(self.running)
             self._admitted += 1
             self.running.add(call)
             if call.attained_tokens == 0:

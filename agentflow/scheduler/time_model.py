@@ -6,11 +6,18 @@ compute-bound, decode is bandwidth-bound) or, for CPU instances, from measuremen
 corrected online by an exponentially weighted ratio of observed to predicted times, so a slow
 or contended instance is seen as such within a few calls. With an output-length distribution
 the time is a distribution too (the map is monotone in the length).
+
+A batching engine decodes slower the more sequences share a step (the step reads every
+sequence's KV cache; a mixture-of-experts model touches more experts). So the model also
+learns, from the same finished calls, how the observed decode ratio grows with the number of
+calls running beside it (``co_runner_slope``): a weighted least-squares line over the last
+``batch_window`` or so calls — measured, so it holds for any engine, model or GPU, and is 0
+where nothing ever ran side by side (a CPU instance) or the data show no trend.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentflow.hardware import GPUProfile, ModelProfile, calibrated
 from agentflow.hardware import gpu as gpu_profile
@@ -32,6 +39,9 @@ class InstanceTimeModel:
     prefill_ratio: float = 1.0
     decode_ratio: float = 1.0
     observations: int = 0
+    batch_window: int = 100  # calls: the memory of the co-runner regression
+    # decayed sums over (co-runners x, decode ratio y): weight, x, y, xx, xy
+    _batch_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
 
     @classmethod
     def from_profile(cls, gpu: GPUProfile, model: ModelProfile,
@@ -64,9 +74,10 @@ class InstanceTimeModel:
         return self.prefill_s(prompt_tokens) + self.decode_s(output_tokens)
 
     def observe(self, prompt_tokens: int, output_tokens: int, ttft_s: float, total_s: float,
-                cached_tokens: int = 0) -> None:
+                cached_tokens: int = 0, co_runners: float | None = None) -> None:
         """Fold in one finished call: time-to-first-token against prefill, the rest against
-        decode."""
+        decode; ``co_runners``: how many calls ran beside it on average (feeds
+        ``co_runner_slope``)."""
         a = self.smoothing
         uncached = max(0, prompt_tokens - cached_tokens)
         predicted_prefill = uncached * self.prefill_s_per_token
@@ -75,5 +86,26 @@ class InstanceTimeModel:
             self.prefill_ratio = (1 - a) * self.prefill_ratio + a * min(max(ratio, 0.05), 20)
         if output_tokens > 1 and total_s > ttft_s:
             ratio = (total_s - ttft_s) / ((output_tokens - 1) * self.decode_s_per_token)
-            self.decode_ratio = (1 - a) * self.decode_ratio + a * min(max(ratio, 0.05), 20)
+            ratio = min(max(ratio, 0.05), 20)
+            self.decode_ratio = (1 - a) * self.decode_ratio + a * ratio
+            if co_runners is not None:
+                keep = 1.0 - 1.0 / self.batch_window
+                sums = self._batch_sums
+                for i, v in enumerate((1.0, co_runners, ratio, co_runners * co_runners,
+                                       co_runners * ratio)):
+                    sums[i] = keep * sums[i] + v
         self.observations += 1
+
+    def co_runner_slope(self) -> tuple[float, float]:
+        """(slope, mean co-runners): how much the decode ratio rises per call running
+        beside this one (>= 0), and the mean number of co-runners it was learned at (the
+        load ``decode_ratio`` already reflects)."""
+        w, x, y, xx, xy = self._batch_sums
+        if w <= 0:
+            return 0.0, 0.0
+        mean_x = x / w
+        var = xx / w - mean_x * mean_x
+        if var <= 1e-9:
+            return 0.0, mean_x
+        slope = (xy / w - mean_x * y / w) / var
+        return max(0.0, slope), mean_x

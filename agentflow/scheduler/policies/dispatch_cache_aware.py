@@ -13,8 +13,6 @@ without prompt text (HexGen-Flow traces) save nothing here: exactly ``marginal_d
 
 from __future__ import annotations
 
-import numpy as np
-
 from agentflow.scheduler.policies.dispatch_marginal_delay import MarginalDelayDispatch
 
 
@@ -25,7 +23,6 @@ class CacheAwareDispatch(MarginalDelayDispatch):
     def price_s(self, call, instances, now, view):
         price, names = super().price_s(call, instances, now, view)
         if call.prefix_hashes:
-            batch = view.batch_view(call, instances, now)
-            co_runners = np.minimum(batch.n_running, batch.slots - 1.0)
+            co_runners = self.co_runners(view.batch_view(call, instances, now))
             price = price - view.prefix_saved_s(call, instances) * (1.0 + co_runners)
         return price, names

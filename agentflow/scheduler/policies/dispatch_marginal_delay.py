@@ -1,36 +1,49 @@
 """``marginal_delay``: the instance where admitting the call costs the cluster the least time —
-its own expected finish there *plus the stall its prompt prefill imposes on the calls that
-instance is already decoding*.
+its own expected finish there *plus the delay it imposes on the calls that instance is
+already running*.
 
 Why not ``earliest_finish``: HEFT's ``W_i + t(call, i)`` prices an instance as a serial
 machine, but a vLLM engine runs its admitted calls as one continuous batch. There, calls
-already running do not delay a new one (a decode step reads the weights once for the whole
-batch); what costs time is prefill. A step that carries a prefill chunk is compute-bound and
-every sequence in the batch waits for it, so a prompt of ``P`` tokens admitted next to ``n``
-decoding calls delays each of them by about its prefill time. Measured on the policy
+already running do not make a new one wait; they share its steps. Measured on the policy
 suite's trace1 cell (paper-4gpu, 1.5 x L1): LLM calls spent 8% of their time in queues and
-ran 1.6-2.9x longer than alone on the same instance — the tail is made of stalls, not waits.
+ran 1.6-2.9x longer than alone on the same instance — the tail is made of slow shared steps,
+not waits. Two things make shared steps slow:
+
+* prefill: a step that carries a prefill chunk is compute-bound and every sequence in the
+  batch waits for it, so a prompt admitted next to ``n`` running calls delays each of them by
+  about its prefill time;
+* decode: each step reads every sequence's KV cache (and, for a mixture-of-experts model, the
+  experts any of them needs), so each co-runner slows every decode step a little. How much is
+  learned from finished calls (``InstanceTimeModel.co_runner_slope``: decode ratio against
+  the calls that ran beside it), per instance, not assumed.
 
 So the price of instance ``i`` for a call is
 
-    wait_i + t(call, i) + co_i * prefill(call, i)
+    wait_i + t(call, i) + d_i * (co_i - seen_i)  +  co_i * (prefill(call, i) + d_i)
 
 * ``wait_i``: the calls queued ahead (their single-request seconds, as ``earliest_finish``),
   the prompts admitted there and not yet prefilled (the engine's token budget serves them
-  first) and, when the engine has no slot or KV room for the call now, the mean remainder of its
-  running calls (one of them must finish first; on an engine that runs one call at a time
+  first) and, when the engine has no slot or KV room for the call now, the mean remainder of
+  its running calls (one of them must finish first; on an engine that runs one call at a time
   this is exactly the running call's remainder, so a serial instance is priced as HEFT
   prices it);
-* ``t(call, i)``: the call's own expected time there;
-* ``co_i * prefill(call, i)``: the stall it inflicts — ``co_i`` calls (those running, at
-  most the engine's slots minus one) each wait its prefill once.
+* ``t(call, i)``: the call's own expected time there, whose decode rate was learned at
+  ``seen_i`` co-runners on average; ``d_i`` is the decode seconds one more co-runner adds to
+  the call (its output length times the learned slope, in the time model's base seconds), so
+  its own time is corrected to the ``co_i`` calls it will actually run beside (at most the
+  engine's slots minus one);
+* ``co_i * (prefill + d_i)``: the delay it inflicts — each co-runner waits its prefill
+  once and is slowed by it, as it slows the call, for its decode. Both are charged in full,
+  as the call's own time is; capping the decode part at each co-runner's expected remainder
+  was tried and measured worse (the remainders are single-request estimates, which a
+  loaded engine outlasts).
 
-Charging each prefill-decode collision to the call whose admission causes it counts every
-stall in the cluster exactly once, so the sum of these prices is the cluster's total
-delay; the argmin is the greedy choice for it. All three terms are seconds on that
-instance from the same time model; nothing is weighted or tuned. A fast GPU that is busy
-decoding long outputs loses a long-prompt call to an idle slower one, and keeps a short
-one."""
+Charging each collision to the call whose admission causes it counts every stall in the
+cluster once, so the argmin is the greedy choice for the cluster's total delay. All terms are
+seconds on that instance from the same time model; nothing is weighted or tuned, and with no
+co-runner data (or a serial engine) the decode terms are 0. A fast GPU that is busy decoding
+loses a long-prompt call to an idle slower one, and keeps a short one.
+"""
 
 from __future__ import annotations
 
@@ -47,8 +60,15 @@ class MarginalDelayDispatch(DispatchPolicy):
         b = view.batch_view(call, instances, now)
         wait = b.queued_s + b.prefilling_s + np.where(
             b.room, 0.0, b.running_s / np.maximum(b.n_running, 1.0))
-        co_runners = np.minimum(b.n_running, b.slots - 1.0)
-        return wait + b.time_s + co_runners * b.prefill_s, b.name_rank
+        co = self.co_runners(b)
+        d = b.co_runner_decode_s  # decode seconds one more co-runner adds to the call
+        own = b.time_s + d * (co - b.co_runners_seen)
+        return wait + own + co * (b.prefill_s + d), b.name_rank
+
+    @staticmethod
+    def co_runners(b) -> np.ndarray:
+        """Calls that will run beside the new one: those running, at most slots - 1."""
+        return np.minimum(b.n_running, b.slots - 1.0)
 
     def choose(self, call, instances, now, view) -> str:
         price, names = self.price_s(call, instances, now, view)
