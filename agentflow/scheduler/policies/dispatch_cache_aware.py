@@ -20,9 +20,7 @@ class CacheAwareDispatch(MarginalDelayDispatch):
     name = "cache_aware"
     prefix_aware = True  # the coordinator keeps its prefix index for this policy
 
-    def price_s(self, call, instances, now, view):
-        price, names = super().price_s(call, instances, now, view)
-        if call.prefix_hashes:
-            co_runners = self.co_runners(view.batch_view(call, instances, now))
-            price = price - view.prefix_saved_s(call, instances) * (1.0 + co_runners)
-        return price, names
+    def saved_s(self, call, instances, view, co_runners):
+        if not call.prefix_hashes:
+            return 0.0
+        return view.prefix_saved_s(call, instances) * (1.0 + co_runners)

@@ -60,15 +60,16 @@ class MarginalDelayDispatch(DispatchPolicy):
         b = view.batch_view(call, instances, now)
         wait = b.queued_s + b.prefilling_s + np.where(
             b.room, 0.0, b.running_s / np.maximum(b.n_running, 1.0))
-        co = self.co_runners(b)
+        co = np.minimum(b.n_running, b.slots - 1.0)  # calls it will run beside
         d = b.co_runner_decode_s  # decode seconds one more co-runner adds to the call
         own = b.time_s + d * (co - b.co_runners_seen)
-        return wait + own + co * (b.prefill_s + d), b.name_rank
+        price = wait + own + co * (b.prefill_s + d)
+        return price - self.saved_s(call, instances, view, co), b.name_rank
 
-    @staticmethod
-    def co_runners(b) -> np.ndarray:
-        """Calls that will run beside the new one: those running, at most slots - 1."""
-        return np.minimum(b.n_running, b.slots - 1.0)
+    def saved_s(self, call, instances, view, co_runners: np.ndarray) -> np.ndarray | float:
+        """Seconds of the price an instance waives for this call (none here; see
+        ``cache_aware``)."""
+        return 0.0
 
     def choose(self, call, instances, now, view) -> str:
         price, names = self.price_s(call, instances, now, view)
