@@ -128,7 +128,7 @@ def test_the_load_book_counts_admitted_calls_and_their_kv_through_every_exit() -
         c.clock.advance(rng.random())
         for i, queue in enumerate(c.queues.values()):
             assert c.loads.n_run[i] == len(queue.running)
-            assert queue.kv_tokens_in_use == sum(c._kv_tokens(x) for x in queue.running)
+            assert queue.kv_tokens_in_use == sum(x.kv_reserved for x in queue.running)
             assert c.loads.prefill_prompt[i] == sum(x.prompt_tokens for x in queue.running
                                                     if x.attained_tokens == 0)
 
@@ -167,3 +167,23 @@ def test_finished_calls_teach_the_slope_and_dispatch_prices_it() -> None:
     # slow: 4 s, nothing running, nothing learned
     price, _ = c.dispatch.price_s(call, ["fast", "slow"], 4.0, c)
     assert price.tolist() == pytest.approx([5.0, 4.0])
+
+
+def test_a_call_that_outgrows_its_prediction_holds_more_kv_and_blocks_new_admissions() -> None:
+    # Predicted: exactly 10 output tokens, so 10 KV tokens are held for a prompt-less call.
+    # It writes 16: past every length the prediction allows, the coordinator now holds twice
+    # what it wrote (32, the next progress report) - and a KV budget of 40 that fitted a
+    # second 10-token call no longer does, so that one waits instead of being admitted into
+    # memory the engine would have to take back by preemption.
+    c = batching(kv=40, slots=8)
+    c.on_instance_down("slow")
+    first = start_decoders(c, 1)[0]
+    assert first.kv_reserved == 10 and c.queues["fast"].kv_tokens_in_use == 10
+    c.on_call_progress(first, 16)
+    assert first.kv_reserved == 32 and c.queues["fast"].kv_tokens_in_use == 32
+    second, decisions = c.on_call_ready("load", stage="decode", node_id="late", prompt_tokens=0)
+    assert decisions == [] and second.state == CallState.WAITING
+    # once it finishes its memory is all released and the waiting call starts
+    decisions = c.on_call_done(first, output_tokens=20)
+    assert [d.call for d in decisions] == [second]
+    assert c.queues["fast"].kv_tokens_in_use == 10

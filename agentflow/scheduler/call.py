@@ -72,6 +72,7 @@ class ScheduledCall:
     priority: int = 0
     attempts: int = 0
     co_runners_at_start: int = 0  # calls its instance was running when it was admitted
+    kv_reserved: int = 0  # KV tokens its instance holds for it (grows if it outgrows that)
     excluded: set[str] = field(default_factory=set)  # instances that failed this call
     mean_output: float = field(init=False)
     cost: Distribution | None = field(default=None, repr=False)  # O^2/2 + I*O, cached

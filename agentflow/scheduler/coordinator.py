@@ -220,6 +220,8 @@ class Coordinator:
         if crossed and call.query.id in self.queries:
             call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
             self._refresh(call.query, self.clock.now())
+        if crossed and call.instance is not None and call.state == CallState.RUNNING:
+            self.queues[call.instance].reserve(call, self._kv_tokens(call))
         if first and call.instance is not None and call.state == CallState.RUNNING:
             queue = self.queues[call.instance]
             queue.first_token(call)
@@ -237,7 +239,7 @@ class Coordinator:
         queue = self.queues[call.instance]
         # calls beside it: the mean of what it found on admission and leaves behind
         co_runners = (call.co_runners_at_start + len(queue.running) - 1) / 2
-        queue.finish(call, self._kv_tokens(call))
+        queue.finish(call)
         call.query.calls.discard(call)
         call.query.calls_version += 1
         call.query.done_nodes.add(call.node_id)
@@ -260,7 +262,7 @@ class Coordinator:
             return []
         now = self.clock.now()
         queue = self.queues[call.instance]
-        queue.finish(call, self._kv_tokens(call))
+        queue.finish(call)
         decisions = self._admit(queue, now)
         call.excluded.add(queue.name)
         call.attempts += 1
@@ -284,7 +286,7 @@ class Coordinator:
             if call.state == CallState.WAITING:
                 queue.remove(call)
             elif call.state == CallState.RUNNING:
-                queue.finish(call, self._kv_tokens(call))
+                queue.finish(call)
                 decisions = self._admit(queue, now)
         call.state = CallState.CANCELLED
         call.query.calls.discard(call)
@@ -333,7 +335,7 @@ class Coordinator:
         for call in calls:
             if call.state == CallState.RUNNING and call.instance is not None:
                 queue = self.queues[call.instance]
-                queue.finish(call, self._kv_tokens(call))
+                queue.finish(call)
                 call.state = CallState.CANCELLED
                 running.append(call)
                 decisions += self._admit(queue, now)
@@ -660,8 +662,18 @@ class Coordinator:
                 for c in queue.admit(now, self, self._kv_tokens)]
 
     def _kv_tokens(self, call: ScheduledCall) -> int:
-        """KV-cache tokens a call may hold: prompt + the 90th percentile of its output."""
-        return int(call.tokens_on(call.instance) + call.output.quantile(0.9))
+        """KV-cache tokens a call may hold: prompt + the 90th percentile of its output — given
+        what it has written so far (``attained_tokens``): once past that percentile, the 90th
+        percentile of the lengths above it, and once past every length the prediction allows,
+        the next progress report (twice what it has written)."""
+        output, written = call.output, call.attained_tokens
+        if written <= 0:
+            p90 = output.quantile(0.9)
+        elif output.survival(written) > 0:
+            p90 = max(output.conditional_above(written).quantile(0.9), written)
+        else:
+            p90 = 2 * written
+        return int(call.tokens_on(call.instance) + p90)
 
     def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
         """Prompt tokens and output distribution of an LLM stage that has no call yet, from

@@ -150,6 +150,7 @@ class InstanceQueue:
             if call.attained_tokens == 0:
                 self._pending_prefill.add(call)
                 self.book.prefill_prompt[self.index] += call.tokens_on(self.name)
+            call.kv_reserved = need
             self.book.start(self.index, call, now + view.expected_s(call, self.name), need)
             started.append(call)
         return started
@@ -166,11 +167,19 @@ class InstanceQueue:
         """Admitted calls that have not produced a token yet."""
         return len(self._pending_prefill)
 
-    def finish(self, call: ScheduledCall, kv_tokens: int) -> None:
+    def reserve(self, call: ScheduledCall, kv_tokens: int) -> None:
+        """A running call may need more KV than it was admitted with (it has written past the
+        length it was expected to stay under): hold that much for it from now on, so no new
+        call is admitted into memory it will take."""
+        if call in self.running and kv_tokens > call.kv_reserved:
+            self.book.kv_used[self.index] += kv_tokens - call.kv_reserved
+            call.kv_reserved = kv_tokens
+
+    def finish(self, call: ScheduledCall) -> None:
         if call in self.running:
             self.running.discard(call)
             self._prefilled(call)
-            self.book.finish(self.index, call, kv_tokens)
+            self.book.finish(self.index, call, call.kv_reserved)
 
     # ---------------------------------------------------------------------------- internals
     def _rank(self, entry: "_Entry", call: ScheduledCall, now: float,
