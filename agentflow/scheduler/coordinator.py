@@ -401,7 +401,7 @@ class Coordinator:
         if call.prompt_tokens_on:
             prompt = np.array([call.tokens_on(n) for n in instances], dtype=float)
         n_run = book.n_run[idx]
-        need = prompt + call.output.quantile(0.9)  # as ``_kv_tokens``
+        need = prompt + self._output_reserve(call)  # as ``_kv_tokens``, on each instance
         room = (n_run < self._max_inflight[idx]) & (
             (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
         slope, seen = self._batch_coefs()
@@ -662,18 +662,21 @@ class Coordinator:
                 for c in queue.admit(now, self, self._kv_tokens)]
 
     def _kv_tokens(self, call: ScheduledCall) -> int:
-        """KV-cache tokens a call may hold: prompt + the 90th percentile of its output — given
-        what it has written so far (``attained_tokens``): once past that percentile, the 90th
-        percentile of the lengths above it, and once past every length the prediction allows,
-        the next progress report (twice what it has written)."""
+        """KV-cache tokens a call may hold on its instance: prompt + ``_output_reserve``."""
+        return int(call.tokens_on(call.instance) + self._output_reserve(call))
+
+    @staticmethod
+    def _output_reserve(call: ScheduledCall) -> float:
+        """Output tokens to hold KV for: the 90th percentile of the predicted length, given
+        what the call has written so far (``attained_tokens``) — once past that percentile,
+        the 90th percentile of the lengths above it, and once past every length the
+        prediction allows, the next progress report (twice what it has written)."""
         output, written = call.output, call.attained_tokens
         if written <= 0:
-            p90 = output.quantile(0.9)
-        elif output.survival(written) > 0:
-            p90 = max(output.conditional_above(written).quantile(0.9), written)
-        else:
-            p90 = 2 * written
-        return int(call.tokens_on(call.instance) + p90)
+            return output.quantile(0.9)
+        if output.survival(written) > 0:
+            return max(output.conditional_above(written).quantile(0.9), written)
+        return 2 * written
 
     def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
         """Prompt tokens and output distribution of an LLM stage that has no call yet, from
