@@ -57,24 +57,23 @@ def tail_makeup(result, wl) -> dict:
 
 def time_makeup(cluster, wl, policy: str) -> dict:
     """Wait share and run stretch of the LLM calls (see the module docstring)."""
-    preempted = []
-
     def stages(workload):
+        """The LLM stages' timings by (query, node), and the engines' preemptions."""
         seen: list = []
         sim = Simulation(cluster, policy, on_stage=seen.append)
         sim.run(workload.queries, workload.arrivals, workload.deadlines(2.0),
                 workload.idle_latency_s)
-        preempted.append(sum(e.load().preemptions for e in sim.instances.values()))
-        return {(s.query_id, s.node_id): s for s in seen if s.kind == "llm"}
+        return ({(s.query_id, s.node_id): s for s in seen if s.kind == "llm"},
+                sum(e.load().preemptions for e in sim.instances.values()))
 
     alone = Workload(wl.queries, [i * 1e6 for i in range(len(wl.queries))], wl.idle_latency_s)
-    loaded, solo = stages(wl), stages(alone)
+    (loaded, preempted), (solo, _) = stages(wl), stages(alone)
     wait = sum(s.queue_s for s in loaded.values())
     run = sum(s.run_s for s in loaded.values())
     run_alone = sum(solo[k].run_s for k in loaded if k in solo)
     return {"wait_share": wait / (wait + run) if wait + run else 0.0,
             "stretch": run / run_alone if run_alone else float("nan"),
-            "preempted": preempted[0]}
+            "preempted": preempted}
 
 
 def main() -> None:
