@@ -25,7 +25,13 @@ from agentflow.catalog import DatabaseCatalog
 from agentflow.config import AgentFlowConfig
 from agentflow.llm.base import LLMBackend
 from agentflow.sql import SqlError
-from agentflow.workflow import DirectRouter, MonotonicClock, Query, QueryStatus, WorkflowRun, execute
+from agentflow.workflow import (
+    MonotonicClock,
+    Query,
+    QueryStatus,
+    WorkflowRun,
+    execute,
+)
 from agentflow.workflow.pipeline import Pipeline, PipelineEnv
 from agentflow.workflow.router import CallRouter
 from agentflow.workflow.trace import TraceWriter, trace_record
@@ -33,8 +39,12 @@ from agentflow.workflow.trace import TraceWriter, trace_record
 MAX_QUESTION_CHARS = 2000
 
 
-from agentflow.errors import (AgentflowError, ConversationNotFoundError,  # noqa: E402
-                              InvalidRequest, ShuttingDownError)
+from agentflow.errors import (  # noqa: E402
+    AgentflowError,
+    ConversationNotFoundError,
+    InvalidRequest,
+    ShuttingDownError,
+)
 from agentflow.sql import DatabaseNotFoundError  # noqa: E402
 
 
@@ -284,7 +294,7 @@ class AgentFlow:
                 return
             await asyncio.wait(others, timeout=min(left, 1.0))
 
-    def __enter__(self) -> "AgentFlow":
+    def __enter__(self) -> AgentFlow:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -46,7 +46,7 @@ class DatabaseCatalog:
             self._entries[name] = CatalogEntry(name, None, None, url=url, options=options)
 
     @classmethod
-    def from_config(cls, config: Any) -> "DatabaseCatalog":
+    def from_config(cls, config: Any) -> DatabaseCatalog:
         """The catalog an ``AgentFlowConfig`` describes: its benchmark folders (``data``),
         their engine, and its named databases."""
         return cls(config.data, engine=config.engine, databases=config.databases)

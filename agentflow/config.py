@@ -62,7 +62,7 @@ class InstanceConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _model_profile(self) -> "InstanceConfig":
+    def _model_profile(self) -> InstanceConfig:
         """On a GPU the model names a profile (it prices the instance); on a CPU it is only
         a label, timed by measurement."""
         if self.gpu is not None and self.model is not None:
@@ -193,7 +193,7 @@ class AgentFlowConfig(BaseModel):
         return value
 
     @classmethod
-    def load(cls, path: str | Path) -> "AgentFlowConfig":
+    def load(cls, path: str | Path) -> AgentFlowConfig:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")

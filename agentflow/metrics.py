@@ -41,7 +41,7 @@ class Outcome:
     slo_s: float | None = None  # an absolute target, when the query had one
 
     @classmethod
-    def of(cls, record: Any) -> "Outcome":
+    def of(cls, record: Any) -> Outcome:
         """From a dict (evaluation records) or an object with the same attributes."""
         get = record.get if isinstance(record, dict) else \
             (lambda key, default=None: getattr(record, key, default))

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentflow.scheduler.distribution import cost_distribution  # noqa: E402
 from agentflow.scheduler.predictor import LengthPredictor  # noqa: E402
-from pipelines.chess import ChessPipeline, _KEYWORD_PARAMS, _VERDICT_PARAMS  # noqa: E402
+from pipelines.chess import _KEYWORD_PARAMS, _VERDICT_PARAMS, ChessPipeline  # noqa: E402
 from pipelines.common import SQL_PARAMS  # noqa: E402
 
 # (stage, prompt-token hint of chess.py, the cap its call uses)

@@ -23,9 +23,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 import agentflow
+from agentflow.accuracy import MatchRule, evaluate_pair
 from agentflow.config import AgentFlowConfig
 from agentflow.datasets import load_dataset
-from agentflow.accuracy import MatchRule, evaluate_pair
 
 
 def main(argv: list[str] | None = None) -> int:

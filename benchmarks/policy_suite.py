@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agentflow.metrics import scale_key
 from agentflow.distributed.grid import run_grid
+from agentflow.metrics import scale_key
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.experiment import build_workload, goodput, loaded_rate, run_policy
 from agentflow.sim.slo import IdleLatency

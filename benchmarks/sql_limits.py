@@ -19,10 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agentflow.datasets.to_duckdb import convert_sqlite_to_duckdb  # noqa: E402
 from tests.conftest import make_library_sqlite  # noqa: E402
 from tests.test_sql_limits import _CHILD, RUNAWAYS  # noqa: E402
-
-from agentflow.datasets.to_duckdb import convert_sqlite_to_duckdb  # noqa: E402
 
 
 def main() -> None:

@@ -3,8 +3,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from agentflow.cli.main import main
 from agentflow.datasets import load_spider
 from agentflow.datasets.check import check_dataset

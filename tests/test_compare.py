@@ -11,7 +11,12 @@ from decimal import Decimal
 import pytest
 
 from agentflow.accuracy import compare
-from agentflow.accuracy.compare import MatchRule, describe_mismatch, gold_has_order_by, results_match
+from agentflow.accuracy.compare import (
+    MatchRule,
+    describe_mismatch,
+    gold_has_order_by,
+    results_match,
+)
 
 SPIDER, BIRD = MatchRule.SPIDER, MatchRule.BIRD
 

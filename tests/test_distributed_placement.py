@@ -8,9 +8,14 @@ from pydantic import ValidationError
 
 from agentflow.config import AgentFlowConfig, InstanceConfig
 from agentflow.distributed.grid import run_grid_timed
-from agentflow.distributed.placement import (ACCELERATOR_SLIVER, RayPlacement,
-                                             actor_backend_spec, actor_resources, fits,
-                                             tensor_parallel)
+from agentflow.distributed.placement import (
+    ACCELERATOR_SLIVER,
+    RayPlacement,
+    actor_backend_spec,
+    actor_resources,
+    fits,
+    tensor_parallel,
+)
 
 
 def test_placement_shorthand_and_full_form():

@@ -6,8 +6,13 @@ import asyncio
 
 import pytest
 
-from agentflow.llm import (BackendSpecError, OpenAIBackend, ScriptedBackend, create_backend,
-                           parse_backend_spec)
+from agentflow.llm import (
+    BackendSpecError,
+    OpenAIBackend,
+    ScriptedBackend,
+    create_backend,
+    parse_backend_spec,
+)
 from agentflow.llm.registry import LocalSpec, OpenAISpec
 
 

@@ -3,10 +3,11 @@ router asks a backend (its tokenizer above all) it must ask the real one."""
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from agentflow.llm.base import LLMBackend, LLMRequest, LLMResult
 from agentflow.server.metrics import ServerMetrics
 from agentflow.server.service import FailureLog, RecordingBackend
-from prometheus_client import CollectorRegistry
 
 
 class WordCounter(LLMBackend):

@@ -39,7 +39,7 @@ def raw(server, data: bytes, wait_s: float = 5.0) -> tuple[bytes, float]:
         try:
             while chunk := sock.recv(4096):
                 got += chunk
-        except socket.timeout:
+        except TimeoutError:
             pass
         return got, time.monotonic() - start
 

@@ -15,8 +15,14 @@ import pytest
 
 from agentflow import hardware
 from agentflow.scheduler import Coordinator, InstanceSpec, StartCall
-from agentflow.scheduler.prefix_index import (BLOCK_TOKENS, CHARS_PER_TOKEN, LRUBlocks,
-                                              PrefixIndex, block_hashes, pseudo_tokens)
+from agentflow.scheduler.prefix_index import (
+    BLOCK_TOKENS,
+    CHARS_PER_TOKEN,
+    LRUBlocks,
+    PrefixIndex,
+    block_hashes,
+    pseudo_tokens,
+)
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.sim.engine import SimInstance
 from agentflow.workflow import ManualClock

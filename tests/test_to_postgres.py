@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from agentflow.accuracy import MatchRule
 from agentflow.cli.main import main
 from agentflow.datasets import load_dataset
 from agentflow.datasets.check import check_dataset
-from agentflow.accuracy import MatchRule
 
 pytestmark = pytest.mark.timeout(300)
 

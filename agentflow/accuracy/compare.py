@@ -274,9 +274,9 @@ class _SearchExhausted(Exception):
 class _NaN:
     """The one value every NaN becomes, so that NaN == NaN (and hashes alike)."""
 
-    _instance: "_NaN | None" = None
+    _instance: _NaN | None = None
 
-    def __new__(cls) -> "_NaN":
+    def __new__(cls) -> _NaN:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance

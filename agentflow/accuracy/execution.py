@@ -11,7 +11,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from agentflow.accuracy.compare import MatchRule, describe_mismatch, gold_has_order_by, results_match
+from agentflow.accuracy.compare import (
+    MatchRule,
+    describe_mismatch,
+    gold_has_order_by,
+    results_match,
+)
 from agentflow.sql import (
     Database,
     QueryResult,

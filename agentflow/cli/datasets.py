@@ -10,11 +10,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentflow.accuracy import MatchRule
 from agentflow.cli import table_console
-
 from agentflow.datasets import load_dataset
 from agentflow.datasets.check import CheckRecord, check_dataset
-from agentflow.accuracy import MatchRule
 
 _MAX_FAILURES_SHOWN = 50
 

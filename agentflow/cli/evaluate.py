@@ -8,9 +8,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from agentflow.scheduler.policies import policy_help
 from agentflow.cli import table_console
 from agentflow.metrics import scale_key
+from agentflow.scheduler.policies import policy_help
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,13 +6,13 @@ import argparse
 import sys
 
 from agentflow import __version__
-from agentflow.errors import AgentflowError
 from agentflow.cli import ask as ask_cli
 from agentflow.cli import datasets as datasets_cli
 from agentflow.cli import evaluate as evaluate_cli
 from agentflow.cli import mcp as mcp_cli
 from agentflow.cli import serve as serve_cli
 from agentflow.cli import simulate as simulate_cli
+from agentflow.errors import AgentflowError
 
 
 def build_parser() -> argparse.ArgumentParser:

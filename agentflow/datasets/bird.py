@@ -12,7 +12,13 @@ import io
 import json
 from pathlib import Path
 
-from agentflow.datasets.types import require_databases, ColumnDescription, Dataset, DatabaseEntry, Example
+from agentflow.datasets.types import (
+    ColumnDescription,
+    DatabaseEntry,
+    Dataset,
+    Example,
+    require_databases,
+)
 
 _DESCRIPTION_FIELDS = ("original_column_name", "column_name", "column_description",
                        "data_format", "value_description")

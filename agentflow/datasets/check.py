@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentflow.datasets.types import Dataset, EngineKind, Example
 from agentflow.accuracy import MatchRule, Verdict, evaluate_pair
+from agentflow.datasets.types import Dataset, EngineKind, Example
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ import shutil
 import sqlite3
 import tempfile
 import unicodedata
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 DEMO_DB_ID = "bookshop"
 

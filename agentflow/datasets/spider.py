@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentflow.datasets.types import require_databases, Dataset, DatabaseEntry, Example
+from agentflow.datasets.types import DatabaseEntry, Dataset, Example, require_databases
 
 
 def is_spider_layout(root: Path) -> bool:

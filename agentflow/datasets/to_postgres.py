@@ -53,7 +53,7 @@ def load_sqlite_into_postgres(src: Path, conn, db_id: str, *,
             cur.execute(f'CREATE SCHEMA "{schema}"')
             cur.execute(f'SET LOCAL search_path = "{schema}"')
             _copy(source, cur, schema, report)
-            cur.execute(f'ANALYZE')  # planner statistics: sample values without scans
+            cur.execute('ANALYZE')  # planner statistics: sample values without scans
             if grant_to:
                 cur.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{grant_to}"')
                 cur.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{grant_to}"')

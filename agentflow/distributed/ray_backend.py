@@ -25,8 +25,13 @@ from typing import Any
 
 from agentflow.distributed import connect_ray, require_ray
 from agentflow.distributed.actor import InstanceHost
-from agentflow.distributed.placement import (ActorResources, RayPlacement, actor_backend_spec,
-                                             actor_resources, fits)
+from agentflow.distributed.placement import (
+    ActorResources,
+    RayPlacement,
+    actor_backend_spec,
+    actor_resources,
+    fits,
+)
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 
 log = logging.getLogger("agentflow.distributed")

@@ -11,8 +11,14 @@ from typing import Any
 import numpy as np
 
 from agentflow.accuracy import REASONS
-from agentflow.metrics import SLO_SCALES, Outcome, absolute_attainment, attainment_table
-from agentflow.metrics import completed_latencies, latency_stats
+from agentflow.metrics import (
+    SLO_SCALES,
+    Outcome,
+    absolute_attainment,
+    attainment_table,
+    completed_latencies,
+    latency_stats,
+)
 from agentflow.metrics import throughput as _throughput
 
 TABLE_SCALES = SLO_SCALES

@@ -14,8 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from agentflow.datasets import Dataset, Example
 from agentflow.accuracy import MatchRule, evaluate_pair
+from agentflow.datasets import Dataset, Example
 from agentflow.evaluation.hardness import HardnessError, spider_hardness
 
 FINISHED = ("done", "failed")  # statuses a resumed run does not ask again

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentflow.llm.base import (BackendError, LLMBackend, LLMRequest, LLMResult,
-                                ProgressCallback, SamplingParams)
+from agentflow.llm.base import (
+    BackendError,
+    LLMBackend,
+    LLMRequest,
+    LLMResult,
+    ProgressCallback,
+    SamplingParams,
+)
 from agentflow.llm.grammars import SQL_AFTER_SELECT_GBNF, SQL_SELECT_GBNF, sql_select_grammar
 from agentflow.llm.openai_compat import OpenAIBackend
 from agentflow.llm.registry import BackendSpecError, create_backend, parse_backend_spec

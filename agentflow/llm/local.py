@@ -24,13 +24,16 @@ from dataclasses import dataclass
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from agentflow.llm.base import (BackendError, LLMBackend, LLMRequest, LLMResult,
-                                ProgressCallback)
+from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 from agentflow.llm.llama_loading import default_model_path, load_llama
 from agentflow.llm.llama_logging import install as install_llama_logging
 from agentflow.llm.llama_logging import set_llama_verbose
-from agentflow.llm.llama_sampling import (GrammarError, TokenSampler, is_end_of_generation,
-                                          validate_grammar)
+from agentflow.llm.llama_sampling import (
+    GrammarError,
+    TokenSampler,
+    is_end_of_generation,
+    validate_grammar,
+)
 from agentflow.llm.prefix_cache import PrefixStateCache, SavedState, common_prefix_len
 from agentflow.llm.worker import Job, PriorityWorker
 

@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentflow.llm.base import (BackendError, LLMBackend, LLMRequest, LLMResult,
-                                ProgressCallback)
+from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 
 _RETRYABLE_4XX = {408, 409, 429}
 

@@ -16,8 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from agentflow.llm.base import (BackendError, LLMBackend, LLMRequest, LLMResult,
-                                ProgressCallback)
+from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 
 Script = Callable[[LLMRequest], str] | Mapping[str, str | Sequence[str]]
 

@@ -20,8 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agentflow.llm.base import (BackendError, LLMBackend, LLMRequest, LLMResult,
-                                ProgressCallback, SamplingParams)
+from agentflow.llm.base import (
+    BackendError,
+    LLMBackend,
+    LLMRequest,
+    LLMResult,
+    ProgressCallback,
+    SamplingParams,
+)
 
 
 def _import_vllm() -> Any:

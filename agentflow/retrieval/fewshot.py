@@ -84,7 +84,7 @@ class FewShotPool:
 
     # ------------------------------------------------------------------------- building
     @classmethod
-    def from_dataset(cls, dataset: Any, *, exclude_db_ids: Iterable[str] = ()) -> "FewShotPool":
+    def from_dataset(cls, dataset: Any, *, exclude_db_ids: Iterable[str] = ()) -> FewShotPool:
         """A pool over a dataset's examples, masking each with its database's schema words."""
         excluded = set(exclude_db_ids)
         words = {db_id: schema_words_from_tables_json(entry.tables_json)
@@ -93,7 +93,7 @@ class FewShotPool:
         return cls(examples, schema_words=words)
 
     @classmethod
-    def for_dataset(cls, dataset: Any) -> "FewShotPool":
+    def for_dataset(cls, dataset: Any) -> FewShotPool:
         """``from_dataset`` with a per-process cache keyed by the dataset's folder and split."""
         root = getattr(dataset, "root", None)
         key = (str(root), getattr(dataset, "split", ""), len(dataset.examples)) if root else \

@@ -46,7 +46,7 @@ _GENERIC = frozenset({"number", "total", "amount", "average", "avg", "sum", "cou
                       "descending", "ascending", "order", "ordered", "sorted", "sort", "along",
                       "respectively", "corresponding", "information", "details", "info",
                       "records", "record", "result", "results", "value", "values", "greater",
-                      "less", "fewer", "equal", "least", "exactly", "whose", "e.g", "etc"})
+                      "less", "fewer", "equal", "exactly", "whose", "e.g", "etc"})
 
 
 def heuristic_keywords(question: str, evidence: str = "") -> list[str]:

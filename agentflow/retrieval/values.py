@@ -104,7 +104,7 @@ class ValueIndex:
     # ----------------------------------------------------------------------------- building
     @classmethod
     def from_values(cls, values: Mapping[tuple[str, str], Iterable[str]],
-                    *, max_value_len: int = DEFAULT_MAX_VALUE_LEN) -> "ValueIndex":
+                    *, max_value_len: int = DEFAULT_MAX_VALUE_LEN) -> ValueIndex:
         """Index ``{(table, column): values}`` as given (no key/date filtering)."""
         columns: list[tuple[str, str]] = []
         entries: list[tuple[str, int, str]] = []  # (norm, column id, text)
@@ -123,7 +123,7 @@ class ValueIndex:
     @classmethod
     def build(cls, db, *, max_value_len: int = DEFAULT_MAX_VALUE_LEN,
               max_values_per_column: int = DEFAULT_MAX_VALUES_PER_COLUMN,
-              cache: bool = True, timeout_s: float = 120.0) -> "ValueIndex":
+              cache: bool = True, timeout_s: float = 120.0) -> ValueIndex:
         """Index ``db``'s text values, reusing the on-disk cache when the file is unchanged."""
         params = f"{max_value_len}|{max_values_per_column}"
         path = _cache_path(db, params) if cache else None
@@ -143,7 +143,7 @@ class ValueIndex:
         return index
 
     @classmethod
-    def for_database(cls, db, **kwargs) -> "ValueIndex":
+    def for_database(cls, db, **kwargs) -> ValueIndex:
         """``build`` with a per-process cache: pipelines call this once per question."""
         params = "|".join(f"{k}={kwargs[k]}" for k in sorted(kwargs))
         key = (_file_identity(db) or f"db:{db.id}:{id(db)}", params)

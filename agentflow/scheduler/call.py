@@ -31,8 +31,8 @@ class QueryState:
     arrival: float
     deadline: float | None
     key_text: str = ""  # what the length predictor embeds (the question)
-    run: "WorkflowRun | None" = None
-    calls: set["ScheduledCall"] = field(default_factory=set)
+    run: WorkflowRun | None = None
+    calls: set[ScheduledCall] = field(default_factory=set)
     calls_version: int = 0  # bumped when a call is added, finishes or crosses a bucket
     # flowsage: cached distribution of the query's remaining workflow cost
     remaining_cost: Distribution | None = None

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 class CallDeadlines:
-    def __init__(self, coordinator: "Coordinator", settings: HealthSettings | None = None):
+    def __init__(self, coordinator: Coordinator, settings: HealthSettings | None = None):
         self.coordinator = coordinator
         self.settings = settings or HealthSettings()
 

@@ -36,7 +36,7 @@ class InstanceSpec:
             raise ValueError(f"instance {self.name}: max_inflight must be >= 1")
 
     @classmethod
-    def from_config(cls, cfg: "InstanceConfig", name: str | None = None) -> "InstanceSpec":
+    def from_config(cls, cfg: InstanceConfig, name: str | None = None) -> InstanceSpec:
         """What the scheduler is told about a configured instance — in serving and in the
         simulator alike. Without an explicit ``kv_token_budget``, a GPU instance's budget is
         the KV cache a vLLM engine with its limits holds (the simulator's capacity model)."""

@@ -23,8 +23,7 @@ from agentflow.scheduler.distribution import Distribution, cost_distribution
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
 from agentflow.scheduler.length_models import LengthModel, make_predictor
 from agentflow.scheduler.policies import parse_policy, resolve
-from agentflow.scheduler.prefix_index import (BLOCK_TOKENS, PrefixIndex, block_hashes,
-                                              pseudo_tokens)
+from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow.clock import Clock
 from agentflow.workflow.graph import Node, NodeKind
@@ -762,7 +761,7 @@ class _TimeModels(dict):
     """The coordinator's time models by instance; replacing one (tests, calibration) marks the
     cached cluster-wide coefficients stale, as learning does."""
 
-    def __init__(self, owner: "Coordinator", models: dict[str, InstanceTimeModel]):
+    def __init__(self, owner: Coordinator, models: dict[str, InstanceTimeModel]):
         super().__init__(models)
         self._owner = owner
 

@@ -23,7 +23,7 @@ from agentflow.scheduler.ranking import KineticTournament, key_at, next_switch, 
 class InstanceQueue:
     """Waiting and running calls of one instance."""
 
-    def __init__(self, spec: InstanceSpec, policy: QueuePolicy, book: "LoadBook | None" = None,
+    def __init__(self, spec: InstanceSpec, policy: QueuePolicy, book: LoadBook | None = None,
                  index: int = 0):
         self.spec = spec
         self.book = book if book is not None else LoadBook(1)
@@ -182,7 +182,7 @@ class InstanceQueue:
             self.book.finish(self.index, call, call.kv_reserved)
 
     # ---------------------------------------------------------------------------- internals
-    def _rank(self, entry: "_Entry", call: ScheduledCall, now: float,
+    def _rank(self, entry: _Entry, call: ScheduledCall, now: float,
               view: SchedulerView, key: tuple | None = None) -> None:
         if key is None:
             key = self.policy.rank(call, now, view)
@@ -196,7 +196,7 @@ class InstanceQueue:
             call.rank_key = entry.key
         self._place(entry, now)
 
-    def _place(self, entry: "_Entry", now: float) -> None:
+    def _place(self, entry: _Entry, now: float) -> None:
         self._unplace(entry)
         seg = segment_at(entry.key, now)
         tournament = self._tiers.get(seg.tier)
@@ -210,7 +210,7 @@ class InstanceQueue:
         if switch is not None:
             heapq.heappush(self._timers, (switch, entry.seq, entry.version, entry))
 
-    def _unplace(self, entry: "_Entry") -> None:
+    def _unplace(self, entry: _Entry) -> None:
         if entry.slot is not None:
             tier, slot = entry.slot
             self._tiers[tier].remove(slot)

@@ -39,7 +39,7 @@ class LengthModel:
     hooks are no-ops here, so a model that does not use the truth cannot see it."""
 
     def predict(self, stage: str, key_text: str, input_tokens: int | None = None, *,
-                max_tokens: int | None = None) -> "Distribution":
+                max_tokens: int | None = None) -> Distribution:
         raise NotImplementedError
 
     def observe(self, stage: str, key_text: str, output_tokens: float,

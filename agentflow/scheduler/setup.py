@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from agentflow.config import InstanceConfig, SchedulerConfig
 
 
-def build_coordinator(instances: Sequence["InstanceConfig"], *, clock: Clock, policy: str,
+def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, policy: str,
                       alpha: float | None = None, embedder: str = "hashing",
                       predictor: LengthModel | None = None,
                       max_waiting_calls: int | None = None,
@@ -36,7 +36,7 @@ def build_coordinator(instances: Sequence["InstanceConfig"], *, clock: Clock, po
                        max_active_queries=max_active_queries)
 
 
-def scheduler_settings(scheduler: "SchedulerConfig") -> dict:
+def scheduler_settings(scheduler: SchedulerConfig) -> dict:
     """``build_coordinator``'s keyword arguments from a config's scheduler section."""
     return {"policy": scheduler.policy, "alpha": scheduler.alpha,
             "embedder": scheduler.embedder, "max_waiting_calls": scheduler.max_waiting_calls,

@@ -45,7 +45,7 @@ class InstanceTimeModel:
 
     @classmethod
     def from_profile(cls, gpu: GPUProfile, model: ModelProfile,
-                     tensor_parallel: int = 1) -> "InstanceTimeModel":
+                     tensor_parallel: int = 1) -> InstanceTimeModel:
         flops = gpu.peak_tflops * 1e12 * gpu.compute_efficiency * tensor_parallel
         bandwidth = gpu.mem_bw_gbs * 1e9 * gpu.bw_efficiency * tensor_parallel
         prefill = 2 * model.active_params_b * 1e9 / flops
@@ -54,7 +54,7 @@ class InstanceTimeModel:
                    overhead_s=gpu.request_overhead_s)
 
     @classmethod
-    def for_spec(cls, spec: InstanceSpec) -> "InstanceTimeModel":
+    def for_spec(cls, spec: InstanceSpec) -> InstanceTimeModel:
         if spec.gpu is None:
             return cls(CPU_PREFILL_S_PER_TOKEN, CPU_DECODE_S_PER_TOKEN)
         model = model_profile(spec.model or "Llama-3.1-8B")

@@ -39,8 +39,15 @@ from agentflow.server.auth import require_key
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.events import stream
 from agentflow.server.metrics import ServerMetrics
-from agentflow.server.models import (DatabaseList, Health, InstanceList, PipelineList,
-                                     QueryList, QueryRequest, QueryView)
+from agentflow.server.models import (
+    DatabaseList,
+    Health,
+    InstanceList,
+    PipelineList,
+    QueryList,
+    QueryRequest,
+    QueryView,
+)
 from agentflow.server.service import QueryService
 from agentflow.server.settings import ServerSettings
 

@@ -8,7 +8,6 @@ data; the page asks for a key when the API answers 401).
 from __future__ import annotations
 
 import hmac
-
 from typing import Annotated
 
 from fastapi import Depends, Request

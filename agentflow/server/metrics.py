@@ -59,10 +59,10 @@ class ServerMetrics:
         self._slo_met = 0
         self._slo_total = 0
 
-    def bind(self, service: "QueryService") -> None:
+    def bind(self, service: QueryService) -> None:
         self.registry.register(_ClusterCollector(service, self))
 
-    def observe_answer(self, handle: "QueryHandle", answer: "Answer | None") -> None:
+    def observe_answer(self, handle: QueryHandle, answer: Answer | None) -> None:
         status = answer.status if answer is not None else "failed"
         self.queries.labels(status=status).inc()
         slo = handle.slo_s
@@ -93,7 +93,7 @@ class ServerMetrics:
 class _ClusterCollector:
     """Gauges read at scrape time from the coordinator and the service."""
 
-    def __init__(self, service: "QueryService", metrics: ServerMetrics):
+    def __init__(self, service: QueryService, metrics: ServerMetrics):
         self.service = service
         self.metrics = metrics
 

@@ -20,16 +20,31 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError
 
-from agentflow.api import (AgentFlow, Answer, ConversationNotFoundError, InvalidRequest,
-                           QueryHandle, ShuttingDownError)
+from agentflow.api import (
+    AgentFlow,
+    Answer,
+    ConversationNotFoundError,
+    InvalidRequest,
+    QueryHandle,
+    ShuttingDownError,
+)
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
 from agentflow.server.metrics import ServerMetrics
+from agentflow.server.models import (
+    DatabaseInfo,
+    FailedAttempt,
+    InstanceInfo,
+    QueryRequest,
+    QuerySummary,
+    QueryView,
+    Retry,
+    StageView,
+    valid_text,
+)
 from agentflow.server.results import result_links
-from agentflow.server.models import (DatabaseInfo, FailedAttempt, InstanceInfo, QueryRequest,
-                                     QuerySummary, QueryView, Retry, StageView, valid_text)
 from agentflow.server.settings import ServerSettings
 from agentflow.sql import DatabaseNotFoundError, json_value
 

@@ -66,7 +66,7 @@ class LiveServer:
                                        kwargs={"sockets": [self._sock]}, daemon=True,
                                        name=f"uvicorn-{self.port}")
 
-    def start(self, timeout: float = 20.0) -> "LiveServer":
+    def start(self, timeout: float = 20.0) -> LiveServer:
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
@@ -81,7 +81,7 @@ class LiveServer:
         self.service.close()
         self._sock.close()
 
-    def __enter__(self) -> "LiveServer":
+    def __enter__(self) -> LiveServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

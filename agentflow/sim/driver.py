@@ -26,16 +26,15 @@ from typing import Any
 import networkx as nx
 
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
-from agentflow.scheduler.setup import build_coordinator
 from agentflow.scheduler.length_models import TrueLengths, make_predictor
 from agentflow.scheduler.policies import parse_policy
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS
+from agentflow.scheduler.setup import build_coordinator
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.engine import SimInstance, engine_for
 from agentflow.sim.faults import Fault
 from agentflow.sim.workload import TraceNode, TraceQuery
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
-
 
 # A tool step's expected duration before any step of its stage has finished (the pipelines'
 # own default guess, agentflow's pipelines.common.TOOL_EXPECTED_S).
@@ -195,7 +194,7 @@ class Simulation:
         """One more query arriving at ``record.arrival`` (forecasts in forked simulations)."""
         self._push(record.arrival, "arrival", (query, record))
 
-    def fork(self) -> "Simulation":
+    def fork(self) -> Simulation:
         """A copy of the live state — engines, queues, running and waiting calls, workflows in
         flight — without the future: no pending arrivals, no faults still to come, no hooks,
         no alpha tuner. What a tuner replays its forecasts on, so the backlog counts."""
@@ -228,7 +227,7 @@ class Simulation:
         """Records of the queries that arrived and have not finished."""
         return [record for _, _, record in self._runs.values()]
 
-    def schedule_hook(self, t: float, fn: Callable[["Simulation"], None]) -> None:
+    def schedule_hook(self, t: float, fn: Callable[[Simulation], None]) -> None:
         self._push(t, "hook", fn)
 
     @property

@@ -785,7 +785,7 @@ class SimInstance:
                 self._running = [s for s in self._running if s.state == _RUNNING]
 
 
-def engine_for(name: str, cfg) -> "SimInstance":
+def engine_for(name: str, cfg) -> SimInstance:
     """The engine an ``InstanceConfig`` describes: its GPU and model profiles at its weight
     and KV precision, tensor parallelism and vLLM limits."""
     model = hardware.model(cfg.model)

@@ -36,7 +36,7 @@ class Fault:
             raise ValueError("a fault needs a time >= 0 and a positive factor")
 
     @classmethod
-    def parse(cls, text: str) -> "Fault":
+    def parse(cls, text: str) -> Fault:
         m = _SYNTAX.match(text.strip())
         if m is None:
             raise ValueError(f"bad fault {text!r}; use KIND:INSTANCE@SECONDS[xFACTOR], e.g. "

@@ -15,9 +15,10 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 from urllib.parse import quote
 
 import sqlalchemy as sa
@@ -98,7 +99,7 @@ class Database:
     @classmethod
     def open(cls, target: str | Path, *, db_id: str | None = None,
              kind: EngineKind | None = None, duckdb_threads: int | None = None,
-             **url_options: Any) -> "Database":
+             **url_options: Any) -> Database:
         """Open a SQLite/DuckDB file (kind from the suffix unless given) or a SQLAlchemy URL.
 
         ``duckdb_threads=1`` makes DuckDB results reproducible where SQL leaves them open
@@ -132,7 +133,7 @@ class Database:
         return cls(id=name, engine=engine, kind=kind, path=path)
 
     @classmethod
-    def _open_url(cls, url_text: str, *, db_id: str | None, **options: Any) -> "Database":
+    def _open_url(cls, url_text: str, *, db_id: str | None, **options: Any) -> Database:
         url = make_url(url_text)
         backend = url.get_backend_name()
         if backend == "sqlite" and url.database and not url.database.startswith("file:"):
@@ -154,7 +155,7 @@ class Database:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> "Database":
+    def __enter__(self) -> Database:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -263,7 +264,7 @@ class Database:
             return self.execute(sql, **kwargs)
         except E.SqlError as err:
             return err
-        except RecursionError as err:
+        except RecursionError:
             return E.QueryTooComplexError("query too deeply nested", sql=sql)
         except MemoryError:
             return E.ExecutionError("out of memory while running the query", sql=sql)
@@ -362,7 +363,7 @@ class _Interrupter:
         else:
             (getattr(self.raw, "interrupt", None) or self.raw.cancel)()
 
-    def __enter__(self) -> "_Interrupter":
+    def __enter__(self) -> _Interrupter:
         if self.timeout_s is None:
             return self
         if self.kind == "postgresql":

@@ -79,7 +79,7 @@ class LocalPostgres:
         return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=120,
                               cwd=self.root, **kwargs)
 
-    def init(self) -> "LocalPostgres":
+    def init(self) -> LocalPostgres:
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         if self._run_as:
             entry = pwd.getpwnam(self._run_as)
@@ -91,7 +91,7 @@ class LocalPostgres:
                       "--no-sync")
         return self
 
-    def start(self) -> "LocalPostgres":
+    def start(self) -> LocalPostgres:
         opts = (f"-p {self.port} -c listen_addresses=127.0.0.1 "
                 f"-c unix_socket_directories={self.socket_dir} -c fsync=off "
                 "-c synchronous_commit=off -c full_page_writes=off -c max_connections=60 "
@@ -113,7 +113,7 @@ class LocalPostgres:
         time.sleep(down_s)
         self.start()
 
-    def __enter__(self) -> "LocalPostgres":
+    def __enter__(self) -> LocalPostgres:
         return self.init().start()
 
     def __exit__(self, *exc: object) -> None:
@@ -156,9 +156,9 @@ class LocalPostgres:
                 conn.execute(f'CREATE ROLE "{role}" LOGIN')
             conn.execute(f'ALTER ROLE "{role}" LOGIN PASSWORD {literal}')
             conn.execute(f'ALTER ROLE "{role}" SET default_transaction_read_only = on')
-            conn.execute(f'REVOKE CREATE ON SCHEMA public FROM PUBLIC')
+            conn.execute('REVOKE CREATE ON SCHEMA public FROM PUBLIC')
         with self.admin_connect(dbname) as conn:
-            conn.execute(f'REVOKE CREATE ON SCHEMA public FROM PUBLIC')
+            conn.execute('REVOKE CREATE ON SCHEMA public FROM PUBLIC')
             conn.execute(f'REVOKE TEMPORARY ON DATABASE "{dbname}" FROM PUBLIC')
             grant_read(conn, role)
 

@@ -63,12 +63,12 @@ class RoleCheck:
         return out
 
 
-def open_postgres(cls: type["Database"], url: URL, *, db_id: str | None = None,
+def open_postgres(cls: type[Database], url: URL, *, db_id: str | None = None,
                   search_path: list[str] | tuple[str, ...] | str | None = None,
                   pool_size: int = 4, max_overflow: int = 4, pool_timeout_s: float = 30.0,
                   connect_timeout_s: int = 10, password_env: str | None = None,
                   passfile: str | None = None, require_read_only_role: bool = False
-                  ) -> "Database":
+                  ) -> Database:
     """Open a pooled, read-only PostgreSQL database (psycopg 3 driver).
 
     ``pool_pre_ping`` tests a pooled connection before each use, so after a server restart
@@ -113,7 +113,7 @@ def open_postgres(cls: type["Database"], url: URL, *, db_id: str | None = None,
     return db
 
 
-def check_role(db: "Database") -> RoleCheck:
+def check_role(db: Database) -> RoleCheck:
     """Ask the server what the login role may do (read-only catalog queries)."""
     with db.engine.connect() as conn:
         role, superuser, ro = conn.exec_driver_sql(
@@ -164,7 +164,7 @@ WHERE con.contype IN ('p', 'f') AND con.conrelid = ANY(%(oids)s)
 """
 
 
-def introspect_postgres(db: "Database") -> "Schema":
+def introspect_postgres(db: Database) -> Schema:
     """Tables, views and their columns from ``pg_catalog``, in ``search_path`` order.
 
     Tables in the first schema of the search path keep bare names; others are named
@@ -216,7 +216,7 @@ def introspect_postgres(db: "Database") -> "Schema":
     return Schema(tables=tuple(tables))
 
 
-def sample_values_postgres(db: "Database", table, column, k: int) -> list[Any] | None:
+def sample_values_postgres(db: Database, table, column, k: int) -> list[Any] | None:
     """Most common values from the planner's statistics (``pg_stats``: no scan at all), or
     ``None`` when the column has none (not analysed yet, or a view)."""
     if table.schema is None:

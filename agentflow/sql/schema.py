@@ -72,7 +72,7 @@ class Schema:
         return [t.name for t in self.tables]
 
 
-def introspect(db: "Database") -> Schema:
+def introspect(db: Database) -> Schema:
     with db.engine.connect() as conn:
         if db.kind == "sqlite":
             return _introspect_sqlite(conn)
@@ -151,7 +151,7 @@ BIG_TABLE_ROWS = 100_000
 _SAMPLE_ROWS = 10_000
 
 
-def sampled_source(db: "Database", table: "Table", rows: int = _SAMPLE_ROWS) -> str:
+def sampled_source(db: Database, table: Table, rows: int = _SAMPLE_ROWS) -> str:
     """What to put after FROM to read ``table`` without a full scan when it is big: on
     PostgreSQL a ``TABLESAMPLE SYSTEM`` of about ``rows`` rows above ``BIG_TABLE_ROWS``
     (planner estimate); the table itself otherwise."""
@@ -162,7 +162,7 @@ def sampled_source(db: "Database", table: "Table", rows: int = _SAMPLE_ROWS) -> 
     return table.quoted
 
 
-def sample_values(db: "Database", table: "str | Table", column: "str | Column", k: int = 3,
+def sample_values(db: Database, table: str | Table, column: str | Column, k: int = 3,
                   max_len: int = 40) -> list[Any]:
     """Up to ``k`` distinct non-NULL values of a column (the most frequent first), for prompts.
 
@@ -201,7 +201,7 @@ def sample_values(db: "Database", table: "str | Table", column: "str | Column", 
     return out
 
 
-def schema_prompt(db: "Database", *, tables: Mapping[str, Sequence[str] | None] | None = None,
+def schema_prompt(db: Database, *, tables: Mapping[str, Sequence[str] | None] | None = None,
                   samples: int = 3, max_value_len: int = 40) -> str:
     """Render the schema as CREATE TABLE statements with example values in comments.
 

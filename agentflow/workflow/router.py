@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 @dataclass
 class LLMCall:
     request: LLMRequest
-    run: "WorkflowRun"
-    node: "Node"
+    run: WorkflowRun
+    node: Node
 
     @property
     def query(self):
@@ -46,7 +46,7 @@ class CallRouter(Protocol):
 
     clock: Clock
 
-    def start_query(self, query: "Query", run: "WorkflowRun") -> None:
+    def start_query(self, query: Query, run: WorkflowRun) -> None:
         """A query starts (before its first call); may raise
         ``agentflow.scheduler.QueryRejected`` when the router cannot take it."""
 
@@ -57,7 +57,7 @@ class CallRouter(Protocol):
     def cancel_query(self, query_id: str) -> None:
         """The query was cancelled: drop its waiting calls, stop its running ones."""
 
-    def end_query(self, query: "Query") -> None:
+    def end_query(self, query: Query) -> None:
         """The query is over (done, failed or cancelled): forget it."""
 
 
@@ -74,13 +74,13 @@ class DirectRouter:
             raise ValueError("DirectRouter needs at least one backend")
         self._cycle = itertools.cycle(list(self.backends))
 
-    def start_query(self, query: "Query", run: "WorkflowRun") -> None:
+    def start_query(self, query: Query, run: WorkflowRun) -> None:
         """Nothing to register: calls go out as they come."""
 
     def cancel_query(self, query_id: str) -> None:
         """Nothing queued here: the runtime cancels the calls' tasks itself."""
 
-    def end_query(self, query: "Query") -> None:
+    def end_query(self, query: Query) -> None:
         """Nothing kept per query."""
 
     async def submit(self, call: LLMCall,

@@ -17,37 +17,37 @@ if TYPE_CHECKING:
 
 
 class SchedulerView(Protocol):
-    def expected_s(self, call: "ScheduledCall", instance: str) -> float:
+    def expected_s(self, call: ScheduledCall, instance: str) -> float:
         """Expected run time of ``call`` on ``instance`` (mean over its length distribution)."""
 
     def outstanding_work(self, instance: str, now: float) -> float:
         """``W_i``: expected seconds of work waiting and still running on ``instance``."""
 
-    def dispatch_view(self, call: "ScheduledCall", instances: list[str], now: float
-                      ) -> tuple["np.ndarray", "np.ndarray", "np.ndarray"]:
+    def dispatch_view(self, call: ScheduledCall, instances: list[str], now: float
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(``W_i``, ``t(call, i)``, rank of the instance's name) for each of ``instances``,
         as arrays aligned with the list (vectorised, so dispatch cost barely grows with the
         cluster)."""
 
-    def batch_view(self, call: "ScheduledCall", instances: list[str], now: float
-                   ) -> "BatchView":
+    def batch_view(self, call: ScheduledCall, instances: list[str], now: float
+                   ) -> BatchView:
         """Queue, batch and KV state of each of ``instances`` and the call's times there
         (``coordinator.BatchView``), vectorised like ``dispatch_view``."""
 
-    def prefix_saved_s(self, call: "ScheduledCall", instances: list[str]) -> "np.ndarray":
+    def prefix_saved_s(self, call: ScheduledCall, instances: list[str]) -> np.ndarray:
         """Expected prefill seconds ``call`` skips on each instance thanks to the prompt
         prefix the router-side index believes it holds (zeros without prompt text)."""
 
-    def downstream_s(self, call: "ScheduledCall", now: float) -> float:
+    def downstream_s(self, call: ScheduledCall, now: float) -> float:
         """Expected seconds of the query's critical path after this call's stage."""
 
-    def remaining_s(self, query: "QueryState", now: float) -> float:
+    def remaining_s(self, query: QueryState, now: float) -> float:
         """Expected seconds left on the query's whole remaining critical path."""
 
-    def remaining_cost(self, query: "QueryState") -> "Distribution":
+    def remaining_cost(self, query: QueryState) -> Distribution:
         """Distribution of the query's remaining workflow cost (sum of its calls' costs)."""
 
-    def call_cost(self, call: "ScheduledCall") -> "Distribution":
+    def call_cost(self, call: ScheduledCall) -> Distribution:
         """Distribution of this call's cost ``O^2/2 + I*O``."""
 
 
@@ -55,7 +55,7 @@ class DispatchPolicy(abc.ABC):
     name = "dispatch"
 
     @abc.abstractmethod
-    def choose(self, call: "ScheduledCall", instances: list[str], now: float,
+    def choose(self, call: ScheduledCall, instances: list[str], now: float,
                view: SchedulerView) -> str:
         """One of ``instances`` (never empty, all up) for ``call``."""
 
@@ -80,17 +80,17 @@ class QueuePolicy(abc.ABC):
     per_query = False
 
     @abc.abstractmethod
-    def rank(self, call: "ScheduledCall", now: float, view: SchedulerView) -> "Key":
+    def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         """The call's key from ``now`` until its query's next event."""
 
-    def key(self, call: "ScheduledCall", now: float, view: SchedulerView) -> tuple:
+    def key(self, call: ScheduledCall, now: float, view: SchedulerView) -> tuple:
         """(tier, value) of a freshly computed key at ``now`` (for inspection and tests)."""
         from agentflow.scheduler.ranking import key_at
 
         return key_at(self.rank(call, now, view), now)
 
 
-def budget_and_urgency(call: "ScheduledCall", now: float, view: SchedulerView
+def budget_and_urgency(call: ScheduledCall, now: float, view: SchedulerView
                        ) -> tuple[float, float] | None:
     """HexGen-Flow's per-stage budget and urgency, or None without a deadline.
 
@@ -106,7 +106,7 @@ def budget_and_urgency(call: "ScheduledCall", now: float, view: SchedulerView
     return budget, t - budget
 
 
-def stage_share(call: "ScheduledCall", now: float, view: SchedulerView) -> tuple[float, float]:
+def stage_share(call: ScheduledCall, now: float, view: SchedulerView) -> tuple[float, float]:
     """(t, share): the call's expected time on its instance and ``t / (t + downstream)``."""
     t = view.expected_s(call, call.instance) if call.instance else 0.0
     downstream = view.downstream_s(call, now)
