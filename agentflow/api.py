@@ -25,6 +25,7 @@ from agentflow.catalog import DatabaseCatalog
 from agentflow.config import AgentFlowConfig
 from agentflow.llm.base import LLMBackend
 from agentflow.sql import SqlError
+from agentflow.teaching_api import TeachingMixin
 from agentflow.workflow import (
     MonotonicClock,
     Query,
@@ -147,7 +148,7 @@ def usage_of(query: Query) -> dict[str, Any]:
     return {**total, "by_stage": dict(by_stage)}
 
 
-class AgentFlow:
+class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_api)
     def __init__(self, config: AgentFlowConfig | None = None, *,
                  backends: dict[str, LLMBackend] | None = None,
                  router: CallRouter | None = None):
@@ -413,8 +414,9 @@ class AgentFlow:
         question, slo = handle.question, handle.slo_s
         database = await asyncio.to_thread(self.catalog.open, db)
         entry = self.catalog.entry(db)
-        fewshot = await asyncio.to_thread(self.fewshot_pool)
-        env = PipelineEnv(db=database, fewshot=fewshot,
+        fewshot, glossary = await asyncio.to_thread(  # taught pairs + the dataset pool
+            self._taught_context, entry.db_id, handle, getattr(handle, "tenant", None))
+        env = PipelineEnv(db=database, fewshot=fewshot, glossary=glossary,
                           descriptions=entry.entry.descriptions if entry.entry else {},
                           sql_timeout_s=self.config.sql_timeout_s, max_rows=self.config.max_rows,
                           constrain_sql=self.config.constrain_sql, history=handle.history)

@@ -173,6 +173,9 @@ class AgentFlowConfig(BaseModel):
     max_rows: int = 1000
     constrain_sql: bool = True  # grammar-constrained SQL decoding (see PipelineEnv)
     record: str | None = None  # append one trace line per query to this JSONL file
+    # Taught pairs and glossary (agentflow.teaching); None: $AGENTFLOW_TEACHING or
+    # <cache>/teaching.sqlite.
+    teaching_store: str | None = None
     # ``ray`` (or {type: ray, address: ...}): every instance runs as a Ray actor placed by
     # its GPU type (agentflow.distributed); None: backends run in this process.
     placement: RayPlacement | None = None

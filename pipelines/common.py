@@ -104,6 +104,7 @@ def sql_context(env: PipelineEnv, schema_text: str, question: str, k: int) -> st
     """The shared prefix of a query's SQL-writing calls: the schema, ``k`` examples retrieved
     for the question read with the conversation's earlier turns, and those turns."""
     asked = prompts.with_history(question, env.history)
+    schema_text = schema_text.rstrip() + ("\n" + env.glossary if env.glossary else "")
     return prompts.context(schema_text, env.db.dialect, shots(env, asked, k), env.history)
 
 

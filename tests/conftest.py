@@ -12,6 +12,21 @@ import pytest
 SHARED_SPIDER = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "spider"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_teaching_store(tmp_path_factory):
+    """Tests (and the CLIs they start) teach into their own store, never the user's."""
+    import os
+
+    path = tmp_path_factory.mktemp("teaching") / "teaching.sqlite"
+    old = os.environ.get("AGENTFLOW_TEACHING")
+    os.environ["AGENTFLOW_TEACHING"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("AGENTFLOW_TEACHING", None)
+    else:
+        os.environ["AGENTFLOW_TEACHING"] = old
+
+
 def make_library_sqlite(path: Path) -> Path:
     """A tiny library database: 3 tables with keys, a NULL, a date column."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -713,3 +713,14 @@ def _reviews(rng: random.Random, orders: list[tuple], items: list[tuple],
     rows.sort(key=lambda r: r[:3])  # review ids follow time, like an append-only table
     return [(i, book_id, customer_id, rating, day, comment)
             for i, (day, customer_id, book_id, rating, comment) in enumerate(rows, start=1)]
+
+
+TAUGHT_FILE = DEMO_SOURCE_DIR / "taught.json"
+
+
+def demo_teaching() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The taught pairs and glossary terms the demo ships (none is an evaluation question):
+    what ``agentflow.teaching`` seeds into a new store for ``bookshop``."""
+    data = json.loads(TAUGHT_FILE.read_text(encoding="utf-8"))
+    return ([(e["question"], e["sql"]) for e in data["examples"]],
+            [(g["term"], g["meaning"]) for g in data["glossary"]])

@@ -35,6 +35,9 @@ class PipelineEnv:
     # Earlier turns of the conversation (agentflow.conversation.Turn: question, sql), oldest
     # first; empty for a first question.
     history: tuple[Any, ...] = ()
+    # What the question's taught glossary terms mean (agentflow.teaching.glossary_block);
+    # the SQL-writing calls get it right after the schema.
+    glossary: str = ""
 
 
 @dataclass
