@@ -64,7 +64,8 @@ async def _session(client, transcript: list) -> dict:
 
 
 def _check(results: dict) -> None:
-    assert results["tools"] == ["ask", "describe_database", "list_databases", "run_sql"]
+    assert results["tools"] == ["ask", "describe_database", "forget_taught", "list_databases",
+                                "list_taught", "run_sql", "teach"]
     dbs = results["0:list_databases"].structured_content
     assert [d["id"] for d in dbs["databases"]] == ["bookshop"]
     assert "stores" in dbs["databases"][0]["tables"]

@@ -12,6 +12,7 @@ from agentflow.cli import evaluate as evaluate_cli
 from agentflow.cli import mcp as mcp_cli
 from agentflow.cli import serve as serve_cli
 from agentflow.cli import simulate as simulate_cli
+from agentflow.cli import teach as teach_cli
 from agentflow.errors import AgentflowError
 
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp_cli.register(sub)
     serve_cli.register(sub)
     simulate_cli.register(sub)
+    teach_cli.register(sub)
     return parser
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from agentflow import __version__
 from agentflow.api import AgentFlow, AgentflowError
 from agentflow.sql import DatabaseNotFoundError, json_value
 
@@ -116,7 +117,7 @@ def build_server(af: AgentFlow):
 
     tools = AgentflowTools(af)
     server = MCPServer(
-        name="agentflow", title="agentflow: agentic Text-to-SQL",
+        name="agentflow", title="agentflow: agentic Text-to-SQL", version=__version__,
         instructions="Ask questions about SQL databases in plain language. Call "
                      "list_databases first, describe_database for a schema, ask to have the "
                      "pipeline write and run SQL, run_sql to run a read-only SELECT yourself.")
@@ -161,4 +162,7 @@ def build_server(af: AgentFlow):
     async def run_sql(db: str, sql: str, max_rows: int = 50) -> dict[str, Any]:
         return await checked(tools.run_sql)(db, sql, max_rows)
 
+    from agentflow.mcp import teaching_tools
+
+    teaching_tools.register(server, af, checked, tools._db)  # teach, list_taught, forget_taught
     return server

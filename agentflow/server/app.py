@@ -257,10 +257,12 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
 
     from agentflow.server import docs
     from agentflow.server.results import router as results_router
+    from agentflow.server.teaching_routes import router as teaching_router
 
     docs.install(app)
 
     app.include_router(results_router)  # CSV and charts of finished queries
+    app.include_router(teaching_router)  # taught examples and glossary per database
 
     # ------------------------------------------------------------------ web page
     @app.get("/", include_in_schema=False)
