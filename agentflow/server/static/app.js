@@ -68,6 +68,8 @@
   }
 
   async function getJson(path) { return readJson(await api(path)); }
+  // teach.js (save an answer as an example) uses the same key-aware HTTP helpers.
+  window.agentflowApi = { api: api, readJson: readJson };
 
   /* Read a Server-Sent-Events stream with fetch; calls onEvent(type, data) per event and
    * resolves with the data of the "done" event. */
@@ -142,7 +144,11 @@
     const previous = select.value || localStorage.getItem("agentflow.db");
     select.replaceChildren(...state.databases.map((d) =>
       el("option", { value: d.id }, d.id + " · " + d.tables.length + " tables")));
+    // The demo database first (not whichever id sorts first once --data adds 100 more),
+    // unless this browser picked another one before.
+    const fallback = state.databases.some((d) => d.id === "bookshop") ? "bookshop" : null;
     if (previous && state.databases.some((d) => d.id === previous)) select.value = previous;
+    else if (fallback) select.value = fallback;
     const pipeline = $("pipeline");
     pipeline.replaceChildren(...pipes.pipelines.map((p) => el("option",
       { value: p, selected: p === pipes.default }, p + (p === pipes.default ? " (default)" : ""))));
@@ -161,6 +167,7 @@
       : (db.tables.length ? "How many rows does " + db.tables[0] + " have?" : "");
     $("question").placeholder = sample ? "e.g. " + sample : "Ask about " + db.id;
     const box = $("examples");
+    box.hidden = !db.examples.length;  // no "Try one of these" divider over nothing
     if (!db.examples.length) { box.replaceChildren(); return; }
     box.replaceChildren(el("div", { class: "label" }, "Try one of these"),
       ...db.examples.slice(0, 4).map((q) => el("button", {
@@ -274,6 +281,7 @@
       retries.hidden = true;
     }
     $("follow-up-button").hidden = !(q.status === "done" && q.conversation_id);
+    document.dispatchEvent(new CustomEvent("agentflow:answer", { detail: q }));
   }
 
   function renderResult(q) {
@@ -497,6 +505,12 @@
     renderStatus(view.status, null, view.slo_s);  // never leave the last answer's badge up
     $("sql").hidden = true; $("result").hidden = true; $("answer-error").hidden = true;
     $("retries").hidden = true; $("follow-up-button").hidden = true; $("chart").hidden = true;
+    document.dispatchEvent(new CustomEvent("agentflow:answer", { detail: null }));
+    if (view.db && $("db").value !== view.db && !state.followUp &&
+        state.databases.some((d) => d.id === view.db)) {
+      $("db").value = view.db;  // an opened recent query shows its own database
+      showDatabase();
+    }
     if (["done", "failed", "cancelled", "rejected"].indexOf(view.status) >= 0) {
       showFinal(view);
       return;
