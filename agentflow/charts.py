@@ -8,6 +8,11 @@ Specs are built with Altair rather than by hand.
 The rule, in order: a time-like column (dates, or a column named year/month/day/date/time)
 plus numeric columns is a line chart over time; a text column plus numeric columns is a bar
 chart per category; anything else (a single number, only numbers, only text) gets no chart.
+
+Identifiers are numbers but never measures: "name and floor area of each store" must not
+draw ``store_id`` as a series. A column is an identifier when the schema says it is a key
+(``keys``) or its name is ``id``/``*_id``/``*Id``. When the question asks for ids ("orders per
+customer id") such a column may still be the category axis; otherwise it is left out.
 """
 
 from __future__ import annotations
@@ -34,8 +39,24 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def choose(columns: list[str], rows: list[list[Any]]) -> ChartChoice | None:
-    """Which chart fits this result, if any (cheap: no Altair needed)."""
+_ID_NAME = re.compile(r"(^|[_\s.])(id|Id|ID)$|[a-z0-9](Id|ID)$")  # not "paid", "valid"
+_ID_WORDS = frozenset({"id", "ids", "identifier", "identifiers"})
+
+
+def is_identifier(name: str, keys: Any = ()) -> bool:
+    """Whether a result column is an identifier (a key of the schema, or named like one)."""
+    bare = str(name).rsplit(".", 1)[-1].strip('"`[]')
+    return bare.lower() in {str(k).lower() for k in keys} or bool(_ID_NAME.search(bare))
+
+
+def _asks_for_ids(question: str) -> bool:
+    return bool(_ID_WORDS & set(re.findall(r"[a-z]+", question.lower())))
+
+
+def choose(columns: list[str], rows: list[list[Any]], *, keys: Any = (),
+           question: str = "") -> ChartChoice | None:
+    """Which chart fits this result, if any (cheap: no Altair needed). ``keys``: the key
+    column names of the queried tables; ``question``: what was asked (see the module doc)."""
     if len(rows) < 2 or len(rows) > MAX_POINTS or len(columns) < 2:  # one bar says nothing
         return None
     kinds = []
@@ -43,6 +64,8 @@ def choose(columns: list[str], rows: list[list[Any]]) -> ChartChoice | None:
         values = [r[i] for r in rows if i < len(r) and r[i] is not None]
         if not values:
             kinds.append("empty")
+        elif is_identifier(name, keys):
+            kinds.append("id")
         elif all(_is_number(v) for v in values):
             year_like = all(isinstance(v, int) and 1000 <= v <= 2999 for v in values)
             kinds.append("year" if year_like and _TIME_NAME.search(str(name)) else "number")
@@ -58,13 +81,17 @@ def choose(columns: list[str], rows: list[list[Any]]) -> ChartChoice | None:
     for i, k in enumerate(kinds):
         if k == "text" and numbers:
             return ChartChoice("bar", i, numbers, "nominal")
+    if numbers and _asks_for_ids(question):  # "orders per customer id": ids as categories
+        for i, k in enumerate(kinds):
+            if k == "id":
+                return ChartChoice("bar", i, numbers, "nominal")
     return None
 
 
-def vega_lite(columns: list[str], rows: list[list[Any]],
-              title: str | None = None) -> dict[str, Any] | None:
+def vega_lite(columns: list[str], rows: list[list[Any]], title: str | None = None, *,
+              keys: Any = (), question: str = "") -> dict[str, Any] | None:
     """The Vega-Lite spec (a dict) of the chart for this result, or None."""
-    choice = choose(columns, rows)
+    choice = choose(columns, rows, keys=keys, question=question or title or "")
     if choice is None:
         return None
     import altair as alt
@@ -95,6 +122,16 @@ def vega_lite(columns: list[str], rows: list[list[Any]],
     if title:
         spec = spec.properties(title=title)
     return spec.to_dict()
+
+
+def schema_keys(database: Any) -> frozenset[str]:
+    """The primary- and foreign-key column names of a database's tables (lower case)."""
+    out: set[str] = set()
+    for table in database.schema().tables:
+        out.update(c.name.lower() for c in table.columns if c.primary_key)
+        for fk in table.foreign_keys:
+            out.update(c.lower() for c in fk.columns)
+    return frozenset(out)
 
 
 def render(spec: dict[str, Any], fmt: str = "svg") -> bytes:

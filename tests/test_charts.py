@@ -50,3 +50,42 @@ def test_no_chart_when_none_fits(columns, rows) -> None:
 def test_odd_column_names_are_safe_field_names() -> None:
     spec = vega_lite(["t.name", "count(*)"], [["x", 1], ["y", 2]])
     assert spec["encoding"]["x"]["field"] == "c0" and spec["encoding"]["x"]["title"] == "t.name"
+
+
+def test_id_columns_are_never_measures() -> None:
+    # the case: "name and floor area of each store" drew store_id as a series
+    rows = [[1, "Chiado Books", 180], [2, "Porto Livros", 240], [3, "Kreuzberg Books", 150]]
+    choice = choose(["store_id", "name", "floor_area_m2"], rows,
+                    question="What are the name and floor area of each store?")
+    assert choice is not None and choice.x == 1 and choice.ys == (2,)
+    spec = vega_lite(["store_id", "name", "floor_area_m2"], rows)
+    assert "color" not in spec["encoding"] and spec["encoding"]["y"]["title"] == "floor_area_m2"
+    for name in ("id", "Stadium_ID", "customerId", "t1.order_id"):
+        assert choose([name, "total"], [[1, 5.0], [2, 7.5]]) is None, name
+    # names that only end in "id" are measures as usual
+    assert choose(["city", "paid"], [["Lisbon", 5.0], ["Porto", 7.5]]).ys == (1,)
+
+
+def test_schema_keys_count_as_ids_and_the_question_can_make_ids_the_axis() -> None:
+    rows = [["a", 1, 10], ["b", 2, 20]]
+    assert choose(["name", "code", "n"], rows).ys == (1, 2)
+    assert choose(["name", "code", "n"], rows, keys={"Code"}).ys == (2,)
+    per_customer = [[7, 3], [9, 5], [12, 1]]
+    assert choose(["customer_id", "orders"], per_customer,
+                  question="How many orders did each customer place?") is None
+    choice = choose(["customer_id", "orders"], per_customer,
+                    question="How many orders per customer id?")
+    assert choice.mark == "bar" and choice.x == 0 and choice.ys == (1,)
+
+
+def test_schema_keys_of_the_demo_database() -> None:
+    from agentflow.catalog import DatabaseCatalog
+    from agentflow.charts import schema_keys
+
+    catalog = DatabaseCatalog()
+    try:
+        keys = schema_keys(catalog.open("bookshop"))
+    finally:
+        catalog.close()
+    assert {"store_id", "order_id", "manager_id", "customer_id"} <= keys
+    assert "floor_area_m2" not in keys

@@ -30,7 +30,8 @@ def result_links(query_id: str, answer: Any) -> dict[str, str]:
     if answer.status != "done" or not answer.columns:
         return {}
     links = {"csv": f"/v1/queries/{query_id}/rows.csv"}
-    if choose(list(answer.columns), [list(r) for r in answer.rows]) is not None:
+    if choose(list(answer.columns), [list(r) for r in answer.rows],
+              question=answer.question) is not None:
         links["chart"] = f"/v1/queries/{query_id}/chart"
     return links
 
@@ -81,7 +82,10 @@ async def chart(query_id: str, request: Request,
     from agentflow import charts
 
     view = _finished_view(request, query_id)
-    spec = charts.vega_lite(view.columns, view.rows, title=view.question[:80])
+    keys = charts.schema_keys(await asyncio.to_thread(
+        request.app.state.service.af.catalog.open, view.db))
+    spec = charts.vega_lite(view.columns, view.rows, title=view.question[:80], keys=keys,
+                            question=view.question)
     if spec is None:
         raise ApiError(404, "no_chart", "no chart fits this result (it needs a text or date "
                        "column and a numeric column)")
