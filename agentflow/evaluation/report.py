@@ -97,6 +97,10 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, str]) -> 
         lines.append(f"- {', '.join(ks)}: {note}")
     if by_note:
         lines.append("")
+    caveat = sequential_caveat(summary)
+    if caveat:
+        lines.append(f"> {caveat}")
+        lines.append("")
 
     lines.append(f"## Accuracy by difficulty (Spider rule; {_level_source(runs)})")
     lines.append("")
@@ -129,8 +133,9 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, str]) -> 
 
     lines.append("## SLO attainment vs SLO scale")
     lines.append("")
-    lines.append("Share of all questions that came back (answered, or failed with a reason) "
-                 "within scale × their idle latency.")
+    lines.append("Share of all questions answered (status done) within scale × their idle "
+                 "latency. Failed, cancelled and rejected questions count in the total and "
+                 "never meet it (``agentflow.metrics``).")
     lines.append("")
     scales = list(next(iter(runs.values()))["slo_attainment"])
     rows = [[f"{s}x"] + [_pct(runs[k]["slo_attainment"].get(s)) for k in keys] for s in scales]
@@ -201,6 +206,21 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, str]) -> 
     lines.append("")
     path.write_text("\n".join(lines))
     return path
+
+
+def sequential_caveat(summary: dict[str, Any]) -> str | None:
+    """Without ``--rate`` a real run asks one question at a time: nothing ever waits behind
+    another query, so a scheduling policy has nothing to decide and differences in latency
+    between policies are machine noise. Say so wherever they are compared."""
+    st = summary.get("settings", {})
+    if summary.get("mode") != "real" or st.get("rate") is not None \
+            or str(st.get("arrival") or "").startswith("steps:"):
+        return None
+    many = len(st.get("policies") or []) > 1
+    return ("Questions ran one at a time (no --rate): no query ever waited behind another, "
+            "so the scheduling policies had nothing to decide" + (
+                " and their latencies cannot differ except by machine noise" if many else "")
+            + ". Use --rate QPS (or --cluster to simulate) to compare policies under load.")
 
 
 def _sample_text(st: dict[str, Any]) -> str:
@@ -299,7 +319,10 @@ def _accuracy_bars(path: Path, runs: dict[str, Any], field: str, groups: list[st
         cells = [r[field].get(g, {}) for g in groups]
         values = [c.get("accuracy") or 0.0 for c in cells]
         pos = x + (i - (len(runs) - 1) / 2) * width
-        ax.bar(pos, values, width, label=key)
+        bars = ax.bar(pos, values, width, label=key)
+        # every bar says its value: a 0% bar has no height, and an empty plot reads as broken
+        ax.bar_label(bars, labels=[f"{100 * v:.0f}%" if c.get("n") else "n/a"
+                                   for v, c in zip(values, cells)], fontsize=7, padding=1)
     ax.set_xticks(x)
     ns = [max(r[field].get(g, {}).get("n", 0) for r in runs.values()) for g in groups]
     ax.set_xticklabels([f"{g}\n(n={n})" for g, n in zip(groups, ns)],
