@@ -80,9 +80,18 @@ class Answer:
 
         return met_slo(Outcome(self.status, self.latency_s, slo_s=self.slo_s))
 
+    @property
+    def retries(self) -> list[dict[str, Any]]:
+        """LLM call attempts that failed and were re-run (their time is in the call's queue
+        wait); see ``agentflow.timeline``."""
+        from agentflow.timeline import retries_of
+
+        return retries_of(self.stages)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["met_slo"] = self.met_slo
+        d["retries"] = self.retries
         return d
 
 

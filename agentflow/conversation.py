@@ -59,6 +59,20 @@ class Conversations:
             self._items.move_to_end(conversation_id)
             return tuple(conversation.turns)
 
+    def restore(self, conversation_id: str, db: str, turns: list[Turn]) -> None:
+        """Bring back a conversation kept elsewhere (the CLI keeps its own between runs)."""
+        with self._lock:
+            self._items[conversation_id] = Conversation(conversation_id, db,
+                                                        list(turns)[-self.max_turns:])
+            while len(self._items) > self.keep:
+                self._items.popitem(last=False)
+
+    def turns(self, conversation_id: str) -> tuple[str, tuple[Turn, ...]] | None:
+        """(db, turns) of a known conversation, or None."""
+        with self._lock:
+            c = self._items.get(conversation_id)
+            return None if c is None else (c.db, tuple(c.turns))
+
     def add(self, conversation_id: str, question: str, sql: str | None) -> None:
         if not sql:
             return

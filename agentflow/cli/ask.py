@@ -42,10 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run a Text-to-SQL pipeline on one question. Without "
                                    "--config it uses the embedded default (local CPU model).")
     p.add_argument("question", help="the question, in plain language (quote it)")
-    p.add_argument("--db", required=True, help="database id (e.g. bookshop, concert_singer), "
-                                               "a path to a .sqlite/.duckdb file, or a "
-                                               "postgresql://user@host/db URL (password from "
-                                               "PGPASSWORD or ~/.pgpass)")
+    p.add_argument("--db", default=None, help="database id (e.g. bookshop, concert_singer), "
+                                              "a path to a .sqlite/.duckdb file, or a "
+                                              "postgresql://user@host/db URL (password from "
+                                              "PGPASSWORD or ~/.pgpass); optional when only "
+                                              "one database is known or with --conversation")
+    p.add_argument("--conversation", default=None, metavar="ID",
+                   help="follow up on an earlier answer: its conversation_id (printed after "
+                        "each answer and in --json)")
     p.add_argument("--data", action="append", default=[],
                    help="a Spider/BIRD folder whose databases to use (repeatable)")
     p.add_argument("--pipeline", default=None, choices=pipeline_names(),
@@ -75,9 +79,31 @@ def validate(args: argparse.Namespace, config: Any) -> None:
                              f"most {MAX_QUESTION_CHARS})")
     catalog = DatabaseCatalog.from_config(config)
     try:
+        args.db = resolve_db(args, catalog)
         catalog.entry(args.db)
     finally:
         catalog.close()
+
+
+def resolve_db(args: argparse.Namespace, catalog: Any) -> str:
+    """``--db``, else the database of ``--conversation``, else the only database known."""
+    from agentflow.api import InvalidRequest
+
+    if args.conversation:
+        from agentflow.cli.conversations import load
+
+        db, _ = load(args.conversation)
+        if args.db and catalog.entry(args.db).db_id != db:
+            raise InvalidRequest(f"conversation {args.conversation} is about database "
+                                 f"{db!r}, not {args.db!r}")
+        return args.db or db
+    if args.db:
+        return args.db
+    if len(catalog.ids) == 1:
+        return catalog.ids[0]
+    shown = ", ".join(catalog.ids[:5]) + (f" and {len(catalog.ids) - 5} more"
+                                          if len(catalog.ids) > 5 else "")
+    raise InvalidRequest(f"--db is required: {len(catalog.ids)} databases are known ({shown})")
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -100,8 +126,16 @@ def cmd_ask(args: argparse.Namespace) -> int:
         return 2
     handle = None
     try:
+        conversation = None
+        if args.conversation:  # a follow-up on an earlier run's answer
+            from agentflow.cli.conversations import load
+
+            db, turns = load(args.conversation)
+            af.conversations.restore(args.conversation, db, turns)
+            conversation = args.conversation
         handle = af.submit(args.question, db=args.db, slo=args.slo, pipeline=args.pipeline,
-                           evidence=args.evidence, record=args.record)
+                           evidence=args.evidence, record=args.record,
+                           conversation=conversation)
         if args.json:
             answer = handle.result()
         else:
@@ -115,17 +149,36 @@ def cmd_ask(args: argparse.Namespace) -> int:
             af.cancel(handle.query_id)
         raise
     finally:
+        if handle is not None and handle.done() and not handle.future.cancelled():
+            _keep_conversation(af, handle.conversation_id)
         af.close()
     if args.json:
         d = answer.to_dict()
         print(json.dumps({"sql": d["sql"], "columns": d["columns"], "rows": d["rows"],
                           "status": d["status"], "error": d["error"], "stages": d["stages"],
                           "usage": d["usage"], "latency_s": d["latency_s"],
-                          "query_id": d["query_id"], "db": d["db"], "pipeline": d["pipeline"]},
+                          "query_id": d["query_id"], "db": d["db"], "pipeline": d["pipeline"],
+                          "conversation_id": d["conversation_id"], "retries": d["retries"]},
                          default=str, indent=2))
     else:
         print_answer(table_console(), answer)
     return 0 if answer.status == "done" else 1
+
+
+def _keep_conversation(af: Any, conversation_id: str | None) -> None:
+    """Save the conversation for a later ``--conversation`` (never fails the answer)."""
+    if not conversation_id:
+        return
+    known = af.conversations.turns(conversation_id)
+    if known is None:
+        return
+    from agentflow.cli.conversations import save
+
+    try:
+        save(conversation_id, known[0], known[1])
+    except OSError as err:
+        print(f"agentflow: warning: could not keep the conversation for follow-ups: {err}",
+              file=sys.stderr)
 
 
 def progress_text(pipeline: str, running: list[str], done: int, elapsed: float,
@@ -180,10 +233,17 @@ def print_answer(console: Console, answer: Any) -> None:
         if len(answer.rows) > 20:
             console.print(f"... {len(answer.rows) - 20} more rows")
     console.print(timeline_table(answer, console.width))
+    from agentflow.timeline import retry_lines
+
+    for line in retry_lines(answer.stages):  # the time a failed attempt took is in "queue"
+        console.print(f"[yellow]retried[/] {line}", highlight=False)
     slo = f" / SLO {answer.slo_s:g}s" if answer.slo_s else ""
     console.print(f"latency {answer.latency_s:.2f}s{slo}; {answer.usage.get('calls', 0)} LLM "
                   f"calls, {answer.usage.get('prompt_tokens', 0)} prompt + "
                   f"{answer.usage.get('completion_tokens', 0)} output tokens")
+    if answer.conversation_id and answer.status == "done":
+        console.print(f"follow up: agentflow ask \"...\" --conversation {answer.conversation_id}",
+                      highlight=False, style="dim")
 
 
 def timeline_table(answer: Any, width: int = 160) -> Table:

@@ -98,7 +98,7 @@ class AgentflowTools:
                 "met_slo": answer.met_slo, "pipeline": answer.pipeline,
                 "conversation_id": answer.conversation_id,
                 "llm_calls": answer.usage.get("calls", 0),
-                "timeline": timeline_summary(answer.stages)}
+                "timeline": timeline_summary(answer.stages), "retries": answer.retries}
 
     async def run_sql(self, db: str, sql: str, max_rows: int = 50) -> dict[str, Any]:
         database = self.af.catalog.open(self._db(db))

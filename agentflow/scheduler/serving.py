@@ -105,6 +105,7 @@ class ScheduledRouter:
             prompt_text=call.request.prompt + call.request.answer_prefix)
         submitted = self.clock.now()
         self._apply(decisions)
+        failed: list[dict[str, str]] = []  # attempts given up on, for the answer's timeline
         while True:
             try:
                 instance, priority = await sc.payload
@@ -133,6 +134,7 @@ class ScheduledRouter:
                                          f"{self.down_reasons.get(instance, '')}")
                     for listener in self.attempt_listeners:  # the answer's retries show it
                         listener(request, instance, moved)
+                    failed.append({"instance": instance, "error": str(moved)})
                     self.counts["retried", instance] += 1
                     self._apply(self.coordinator.on_call_failed(
                         sc, f"instance {instance} went down", retryable=True))
@@ -144,6 +146,7 @@ class ScheduledRouter:
                 sc.payload = loop.create_future()
                 for listener in self.attempt_listeners:
                     listener(request, instance, err)
+                failed.append({"instance": instance, "error": str(err)})
                 self._health(self.health.on_timeout(instance, self.clock.now(), str(err)))
                 self.counts["retried", instance] += 1
                 self._apply(self.coordinator.on_call_failed(sc, f"{instance}: {err}",
@@ -153,6 +156,7 @@ class ScheduledRouter:
                 self._forget(sc)
                 sc.payload = loop.create_future()
                 self.counts["error", instance] += 1
+                failed.append({"instance": instance, "error": str(err)})
                 self._health(self.health.on_failure(instance, self.clock.now(), str(err),
                                                     retryable=err.retryable))
                 decisions = self.coordinator.on_call_failed(sc, f"{instance}: {err}",
@@ -169,7 +173,8 @@ class ScheduledRouter:
             finished = self.clock.now()
             return CallOutcome(result=result, instance=instance, submitted=submitted,
                                started=min(finished, started + result.queue_s),
-                               finished=finished, priority=priority)
+                               finished=finished, priority=priority,
+                               failed_attempts=tuple(failed))
 
     async def _watch(self, sc: ScheduledCall, instance: str, task: asyncio.Task,
                      started: float):

@@ -52,7 +52,7 @@ class StageContext:
             cached_prompt_tokens=result.cached_prompt_tokens, submitted=outcome.submitted,
             started=outcome.started, finished=outcome.finished,
             finish_reason=result.finish_reason, max_tokens=request.params.max_tokens,
-            node=result.node))
+            node=result.node, failed_attempts=list(getattr(outcome, "failed_attempts", ()))))
         trace = self.state.setdefault("_llm_texts", {})
         trace[request.request_id] = {"prompt": prompt + answer_prefix, "output": result.text}
         return result

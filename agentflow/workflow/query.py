@@ -33,6 +33,7 @@ class LLMCallRecord:
     finish_reason: str
     max_tokens: int | None = None  # the call's output cap (replays clip predictions to it)
     node: str = ""  # the machine that ran it, for instances placed elsewhere (Ray)
+    failed_attempts: list[dict[str, str]] = field(default_factory=list)  # before this one
 
     @property
     def queue_s(self) -> float:

@@ -39,6 +39,9 @@ class CallOutcome:
     started: float  # router clock: the instance began processing (after all queueing)
     finished: float
     priority: int = 0
+    # Attempts that failed before this one succeeded ({"instance", "error"}): their time is
+    # inside this call's queue wait, so the timeline must say why it waited.
+    failed_attempts: tuple[dict[str, str], ...] = ()
 
 
 class CallRouter(Protocol):
