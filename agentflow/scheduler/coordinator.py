@@ -103,7 +103,8 @@ class Coordinator:
     def __init__(self, instances: list[InstanceSpec], *, clock: Clock, policy: str = "flowsage",
                  alpha: float | None = None, predictor: LengthModel | None = None,
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
-                 max_attempts: int = 3, **queue_kwargs: Any):
+                 max_attempts: int = 3, admit_by_backlog: bool = False,
+                 max_backlog_s: float | None = None, **queue_kwargs: Any):
         """``predictor``: the length model; None builds the one the policy name picks
         (``flowsage@oracle``; the learned predictor by default)."""
         if not instances:
@@ -131,6 +132,9 @@ class Coordinator:
         self.max_waiting_calls = max_waiting_calls
         self.max_active_queries = max_active_queries
         self.max_attempts = max_attempts
+        # refuse a query the committed backlog would keep past its SLO (scheduler.backlog)
+        self.admit_by_backlog = admit_by_backlog
+        self.max_backlog_s = max_backlog_s
         self.queries: dict[str, QueryState] = {}
         self._observers: list[CoordinatorObserver] = []
         self._ids = itertools.count()
@@ -169,6 +173,12 @@ class Coordinator:
                                 f"{self.max_waiting_calls})", retry_after_s=self._retry_after(now))
         if not self.up_instances:
             raise QueryRejected("no model instance is up", retry_after_s=5.0)
+        if self.admit_by_backlog:
+            from agentflow.scheduler.backlog import backlog_rejection
+
+            refused = backlog_rejection(self, now, deadline, self.max_backlog_s)
+            if refused is not None:
+                raise QueryRejected(refused[0], retry_after_s=refused[1])
         query = QueryState(id=query_id, arrival=now if arrival is None else arrival,
                            deadline=deadline, key_text=key_text, run=run)
         self.queries[query_id] = query

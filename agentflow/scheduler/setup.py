@@ -25,7 +25,9 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
                       alpha: float | None = None, embedder: str = "hashing",
                       predictor: LengthModel | None = None,
                       max_waiting_calls: int | None = None,
-                      max_active_queries: int | None = None) -> Coordinator:
+                      max_active_queries: int | None = None,
+                      admit_by_backlog: bool = False,
+                      max_backlog_s: float | None = None) -> Coordinator:
     """``instances`` must be named (``expand_instances``); ``predictor`` defaults to the
     length model the policy name picks, with ``embedder``."""
     specs = [InstanceSpec.from_config(cfg) for cfg in instances]
@@ -33,11 +35,14 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
         predictor = make_predictor(parse_policy(policy).predictor, embedder=embedder)
     return Coordinator(specs, clock=clock, policy=policy, alpha=alpha, predictor=predictor,
                        max_waiting_calls=max_waiting_calls,
-                       max_active_queries=max_active_queries)
+                       max_active_queries=max_active_queries,
+                       admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s)
 
 
 def scheduler_settings(scheduler: SchedulerConfig) -> dict:
     """``build_coordinator``'s keyword arguments from a config's scheduler section."""
     return {"policy": scheduler.policy, "alpha": scheduler.alpha,
             "embedder": scheduler.embedder, "max_waiting_calls": scheduler.max_waiting_calls,
-            "max_active_queries": scheduler.max_active_queries}
+            "max_active_queries": scheduler.max_active_queries,
+            "admit_by_backlog": scheduler.admit_by_backlog,
+            "max_backlog_s": scheduler.max_backlog_s}
