@@ -59,3 +59,27 @@ def test_serving_turns_it_on_from_the_config() -> None:
 
     settings = scheduler_settings(AgentFlowConfig().scheduler)
     assert settings["admit_by_backlog"] is True and settings["max_backlog_s"] == 600.0
+
+
+def test_a_burst_on_a_slow_cpu_cluster_gets_429_with_retry_after() -> None:
+    """The issue's case: every request of a burst got 202 on a CPU cluster. One scripted
+    instance (not a model) taking 2 s a call, one call at a time, a 3 s SLO: once one
+    query is admitted, the next cannot be served within its SLO."""
+    pytest.importorskip("fastapi")
+    import httpx
+
+    from agentflow.server.testing import LiveServer, scripted_instance
+
+    config = {"instances": [scripted_instance("cpu-0", latency_s=2.0, max_inflight=1)],
+              "pipeline": "single", "slo_s": 3}
+    with LiveServer(config) as live:
+        responses = [httpx.post(f"{live.url}/v1/queries", timeout=30, json={
+            "question": f"How many stores are there? ({i})", "db": "bookshop", "wait": False})
+            for i in range(6)]
+        live.idle(timeout=60)
+    assert responses[0].status_code == 202
+    refused = [r for r in responses if r.status_code == 429]
+    assert refused, [r.status_code for r in responses]
+    body = refused[0].json()["error"]
+    assert body["code"] == "overloaded" and "SLO" in body["message"]
+    assert float(refused[0].headers["Retry-After"]) >= 1
