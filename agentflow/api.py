@@ -184,20 +184,24 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
     # ----------------------------------------------------------------------------- public
     def ask(self, question: str, db: str, *, slo: float | None = None,
             pipeline: str | None = None, evidence: str = "",
-            record: str | Path | None = None, conversation: str | None = None) -> Answer:
+            record: str | Path | None = None, conversation: str | None = None,
+            slo_seconds: float | None = None) -> Answer:
         """Answer one question (blocking). Raises an ``AgentflowError`` (``InvalidRequest``,
         ``DatabaseNotFoundError``, ...) for bad input; pipeline failures come back as an
         Answer with ``status='failed'`` and the reason. ``conversation``: the
         ``conversation_id`` of an earlier answer, to ask a follow-up question."""
         return self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                           record=record, conversation=conversation).result()
+                           record=record, conversation=conversation,
+                           slo_seconds=slo_seconds).result()
 
     async def ask_async(self, question: str, db: str, *, slo: float | None = None,
                         pipeline: str | None = None, evidence: str = "",
                         record: str | Path | None = None,
-                        conversation: str | None = None) -> Answer:
+                        conversation: str | None = None,
+                        slo_seconds: float | None = None) -> Answer:
         handle = self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                             record=record, conversation=conversation)
+                             record=record, conversation=conversation,
+                             slo_seconds=slo_seconds)
         try:
             return await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:
@@ -207,12 +211,16 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
     def submit(self, question: str, db: str, *, slo: float | None = None,
                pipeline: str | None = None, evidence: str = "",
                record: str | Path | None = None,
-               conversation: str | None = None) -> QueryHandle:
+               conversation: str | None = None,
+               slo_seconds: float | None = None) -> QueryHandle:
         """Start answering without waiting: bad input raises here, at once; the handle has
         the query id, live stage events and, later, the answer. Each question is a turn of a
         conversation: a new one unless ``conversation`` names an earlier answer's."""
         if self._closed or self._closing:
             raise ShuttingDownError("agentflow is shutting down; not accepting questions")
+        from agentflow.slo_names import one_slo
+
+        slo = one_slo(slo, slo_seconds)  # the HTTP/MCP name works here too
         question = self._validate(question, slo)
         pipeline_obj = self.pipeline(pipeline)
         entry = self.catalog.entry(db)

@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pipeline", default=None, choices=pipeline_names(),
                    help="the pipeline (default: the config's, chess)")
     p.add_argument("--config", default=None, help="YAML/JSON config (instances, pipeline, ...)")
-    p.add_argument("--slo", type=positive_seconds, default=None,
+    p.add_argument("--slo", "--slo-seconds", dest="slo", type=positive_seconds, default=None,
                    help="end-to-end target in seconds")
     p.add_argument("--evidence", default="", help="BIRD-style hint for the question")
     p.add_argument("--engine", choices=["sqlite", "duckdb"], default=None,

@@ -121,8 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.keys():
         log.info("API keys required (%d configured)", len(settings.keys()))
     ids = service.af.catalog.ids
-    log.info("serving %d database%s: %s", len(ids), "" if len(ids) == 1 else "s",
-             ", ".join(ids))
+    log.info("serving %s", databases_line(ids))
     log.info("web page http://%s:%d/ · API docs http://%s:%d/docs", args.host, args.port,
              args.host, args.port)
     try:
@@ -131,6 +130,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         service.close()  # if uvicorn never started (port taken), still release the engine
     return 0
+
+
+def databases_line(ids: list[str], shown: int = 8) -> str:
+    """The databases for one log line: the demo first, at most ``shown`` names (a Spider
+    folder adds 135, which no one reads on one line)."""
+    ordered = sorted(ids, key=lambda i: (i != "bookshop", i))
+    names = ", ".join(ordered[:shown])
+    more = (f" and {len(ids) - shown} more (GET /v1/databases lists them)"
+            if len(ids) > shown else "")
+    return f"{len(ids)} database{'' if len(ids) == 1 else 's'}: {names}{more}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -153,9 +153,13 @@ def build_server(af: AgentFlow):
                              "conversation_id of an earlier answer to ask a follow-up.")
     async def ask(question: str, db: str, slo_seconds: float | None = None,
                   pipeline: str | None = None, conversation_id: str | None = None,
-                  max_rows: int = 50) -> dict[str, Any]:
-        return await checked(tools.ask)(question, db, slo_seconds, pipeline, conversation_id,
-                                        max_rows)
+                  max_rows: int = 50, slo: float | None = None) -> dict[str, Any]:
+        from agentflow.slo_names import one_slo
+
+        async def run() -> dict[str, Any]:  # ``slo``, the Python/CLI name, works too
+            return await tools.ask(question, db, one_slo(slo, slo_seconds), pipeline,
+                                   conversation_id, max_rows)
+        return await checked(run)()
 
     @server.tool(description="Run one read-only SELECT on a database (single statement; "
                              "writes, DDL and PRAGMAs are refused) and return its rows.")

@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentflow.api import MAX_QUESTION_CHARS
 
@@ -50,7 +50,10 @@ class QueryRequest(BaseModel):
     question: str = Field(description="the question, in plain language",
                           json_schema_extra={"maxLength": MAX_QUESTION_CHARS, "minLength": 1})
     db: str = Field(min_length=1, max_length=200, description="database id (GET /v1/databases)")
-    slo_seconds: float | None = Field(None, description="end-to-end latency target in seconds")
+    slo_seconds: float | None = Field(
+        None, validation_alias=AliasChoices("slo_seconds", "slo"),
+        description="end-to-end latency target in seconds (`slo`, the Python/CLI name, "
+                    "works too)")
     pipeline: str | None = Field(None, max_length=64,
                                  description="chess, macsql or single (default: the server's)")
     evidence: str = Field("", max_length=MAX_EVIDENCE_CHARS,
@@ -83,6 +86,16 @@ class QueryRequest(BaseModel):
             raise ValueError(f"the question is too long ({len(value)} characters; at most "
                              f"{MAX_QUESTION_CHARS})")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_slo(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "slo" in data and "slo_seconds" in data:
+            from agentflow.slo_names import one_slo
+
+            one_slo(data["slo"], data["slo_seconds"])  # raises when they differ
+            data = {k: v for k, v in data.items() if k != "slo"}
+        return data
 
     @field_validator("slo_seconds", mode="before")
     @classmethod
