@@ -9,8 +9,10 @@ SQL through ``af.teach`` — the same path a user takes, guard and execution che
 and N *other* questions of the same database are asked twice through one AgentFlow (one model,
 temperature 0): first with nothing taught, then with the K pairs taught. Both runs use the same
 number of few-shot slots (``--shots``, default K): without teaching they hold the dataset pool's
-train examples (other databases), with teaching the taught pairs come first. Accuracy is the
-Spider test-suite rule against the gold SQL; "executable" is an answer whose SQL ran.
+train examples (other databases), with teaching the taught pairs come first. ``--no-pool``
+drops the dataset pool, so untaught questions get no examples (a user's own database).
+Accuracy is the Spider test-suite rule against the gold SQL; "executable" is an answer whose
+SQL ran.
 
 The taught pairs come from ``--teach-split`` when it has questions on the database (the
 issue's intent: train), otherwise from the evaluated split's *other* questions — Spider's
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shots", type=int, default=None, help="few-shot slots (default: --taught)")
     p.add_argument("--pipeline", default="single")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-pool", action="store_true",
+                   help="no dataset few-shot pool: untaught questions get no examples at all "
+                        "(a user's own database, or the demo, before anything is taught)")
     p.add_argument("--config", default=None)
     p.add_argument("--record", default=None, help="append DAG traces (prompts) to this JSONL")
     p.add_argument("--out", type=Path, default=Path("artifacts/teaching_effect.json"))
@@ -75,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     shots = args.shots if args.shots is not None else args.taught
     config = AgentFlowConfig.load(args.config) if args.config else AgentFlowConfig()
     config.data = [*config.data, args.data]
+    if args.no_pool:
+        config.fewshot = None
     config.pipeline_params = {**config.pipeline_params,
                               args.pipeline: {**config.pipeline_params.get(args.pipeline, {}),
                                               "n_shots": shots}}
