@@ -60,20 +60,27 @@ def test_the_example_cluster_file_is_one_description_for_both() -> None:
         "a6000-0"].kv_blocks_total * 16
 
 
+@pytest.mark.parametrize("backlog", [False, True], ids=["count-limits", "backlog"])
 @pytest.mark.parametrize("policy", ["flowsage", "sagesched", "hexgen-flow"])
-def test_serving_and_simulation_coordinators_make_the_same_decisions(policy: str) -> None:
+def test_serving_and_simulation_coordinators_make_the_same_decisions(policy: str,
+                                                                     backlog: bool) -> None:
     """Drive the simulator once with its own coordinator and once with the coordinator
-    serving builds from the same file (same clock): every decision, in order, is equal."""
+    serving builds from the same file (same clock): every decision, in order, is equal —
+    admission by backlog included (this workload overloads the cluster, so it refuses)."""
     cluster = load_cluster(str(EXAMPLE))
     wl = build_workload(trace(8), cluster, n=40, rate=0.4, seed=3)
     limits = AgentFlowConfig.load(EXAMPLE).scheduler
+    limits.admit_by_backlog = backlog
 
     def run(swap: bool) -> tuple[list, list]:
         sim = Simulation(cluster, policy, max_waiting_calls=limits.max_waiting_calls,
-                         max_active_queries=limits.max_active_queries)
+                         max_active_queries=limits.max_active_queries,
+                         admit_by_backlog=limits.admit_by_backlog,
+                         max_backlog_s=limits.max_backlog_s)
         if swap:
             af = serving(EXAMPLE)
             af.config.scheduler.policy = policy
+            af.config.scheduler.admit_by_backlog = backlog
             coordinator = af._create_router().coordinator
             af.close()
             coordinator.clock = sim.clock  # serving's wall clock, replaced by virtual time
@@ -94,7 +101,11 @@ def test_serving_and_simulation_coordinators_make_the_same_decisions(policy: str
 
     sim_log, sim_records = run(swap=False)
     serve_log, serve_records = run(swap=True)
-    assert len(sim_log) > 200  # 40 queries x 6 calls, plus retries
+    rejected = sum(status == "rejected" for status, _ in sim_records)
+    if backlog:
+        assert 0 < rejected < 40 and len(sim_log) > 100
+    else:
+        assert rejected == 0 and len(sim_log) > 200  # 40 queries x 6 calls, plus retries
     assert len({entry[3] for entry in sim_log}) == 4  # every instance was used
     assert serve_log == sim_log
     assert serve_records == sim_records

@@ -40,7 +40,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", required=True, help="database id, or a path to a .sqlite/.duckdb")
     p.add_argument("--data", action="append", default=[],
                    help="a Spider/BIRD folder whose databases to use (repeatable)")
-    p.add_argument("--engine", choices=["sqlite", "duckdb"], default=None)
+    p.add_argument("--engine", choices=["sqlite", "duckdb"], default=None,
+                   help="check the SQL on SQLite (default) or the DuckDB copies")
     p.add_argument("--config", default=None, help="YAML/JSON config (its teaching_store)")
     p.add_argument("--tenant", default=None,
                    help="teach for one tenant only (default: shared by everyone)")

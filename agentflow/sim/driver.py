@@ -105,6 +105,7 @@ class Simulation:
     def __init__(self, cluster: SimClusterConfig, policy: str, *, alpha: float | None = None,
                  embedder: str = "hashing", max_waiting_calls: int | None = None,
                  max_active_queries: int | None = None,
+                 admit_by_backlog: bool = False, max_backlog_s: float | None = None,
                  alpha_tuner: Any = None, cached_prefix: float | str = 0.0,
                  faults: Sequence[Fault] = (),
                  on_stage: Callable[[StageTiming], None] | None = None):
@@ -135,7 +136,8 @@ class Simulation:
         self.predictor = make_predictor(parse_policy(policy).predictor, embedder=embedder)
         self.coordinator = build_coordinator(
             instances, clock=self.clock, policy=policy, alpha=alpha, predictor=self.predictor,
-            max_waiting_calls=max_waiting_calls, max_active_queries=max_active_queries)
+            max_waiting_calls=max_waiting_calls, max_active_queries=max_active_queries,
+            admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s)
         self.alpha_tuner = alpha_tuner
         for fault in faults:
             if fault.instance not in self.instances:
