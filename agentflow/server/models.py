@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -39,6 +39,11 @@ def valid_text(text: str) -> str:
 
 
 QueryStatusName = Literal["pending", "running", "done", "failed", "cancelled", "rejected"]
+
+
+class _TwoSlos(NamedTuple):
+    slo: Any
+    slo_seconds: Any
 
 
 class QueryRequest(BaseModel):
@@ -90,16 +95,21 @@ class QueryRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _one_slo(cls, data: Any) -> Any:
+        """``slo`` and ``slo_seconds`` are one setting; both with different values is refused
+        on the field (so the error names it) by ``_slo_type``."""
         if isinstance(data, dict) and "slo" in data and "slo_seconds" in data:
-            from agentflow.slo_names import one_slo
-
-            one_slo(data["slo"], data["slo_seconds"])  # raises when they differ
+            both = (data["slo"], data["slo_seconds"])
             data = {k: v for k, v in data.items() if k != "slo"}
+            if both[0] != both[1]:
+                data["slo_seconds"] = _TwoSlos(*both)
         return data
 
     @field_validator("slo_seconds", mode="before")
     @classmethod
     def _slo_type(cls, value: Any) -> Any:
+        if isinstance(value, _TwoSlos):
+            raise ValueError(f"the SLO is given twice (slo={value.slo!r}, slo_seconds="
+                             f"{value.slo_seconds!r}); they are the same setting: give one")
         if isinstance(value, bool):  # JSON true would otherwise pass as 1.0 seconds
             raise ValueError(f"must be a number of seconds, got {str(value).lower()}")
         return value
