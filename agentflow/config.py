@@ -46,11 +46,14 @@ class InstanceConfig(BaseModel):
     max_pending_prefill: int | None = Field(2, ge=1)
     # KV-cache tokens the coordinator may commit (prompt + P90 output of admitted calls).
     # Default: what a vLLM engine with these limits holds on this GPU (the simulator's
-    # capacity model, agentflow.sim.engine); set it from vLLM's "# GPU blocks" x block size.
+    # capacity model, agentflow.hardware.kv_cache_blocks); set it from vLLM's "# GPU blocks"
+    # x block size.
     kv_token_budget: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     max_num_seqs: int = Field(64, ge=1)  # the engine's batch limit (vLLM --max-num-seqs)
-    max_num_batched_tokens: int = Field(8192, ge=1)
+    # The engine's per-step token budget; None: vLLM V1's default for the GPU (2048 on A100
+    # and GPUs under 70 GiB, 8192 on H100/H200: hardware.default_max_num_batched_tokens).
+    max_num_batched_tokens: int | None = Field(None, ge=1)
 
     @field_validator("gpu")
     @classmethod

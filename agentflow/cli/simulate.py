@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="compare scheduling policies on a simulated cluster",
                        description="Replay a trace on a simulated heterogeneous cluster under "
                                    "each policy, with identical arrivals.")
-    p.add_argument("--trace", required=True, help="HexGen-Flow JSON or agentflow JSONL trace")
+    p.add_argument("--trace", default=None,
+                   help="HexGen-Flow JSON or agentflow JSONL trace (required unless a "
+                        "subcommand is given)")
     p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto",
                    help="trace format: HexGen-Flow JSON, agentflow JSONL, or auto (default: "
                         "by content)")
@@ -62,7 +64,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, default=None,
                    help="also write every policy's metrics to this JSON file")
     p.add_argument("--plot", type=Path, default=None, help="SLO attainment vs scale (PNG)")
-    p.set_defaults(func=cmd_simulate)
+    p.set_defaults(func=cmd_simulate, simulate_parser=p)
+    steps = p.add_subparsers(dest="simulate_command", metavar="SUBCOMMAND",
+                             title="subcommands")
+    from agentflow.cli import step as step_cli
+
+    step_cli.register(steps)
 
 
 def _cached_prefix(value: str) -> float | str:
@@ -86,6 +93,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from agentflow.sim.slo import IdleLatency
     from agentflow.sim.workload import load_trace
 
+    if args.trace is None:
+        args.simulate_parser.error("the following arguments are required: --trace")
     console = Console(stderr=True)
     if args.ray is not None:
         try:
