@@ -193,10 +193,14 @@ class OperatorModel:
         return self._lat_pf + np.maximum(flops / self._f_pf, nbytes / self._b_dec)
 
     # ------------------------------------------------------------------- once per step
-    def lm_head(self, S):
+    def lm_head_work(self, S):
+        """(FLOPs, bytes) of the LM head (16-bit) over ``S`` rows, on one GPU."""
         k, n, w = self._lm
-        return self._lat_lin + np.maximum(2.0 * k * n * S / self._f_lin,
-                                          (w + 2.0 * (k + n) * S) / self._b_lin)
+        return 2.0 * k * n * S, w + 2.0 * (k + n) * S
+
+    def lm_head(self, S):
+        flops, nbytes = self.lm_head_work(S)
+        return self._lat_lin + np.maximum(flops / self._f_lin, nbytes / self._b_lin)
 
     def fixed(self, T):
         """Per-step seconds outside the layers: overhead and tensor-parallel all-reduces."""

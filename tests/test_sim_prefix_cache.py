@@ -188,7 +188,11 @@ def test_an_agentflow_trace_with_text_runs_faster_with_the_cache(tmp_path) -> No
     (cold1, cold2), no_hits = latency(0.0)
     (warm1, warm2), hits = latency("auto")
     assert no_hits == 0 and hits > 0
-    assert warm2 < cold2 and warm1 <= cold1
+    assert warm2 < cold2 / 3
+    # The first query has nothing cached yet; cache-aware placement puts two of its siblings
+    # on one instance, where they share steps (the operator model charges a step for all of
+    # its tokens), so it may finish a little later than when spread over three instances.
+    assert warm1 < cold1 * 1.05
 
 
 # ---------------------------------------------------------------------------- dispatch
