@@ -13,7 +13,7 @@ profile unchanged where no calibration exists. Only physical constants are fitte
 fraction of peak bandwidth reached streaming weights, the fraction reached reading the KV
 cache in decode attention, and a fixed per-request front-end cost.
 
-Operator constants (``_FIT``, the defaults of every ``GPUProfile``): the step-time model
+Operator constants (``OPERATOR_FIT``, the defaults of every ``GPUProfile``): the step-time model
 (``agentflow.step_time``) times each operator class on its own roofline; its efficiencies
 and kernel latencies are fitted once per class on measured A100 operator times by
 ``benchmarks/fit_operators.py``.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 # Written by benchmarks/fit_operators.py (run it to re-derive and print the fit error per
 # operator class against the measured rows).
-_FIT: dict[str, float] = {
+OPERATOR_FIT: dict[str, float] = {
     "linear_latency_s": 3.919e-06,
     "compute_efficiency": 0.692,
     "bw_efficiency": 0.768,
@@ -38,6 +38,7 @@ _FIT: dict[str, float] = {
     "prefill_attn_efficiency": 0.4762,
     "kv_write_latency_s": 2.55e-05,
 }
+_F = OPERATOR_FIT
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,22 @@ class GPUProfile:
     # operator times (Vidur's profiles of Llama-3-8B, TP 1, ../shared/profiles/vidur-a100) by
     # benchmarks/fit_operators.py; other GPUs keep these fractions of their own spec-sheet
     # peaks until data for them say otherwise.
-    compute_efficiency: float = _FIT["compute_efficiency"]  # GEMMs: fraction of peak FLOP/s
-    bw_efficiency: float = _FIT["bw_efficiency"]  # GEMMs: fraction of peak bw streaming weights
-    linear_latency_s: float = _FIT["linear_latency_s"]  # per GEMM kernel
-    elementwise_bw_efficiency: float = _FIT["elementwise_bw_efficiency"]  # norms, rope, act, add
-    elementwise_latency_s: float = _FIT["elementwise_latency_s"]  # per element-wise kernel
-    kv_write_latency_s: float = _FIT["kv_write_latency_s"]  # the KV-cache write kernel
+    # GEMMs: fractions of peak FLOP/s and of peak bandwidth streaming weights; latency per
+    # GEMM kernel.
+    compute_efficiency: float = _F["compute_efficiency"]
+    bw_efficiency: float = _F["bw_efficiency"]
+    linear_latency_s: float = _F["linear_latency_s"]
+    # Norms, rope, activation, residual add (and the KV write's bytes): bandwidth fraction,
+    # latency per kernel; the KV-cache write kernel's latency.
+    elementwise_bw_efficiency: float = _F["elementwise_bw_efficiency"]
+    elementwise_latency_s: float = _F["elementwise_latency_s"]
+    kv_write_latency_s: float = _F["kv_write_latency_s"]
     # Decode attention reading the KV cache: fraction of peak bandwidth and kernel latency.
-    attn_bw_efficiency: float = _FIT["attn_bw_efficiency"]
-    decode_attn_latency_s: float = _FIT["decode_attn_latency_s"]
+    attn_bw_efficiency: float = _F["attn_bw_efficiency"]
+    decode_attn_latency_s: float = _F["decode_attn_latency_s"]
     # Prefill attention (and attention FLOPs in general): fraction of peak FLOP/s, latency.
-    prefill_attn_efficiency: float = _FIT["prefill_attn_efficiency"]
-    prefill_attn_latency_s: float = _FIT["prefill_attn_latency_s"]
+    prefill_attn_efficiency: float = _F["prefill_attn_efficiency"]
+    prefill_attn_latency_s: float = _F["prefill_attn_latency_s"]
     # Fixed cost of one engine iteration: scheduling, input preparation, sampling and the
     # launch of the (CUDA-graph) forward pass. Not identifiable from single-request timings
     # (it trades off against bw_efficiency) nor from kernel profiles (they time the GPU
@@ -147,9 +152,9 @@ class Calibration:
 # least squares of the simulator's single-request latency (relative error) on the
 # even-indexed half of traces/vllm-latency (Llama-3.1-70B on vLLM, one request at a time),
 # attn_bw_efficiency shared by the three GPUs, step_overhead_s fixed at the 2 ms prior and
-# every other operator constant at its _FIT value (the step is the operator sum of
+# every other operator constant at its OPERATOR_FIT value (the step is the operator sum of
 # agentflow.step_time); the odd half is held out. These override, for this GPU, model and
-# precision only, the GEMM weight-streaming and decode-attention efficiencies of _FIT: the
+# precision only, the GEMM weight-streaming and decode-attention efficiencies of OPERATOR_FIT: the
 # measured latencies grow with input x output as a KV read at 0.41 of peak bandwidth for
 # 4-bit KV bytes (0.82 if that vLLM stored the cache in 8 bits, close to the 0.80 Vidur's
 # 16-bit decode kernel reaches). Assumes 4-bit weights and KV (HexGen-Flow's setup) and, as the data

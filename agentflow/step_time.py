@@ -41,6 +41,13 @@ import numpy as np
 from agentflow.hardware import GPUProfile, ModelProfile
 
 
+def _max(a, b):
+    """``max`` of two floats or element-wise of arrays, with the same result either way."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a >= b else b
+
+
 @dataclass(frozen=True)
 class StepShape:
     """What one iteration computes, in the sums the operator model needs."""
@@ -133,6 +140,8 @@ class OperatorModel:
         self._lat_pf = gpu.prefill_attn_latency_s
         self._lm = (m.hidden, m.vocab / tp, m.hidden * m.vocab * 2 / tp)  # 16-bit head
         self._overhead = gpu.step_overhead_s
+        self._per_tok: dict[int, float] = {}  # T -> linear + element-wise seconds per layer
+        self._head: dict[int, float] = {}  # S -> LM head seconds
         self._comm = None
         if tp > 1:
             self._comm = (2 * m.layers * gpu.comm_latency_s,
@@ -151,7 +160,7 @@ class OperatorModel:
 
     def gemm(self, i: int, T):
         flops, nbytes = self.gemm_work(i, T)
-        return self._lat_lin + np.maximum(flops / self._f_lin, nbytes / self._b_lin)
+        return self._lat_lin + _max(flops / self._f_lin, nbytes / self._b_lin)
 
     def linear(self, T):
         """The layer's four GEMMs at ``T`` tokens."""
@@ -180,17 +189,18 @@ class OperatorModel:
 
     def decode_attention(self, B, kv_tokens):
         """One decode-attention kernel: ``B`` sequences attending to ``kv_tokens`` in all."""
-        if not np.any(B):
+        if not B:
             return 0.0
-        flops, nbytes = self.attention_work(B, kv_tokens, kv_tokens)
-        return self._lat_dec + np.maximum(flops / self._f_pf, nbytes / self._b_dec)
+        return self._lat_dec + _max(self._flop_pair * kv_tokens / self._f_pf,
+                                    (self._kv_tok * kv_tokens + self._q_tok * B) / self._b_dec)
 
     def prefill_attention(self, tokens, pairs, kv_tokens):
         """One prefill-attention kernel over chunks of ``tokens`` in all."""
-        if not np.any(tokens):
+        if not tokens:
             return 0.0
-        flops, nbytes = self.attention_work(tokens, pairs, kv_tokens)
-        return self._lat_pf + np.maximum(flops / self._f_pf, nbytes / self._b_dec)
+        return self._lat_pf + _max(self._flop_pair * pairs / self._f_pf,
+                                   (self._kv_tok * kv_tokens + self._q_tok * tokens)
+                                   / self._b_dec)
 
     # ------------------------------------------------------------------- once per step
     def lm_head_work(self, S):
@@ -200,7 +210,7 @@ class OperatorModel:
 
     def lm_head(self, S):
         flops, nbytes = self.lm_head_work(S)
-        return self._lat_lin + np.maximum(flops / self._f_lin, nbytes / self._b_lin)
+        return self._lat_lin + _max(flops / self._f_lin, nbytes / self._b_lin)
 
     def fixed(self, T):
         """Per-step seconds outside the layers: overhead and tensor-parallel all-reduces."""
@@ -216,10 +226,16 @@ class OperatorModel:
                                      shape.prefill_pairs, shape.prefill_kv))
 
     def step_parts(self, T, S, B, decode_kv, pf_tokens=0, pf_pairs=0, pf_kv=0):
-        """``step`` on the sums directly; ``decode_kv`` (and the rest) may be arrays."""
-        layer = (self.linear(T) + self.elementwise(T) + self.decode_attention(B, decode_kv)
+        """``step`` on the sums directly; ``decode_kv`` may be an array (one step each)."""
+        per_tok = self._per_tok.get(T)
+        if per_tok is None:  # a simulation sees few distinct step sizes
+            per_tok = self._per_tok[T] = float(self.linear(T) + self.elementwise(T))
+        head = self._head.get(S)
+        if head is None:
+            head = self._head[S] = float(self.lm_head(S))
+        layer = (per_tok + self.decode_attention(B, decode_kv)
                  + self.prefill_attention(pf_tokens, pf_pairs, pf_kv))
-        return layer * self.layers + self.lm_head(S) + self.fixed(T)
+        return layer * self.layers + head + self.fixed(T)
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds per operator class over all layers, and the per-step terms."""

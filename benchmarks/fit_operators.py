@@ -8,7 +8,7 @@ attention at (context, batch) and prefill attention with the KV-cache write at (
 cached context). Each operator class of ``agentflow.step_time`` gets one fit (least squares
 of the relative error, alternating between the rows on the compute and on the bandwidth
 side of a roofline), and the script prints per class the fit error median / max against
-the rows, with the stored constants (``agentflow.hardware._FIT``) and with the fresh fit:
+the rows, with the stored constants (``agentflow.hardware.OPERATOR_FIT``) and with the fresh fit:
 
 * linear: the four GEMMs (qkv, output projection, MLP gate+up, MLP down), every
   ``num_tokens`` row: a kernel latency, a compute and a weight-streaming efficiency;
@@ -242,9 +242,9 @@ def main() -> None:
     ap.add_argument("--profiles", type=Path, default=DEFAULT_PROFILES)
     args = ap.parse_args()
     fresh = fit(args.profiles)
-    stored = dict(hardware._FIT)
+    stored = dict(hardware.OPERATOR_FIT)
     print("# Operator-class constants, A100 (Vidur Llama-3-8B TP1 rows)")
-    print(f"{'constant':28} {'stored (hardware._FIT)':>22} {'fit now':>12}")
+    print(f"{'constant':28} {'stored (hardware.OPERATOR_FIT)':>22} {'fit now':>12}")
     for k in fresh:
         print(f"{k:28} {stored.get(k, float('nan')):22.4g} {fresh[k]:12.4g}")
     print()
@@ -256,7 +256,7 @@ def main() -> None:
               f"{e_f[0]*100:6.1f}% {e_f[1]*100:7.1f}% ({e_f[2]:3d})")
     print()
     print("# for agentflow/hardware.py:")
-    print("_FIT: dict[str, float] = {")
+    print("OPERATOR_FIT: dict[str, float] = {")
     for k, v in fresh.items():
         print(f'    "{k}": {v:.4g},')
     print("}")

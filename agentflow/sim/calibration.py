@@ -31,7 +31,7 @@ of prompt tokens is computed per step),
 the even-indexed half of the requests; per GPU a request overhead and a weight-streaming
 efficiency, one attention efficiency shared by the three GPUs (same kernel, same model
 shape); ``step_overhead_s`` stays at its 2 ms prior and the other operator constants at
-their fitted values (``hardware._FIT``), because single requests cannot separate per-step
+their fitted values (``hardware.OPERATOR_FIT``), because single requests cannot separate per-step
 constants from ``bw_efficiency``. The odd half is held out.
 """
 
