@@ -212,8 +212,14 @@ class OperatorModel:
         flops, nbytes = self.lm_head_work(S)
         return self._lat_lin + _max(flops / self._f_lin, nbytes / self._b_lin)
 
+    def allreduce(self, T):
+        """Tensor-parallel all-reduces of the step (two per layer), 0 on one GPU."""
+        if self._comm is None:
+            return 0.0
+        return self._comm[0] + self._comm[1] * T
+
     def fixed(self, T):
-        """Per-step seconds outside the layers: overhead and tensor-parallel all-reduces."""
+        """Per-step seconds outside the layers' kernels: overhead and all-reduces."""
         add = self._overhead
         if self._comm is not None:
             add = add + self._comm[0] + self._comm[1] * T
@@ -248,6 +254,7 @@ class OperatorModel:
             "prefill_attention": float(self.prefill_attention(
                 shape.prefill_tokens, shape.prefill_pairs, shape.prefill_kv)) * L,
             "lm_head": float(self.lm_head(shape.seqs)),
-            "overhead": float(self.fixed(shape.tokens)),
+            "allreduce": float(self.allreduce(shape.tokens)),
+            "overhead": self._overhead,
         }
         return out

@@ -143,6 +143,21 @@ def test_simulate_step_json_is_the_engines_step_time(capsys):
     assert sum(parts.values()) == pytest.approx(data["step_ms"], rel=1e-9)
     assert data["layers_ms"] == pytest.approx(
         data["step_ms"] - parts["lm_head"] - parts["overhead"], rel=1e-9)
+    assert parts["allreduce"] == 0.0  # one GPU
+
+
+def test_simulate_step_tensor_parallel_pays_all_reduces(capsys):
+    args = ["simulate", "step", "--gpu", "H100", "--model", "Llama-3.1-70B", "--decode",
+            "8:4096", "--json"]
+    rc, out, _ = run_cli(capsys, *args, "--tp", "4")
+    tp4 = json.loads(out)
+    rc2, out, _ = run_cli(capsys, *args, "--tp", "2")
+    tp2 = json.loads(out)
+    assert rc == rc2 == 0
+    assert tp4["operators_ms"]["allreduce"] > 0
+    assert tp4["operators_ms"]["linear"] < tp2["operators_ms"]["linear"]  # weights split
+    inst = SimInstance(hardware.gpu("H100"), hardware.model("Llama-3.1-70B"), 4)
+    assert tp4["step_ms"] == pytest.approx(inst.decode_step_time(8, 4096) * 1e3, rel=1e-12)
 
 
 def test_simulate_step_applies_the_fitted_calibration(capsys):

@@ -97,7 +97,7 @@ def step_ms(gpu: str, model: str, tp: int = 1, decode=(), prefill=(),
     ops = OperatorModel(g, m, tp)
     shape = StepShape.of(ns, ctx)
     parts = ops.breakdown(shape)
-    per_step = ("lm_head", "overhead")
+    per_step = ("lm_head", "allreduce", "overhead")
     return {"step_ms": ops.step(shape) * 1e3,
             "layers_ms": sum(v for k, v in parts.items() if k not in per_step) * 1e3,
             "operators_ms": {k: v * 1e3 for k, v in parts.items()},
