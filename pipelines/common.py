@@ -191,4 +191,6 @@ def record_attempt(ctx: StageContext, candidate: int, execution: Execution) -> N
 
 
 def result_preview(execution: Execution) -> str:
-    return preview(execution.rows, execution.columns) if execution.ok else f"error: {execution.error}"
+    if not execution.ok:
+        return f"error: {execution.error}"
+    return preview(execution.rows, execution.columns)

@@ -68,9 +68,9 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
     Gold runs first: when it fails the prediction is not run at all (its verdict would mean
     nothing) and the reason is ``gold_error``/``gold_timeout``. Pass ``gold_result`` to reuse a
     gold result across several predictions (make it with ``max_rows=DEFAULT_MAX_ROWS``: a
-    result truncated by a smaller cap is reported as gold_error). ``*_dialect`` is the dialect each query is written
-    in when it differs from the database's (Spider gold is SQLite; run on DuckDB it is
-    transpiled). A timeout is a wrong answer, as in both official evaluators.
+    result truncated by a smaller cap is reported as gold_error). ``*_dialect`` is the dialect
+    each query is written in when it differs from the database's (Spider gold is SQLite; run
+    on DuckDB it is transpiled). A timeout is a wrong answer, as in both official evaluators.
     """
     rule = MatchRule(rule)
     if gold_result is None:

@@ -165,7 +165,8 @@ def _fk_problem(source: sqlite3.Connection, table: _Table, cols: list[str], ref:
     ref_cols = [c if c is not None else "" for c in ref_cols]
     if not all(ref_cols):  # "REFERENCES t" without columns means t's primary key
         ref_cols[:] = ref.pk
-    if [c.lower() for c in ref_cols] != [c.lower() for c in ref.pk] or not valid_pk[ref.name.lower()]:
+    if ([c.lower() for c in ref_cols] != [c.lower() for c in ref.pk]
+            or not valid_pk[ref.name.lower()]):
         return "referenced columns are not the referenced table's valid primary key"
     if ref is table and not self_references:
         return "self-references are not kept"

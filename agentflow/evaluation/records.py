@@ -136,7 +136,7 @@ class RecordStore:
         self.records: dict[str, dict[str, Any]] = {}
         if self.path.is_file():
             with self.path.open() as fh:
-                for n, line in enumerate(fh, 1):
+                for line in fh:
                     if not line.strip():
                         continue
                     try:

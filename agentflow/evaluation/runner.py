@@ -213,7 +213,7 @@ def _real(dataset: str, *, out: Path, pipelines: list[str], policies: list[str],
     digest = _digest(base, backends)
     runs = [(p, q, run_key(p, q)) for p in pipelines for q in policies]
     stores: dict[str, RecordStore] = {}
-    for pipeline, policy, key in runs:
+    for _pipeline, _policy, key in runs:
         store = stores[key] = RecordStore(out / "records" / f"{key}.jsonl")
         old = meta["runs"].get(key)
         if old and old.get("config_digest") != digest and store.finished_ids():

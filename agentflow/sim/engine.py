@@ -50,11 +50,13 @@ Step time (a roofline over the hardware and model profiles)
 For an iteration computing ``T`` tokens, where sequence ``i`` computes ``n_i`` tokens on top
 of ``c_i`` tokens already in its KV cache::
 
-    FLOPs    = 2 * active_params * T + 4 * layers * heads * head_dim * sum_i (n_i*c_i + n_i*(n_i+1)/2)
+    FLOPs    = 2 * active_params * T
+             + 4 * layers * heads * head_dim * sum_i (n_i*c_i + n_i*(n_i+1)/2)
     compute  = FLOPs / (peak_flops * compute_efficiency * tp)
     memory   = (weight_bytes * f(T) + kv_bytes_per_token * T) / (bandwidth * bw_efficiency * tp)
              + kv_bytes_per_token * sum_i c_i / (bandwidth * attn_bw_efficiency * tp)
-    comm     = 2 * layers * (comm_latency + 2 (tp-1)/tp * T * hidden * 2 B / interconnect)   (tp > 1)
+    comm     = 2 * layers * (comm_latency + 2 (tp-1)/tp * T * hidden * 2 B / interconnect)
+               (tp > 1; 0 otherwise)
     step     = max(compute, memory) + step_overhead + comm
 
 ``f(T) = 1`` for dense models; for MoE ``f(T) = 1 - (1 - active/total)^T``, the expected
