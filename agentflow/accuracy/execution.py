@@ -95,8 +95,8 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
                        pred_s=pred_run.elapsed_s, gold_s=gold_result.elapsed_s,
                        error_kind=pred_run.kind)
     pred_n = len(pred_run.rows)
-    timing = {"pred_rows": pred_n, "gold_rows": gold_n, "pred_s": pred_run.elapsed_s,
-              "gold_s": gold_result.elapsed_s}
+    timing: dict[str, Any] = {"pred_rows": pred_n, "gold_rows": gold_n,
+                              "pred_s": pred_run.elapsed_s, "gold_s": gold_result.elapsed_s}
     if pred_run.truncated:
         # Its true size is unknown, but more than the gold's (which fit under the same cap);
         # a complete comparison is impossible, so it is wrong, like a timeout.

@@ -87,7 +87,7 @@ def _copy(source: sqlite3.Connection, cur, schema: str, report: PgLoadReport) ->
             ref_table = by_lower.get(ref.lower())
             why = _fk_problem(source, table, cols, ref_table, ref_cols, valid_pk,
                               self_references=True)  # keys are added after the data
-            if why:
+            if why or ref_table is None:
                 report.notes.append(f"dropped foreign key {table.name}({', '.join(cols)}) -> "
                                     f"{ref}: {why}")
                 continue

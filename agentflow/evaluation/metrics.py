@@ -48,7 +48,7 @@ def level_key(level: str) -> tuple[int, str]:
 def throughput(records: list[dict[str, Any]]) -> tuple[float | None, float]:
     """Answered questions per second of serving time (``agentflow.metrics.throughput``)."""
     return _throughput((r.get("session", ""), r.get("arrival_s"), r.get("finish_s"),
-                        r.get("status")) for r in records)
+                        r.get("status", "")) for r in records)
 
 
 def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[str, Any]:

@@ -365,7 +365,7 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
     meta = _read_meta(out)
     spec = parse_dataset_spec(dataset) if dataset else (
         DatasetSpec(**meta["dataset"]) if meta else None)
-    if meta and dataset and meta["dataset"] != spec.to_dict():
+    if meta and dataset and spec is not None and meta["dataset"] != spec.to_dict():
         raise EvalError(f"{out} holds an evaluation of {DatasetSpec(**meta['dataset']).label}, "
                         f"not {spec.label}; use another --out")
     ds = load_spec(spec) if spec else None
@@ -400,7 +400,7 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
             if meta is None or not meta.get("runs"):
                 raise EvalError(f"no recorded real run in {out}: run `agentflow eval` without "
                                 "--cluster first (same --out), or pass --traces FILE")
-            recorded = {}
+            recorded: dict[str, tuple[str, dict[str, Any]]] = {}
             for key, run in meta["runs"].items():
                 if (out / run["trace"]).is_file():
                     recorded.setdefault(run["pipeline"], (key, run))

@@ -235,6 +235,7 @@ class Coordinator:
         now = self.clock.now()
         call.state, call.finished_at = CallState.DONE, now
         call.attained_tokens = output_tokens
+        assert call.instance is not None  # a live call that finished was dispatched
         queue = self.queues[call.instance]
         # calls beside it: the mean of what it found on admission and leaves behind
         co_runners = (call.co_runners_at_start + len(queue.running) - 1) / 2
@@ -260,6 +261,7 @@ class Coordinator:
         if not self._live(call):
             return []
         now = self.clock.now()
+        assert call.instance is not None  # a live call that failed was dispatched
         queue = self.queues[call.instance]
         queue.finish(call)
         decisions = self._admit(queue, now)
@@ -502,6 +504,7 @@ class Coordinator:
         stage counts its expected remainder. The same pass gives the optimistic and
         pessimistic whole paths (every LLM stage at its P10 / P90 length) and the work left."""
         run = query.run
+        assert run is not None  # callers compute paths only for queries with a workflow
         graph = run.graph
         shape = len(graph)  # the graph only grows, and only by new nodes (expansions)
         if query.topo is None or query.topo[0] != shape:
@@ -715,7 +718,7 @@ class Coordinator:
         key = self._models_epoch
         if coef is None or coef[0] != key:
             up = [q.up for q in self.queues.values()]
-            vectors = self._coef_vectors()
+            vectors: tuple[np.ndarray, ...] = self._coef_vectors()
             if any(up):
                 vectors = tuple(v[up] for v in vectors)
             k = len(vectors[0])

@@ -111,7 +111,8 @@ class InstanceQueue:
                 call = t.peek(now).calls[0][1]
                 if self.check_reference:
                     ref = self.reference_peek(now)
-                    assert ref is call, (f"fast pick {call.id} != reference {ref.id} at {now}")
+                    assert ref is call, (f"fast pick {call.id} != reference "
+                                         f"{ref.id if ref else None} at {now}")
                 return call
         return None
 
@@ -136,6 +137,7 @@ class InstanceQueue:
             if pending_limit is not None and len(self._pending_prefill) >= pending_limit:
                 break  # admit more once an admitted call produces its first token
             call = self.peek(now)
+            assert call is not None  # waiting is not empty
             need = kv_tokens(call)
             budget = self.spec.kv_token_budget
             if budget is not None and self.running and self.kv_tokens_in_use + need > budget:

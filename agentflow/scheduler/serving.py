@@ -16,6 +16,7 @@ A query's cancellation removes its calls everywhere.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -296,4 +297,6 @@ def _swallow(task: asyncio.Future) -> None:
 
 def _outer_cancelled() -> bool:
     task = asyncio.current_task()
-    return bool(task is not None and task.cancelling())
+    if task is None or sys.version_info < (3, 11):
+        return False  # Task.cancelling() is 3.11+; on 3.10 an outer cancel is not told apart
+    return task.cancelling() > 0

@@ -252,7 +252,7 @@ class QueryService:
 
         def wake(_: Future) -> None:
             try:
-                loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+                loop.call_soon_threadsafe(_settle, waiter)
             except RuntimeError:  # the HTTP loop is gone (shutdown)
                 pass
         handle.future.add_done_callback(wake)
@@ -277,7 +277,7 @@ class QueryService:
             if isinstance(event, dict) and event.get("type") != "stage_started":
                 return
             try:
-                loop.call_soon_threadsafe(lambda: seen.done() or seen.set_result(None))
+                loop.call_soon_threadsafe(_settle, seen)
             except RuntimeError:
                 pass
         handle.subscribe(wake)
@@ -505,3 +505,9 @@ class QueryService:
             level = logging.WARNING if statuses.get("cancelled") else logging.INFO
             log.log(level, "agentflow closed; query statuses: %s (of those in flight at "
                     "shutdown)", dict(statuses))
+
+
+def _settle(waiter: asyncio.Future) -> None:
+    """Wake ``waiter`` once; later wake-ups for the same wait are no-ops."""
+    if not waiter.done():
+        waiter.set_result(None)

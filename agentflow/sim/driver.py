@@ -299,6 +299,7 @@ class Simulation:
             self._tool_s[done.stage] = (mean + (done.duration_s - mean) / (n + 1), n + 1)
         if self.on_stage is not None:
             start = run.query.stage(node_id).start
+            assert start is not None  # the stage finishing now has started
             ran = now - start if run_s is None else min(run_s, now - start)
             self.on_stage(StageTiming(
                 query_id, node_id, done.stage, done.kind, done.parents, start, now,
@@ -366,6 +367,7 @@ class Simulation:
                     run.cancel_pending(now)
                     running, more = self.coordinator.cancel_query(query_id)
                     for call in running:  # siblings still running: the engines drop them
+                        assert call.instance is not None  # running calls were dispatched
                         if self.instances[call.instance].abort(call.id, now):
                             touched.add(call.instance)
                     for call_id in [i for i, c in self._calls.items()

@@ -86,13 +86,13 @@ def _literal_size(arg: exp.Expression, unit: exp.Expression | None,
         return None
 
 
-def _guarded(arg: exp.Expression, size: str, cap: int, dialect: str) -> exp.Expression:
+def _guarded(arg: exp.Expression, size: str, cap: int, dialect: str) -> exp.Expr:
     message = f"value too large: a single value may hold at most {cap} bytes or elements"
     return parse_one(f"CASE WHEN {size} > {cap} THEN error('{message}') "
                      f"ELSE {arg.sql(dialect=dialect)} END", read=dialect)
 
 
-def _bound(node: exp.Expression, arg: exp.Expression | None, cap: int, sql: str,
+def _bound(node: exp.Func, arg: exp.Expression | None, cap: int, sql: str,
            dialect: str, *, unit: exp.Expression | None = None,
            start: exp.Expression | None = None,
            builds: str = "a value of {size} bytes or elements") -> bool:
