@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.config import AgentFlowConfig
-from agentflow.evaluation.metrics import summarize_run
 from agentflow.evaluation.records import Judge, RecordStore
 from agentflow.evaluation.report import write_plots, write_report, write_summary
+from agentflow.evaluation.scoring import summarize_run
 from agentflow.evaluation.spec import (
     DatasetSpec,
     EvalError,

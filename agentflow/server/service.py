@@ -32,7 +32,6 @@ from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
-from agentflow.server.metrics import ServerMetrics
 from agentflow.server.models import (
     DatabaseInfo,
     FailedAttempt,
@@ -44,6 +43,7 @@ from agentflow.server.models import (
     StageView,
     valid_text,
 )
+from agentflow.server.prometheus import ServerMetrics
 from agentflow.server.results import result_links
 from agentflow.server.settings import ServerSettings
 from agentflow.sql import DatabaseNotFoundError, json_value

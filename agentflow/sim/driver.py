@@ -19,12 +19,13 @@ import copy
 import heapq
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
 
+from agentflow.metrics import SLO_SCALES
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
 from agentflow.scheduler.length_models import TrueLengths, make_predictor
 from agentflow.scheduler.policies import parse_policy
@@ -95,8 +96,8 @@ class SimResult:
     alpha_history: list[tuple[float, float]] = field(default_factory=list)
     events: int = 0
 
-    def summary(self, scales=(1.0, 1.5, 2.0, 3.0, 5.0)) -> dict[str, Any]:
-        from agentflow.sim.metrics import summarize
+    def summary(self, scales: Iterable[float] = SLO_SCALES) -> dict[str, Any]:
+        from agentflow.sim.summary import summarize
 
         return summarize(self, scales)
 

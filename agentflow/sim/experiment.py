@@ -12,8 +12,8 @@ from agentflow.metrics import GOODPUT_TARGET, meets_goodput_target
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.driver import SimResult, Simulation
 from agentflow.sim.faults import Fault
-from agentflow.sim.metrics import outcomes
 from agentflow.sim.slo import IdleLatency
+from agentflow.sim.summary import outcomes
 from agentflow.sim.workload import TraceQuery, arrival_times
 
 

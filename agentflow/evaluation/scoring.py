@@ -21,7 +21,6 @@ from agentflow.metrics import (
 )
 from agentflow.metrics import throughput as _throughput
 
-TABLE_SCALES = SLO_SCALES
 CURVE_SCALES = tuple(float(x) for x in np.round(np.arange(1.0, 10.001, 0.25), 2))
 LEVEL_ORDER = ("easy", "medium", "hard", "extra", "simple", "moderate", "challenging", "unknown")
 COMPLETED = ("done", "failed")  # the query came back: an answer, or a reason it has none
@@ -79,7 +78,7 @@ def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[st
         }
     qps, span = throughput(records)
     statuses = Counter(r.get("status", "?") for r in records)
-    slo_scales = sorted({*TABLE_SCALES, float(slo_scale)})
+    slo_scales = sorted({*SLO_SCALES, float(slo_scale)})
     outcomes = [Outcome.of(r) for r in records]
     n_c = len(completed)
     return {
