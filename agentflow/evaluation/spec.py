@@ -118,7 +118,7 @@ def check_policies(names: list[str], *, simulated: bool) -> None:
             raise EvalError(str(err)) from None
         if spec.simulation_only and not simulated:
             raise EvalError(f"policy {name!r} exists only in the simulator (its length model "
-                            f"{spec.predictor!r} knows every call's length in advance); use it "
+                            f"{spec.length_model!r} knows every call's length in advance); use it "
                             "with --cluster")
 
 

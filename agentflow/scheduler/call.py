@@ -30,7 +30,7 @@ class QueryState:
     id: str
     arrival: float
     deadline: float | None
-    key_text: str = ""  # what the length predictor embeds (the question)
+    key_text: str = ""  # what the length model embeds (the question)
     run: WorkflowRun | None = None
     calls: set[ScheduledCall] = field(default_factory=set)
     calls_version: int = 0  # bumped when a call is added, finishes or crosses a bucket

@@ -21,7 +21,7 @@ from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.distribution import Distribution, cost_distribution
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
-from agentflow.scheduler.length_models import LengthModel, make_predictor
+from agentflow.scheduler.lengths import LengthModel, make_length_model
 from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
 from agentflow.scheduler.time_model import InstanceTimeModel
@@ -101,11 +101,11 @@ class Coordinator:
               "on_query_done", "cancel_query")
 
     def __init__(self, instances: list[InstanceSpec], *, clock: Clock, policy: str = "flowsage",
-                 alpha: float | None = None, predictor: LengthModel | None = None,
+                 alpha: float | None = None, length_model: LengthModel | None = None,
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
                  max_attempts: int = 3, **queue_kwargs: Any):
-        """``predictor``: the length model; None builds the one the policy name picks
-        (``flowsage@oracle``; the learned predictor by default)."""
+        """``length_model``: the length model; None builds the one the policy name picks
+        (``flowsage@oracle``; the learned length model by default)."""
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         names = [s.name for s in instances]
@@ -126,8 +126,8 @@ class Coordinator:
                                     else np.inf for s in instances], dtype=float)
         self.time_models = _TimeModels(self, {s.name: InstanceTimeModel.for_spec(s)
                                               for s in instances})
-        self.predictor: LengthModel = predictor if predictor is not None \
-            else make_predictor(parse_policy(policy).predictor)
+        self.length_model: LengthModel = length_model if length_model is not None \
+            else make_length_model(parse_policy(policy).length_model)
         self.max_waiting_calls = max_waiting_calls
         self.max_active_queries = max_active_queries
         self.max_attempts = max_attempts
@@ -188,11 +188,11 @@ class Coordinator:
         hashed (``call.prefix_hashes``) for prefix-aware dispatch and engines that cache."""
         now = self.clock.now()
         query = self.queries[query_id]
-        truth = self.predictor.true_lengths(query_id, node_id)
+        truth = self.length_model.true_lengths(query_id, node_id)
         if truth is not None:
             output = Distribution.point(truth.output_tokens)
         else:
-            output = self.predictor.predict(stage, query.key_text, prompt_tokens,
+            output = self.length_model.predict(stage, query.key_text, prompt_tokens,
                                             max_tokens=max_tokens)
         mean, n = self._stage_prompts.get(stage, (0.0, 0))
         self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
@@ -243,7 +243,7 @@ class Coordinator:
         call.query.calls.discard(call)
         call.query.calls_version += 1
         call.query.done_nodes.add(call.node_id)
-        self.predictor.observe(call.stage, call.query.key_text, output_tokens,
+        self.length_model.observe(call.stage, call.query.key_text, output_tokens,
                                call.prompt_tokens)
         self._stage_prediction.get(call.query.id, {}).pop(call.stage, None)
         if total_s > 0:
@@ -568,7 +568,7 @@ class Coordinator:
         query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
 
     def _tool_time(self, query: QueryState, node: Node) -> float:
-        truth = self.predictor.true_lengths(query.id, node.id)
+        truth = self.length_model.true_lengths(query.id, node.id)
         if truth is not None and truth.duration_s is not None:
             return truth.duration_s
         return max(0.0, float(node.expected_s))
@@ -581,7 +581,7 @@ class Coordinator:
             if call.length_summary is None:
                 call.length_summary = _length_summary(call.output)
             return call.prompt_tokens, call.length_summary
-        truth = self.predictor.true_lengths(query.id, node.id)
+        truth = self.length_model.true_lengths(query.id, node.id)
         if truth is not None:  # the oracle: this stage's real sizes
             o = float(truth.output_tokens)
             return truth.prompt_tokens, (o, o, o)
@@ -685,7 +685,7 @@ class Coordinator:
         what serving knows: the length model (the oracle knows the truth), the node's
         ``max_tokens``, and its prompt size from the pipeline's hint, else the stage's
         calls so far, else ``DEFAULT_PROMPT_TOKENS``."""
-        truth = self.predictor.true_lengths(query.id, node.id)
+        truth = self.length_model.true_lengths(query.id, node.id)
         if truth is not None:
             return truth.prompt_tokens, Distribution.point(truth.output_tokens)
         prompt = node.hints.get("prompt_tokens")
@@ -700,7 +700,7 @@ class Coordinator:
         per_query = self._stage_prediction.setdefault(query.id, {})
         dist = per_query.get(stage)
         if dist is None:
-            dist = per_query[stage] = self.predictor.predict(
+            dist = per_query[stage] = self.length_model.predict(
                 stage, query.key_text, prompt_tokens, max_tokens=max_tokens)
         return dist
 

@@ -45,7 +45,7 @@ class TraceNode:
 class TraceQuery:
     id: str
     nodes: list[TraceNode]
-    question: str = ""  # what the length predictor embeds (empty for HexGen traces)
+    question: str = ""  # what the length model embeds (empty for HexGen traces)
     meta: dict = field(default_factory=dict)
 
     @property
