@@ -87,9 +87,9 @@ class DatabaseCatalog:
             return CatalogEntry(db_id=path.stem, dataset=None, entry=None, path=path.resolve())
         if is_file_name or "/" in db:
             raise DatabaseNotFoundError(f"database file not found: {path}")
-        raise DatabaseNotFoundError(self._unknown_message(db))
+        raise DatabaseNotFoundError(self.unknown_message(db))
 
-    def _unknown_message(self, db: str, paths: bool = True) -> str:
+    def unknown_message(self, db: str, paths: bool = True) -> str:
         """Name the known databases (the first few) and say how to add more (``paths``:
         whether this caller may name a file instead, as local callers may)."""
         close = difflib.get_close_matches(db, self.ids, n=3)

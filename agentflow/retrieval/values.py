@@ -387,7 +387,7 @@ def collect_values(db, *, max_value_len: int = DEFAULT_MAX_VALUE_LEN,
                                                       dict[str, str]]:
     """Distinct short text values of every text, non-key column (most frequent first when
     capped), and why the other columns were left out."""
-    from agentflow.sql.schema import _quote_ident as q
+    from agentflow.sql.schema import quote_ident as q
     from agentflow.sql.schema import sampled_source
 
     values: dict[tuple[str, str], list[str]] = {}

@@ -39,7 +39,6 @@ class QueryState:
     remaining_cost_version: tuple | None = None
     # Critical-path lengths by node, valid for one workflow version (see Coordinator).
     path_cache: dict[str | None, float] = field(default_factory=dict)
-    path_cache_version: int = -1
     # The remaining critical path with every unfinished LLM stage at a low / high quantile
     # of its predicted length (optimistic / pessimistic), and the expected LLM seconds left
     # summed over all unfinished stages (the query's remaining work, parallel stages added).
@@ -78,10 +77,8 @@ class ScheduledCall:
     cost: Distribution | None = field(default=None, repr=False)  # O^2/2 + I*O, cached
     # expected run time per instance, tagged with the time model's observation count
     time_cache: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
-    # queue ranking (InstanceQueue): the key, where it sits, a version for stale timers
+    # queue ranking (InstanceQueue): the key it is ordered by
     rank_key: tuple = field(default=(), repr=False)
-    rank_slot: tuple[int, int] | None = field(default=None, repr=False)
-    rank_version: int = field(default=0, repr=False)
     expected_finish: float | None = field(default=None, repr=False)  # set while running
     length_summary: tuple[float, float, float] | None = field(default=None, repr=False)
     # The prompt's length on instances whose tokenizer counts it differently (other models).

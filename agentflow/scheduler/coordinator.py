@@ -564,7 +564,6 @@ class Coordinator:
                 total_hi = t_hi + best_hi
         after[None] = total
         query.path_cache = after
-        query.path_cache_version = run.version
         query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
 
     def _tool_time(self, query: QueryState, node: Node) -> float:

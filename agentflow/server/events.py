@@ -48,7 +48,7 @@ async def stream(service: QueryService, handle: QueryHandle,
                 event = pending.pop(0)
                 if event is _END:
                     # Finished without a done event: say how, then stop.
-                    answer = service._result(handle)
+                    answer = service.result(handle)
                     event = {"type": "done", "query_id": handle.query_id,
                              "status": answer.status, "error": answer.error,
                              "latency_s": answer.latency_s}

@@ -27,8 +27,8 @@ from agentflow.sql.errors import RejectedStatementError
 # through SQLITE_LIMIT_LENGTH.
 MAX_VALUE_BYTES = 32 * 1024 * 1024
 
-# DuckDB builds a scalar function's results for a vector of rows in one uninterruptible step.
-DUCKDB_VECTOR_ROWS = 2048
+# DuckDB builds a scalar function's results for a vector of rows (2,048) in one
+# uninterruptible step.
 DUCKDB_VALUE_BYTES = 8 * 1024  # x 2,048 rows = 16 MiB per step at most
 
 _LIST_RESIZE = {"list_resize", "array_resize"}
