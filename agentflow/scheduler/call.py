@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from agentflow.scheduler.distribution import Distribution
 
 if TYPE_CHECKING:
+    from agentflow.scheduler.ranking import Key
     from agentflow.workflow.graph import WorkflowRun
 
 _seq = itertools.count()
@@ -36,7 +37,7 @@ class QueryState:
     calls_version: int = 0  # bumped when a call is added, finishes or crosses a bucket
     # flowsage: cached distribution of the query's remaining workflow cost
     remaining_cost: Distribution | None = None
-    remaining_cost_version: tuple | None = None
+    remaining_cost_version: tuple[Any, ...] | None = None
     # Critical-path lengths by node, valid for one workflow version (see Coordinator).
     path_cache: dict[str | None, float] = field(default_factory=dict)
     # The remaining critical path with every unfinished LLM stage at a low / high quantile
@@ -46,7 +47,7 @@ class QueryState:
     path_hi: float = 0.0
     work_left: float = 0.0
     done_nodes: set[str] = field(default_factory=set)  # stages whose call finished
-    topo: tuple | None = field(default=None, repr=False)  # cached topological order
+    topo: tuple[Any, ...] | None = field(default=None, repr=False)  # cached topological order
 
 
 @dataclass(eq=False)
@@ -78,14 +79,14 @@ class ScheduledCall:
     # expected run time per instance, tagged with the time model's observation count
     time_cache: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
     # queue ranking (InstanceQueue): the key it is ordered by
-    rank_key: tuple = field(default=(), repr=False)
+    rank_key: Key = field(default=(), repr=False)
     expected_finish: float | None = field(default=None, repr=False)  # set while running
     length_summary: tuple[float, float, float] | None = field(default=None, repr=False)
     # The prompt's length on instances whose tokenizer counts it differently (other models).
     prompt_tokens_on: dict[str, int] | None = field(default=None, repr=False)
     # Chained hashes of the prompt's full blocks (``prefix_index.block_hashes``) and the
     # prompt's pseudo-token count, when the runtime passed the prompt text; else empty.
-    prefix_hashes: tuple = field(default=(), repr=False)
+    prefix_hashes: tuple[bytes, ...] = field(default=(), repr=False)
     prefix_pseudo_tokens: int = field(default=0, repr=False)
 
     def prefix_tokens(self, blocks: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -136,7 +137,7 @@ class Coordinator:
         self._ids = itertools.count()
         # per query: stage -> predicted length (future stages), and its (mean, P10, P90)
         self._stage_prediction: dict[str, dict[str, Distribution]] = {}
-        self._stage_summary: dict[str, dict[str, tuple[Distribution, tuple]]] = {}
+        self._stage_summary: dict[str, dict[str, tuple[Distribution, tuple[Any, ...]]]] = {}
         # Mean prompt tokens of each stage's calls so far: the estimate for future calls of
         # the stage when the pipeline gives no hint (what serving knows before a prompt exists).
         self._stage_prompts: dict[str, tuple[float, int]] = {}
@@ -144,8 +145,8 @@ class Coordinator:
         # stage-time coefficients are recomputed only then.
         self._models_epoch = 0
         self._mean_coef: tuple[int, float, float, float] | None = None
-        self._coef_cache: tuple | None = None
-        self._batch_cache: tuple | None = None
+        self._coef_cache: tuple[Any, ...] | None = None
+        self._batch_cache: tuple[Any, ...] | None = None
         # Router-side approximate prefix index, kept only for dispatch policies that read it
         # (``prefix_aware``): fed with the prompt text of dispatched calls.
         self.prefix_index = None
@@ -373,8 +374,9 @@ class Coordinator:
         from their token totals, plus what is left of the running calls."""
         oh, pf, df = self._coef_vectors()
         book = self.loads
-        return (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df
-                + book.running(now))
+        work: np.ndarray = (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df
+                            + book.running(now))
+        return work
 
     def time_vector(self, call: ScheduledCall) -> np.ndarray:
         """``t(call, i)`` on every instance (construction order)."""
@@ -436,7 +438,8 @@ class Coordinator:
         blocks = self.prefix_index.matched_blocks(call.prefix_hashes, instances)
         tokens = np.array([call.prefix_tokens(b) for b in blocks], dtype=float)
         pf = self._coef_vectors()[1]
-        return tokens * pf[[self._index[n] for n in instances]]
+        saved: np.ndarray = tokens * pf[[self._index[n] for n in instances]]
+        return saved
 
     def _coef_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-instance overhead, prefill and decode seconds per token (with the online
@@ -731,7 +734,7 @@ class Coordinator:
         return max(1.0, min(loads))
 
 
-def _observed(method):
+def _observed(method: Callable[..., Any]) -> Callable[..., Any]:
     """Tell the coordinator's observers when ``method`` (an event) starts and returns."""
     @functools.wraps(method)
     def event(self: Coordinator, *args: Any, **kwargs: Any) -> Any:
@@ -759,7 +762,7 @@ for _event in Coordinator.EVENTS:
 
 _COST_SAMPLES = 256
 
-class _TimeModels(dict):
+class _TimeModels(dict[str, InstanceTimeModel]):
     """The coordinator's time models by instance; replacing one (tests, calibration) marks the
     cached cluster-wide coefficients stale, as learning does."""
 

@@ -103,7 +103,8 @@ class CachedEmbedder:
                 self._cache.move_to_end(text)
                 self.hits += 1
                 return row
-        return self.embed([text])[0]
+        first: np.ndarray = self.embed([text])[0]
+        return first
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)

@@ -9,7 +9,7 @@ clock, ``agentflow.sim.Simulation`` with a virtual one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.coordinator import Coordinator
@@ -36,7 +36,7 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
                        max_active_queries=max_active_queries)
 
 
-def scheduler_settings(scheduler: SchedulerConfig) -> dict:
+def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
     """``build_coordinator``'s keyword arguments from a config's scheduler section."""
     return {"policy": scheduler.policy, "alpha": scheduler.alpha,
             "embedder": scheduler.embedder, "max_waiting_calls": scheduler.max_waiting_calls,

@@ -189,7 +189,8 @@ class LearnedLengthModel(LengthModel):
     def _embed(self, key_text: str) -> np.ndarray:
         if isinstance(self.embedder, CachedEmbedder):
             return self.embedder.embed_one(key_text)
-        return np.asarray(self.embedder.embed([key_text]), dtype=np.float32)[0]
+        first: np.ndarray = np.asarray(self.embedder.embed([key_text]), dtype=np.float32)[0]
+        return first
 
     def observe(self, stage: str, key_text: str, output_tokens: float,
                 input_tokens: int | None = None) -> None:

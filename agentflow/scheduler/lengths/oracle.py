@@ -7,9 +7,13 @@ only this named model sees true lengths holds because every other model ignores 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from agentflow.scheduler.lengths.base import LengthModel, TrueLengths
 from agentflow.scheduler.lengths.learned import LearnedLengthModel
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.distribution import Distribution
 
 
 class OracleLengthModel(LengthModel):
@@ -20,10 +24,12 @@ class OracleLengthModel(LengthModel):
         self.fallback = fallback if fallback is not None else LearnedLengthModel()
         self._truth: dict[str, dict[str, TrueLengths]] = {}
 
-    def predict(self, stage, key_text, input_tokens=None, *, max_tokens=None):
+    def predict(self, stage: str, key_text: str, input_tokens: int | None = None, *,
+                max_tokens: int | None = None) -> Distribution:
         return self.fallback.predict(stage, key_text, input_tokens, max_tokens=max_tokens)
 
-    def observe(self, stage, key_text, output_tokens, input_tokens=None) -> None:
+    def observe(self, stage: str, key_text: str, output_tokens: float,
+                input_tokens: int | None = None) -> None:
         self.fallback.observe(stage, key_text, output_tokens, input_tokens)
 
     def reveal(self, query_id: str, lengths: Mapping[str, TrueLengths]) -> None:
