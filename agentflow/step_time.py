@@ -108,9 +108,8 @@ class OperatorModel:
         mlp_active = 3 * m.hidden * ffn
         dense = m.active_params_b >= m.params_b
         emb = m.vocab * m.hidden
-        if dense:
-            mlp_total = mlp_active
-        else:
+        mlp_total: float = float(mlp_active)
+        if not dense:
             mlp_total = max(mlp_active, (m.params_b * 1e9 - 2 * emb - m.layers * attn_params)
                             / m.layers)
         self._moe_rho = None if dense else mlp_active / mlp_total
@@ -154,7 +153,7 @@ class OperatorModel:
         2 MLP gate+up, 3 MLP down) at ``T`` tokens, on one GPU."""
         k, n, expert = self._gemms[i]
         w = k * n * self._wb / self.tp
-        if expert != 1.0:
+        if expert != 1.0 and self._moe_rho is not None:
             w = w * expert * (1.0 - (1.0 - self._moe_rho) ** T)
         return 2.0 * k * n / self.tp * T, w + 2.0 * (k + n) / self.tp * T
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from agentflow.cli import table_console
 from agentflow.metrics import scale_key
-from agentflow.scheduler.length_models import PREDICTORS
+from agentflow.scheduler.lengths import LENGTH_MODELS
 from agentflow.scheduler.policies import policy_help
 
 
@@ -31,9 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", default="paper-4gpu", help="a name (paper-4gpu, ...) or YAML")
     p.add_argument("--policy", default="vllm,hexgen-flow,sagesched,flowsage",
                    help="comma-separated policies; " + policy_help().replace("%", "%%"))
-    p.add_argument("--predictor", default=None, choices=list(PREDICTORS),
+    # --predictor: the flag's earlier name, still accepted
+    p.add_argument("--length-model", "--predictor", dest="length_model", default=None,
+                   choices=list(LENGTH_MODELS),
                    help="length model for every listed policy that names none (e.g. "
-                        "--predictor oracle runs each policy with true lengths)")
+                        "--length-model oracle runs each policy with true lengths)")
     p.add_argument("--rate", type=float, default=1.0, help="mean arrival rate, queries/s")
     p.add_argument("--arrival", default="poisson",
                    help="poisson | gamma:CV | steps:RATE/SECONDS,RATE/SECONDS,...")
@@ -107,9 +109,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     faults = [Fault.parse(f) for f in args.fault]
     trace = load_trace(args.trace, args.format)
-    from agentflow.scheduler.policies import parse_policy, with_predictor
+    from agentflow.scheduler.policies import parse_policy, with_length_model
 
-    policies = [with_predictor(p.strip(), args.predictor)
+    policies = [with_length_model(p.strip(), args.length_model)
                 for p in args.policy.split(",") if p.strip()]
     for policy in policies:
         parse_policy(policy)  # a bad name fails before any simulation runs

@@ -59,7 +59,7 @@ class AgentflowTools:
     def _db(self, db: str) -> str:
         if db not in self.af.catalog.ids:
             # the catalog's message names the known databases; no file paths over MCP
-            raise DatabaseNotFoundError(self.af.catalog._unknown_message(db, paths=False))
+            raise DatabaseNotFoundError(self.af.catalog.unknown_message(db, paths=False))
         return db
 
     def list_databases(self) -> dict[str, Any]:

@@ -65,6 +65,8 @@ BLOCK_SIZE = 16  # vLLM's default KV block size (tokens)
 
 def vllm_kv_tokens(cfg: InstanceConfig) -> int:
     """KV-cache tokens a vLLM engine with ``cfg``'s GPU, model, precision and limits holds."""
+    if cfg.gpu is None or cfg.model is None:
+        raise ValueError("a KV budget from the hardware needs the instance's gpu and model")
     g = hardware.gpu(cfg.gpu)
     m = hardware.model(cfg.model)
     if (cfg.weight_bits, cfg.kv_bits) != (16, 16):

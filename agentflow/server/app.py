@@ -38,7 +38,6 @@ from agentflow.server import errors
 from agentflow.server.auth import require_key
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.events import stream
-from agentflow.server.metrics import ServerMetrics
 from agentflow.server.models import (
     DatabaseList,
     Health,
@@ -48,6 +47,7 @@ from agentflow.server.models import (
     QueryRequest,
     QueryView,
 )
+from agentflow.server.prometheus import ServerMetrics
 from agentflow.server.service import QueryService
 from agentflow.server.settings import ServerSettings
 

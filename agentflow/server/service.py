@@ -32,7 +32,6 @@ from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
-from agentflow.server.metrics import ServerMetrics
 from agentflow.server.models import (
     DatabaseInfo,
     FailedAttempt,
@@ -44,6 +43,7 @@ from agentflow.server.models import (
     StageView,
     valid_text,
 )
+from agentflow.server.prometheus import ServerMetrics
 from agentflow.server.results import result_links
 from agentflow.server.settings import ServerSettings
 from agentflow.sql import DatabaseNotFoundError, json_value
@@ -246,13 +246,13 @@ class QueryService:
         """The answer, or None after ``timeout``. Waiting is shielded: a client that goes
         away does not cancel the query (it stays available by id)."""
         if handle.done():
-            return self._result(handle)
+            return self.result(handle)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future = loop.create_future()
 
         def wake(_: Future) -> None:
             try:
-                loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+                loop.call_soon_threadsafe(_settle, waiter)
             except RuntimeError:  # the HTTP loop is gone (shutdown)
                 pass
         handle.future.add_done_callback(wake)
@@ -260,7 +260,7 @@ class QueryService:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
         except asyncio.TimeoutError:
             return None
-        return self._result(handle)
+        return self.result(handle)
 
     async def wait_admitted(self, handle: QueryHandle, timeout: float) -> None:
         """Until the query has started (first stage event) or ended (e.g. rejected)."""
@@ -277,7 +277,7 @@ class QueryService:
             if isinstance(event, dict) and event.get("type") != "stage_started":
                 return
             try:
-                loop.call_soon_threadsafe(lambda: seen.done() or seen.set_result(None))
+                loop.call_soon_threadsafe(_settle, seen)
             except RuntimeError:
                 pass
         handle.subscribe(wake)
@@ -291,7 +291,9 @@ class QueryService:
         finally:
             handle.unsubscribe(wake)
 
-    def _result(self, handle: QueryHandle) -> Answer:
+    def result(self, handle: QueryHandle) -> Answer:
+        """The query's answer; for one cancelled or failed outside the pipeline, an answer
+        that says so (never an exception)."""
         future = handle.future
         if future.cancelled():
             return self._synthetic(handle, "cancelled", "cancelled")
@@ -308,7 +310,7 @@ class QueryService:
     def cancel(self, query_id: str) -> QueryHandle:
         handle = self.handle(query_id)
         if handle.done() or not self.af.cancel(query_id):
-            status = self._result(handle).status if handle.done() else "finishing"
+            status = self.result(handle).status if handle.done() else "finishing"
             raise ApiError(409, "already_finished",
                            f"query {query_id} already finished ({status}); nothing to cancel",
                            query_status=status)
@@ -326,7 +328,7 @@ class QueryService:
                              question=handle.question, db=handle.db, pipeline=handle.pipeline,
                              slo_s=handle.slo_s, stages=self._stages_from_events(handle),
                              links=links, conversation_id=handle.conversation_id)
-        answer = self._result(handle)
+        answer = self.result(handle)
         stages, retries = self._stages_from_answer(answer)
         links.update(result_links(handle.query_id, answer))
         return QueryView(
@@ -345,7 +347,7 @@ class QueryService:
                                 question=handle.question, db=handle.db,
                                 pipeline=handle.pipeline, slo_s=handle.slo_s,
                                 conversation_id=handle.conversation_id)
-        a = self._result(handle)
+        a = self.result(handle)
         return QuerySummary(query_id=a.query_id, status=a.status, question=a.question, db=a.db,
                             pipeline=a.pipeline, slo_s=a.slo_s, latency_s=a.latency_s,
                             met_slo=a.met_slo, error=a.error,
@@ -501,7 +503,13 @@ class QueryService:
             statuses: dict[str, int] = defaultdict(int)
             for h in in_flight:
                 if h.done():
-                    statuses[self._result(h).status] += 1
+                    statuses[self.result(h).status] += 1
             level = logging.WARNING if statuses.get("cancelled") else logging.INFO
             log.log(level, "agentflow closed; query statuses: %s (of those in flight at "
                     "shutdown)", dict(statuses))
+
+
+def _settle(waiter: asyncio.Future) -> None:
+    """Wake ``waiter`` once; later wake-ups for the same wait are no-ops."""
+    if not waiter.done():
+        waiter.set_result(None)

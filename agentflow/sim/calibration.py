@@ -42,11 +42,15 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agentflow import hardware
 from agentflow.hardware import Calibration, GPUProfile, ModelProfile
+
+if TYPE_CHECKING:
+    from agentflow.sim.engine import SimInstance
 
 # File label -> hardware profile name.
 GPU_LABELS: dict[str, str] = {"A100": "A100-80G", "A6000": "A6000", "L40S": "L40S"}
@@ -73,7 +77,7 @@ def load_vllm_latency(directory: str | Path) -> dict[str, list[Row]]:
     return out
 
 
-def single_request_latency(sim_instance_factory: Callable[[], object], input_tokens: int,
+def single_request_latency(sim_instance_factory: Callable[[], SimInstance], input_tokens: int,
                            output_tokens: int, cached_tokens: int = 0) -> float:
     """Seconds from ``add`` to ``finished`` for one request alone on a fresh instance."""
     inst = sim_instance_factory()
@@ -94,7 +98,7 @@ def paper_factory(label: str, gpu_profile: GPUProfile | None = None,
     return lambda: SimInstance(g, m, **kwargs)
 
 
-def simulate_rows(factory: Callable[[], object], rows: Sequence[Row],
+def simulate_rows(factory: Callable[[], SimInstance], rows: Sequence[Row],
                   prompts_cached: bool = True) -> np.ndarray:
     return np.array([single_request_latency(factory, i, o, i if prompts_cached else 0)
                      for i, o, _ in rows])
@@ -184,6 +188,8 @@ def fit_constants(data: dict[str, list[Row]], mask: np.ndarray | None = None,
         w = 1.0 / y
         blocks_X.append(X * w[:, None])
         blocks_y.append((y - F[:, 0]) * w)
+    if overhead is None:
+        raise ValueError("fit_constants needs measurements of at least one GPU")
     coef = np.linalg.lstsq(np.vstack(blocks_X), np.concatenate(blocks_y), rcond=None)[0]
     attn = 1.0 / coef[-1]
     consts = {label: Calibration(bw_efficiency=1.0 / coef[2 * k + 1], attn_bw_efficiency=attn,

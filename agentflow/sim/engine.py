@@ -194,7 +194,7 @@ class _Plan:
         "t0",
     )
 
-    def __init__(self, seqs, ns, K, t0, ends, run):
+    def __init__(self, seqs, ns, K, t0, ends, run, c0=None, g0=None, out=None):
         self.seqs = seqs
         self.ns = ns
         self.K = K
@@ -202,6 +202,8 @@ class _Plan:
         self.ends = ends
         self.m = 0
         self.run = run  # True: every sequence decodes one token per iteration
+        # runs only: per sequence, tokens computed and generated at t0, and output limits
+        self.c0, self.g0, self.out = c0, g0, out
         # runs: (iteration, sequence index, token count) of every first-token/progress
         # event, in iteration order; ev_ptr: the first not yet emitted
         self.evs: list[tuple[int, int, int]] = []
@@ -614,8 +616,7 @@ class SimInstance:
             if k < K:
                 K = k
                 ends = ends[:K]
-        p = _Plan(sched, nl, K, tb, ends, True)
-        p.c0, p.g0, p.out = c0, g0, out
+        p = _Plan(sched, nl, K, tb, ends, True, c0, g0, out)
         # token counts that are powers of two, reached at iteration pw - g0 - 1 (a sequence's
         # last token is reported by its finish event instead, unless it is its first)
         top = int((g0 + K).max()).bit_length()
@@ -734,9 +735,11 @@ class SimInstance:
         s.blocks = 0
         self._prefix_release(s)
         self._seqs.pop(s.id, None)
+        first_sched, first_token = s.first_sched, s.first_token
+        assert first_sched is not None and first_token is not None  # it ran to its end
         events.append((t, s.order, 2, SeqEvent(
-            "finished", s.id, t, s.generated, ttft_s=s.first_token - s.first_sched,
-            total_s=t - s.first_sched, queue_s=s.first_sched - s.arrival,
+            "finished", s.id, t, s.generated, ttft_s=first_token - first_sched,
+            total_s=t - first_sched, queue_s=first_sched - s.arrival,
             preempted=s.preempted)))
 
     def _finish_plan(self, p: _Plan, events: list) -> None:

@@ -128,8 +128,16 @@ def check_role(db: Database) -> RoleCheck:
             "SELECT nspname FROM pg_namespace WHERE left(nspname, 3) <> 'pg_' AND nspname <> "
             "'information_schema' AND has_schema_privilege(oid, 'CREATE') ORDER BY 1")]
         conn.rollback()
-    return RoleCheck(role=role, superuser=bool(superuser), writable_tables=int(writable),
+    return RoleCheck(role=role, superuser=bool(superuser), writable_tables=int(writable or 0),
                      creatable_schemas=creatable, read_only_default=ro == "on")
+
+
+def _one(cur: Any) -> tuple:
+    """The row of a query that always returns exactly one (an aggregate, a setting)."""
+    row = cur.fetchone()
+    if row is None:
+        raise RuntimeError("a single-row catalog query returned no row")
+    return tuple(row)
 
 
 # --------------------------------------------------------------------------- introspection
@@ -174,13 +182,15 @@ def introspect_postgres(db: Database) -> Schema:
 
     with db.engine.connect() as conn:
         raw = conn.connection.dbapi_connection
+        if raw is None:
+            raise RuntimeError("the pooled PostgreSQL connection is already closed")
         cur = raw.cursor()
         cur.execute("SELECT current_schemas(false)")
-        schemas = list(cur.fetchone()[0])
+        schemas = list(_one(cur)[0] or [])
         if not schemas:
             cur.execute("SELECT array_agg(nspname::text) FROM pg_namespace WHERE nspname NOT "
                         "LIKE 'pg\\_%' AND nspname <> 'information_schema'")
-            schemas = list(cur.fetchone()[0] or [])
+            schemas = list(_one(cur)[0] or [])
         cur.execute(_TABLES_SQL, {"schemas": schemas})
         rels = cur.fetchall()
         oids = [r[0] for r in rels]
