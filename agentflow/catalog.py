@@ -35,6 +35,7 @@ class DatabaseCatalog:
         self.datasets: list[Dataset] = []
         self._entries: dict[str, CatalogEntry] = {}
         self._open: dict[str, Database] = {}
+        self._roles: dict[tuple[str, str], Database] = {}
         self._lock = threading.Lock()
         if include_demo:
             self.add_dataset(load_dataset("demo"))
@@ -110,7 +111,12 @@ class DatabaseCatalog:
         names = (tables_json or {}).get("table_names_original")
         return list(names) if names else self.open(db_id).schema().table_names
 
-    def open(self, db: str) -> Database:
+    def open(self, db: str, role: str | None = None) -> Database:
+        """The opened database; with ``role`` (PostgreSQL only), a view of it whose SQL runs
+        as that database role (``SET LOCAL ROLE`` per transaction on the shared pool), so
+        the server's row-level security decides which rows a tenant sees. Each role gets
+        its own object, so nothing cached from one role's rows (schema samples, value
+        indexes) reaches another."""
         entry = self.entry(db)
         key = entry.url or (str(entry.path) if entry.path else entry.db_id)
         with self._lock:
@@ -122,10 +128,17 @@ class DatabaseCatalog:
                     self._open[key] = Database.open(entry.path, db_id=entry.db_id)
                 else:
                     self._open[key] = entry.dataset.open(entry.db_id, engine=self.engine)
-            return self._open[key]
+            if role is None:
+                return self._open[key]
+            if (key, role) not in self._roles:
+                from agentflow.sql.postgres import with_role
+
+                self._roles[(key, role)] = with_role(self._open[key], role)
+            return self._roles[(key, role)]
 
     def close(self) -> None:
         with self._lock:
             for db in self._open.values():
                 db.close()
             self._open.clear()
+            self._roles.clear()
