@@ -219,7 +219,9 @@ class AgentFlow:
         entry = self.catalog.entry(db)
         who = as_tenant(tenant)
         if who is not None and not who.may_use(entry.db_id):  # as if it did not exist
-            raise DatabaseNotFoundError(self.catalog._unknown_message(db, paths=False))
+            mine = [d for d in self.catalog.ids if who.may_use(d)]
+            raise DatabaseNotFoundError(f"unknown database {db!r} (known: "
+                                        f"{', '.join(mine) or 'none'})")
         slo = slo if slo is not None else self.config.slo_s
         if conversation is not None:
             history = self.conversations.follow(conversation, entry.db_id, viewer=who)
