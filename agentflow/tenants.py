@@ -122,6 +122,16 @@ def owner_of(viewer: Tenant | None) -> str | None:
     return viewer.name if viewer is not None else None
 
 
+def key_of(headers: Any) -> str | None:
+    """The API key a request sends: ``X-API-Key``, else an ``Authorization: Bearer`` token
+    (``headers``: any case-insensitive mapping, e.g. Starlette's)."""
+    key = headers.get("x-api-key")
+    if key:
+        return key
+    scheme, _, token = (headers.get("authorization") or "").partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
 def key_tenant_name(key: str) -> str:
     """The tenant name of a plain-list key: stable, and reveals nothing usable of the key."""
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:10]
@@ -287,4 +297,4 @@ class TenantLimits:
 
 __all__ = ["ADMIN_KEYS_ENV", "API_KEYS_ENV", "LimitExceeded", "TENANTS_ENV", "Tenant",
            "TenantEntry", "TenantLimits", "TenantTable", "as_tenant", "env_keys",
-           "key_tenant_name", "load_tenants_file", "owner_of", "sees"]
+           "key_of", "key_tenant_name", "load_tenants_file", "owner_of", "sees"]

@@ -28,7 +28,7 @@ from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from agentflow.server.errors import ApiError
-from agentflow.tenants import Tenant, TenantTable, owner_of, sees
+from agentflow.tenants import Tenant, TenantTable, key_of, owner_of, sees
 
 _bearer = HTTPBearer(auto_error=False, description="an API key as a bearer token")
 _header = APIKeyHeader(name="X-API-Key", auto_error=False, description="an API key")
@@ -48,15 +48,6 @@ def authenticate(table: TenantTable, key: str | None) -> Tenant | None:
         raise ApiError(401, "unauthorized", "the API key is not valid",
                        headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
     return tenant
-
-
-def key_of(headers) -> str | None:
-    """The key a request sends (``X-API-Key`` first, then a bearer token)."""
-    key = headers.get("x-api-key")
-    if key:
-        return key
-    scheme, _, token = (headers.get("authorization") or "").partition(" ")
-    return (token.strip() or None) if scheme.lower() == "bearer" else None
 
 
 def require_key(request: Request,
