@@ -102,3 +102,27 @@ def test_tenant_questions_return_only_their_rows_through_the_python_api(url) -> 
     assert answer_a.tenant == "acme"
     assert answer_b.rows == [["tenant_b", "bucket"], ["tenant_b", "brush"]]
     assert answer_none.status == "done" and answer_none.rows == []  # login role: no policy
+
+
+def test_tenant_questions_over_http_return_only_their_rows(url) -> None:
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from agentflow.server.testing import LiveServer, scripted_instance
+
+    config = {"instances": [scripted_instance("gpu-0", default=ORDERS_SQL)],
+              "pipeline": "single", "databases": {"rls": {"url": url, "pool_size": 2}}}
+    settings = {"tenants": [
+        {"name": "acme", "keys": ["rls-key-a"], "db_roles": {"rls": "tenant_a"}},
+        {"name": "bolt", "keys": ["rls-key-b"], "db_roles": {"rls": "tenant_b"}}]}
+    with LiveServer(config, settings) as live:
+        seen = {}
+        for key in ("rls-key-a", "rls-key-b"):
+            r = httpx.post(f"{live.url}/v1/queries", headers={"X-API-Key": key}, timeout=60,
+                           json={"question": "Which orders are mine?", "db": "rls"})
+            assert r.status_code == 200 and r.json()["status"] == "done", r.text
+            csv = httpx.get(f"{live.url}{r.json()['links']['csv']}",
+                            headers={"X-API-Key": key}, timeout=60).text
+            seen[key] = (r.json()["rows"], csv.splitlines())
+    assert seen["rls-key-a"] == ([["tenant_a", "anvil"], ["tenant_a", "axe"]],
+                                 ["tenant,item", "tenant_a,anvil", "tenant_a,axe"])
+    assert seen["rls-key-b"][0] == [["tenant_b", "bucket"], ["tenant_b", "brush"]]
