@@ -190,6 +190,21 @@ class TenantTable:
         return list(out.values())
 
 
+def check_against_catalog(table: TenantTable, catalog: Any) -> None:
+    """Fail at start-up, naming the tenant, when a ``db_roles`` entry names a database the
+    catalog does not serve or one that is not PostgreSQL (roles are PostgreSQL's), rather
+    than failing that tenant's first query."""
+    for tenant in table.tenants():
+        for db in tenant.db_roles:
+            if db not in catalog.ids:
+                raise ValueError(f"tenant {tenant.name!r}: db_roles names database {db!r}, "
+                                 "which this server does not serve")
+            engine = catalog.engine_of(db)
+            if engine != "postgresql":
+                raise ValueError(f"tenant {tenant.name!r}: db_roles for {db!r} needs "
+                                 f"PostgreSQL (it is {engine})")
+
+
 def env_keys(name: str) -> list[str]:
     return [k.strip() for k in os.environ.get(name, "").split(",") if k.strip()]
 
@@ -296,5 +311,5 @@ class TenantLimits:
 
 
 __all__ = ["ADMIN_KEYS_ENV", "API_KEYS_ENV", "LimitExceeded", "TENANTS_ENV", "Tenant",
-           "TenantEntry", "TenantLimits", "TenantTable", "as_tenant", "env_keys",
-           "key_of", "key_tenant_name", "load_tenants_file", "owner_of", "sees"]
+           "TenantEntry", "TenantLimits", "TenantTable", "as_tenant", "check_against_catalog",
+           "env_keys", "key_of", "key_tenant_name", "load_tenants_file", "owner_of", "sees"]

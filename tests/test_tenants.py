@@ -168,3 +168,20 @@ def test_python_api_database_outside_the_tenants_list_is_unknown(af) -> None:
     assert "unknown database 'bookshop'" in str(err.value)
     assert af.ask("How many stores?", db="bookshop", tenant=Tenant(
         name="wide", databases=("bookshop",), slo_class="batch")).slo_class == "batch"
+
+
+def test_db_roles_must_name_a_served_postgres_database() -> None:
+    from agentflow.catalog import DatabaseCatalog
+    from agentflow.tenants import check_against_catalog
+
+    catalog = DatabaseCatalog()
+    try:
+        for roles, match in (({"bookshop": "r"}, "needs PostgreSQL"),
+                             ({"nowhere": "r"}, "does not serve")):
+            table = TenantTable.build(tenants=[TenantEntry(name="a", keys=["k"],
+                                                           db_roles=roles)])
+            with pytest.raises(ValueError, match=match):
+                check_against_catalog(table, catalog)
+        check_against_catalog(TenantTable.build(["k"]), catalog)  # no roles: nothing to check
+    finally:
+        catalog.close()

@@ -29,7 +29,14 @@ from typing import Any
 
 from agentflow.api import AgentFlow, AgentflowError
 from agentflow.sql import DatabaseNotFoundError, json_value
-from agentflow.tenants import LimitExceeded, Tenant, TenantLimits, TenantTable, key_of
+from agentflow.tenants import (
+    LimitExceeded,
+    Tenant,
+    TenantLimits,
+    TenantTable,
+    check_against_catalog,
+    key_of,
+)
 
 try:  # resolved by the SDK from the tools' annotations, so it must be a module global
     from mcp.server.mcpserver import Context
@@ -244,6 +251,8 @@ def serve_http(af: AgentFlow, host: str, port: int, tenants: TenantTable | None 
     """MCP over streamable HTTP at ``/mcp``, behind the same API keys as the HTTP API."""
     import uvicorn
 
+    if tenants:
+        check_against_catalog(tenants, af.catalog)
     server = build_server(af, tenants)
     app = server.streamable_http_app(host=host)
     if tenants:

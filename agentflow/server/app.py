@@ -54,6 +54,7 @@ from agentflow.server.models import (
 )
 from agentflow.server.service import QueryService
 from agentflow.server.settings import ServerSettings
+from agentflow.tenants import check_against_catalog
 
 STATIC_DIR = Path(__file__).parent / "static"
 log = logging.getLogger("agentflow.server")
@@ -136,6 +137,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
                               "database, get SQL, rows and a per-stage timeline.")
     app.state.service = service
     app.state.tenants = settings.tenant_table()  # key -> tenant; empty: keys are off
+    check_against_catalog(app.state.tenants, af.catalog)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s, on_error=metrics.error)
     errors.install(app, on_error=metrics.error)
