@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=int, default=10, help="victim questions per block")
     p.add_argument("--flood-rps", type=float, default=100.0, help="flooder's offered rate")
     p.add_argument("--flood-clients", type=int, default=16)
-XX
-    p.add_argument("--concurrent", type=int, default=2, help="flooder's limit in flight")
+    p.add_argument("--rate", type=float, default=6.0, help="flooder's limit, per minute")
+    p.add_argument("--concurrent", type=int, default=1, help="flooder's limit in flight")
     p.add_argument("--max-active", type=int, default=8,
                    help="the scheduler's shared bound on queries in flight")
     p.add_argument("--latency", type=float, default=0.02, help="seconds per scripted call")
