@@ -20,7 +20,8 @@ Two ways to configure them, both read by the HTTP server and the MCP server:
           rate_per_min: 60       # queries started per minute (token bucket, burst = 1 min)
           max_concurrent: 4      # queries in flight at once
           slo_class: interactive # carried with each of its queries
-          db_roles: {shop: acme} # PostgreSQL: SET ROLE acme for its SQL on shop (RLS)
+          db_roles: {shop: acme} # PostgreSQL: SET ROLE acme for its SQL on shop (RLS), or
+                                 # a login of its own: {shop: {url: ..., password_env: ...}}
         - {name: ops, key_env: OPS_KEYS, admin: true}
 
 In the Python API ``tenant=`` takes a name or a ``Tenant``; ``None`` means no tenant (a local
@@ -49,6 +50,19 @@ TENANTS_ENV = "AGENTFLOW_TENANTS"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$"
 
 
+class DatabaseLogin(BaseModel):
+    """A tenant's own PostgreSQL login for one database (its own pool). Stronger than a role
+    on the shared pool: a statement can only ever switch to roles *this* login is a member
+    of, so no SQL — not even one the guard misses, such as a quoted ``set_config('role',
+    ...)`` — reaches another tenant's role. The URL is never shown."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(repr=False)
+    password_env: str | None = None
+    passfile: str | None = None
+
+
 class Tenant(BaseModel):
     """A principal: the rights and limits behind one or more API keys."""
 
@@ -61,7 +75,8 @@ class Tenant(BaseModel):
     burst: int | None = Field(None, ge=1)  # bucket size; default: one minute's worth
     max_concurrent: int | None = Field(None, ge=1)
     slo_class: str | None = Field(None, min_length=1, max_length=64)
-    db_roles: dict[str, str] = Field(default_factory=dict)
+    # database id -> a role to SET on the shared pool, or a login of its own (PostgreSQL)
+    db_roles: dict[str, str | DatabaseLogin] = Field(default_factory=dict)
 
     def may_use(self, db: str) -> bool:
         return self.databases is None or db in self.databases
@@ -69,7 +84,7 @@ class Tenant(BaseModel):
     def sees(self, owner: str | None) -> bool:
         return self.admin or owner == self.name
 
-    def db_role(self, db: str) -> str | None:
+    def db_role(self, db: str) -> str | DatabaseLogin | None:
         return self.db_roles.get(db)
 
 
@@ -310,6 +325,7 @@ class TenantLimits:
         self.rejected[key] = self.rejected.get(key, 0) + 1
 
 
-__all__ = ["ADMIN_KEYS_ENV", "API_KEYS_ENV", "LimitExceeded", "TENANTS_ENV", "Tenant",
+__all__ = ["ADMIN_KEYS_ENV", "API_KEYS_ENV", "DatabaseLogin", "LimitExceeded", "TENANTS_ENV",
+           "Tenant",
            "TenantEntry", "TenantLimits", "TenantTable", "as_tenant", "check_against_catalog",
            "env_keys", "key_of", "key_tenant_name", "load_tenants_file", "owner_of", "sees"]

@@ -60,6 +60,8 @@ def test_mapping_form_with_keys_from_the_environment(monkeypatch, tmp_path) -> N
     _, settings = load_serve_config(cfg)
     table = settings.tenant_table()
     assert table.lookup("acme-1").name == "acme" and table.lookup("plain") is not None
+    cfg.write_text("server: {tenants_file: tenants.yaml}\n")  # beside the config file
+    assert load_serve_config(cfg)[1].tenant_table().lookup("acme-2").name == "acme"
     monkeypatch.setenv("AGENTFLOW_TENANTS", str(path))
     assert ServerSettings().tenant_table().lookup("ops-key").admin
 

@@ -88,4 +88,8 @@ def load_serve_config(path: str | Path | None) -> tuple[AgentFlowConfig, ServerS
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     server = data.pop("server", None) or {}
-    return AgentFlowConfig.model_validate(data), ServerSettings.model_validate(server)
+    settings = ServerSettings.model_validate(server)
+    if settings.tenants_file and not Path(settings.tenants_file).expanduser().is_absolute():
+        # beside the config file, as a reader of the file would expect
+        settings.tenants_file = str(path.parent / settings.tenants_file)
+    return AgentFlowConfig.model_validate(data), settings
