@@ -25,6 +25,7 @@ from agentflow.catalog import DatabaseCatalog
 from agentflow.config import AgentFlowConfig
 from agentflow.llm.base import LLMBackend
 from agentflow.sql import SqlError
+from agentflow.tenants import DatabaseLogin, Tenant, as_tenant, owner_of, sees
 from agentflow.workflow import (
     MonotonicClock,
     Query,
@@ -66,6 +67,8 @@ class Answer:
     usage: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     conversation_id: str | None = None  # pass to ask/submit to follow up on this answer
+    tenant: str | None = None  # who asked (agentflow.tenants); None: no tenant
+    slo_class: str | None = None  # the tenant's SLO class
 
     @property
     def ok(self) -> bool:
@@ -91,6 +94,10 @@ class QueryHandle:
     Events are appended from agentflow's loop thread; ``subscribe`` registers a callback
     (called in that thread) for each new event, e.g. to feed a Server-Sent-Events stream.
     """
+
+    tenant: str | None = None  # the owner (agentflow.tenants); None: asked without one
+    slo_class: str | None = None  # the tenant's SLO class, carried for the scheduler
+    db_role: str | DatabaseLogin | None = None  # the database role its SQL runs as (PostgreSQL RLS)
 
     def __init__(self, query_id: str, question: str, db: str, pipeline: str,
                  slo_s: float | None, conversation_id: str | None = None,
@@ -174,20 +181,23 @@ class AgentFlow:
     # ----------------------------------------------------------------------------- public
     def ask(self, question: str, db: str, *, slo: float | None = None,
             pipeline: str | None = None, evidence: str = "",
-            record: str | Path | None = None, conversation: str | None = None) -> Answer:
+            record: str | Path | None = None, conversation: str | None = None,
+            tenant: str | Tenant | None = None) -> Answer:
         """Answer one question (blocking). Raises an ``AgentflowError`` (``InvalidRequest``,
         ``DatabaseNotFoundError``, ...) for bad input; pipeline failures come back as an
         Answer with ``status='failed'`` and the reason. ``conversation``: the
-        ``conversation_id`` of an earlier answer, to ask a follow-up question."""
+        ``conversation_id`` of an earlier answer, to ask a follow-up question. ``tenant``
+        (a name or a ``Tenant``) owns the query: see ``agentflow.tenants``."""
         return self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                           record=record, conversation=conversation).result()
+                           record=record, conversation=conversation, tenant=tenant).result()
 
     async def ask_async(self, question: str, db: str, *, slo: float | None = None,
                         pipeline: str | None = None, evidence: str = "",
                         record: str | Path | None = None,
-                        conversation: str | None = None) -> Answer:
+                        conversation: str | None = None,
+                        tenant: str | Tenant | None = None) -> Answer:
         handle = self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                             record=record, conversation=conversation)
+                             record=record, conversation=conversation, tenant=tenant)
         try:
             return await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:
@@ -197,7 +207,8 @@ class AgentFlow:
     def submit(self, question: str, db: str, *, slo: float | None = None,
                pipeline: str | None = None, evidence: str = "",
                record: str | Path | None = None,
-               conversation: str | None = None) -> QueryHandle:
+               conversation: str | None = None,
+               tenant: str | Tenant | None = None) -> QueryHandle:
         """Start answering without waiting: bad input raises here, at once; the handle has
         the query id, live stage events and, later, the answer. Each question is a turn of a
         conversation: a new one unless ``conversation`` names an earlier answer's."""
@@ -206,14 +217,21 @@ class AgentFlow:
         question = self._validate(question, slo)
         pipeline_obj = self.pipeline(pipeline)
         entry = self.catalog.entry(db)
+        who = as_tenant(tenant)
+        if who is not None and not who.may_use(entry.db_id):  # as if it did not exist
+            mine = [d for d in self.catalog.ids if who.may_use(d)]
+            raise DatabaseNotFoundError(f"unknown database {db!r} (known: "
+                                        f"{', '.join(mine) or 'none'})")
         slo = slo if slo is not None else self.config.slo_s
         if conversation is not None:
-            history = self.conversations.follow(conversation, entry.db_id)
+            history = self.conversations.follow(conversation, entry.db_id, viewer=who)
         else:
-            conversation, history = self.conversations.start(entry.db_id), ()
+            conversation, history = self.conversations.start(entry.db_id, owner_of(who)), ()
         query_id = f"q-{uuid.uuid4().hex[:12]}"
         handle = QueryHandle(query_id, question, entry.db_id, pipeline_obj.name, slo,
                              conversation_id=conversation, history=history)
+        handle.tenant, handle.slo_class = owner_of(who), who.slo_class if who else None
+        handle.db_role = who.db_role(entry.db_id) if who else None
         self.handles[query_id] = handle
         self._trim_handles()
         task_future = self._submit(self._ask(handle, db, pipeline_obj, evidence, record))
@@ -226,14 +244,22 @@ class AgentFlow:
             elif f.exception() is not None:
                 handle.future.set_exception(f.exception())
             else:
-                handle.future.set_result(f.result())
+                answer = f.result()
+                answer.tenant, answer.slo_class = handle.tenant, handle.slo_class
+                handle.future.set_result(answer)
         task_future.add_done_callback(copy_result)
         return handle
 
-    def cancel(self, query_id: str) -> bool:
-        """Cancel a running query; its answer then has ``status='cancelled'``. Returns False
-        when the query is unknown or already finished."""
+    def get(self, query_id: str, *, tenant: str | Tenant | None = None) -> QueryHandle | None:
+        """A recent query's handle; None when unknown, forgotten, or another tenant's."""
         handle = self.handles.get(query_id)
+        return handle if handle is not None and sees(as_tenant(tenant), handle.tenant) \
+            else None
+
+    def cancel(self, query_id: str, *, tenant: str | Tenant | None = None) -> bool:
+        """Cancel a running query; its answer then has ``status='cancelled'``. Returns False
+        when the query is unknown, another tenant's or already finished."""
+        handle = self.get(query_id, tenant=tenant)
         if handle is None or handle.done():
             return False
         self._loop.call_soon_threadsafe(self._cancel_in_loop, query_id, "cancelled by request")
@@ -414,7 +440,7 @@ class AgentFlow:
     async def _answer(self, handle: QueryHandle, db: str, pipeline: Pipeline, evidence: str,
                       record: str | Path | None) -> Answer:
         question, slo = handle.question, handle.slo_s
-        database = await asyncio.to_thread(self.catalog.open, db)
+        database = await asyncio.to_thread(self.catalog.open, db, handle.db_role)
         entry = self.catalog.entry(db)
         fewshot = await asyncio.to_thread(self.fewshot_pool)
         env = PipelineEnv(db=database, fewshot=fewshot,
