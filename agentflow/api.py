@@ -26,6 +26,7 @@ from agentflow.config import AgentFlowConfig
 from agentflow.llm.base import LLMBackend
 from agentflow.sql import SqlError
 from agentflow.teaching_api import TeachingMixin
+from agentflow.tenants import DatabaseLogin, Tenant, as_tenant, owner_of, sees
 from agentflow.workflow import (
     MonotonicClock,
     Query,
@@ -67,6 +68,8 @@ class Answer:
     usage: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     conversation_id: str | None = None  # pass to ask/submit to follow up on this answer
+    tenant: str | None = None  # who asked (agentflow.tenants); None: no tenant
+    slo_class: str | None = None  # the tenant's SLO class
 
     @property
     def ok(self) -> bool:
@@ -101,6 +104,10 @@ class QueryHandle:
     Events are appended from agentflow's loop thread; ``subscribe`` registers a callback
     (called in that thread) for each new event, e.g. to feed a Server-Sent-Events stream.
     """
+
+    tenant: str | None = None  # the owner (agentflow.tenants); None: asked without one
+    slo_class: str | None = None  # the tenant's SLO class, carried for the scheduler
+    db_role: str | DatabaseLogin | None = None  # the database role its SQL runs as (PostgreSQL RLS)
 
     def __init__(self, query_id: str, question: str, db: str, pipeline: str,
                  slo_s: float | None, conversation_id: str | None = None,
@@ -185,22 +192,25 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
     def ask(self, question: str, db: str, *, slo: float | None = None,
             pipeline: str | None = None, evidence: str = "",
             record: str | Path | None = None, conversation: str | None = None,
+            tenant: str | Tenant | None = None,
             slo_seconds: float | None = None) -> Answer:
         """Answer one question (blocking). Raises an ``AgentflowError`` (``InvalidRequest``,
         ``DatabaseNotFoundError``, ...) for bad input; pipeline failures come back as an
         Answer with ``status='failed'`` and the reason. ``conversation``: the
-        ``conversation_id`` of an earlier answer, to ask a follow-up question."""
+        ``conversation_id`` of an earlier answer, to ask a follow-up question. ``tenant``
+        (a name or a ``Tenant``) owns the query: see ``agentflow.tenants``."""
         return self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                           record=record, conversation=conversation,
+                           record=record, conversation=conversation, tenant=tenant,
                            slo_seconds=slo_seconds).result()
 
     async def ask_async(self, question: str, db: str, *, slo: float | None = None,
                         pipeline: str | None = None, evidence: str = "",
                         record: str | Path | None = None,
                         conversation: str | None = None,
+                        tenant: str | Tenant | None = None,
                         slo_seconds: float | None = None) -> Answer:
         handle = self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                             record=record, conversation=conversation,
+                             record=record, conversation=conversation, tenant=tenant,
                              slo_seconds=slo_seconds)
         try:
             return await asyncio.wrap_future(handle.future)
@@ -212,6 +222,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
                pipeline: str | None = None, evidence: str = "",
                record: str | Path | None = None,
                conversation: str | None = None,
+               tenant: str | Tenant | None = None,
                slo_seconds: float | None = None) -> QueryHandle:
         """Start answering without waiting: bad input raises here, at once; the handle has
         the query id, live stage events and, later, the answer. Each question is a turn of a
@@ -224,14 +235,21 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
         question = self._validate(question, slo)
         pipeline_obj = self.pipeline(pipeline)
         entry = self.catalog.entry(db)
+        who = as_tenant(tenant)
+        if who is not None and not who.may_use(entry.db_id):  # as if it did not exist
+            mine = [d for d in self.catalog.ids if who.may_use(d)]
+            raise DatabaseNotFoundError(f"unknown database {db!r} (known: "
+                                        f"{', '.join(mine) or 'none'})")
         slo = slo if slo is not None else self.config.slo_s
         if conversation is not None:
-            history = self.conversations.follow(conversation, entry.db_id)
+            history = self.conversations.follow(conversation, entry.db_id, viewer=who)
         else:
-            conversation, history = self.conversations.start(entry.db_id), ()
+            conversation, history = self.conversations.start(entry.db_id, owner_of(who)), ()
         query_id = f"q-{uuid.uuid4().hex[:12]}"
         handle = QueryHandle(query_id, question, entry.db_id, pipeline_obj.name, slo,
                              conversation_id=conversation, history=history)
+        handle.tenant, handle.slo_class = owner_of(who), who.slo_class if who else None
+        handle.db_role = who.db_role(entry.db_id) if who else None
         self.handles[query_id] = handle
         self._trim_handles()
         task_future = self._submit(self._ask(handle, db, pipeline_obj, evidence, record))
@@ -244,14 +262,22 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
             elif f.exception() is not None:
                 handle.future.set_exception(f.exception())
             else:
-                handle.future.set_result(f.result())
+                answer = f.result()
+                answer.tenant, answer.slo_class = handle.tenant, handle.slo_class
+                handle.future.set_result(answer)
         task_future.add_done_callback(copy_result)
         return handle
 
-    def cancel(self, query_id: str) -> bool:
-        """Cancel a running query; its answer then has ``status='cancelled'``. Returns False
-        when the query is unknown or already finished."""
+    def get(self, query_id: str, *, tenant: str | Tenant | None = None) -> QueryHandle | None:
+        """A recent query's handle; None when unknown, forgotten, or another tenant's."""
         handle = self.handles.get(query_id)
+        return handle if handle is not None and sees(as_tenant(tenant), handle.tenant) \
+            else None
+
+    def cancel(self, query_id: str, *, tenant: str | Tenant | None = None) -> bool:
+        """Cancel a running query; its answer then has ``status='cancelled'``. Returns False
+        when the query is unknown, another tenant's or already finished."""
+        handle = self.get(query_id, tenant=tenant)
         if handle is None or handle.done():
             return False
         self._loop.call_soon_threadsafe(self._cancel_in_loop, query_id, "cancelled by request")
@@ -339,10 +365,11 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
         if self.config.placement is not None:  # instances as Ray actors on their nodes
             from agentflow.distributed.ray_backend import start_instances
 
-            return start_instances(self.config, loop=self._loop)
+            backends: dict[str, LLMBackend] = dict(start_instances(self.config, loop=self._loop))
+            return backends
         from agentflow.llm.registry import create_backend
 
-        return {inst.name: create_backend(inst.backend) for inst in self.config.instances}
+        return {inst.label: create_backend(inst.backend) for inst in self.config.instances}
 
     def _create_router(self) -> CallRouter:
         """Every call goes through the scheduler: one instance spec per configured backend."""
@@ -409,7 +436,9 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
 
     async def _ask(self, handle: QueryHandle, db: str, pipeline: Pipeline, evidence: str,
                    record: str | Path | None) -> Answer:
-        self._tasks[handle.query_id] = asyncio.current_task()
+        task = asyncio.current_task()
+        assert task is not None  # a coroutine run by the loop always has its task
+        self._tasks[handle.query_id] = task
         try:
             if handle.query_id in self._cancel_reasons:  # cancelled before it started
                 raise asyncio.CancelledError
@@ -429,7 +458,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
     async def _answer(self, handle: QueryHandle, db: str, pipeline: Pipeline, evidence: str,
                       record: str | Path | None) -> Answer:
         question, slo = handle.question, handle.slo_s
-        database = await asyncio.to_thread(self.catalog.open, db)
+        database = await asyncio.to_thread(self.catalog.open, db, handle.db_role)
         entry = self.catalog.entry(db)
         fewshot, glossary = await asyncio.to_thread(  # taught pairs + the dataset pool
             self._taught_context, entry.db_id, handle, getattr(handle, "tenant", None))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.datasets import Dataset, load_dataset
-from agentflow.datasets.types import DatabaseEntry
+from agentflow.datasets.types import DatabaseEntry, EngineKind
 from agentflow.sql import Database, DatabaseNotFoundError
 
 
@@ -30,11 +30,12 @@ class CatalogEntry:
 
 class DatabaseCatalog:
     def __init__(self, data: list[str] | None = None, *, include_demo: bool = True,
-                 engine: str = "sqlite", databases: dict[str, Any] | None = None):
+                 engine: EngineKind = "sqlite", databases: dict[str, Any] | None = None):
         self.engine = engine
         self.datasets: list[Dataset] = []
         self._entries: dict[str, CatalogEntry] = {}
         self._open: dict[str, Database] = {}
+        self._roles: dict[tuple[str, str], Database] = {}
         self._lock = threading.Lock()
         if include_demo:
             self.add_dataset(load_dataset("demo"))
@@ -87,9 +88,9 @@ class DatabaseCatalog:
             return CatalogEntry(db_id=path.stem, dataset=None, entry=None, path=path.resolve())
         if is_file_name or "/" in db:
             raise DatabaseNotFoundError(f"database file not found: {path}")
-        raise DatabaseNotFoundError(self._unknown_message(db))
+        raise DatabaseNotFoundError(self.unknown_message(db))
 
-    def _unknown_message(self, db: str, paths: bool = True) -> str:
+    def unknown_message(self, db: str, paths: bool = True) -> str:
         """Name the known databases (the first few) and say how to add more (``paths``:
         whether this caller may name a file instead, as local callers may)."""
         close = difflib.get_close_matches(db, self.ids, n=3)
@@ -110,7 +111,13 @@ class DatabaseCatalog:
         names = (tables_json or {}).get("table_names_original")
         return list(names) if names else self.open(db_id).schema().table_names
 
-    def open(self, db: str) -> Database:
+    def open(self, db: str, role: str | Any = None) -> Database:
+        """The opened database; with ``role`` (PostgreSQL only), a view of it whose SQL runs
+        as that database role (``SET LOCAL ROLE`` per transaction on the shared pool), or,
+        for a ``tenants.DatabaseLogin``, the database opened with that login (its own
+        pool), so the server's row-level security decides which rows a tenant sees. Each
+        role gets its own object, so nothing cached from one role's rows (schema samples,
+        value indexes) reaches another."""
         entry = self.entry(db)
         key = entry.url or (str(entry.path) if entry.path else entry.db_id)
         with self._lock:
@@ -121,11 +128,29 @@ class DatabaseCatalog:
                 elif entry.path is not None:
                     self._open[key] = Database.open(entry.path, db_id=entry.db_id)
                 else:
+                    assert entry.dataset is not None  # an entry holds a path, options or both
                     self._open[key] = entry.dataset.open(entry.db_id, engine=self.engine)
-            return self._open[key]
+            if role is None:
+                return self._open[key]
+            if isinstance(role, str):
+                if (key, role) not in self._roles:
+                    from agentflow.sql.postgres import with_role
+
+                    self._roles[(key, role)] = with_role(self._open[key], role)
+                return self._roles[(key, role)]
+            if self._open[key].kind != "postgresql":
+                raise ValueError(f"database {entry.db_id!r}: a tenant's own login needs "
+                                 "PostgreSQL")
+            login_key = (key, "login:" + role.url)
+            if login_key not in self._roles:
+                options = {**entry.options, "password_env": role.password_env,
+                           "passfile": role.passfile}
+                self._roles[login_key] = Database.open(role.url, db_id=entry.db_id, **options)
+            return self._roles[login_key]
 
     def close(self) -> None:
         with self._lock:
-            for db in self._open.values():
-                db.close()
+            for db in [*self._open.values(), *self._roles.values()]:
+                db.close()  # a role view shares its pool: closing it again is harmless
             self._open.clear()
+            self._roles.clear()

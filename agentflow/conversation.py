@@ -15,6 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from agentflow.errors import ConversationNotFoundError, InvalidRequest
+from agentflow.tenants import Tenant, sees
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Conversation:
     id: str
     db: str
     turns: list[Turn] = field(default_factory=list)
+    owner: str | None = None  # the tenant that started it (agentflow.tenants)
 
 
 class Conversations:
@@ -37,19 +39,22 @@ class Conversations:
         self._items: OrderedDict[str, Conversation] = OrderedDict()
         self._lock = threading.Lock()
 
-    def start(self, db: str) -> str:
-        conversation = Conversation(f"c-{uuid.uuid4().hex[:12]}", db)
+    def start(self, db: str, owner: str | None = None) -> str:
+        conversation = Conversation(f"c-{uuid.uuid4().hex[:12]}", db, owner=owner)
         with self._lock:
             self._items[conversation.id] = conversation
             while len(self._items) > self.keep:
                 self._items.popitem(last=False)
         return conversation.id
 
-    def follow(self, conversation_id: str, db: str) -> tuple[Turn, ...]:
-        """The turns so far of ``conversation_id`` (raises if unknown or on another db)."""
+    def follow(self, conversation_id: str, db: str, viewer: Tenant | None = None
+               ) -> tuple[Turn, ...]:
+        """The turns so far of ``conversation_id`` (raises if unknown or on another db).
+        Another tenant's conversation is unknown to ``viewer``, exactly like one never
+        started."""
         with self._lock:
             conversation = self._items.get(conversation_id)
-            if conversation is None:
+            if conversation is None or not sees(viewer, conversation.owner):
                 raise ConversationNotFoundError(
                     f"unknown conversation {conversation_id!r} (it may have been forgotten: "
                     f"the last {self.keep} are kept); ask without conversation_id to start one")

@@ -12,12 +12,33 @@ prints the fit); ``calibrated(gpu, model)`` returns the GPU profile with them ap
 profile unchanged where no calibration exists. Only physical constants are fitted: the
 fraction of peak bandwidth reached streaming weights, the fraction reached reading the KV
 cache in decode attention, and a fixed per-request front-end cost.
+
+Operator constants (``OPERATOR_FIT``, the defaults of every ``GPUProfile``): the step-time model
+(``agentflow.step_time``) times each operator class on its own roofline; its efficiencies
+and kernel latencies are fitted once per class on measured A100 operator times by
+``benchmarks/fit_operators.py``.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+
+# Written by benchmarks/fit_operators.py (run it to re-derive and print the fit error per
+# operator class against the measured rows).
+OPERATOR_FIT: dict[str, float] = {
+    "linear_latency_s": 3.919e-06,
+    "compute_efficiency": 0.692,
+    "bw_efficiency": 0.768,
+    "elementwise_latency_s": 2.935e-06,
+    "elementwise_bw_efficiency": 0.4887,
+    "decode_attn_latency_s": 1.708e-05,
+    "attn_bw_efficiency": 0.7977,
+    "prefill_attn_latency_s": 2.39e-05,
+    "prefill_attn_efficiency": 0.4762,
+    "kv_write_latency_s": 2.55e-05,
+}
+_F = OPERATOR_FIT
 
 
 @dataclass(frozen=True)
@@ -26,15 +47,31 @@ class GPUProfile:
     peak_tflops: float  # dense FP16/BF16 tensor-core TFLOP/s
     mem_bw_gbs: float  # memory bandwidth, GB/s
     mem_gb: float  # GiB
-    compute_efficiency: float = 0.55  # fraction of peak FLOP/s reached in prefill GEMMs
-    bw_efficiency: float = 0.6  # fraction of peak bandwidth reached streaming weights (decode)
-    # Fraction of peak bandwidth reached by decode attention reading the KV cache (paged
-    # attention over few KV heads keeps few SMs busy at small batch). 0.403 is the value
-    # fitted jointly over A100/A6000/L40S (see CALIBRATIONS); a default for other GPUs.
-    attn_bw_efficiency: float = 0.403
+    # Operator efficiencies and kernel latencies (agentflow.step_time): a step is the sum of
+    # its operators, each on its own roofline. Fitted once per operator class on measured A100
+    # operator times (Vidur's profiles of Llama-3-8B, TP 1, ../shared/profiles/vidur-a100) by
+    # benchmarks/fit_operators.py; other GPUs keep these fractions of their own spec-sheet
+    # peaks until data for them say otherwise.
+    # GEMMs: fractions of peak FLOP/s and of peak bandwidth streaming weights; latency per
+    # GEMM kernel.
+    compute_efficiency: float = _F["compute_efficiency"]
+    bw_efficiency: float = _F["bw_efficiency"]
+    linear_latency_s: float = _F["linear_latency_s"]
+    # Norms, rope, activation, residual add (and the KV write's bytes): bandwidth fraction,
+    # latency per kernel; the KV-cache write kernel's latency.
+    elementwise_bw_efficiency: float = _F["elementwise_bw_efficiency"]
+    elementwise_latency_s: float = _F["elementwise_latency_s"]
+    kv_write_latency_s: float = _F["kv_write_latency_s"]
+    # Decode attention reading the KV cache: fraction of peak bandwidth and kernel latency.
+    attn_bw_efficiency: float = _F["attn_bw_efficiency"]
+    decode_attn_latency_s: float = _F["decode_attn_latency_s"]
+    # Prefill attention (and attention FLOPs in general): fraction of peak FLOP/s, latency.
+    prefill_attn_efficiency: float = _F["prefill_attn_efficiency"]
+    prefill_attn_latency_s: float = _F["prefill_attn_latency_s"]
     # Fixed cost of one engine iteration: scheduling, input preparation, sampling and the
     # launch of the (CUDA-graph) forward pass. Not identifiable from single-request timings
-    # (it trades off against bw_efficiency); a prior from vLLM V1's per-step CPU time.
+    # (it trades off against bw_efficiency) nor from kernel profiles (they time the GPU
+    # only); a prior from vLLM V1's per-step CPU time.
     step_overhead_s: float = 0.002
     # Fixed cost per request outside the GPU loop (HTTP, tokenisation, streaming).
     request_overhead_s: float = 0.0
@@ -114,14 +151,19 @@ class Calibration:
 # Fitted by benchmarks/sim_calibration.py (agentflow.sim.calibration.fit_constants): weighted
 # least squares of the simulator's single-request latency (relative error) on the
 # even-indexed half of traces/vllm-latency (Llama-3.1-70B on vLLM, one request at a time),
-# attn_bw_efficiency shared by the three GPUs, step_overhead_s fixed at the 2 ms prior; the
-# odd half is held out. Assumes 4-bit weights and KV (HexGen-Flow's setup) and, as the data
+# attn_bw_efficiency shared by the three GPUs, step_overhead_s fixed at the 2 ms prior and
+# every other operator constant at its OPERATOR_FIT value (the step is the operator sum of
+# agentflow.step_time); the odd half is held out. These override, for this GPU, model and
+# precision only, the GEMM weight-streaming and decode-attention efficiencies of OPERATOR_FIT: the
+# measured latencies grow with input x output as a KV read at 0.41 of peak bandwidth for
+# 4-bit KV bytes (0.82 if that vLLM stored the cache in 8 bits, close to the 0.80 Vidur's
+# 16-bit decode kernel reaches). Assumes 4-bit weights and KV (HexGen-Flow's setup) and, as the data
 # show, prompts served from vLLM's prefix cache (see agentflow/sim/calibration.py).
 _VLLM_70B = "traces/vllm-latency, Llama-3.1-70B w4/kv4, vLLM, single requests"
 CALIBRATIONS: dict[tuple[str, str, int], Calibration] = {
-    ("A100-80G", "Llama-3.1-70B", 4): Calibration(0.475, 0.403, 0.0485, _VLLM_70B),
-    ("A6000", "Llama-3.1-70B", 4): Calibration(0.813, 0.403, 0.0300, _VLLM_70B),
-    ("L40S", "Llama-3.1-70B", 4): Calibration(0.782, 0.403, 0.0185, _VLLM_70B),
+    ("A100-80G", "Llama-3.1-70B", 4): Calibration(0.5822, 0.4082, 0.0475, _VLLM_70B),
+    ("A6000", "Llama-3.1-70B", 4): Calibration(0.9348, 0.4082, 0.0285, _VLLM_70B),
+    ("L40S", "Llama-3.1-70B", 4): Calibration(0.9077, 0.4082, 0.0172, _VLLM_70B),
 }
 
 # HexGen-Flow's testbed: four GPUs of three kinds, each serving Llama-3.1-70B w4/kv4 alone.
@@ -149,6 +191,43 @@ def calibrated(gpu_profile: GPUProfile | str, model_profile: ModelProfile | str)
     return replace(g, bw_efficiency=cal.bw_efficiency,
                    attn_bw_efficiency=cal.attn_bw_efficiency,
                    request_overhead_s=cal.request_overhead_s)
+
+
+_GIB = 2 ** 30
+
+
+def kv_cache_blocks(gpu_profile: GPUProfile, model_profile: ModelProfile,
+                    tensor_parallel: int = 1, *, max_num_seqs: int = 256,
+                    max_num_batched_tokens: int = 2048, block_size: int = 16,
+                    gpu_memory_utilization: float = 0.9) -> int:
+    """KV-cache blocks (of ``block_size`` tokens) a vLLM engine with these limits holds:
+    what memory is left per GPU after the weights and the activation peak of a full step.
+
+        per GPU free  = mem * gpu_memory_utilization - weight_bytes / tp - activation_reserve
+        activation_reserve = max_num_batched_tokens * (4 * hidden + 2 * ffn_hidden / tp) * 2 B
+                             + max_num_seqs * vocab * 4 B (logits) + 1 GiB (context, graphs)
+        blocks        = floor(per GPU free / (kv_bytes_per_token / tp * block_size))
+
+    KV heads are split across tensor-parallel ranks (replicated when there are fewer heads
+    than ranks). Serving (the coordinator's KV budget) and the simulator both read it here,
+    so a budget means the same in both. 0 when the model does not fit."""
+    tp, m = tensor_parallel, model_profile
+    kvb = m.kv_bytes_per_token
+    kv_per_gpu = kvb * max(1, tp // max(1, m.kv_heads)) / tp if tp > 1 else kvb
+    ffn = m.ffn_hidden or 4 * m.hidden
+    reserve = (max_num_batched_tokens * (4 * m.hidden + 2 * ffn / tp) * 2
+               + max_num_seqs * m.vocab * 4 + _GIB)
+    free = gpu_profile.mem_gb * _GIB * gpu_memory_utilization - m.weight_bytes / tp - reserve
+    return int(free // (kv_per_gpu * block_size)) if free > 0 else 0
+
+
+def default_max_num_batched_tokens(gpu_profile: GPUProfile | str) -> int:
+    """vLLM V1's default per-step token budget for ``vllm serve`` on this GPU
+    (``EngineArgs.get_batch_defaults``, OpenAI API server context): 8192 on GPUs with at
+    least 70 GiB that are not an A100 (H100, H200), 2048 elsewhere — A100s included, where a
+    larger budget lowered throughput (vLLM PR #17885)."""
+    g = gpu(gpu_profile) if isinstance(gpu_profile, str) else gpu_profile
+    return 8192 if g.mem_gb >= 70 and "a100" not in g.name.lower() else 2048
 
 
 def gpu(name: str) -> GPUProfile:

@@ -26,7 +26,8 @@ TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "hex
 _CELLS = r'''
 import importlib.util, json, sys
 from pathlib import Path
-tree, traces, n, seed = Path(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
+tree, traces = Path(sys.argv[1]), sys.argv[2].split(",")
+n, seed = int(sys.argv[3]), int(sys.argv[4])
 spec = importlib.util.spec_from_file_location("h2h", tree / "benchmarks" / "head_to_head.py")
 h2h = importlib.util.module_from_spec(spec); spec.loader.exec_module(h2h)
 from argparse import Namespace

@@ -63,7 +63,7 @@ def main() -> None:
         for rate in levels:
             wl = build_workload(trace, cluster, n=args.queries, rate=rate, seed=args.seed,
                                 idle=idle)
-            def show(i: int, summary: dict, rate: float = rate) -> None:
+            def show(i: int, summary: dict, rate: float = rate, name: str = name) -> None:
                 print(f"{name} rate={rate:.4f} {POLICIES[i]:<12} p95={summary['p95']:.1f}s "
                       f"slo@{args.slo_scale:g}={summary['slo_attainment'][scale_key(args.slo_scale)]:.2f}"
                       f" ({summary['sim_wall_s']}s)", flush=True)
@@ -80,7 +80,7 @@ def main() -> None:
         if not args.no_goodput:
             found = run_grid(goodput_search, POLICIES, ray=args.ray, context=(
                 cluster, trace, min(args.queries, 200), args.slo_scale, args.seed, idle,
-                base / 8), on_result=lambda i, qps: print(
+                base / 8), on_result=lambda i, qps, name=name: print(
                     f"{name} goodput {POLICIES[i]}: {qps:.4f} q/s", flush=True))
             entry["goodput"] = dict(zip(POLICIES, found))
         results["traces"][name] = entry

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentflow.scheduler.distribution import cost_distribution  # noqa: E402
-from agentflow.scheduler.predictor import LengthPredictor  # noqa: E402
+from agentflow.scheduler.lengths.learned import LearnedLengthModel  # noqa: E402
 from pipelines.chess import _KEYWORD_PARAMS, _VERDICT_PARAMS, ChessPipeline  # noqa: E402
 from pipelines.common import SQL_PARAMS  # noqa: E402
 
@@ -28,7 +28,7 @@ STAGES = (("extract_keywords", 180, _KEYWORD_PARAMS.max_tokens),
 
 
 def main() -> None:
-    p = LengthPredictor()
+    p = LearnedLengthModel()
     print(f"{'stage':<20} {'cap':>4} | {'mean':>7} {'P90':>7} {'cost':>10} | "
           f"{'mean':>6} {'P90':>6} {'cost':>9} | cost ratio")
     for stage, prompt, cap in STAGES:

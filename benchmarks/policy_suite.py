@@ -23,7 +23,8 @@ showed the policies apart. Seeds are fixed; every cell is reproducible and cache
 
 Per cell: P95, mean, SLO attainment at the cell's deadline scale, and SLO goodput (queries
 that met their deadline per second of the run); the summary gives each policy's geometric
-mean over cells (attainment: arithmetic; goodput: over the cells where no policy is at 0), and flowsage's ratio to the best *other* policy (oracle excluded) per cell.
+mean over cells (attainment: arithmetic; goodput: over the cells where no policy is at 0),
+and flowsage's ratio to the best *other* policy (oracle excluded) per cell.
 ``--goodput`` adds the issue's rate goodput (highest rate with >= 90% within 2x idle) on the
 centre cells. No prefix cache is modelled here: none of these traces carries prompt text.
 Nothing here is fitted to these traces.
@@ -322,7 +323,8 @@ def main() -> None:
         entry = results["cells"].setdefault(cell.name, {"rate": rate, "policies": {}})
         todo = [p for p in policies if p not in entry["policies"]]
 
-        def done(i: int, summary: dict, cell: Cell = cell, entry: dict = entry) -> None:
+        def done(i: int, summary: dict, cell: Cell = cell, entry: dict = entry,
+                 todo: list[str] = todo) -> None:
             entry["policies"][todo[i]] = m = metrics(summary, cell.slo_scale)
             print(f"{cell.name:<40} {todo[i]:<18} p95={m['p95']:7.1f} mean={m['mean']:6.1f} "
                   f"slo={m['slo']:.2f} ({summary['wall_s']}s)", flush=True)
@@ -337,7 +339,8 @@ def main() -> None:
             l1 = results["l1"][f"{w}/paper-4gpu"]
             todo = [p for p in policies if p not in per]
 
-            def found(i: int, qps: float, w: str = w, per: dict = per) -> None:
+            def found(i: int, qps: float, w: str = w, per: dict = per,
+                      todo: list[str] = todo) -> None:
                 per[todo[i]] = qps
                 print(f"goodput {w} {todo[i]}: {qps:.4f}", flush=True)
                 store.write_text(json.dumps(results, indent=1))

@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
 
 from agentflow.scheduler.distribution import Distribution  # noqa: E402
 from agentflow.scheduler.embedders import Embedder, make_embedder  # noqa: E402
-from agentflow.scheduler.predictor import LengthPredictor, default_priors  # noqa: E402
+from agentflow.scheduler.lengths.learned import LearnedLengthModel, default_priors  # noqa: E402
 
 SHARED_HEXGEN = ROOT.parent / "shared" / "traces" / "hexgen-flow"
 
@@ -129,7 +129,7 @@ class RunningMean(Method):
 
     def __init__(self) -> None:
         self.priors = default_priors()
-        self.fallback = LengthPredictor(k=0, window=1).prior("")
+        self.fallback = LearnedLengthModel(k=0, window=1).prior("")
         self.sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
 
     def predict(self, e: Event) -> Distribution:
@@ -149,14 +149,14 @@ class StaticPrior(Method):
     description = "the static per-stage prior alone (no learning)"
 
     def __init__(self) -> None:
-        self.p = LengthPredictor(k=0, window=1)
+        self.p = LearnedLengthModel(k=0, window=1)
 
     def predict(self, e: Event) -> Distribution:
         return self.p.prior(e.stage)
 
 
 class Predictor(Method):
-    def __init__(self, name: str, description: str, predictor: LengthPredictor,
+    def __init__(self, name: str, description: str, predictor: LearnedLengthModel,
                  use_input: bool):
         self.name = name
         self.description = description
@@ -177,11 +177,11 @@ def make_methods(embedder: Callable[[], Embedder], text_keyed: bool) -> list[Met
         RunningMean(),
         StaticPrior(),
         Predictor("window", "prior + the stage's whole history window (k=0)",
-                  LengthPredictor(embedder(), k=0), use_input=False),
-        Predictor("knn", f"LengthPredictor, key = {key}, no prompt length",
-                  LengthPredictor(embedder()), use_input=False),
-        Predictor("knn+len", f"LengthPredictor, key = {key}, with prompt length",
-                  LengthPredictor(embedder()), use_input=True),
+                  LearnedLengthModel(embedder(), k=0), use_input=False),
+        Predictor("knn", f"LearnedLengthModel, key = {key}, no prompt length",
+                  LearnedLengthModel(embedder()), use_input=False),
+        Predictor("knn+len", f"LearnedLengthModel, key = {key}, with prompt length",
+                  LearnedLengthModel(embedder()), use_input=True),
     ]
 
 

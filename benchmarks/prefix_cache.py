@@ -104,8 +104,9 @@ def main() -> None:
         l1 = find_l1(trace, cluster, idle, n=min(args.queries, 200), seed=args.seed,
                      cached_prefix="auto" if args.cache_l1 else 0.0)
         rate = args.load * l1
-        print(f"L1{' (cache on)' if args.cache_l1 else ''} = {l1:.3g} q/s (search {time.perf_counter() - t0:.0f} s); rate = "
-              f"{args.load:g} x L1 = {rate:.3g} q/s")
+        searched_s = time.perf_counter() - t0
+        print(f"L1{' (cache on)' if args.cache_l1 else ''} = {l1:.3g} q/s "
+              f"(search {searched_s:.0f} s); rate = {args.load:g} x L1 = {rate:.3g} q/s")
     wl = build_workload(trace, cluster, n=args.queries, rate=rate, seed=args.seed, idle=idle)
     key = scale_key(args.slo_scale)
     print(f"\n{args.cluster}, {args.queries} queries at {rate:.3g} q/s (Poisson, seed "

@@ -25,7 +25,7 @@ import time
 import networkx as nx
 
 from agentflow.scheduler import PRESETS, Coordinator, InstanceSpec
-from agentflow.scheduler.predictor import LengthPredictor
+from agentflow.scheduler.lengths.learned import LearnedLengthModel
 from agentflow.sim.cluster import load_cluster
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 
@@ -65,7 +65,7 @@ def measure(policy: str, waiting: int, repeat: int, cluster: str = "paper-4gpu",
             check: bool = False, timer=time.perf_counter) -> list[float]:
     clock = ManualClock(0.0)
     specs = specs_for(cluster)
-    c = Coordinator(specs, clock=clock, policy=policy, predictor=LengthPredictor())
+    c = Coordinator(specs, clock=clock, policy=policy, length_model=LearnedLengthModel())
     for q in c.queues.values():
         q.check_reference = check
     n_queries = max(1, waiting // len(STAGES))

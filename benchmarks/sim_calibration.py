@@ -56,7 +56,8 @@ def calibration_report(data_dir: Path) -> None:
     print(f"{'GPU':6} {'':22} {'bw_eff':>7} {'attn_bw_eff':>11} {'req_overhead_s':>14}")
     for label in data:
         stored = hardware.calibration_for(hardware.gpu(cal.GPU_LABELS[label]), model)
-        for name, c in (("stored (CALIBRATIONS)", stored), ("fit on even half", even.constants[label]),
+        for name, c in (("stored (CALIBRATIONS)", stored),
+                        ("fit on even half", even.constants[label]),
                         ("fit on odd half", odd.constants[label])):
             print(f"{label:6} {name:22} {c.bw_efficiency:7.3f} {c.attn_bw_efficiency:11.3f} "
                   f"{c.request_overhead_s:14.4f}")

@@ -22,7 +22,8 @@ with agentflow.connect() as af:  # local llama.cpp instance, demo database "book
         print(f"rows: {answer.rows[:5]}")
         for stage in answer.stages:
             calls = stage["llm_calls"]
-            where = f" on {calls[0]['instance']}, queued {calls[0]['queue_s']:.2f}s" if calls else ""
+            where = (f" on {calls[0]['instance']}, queued {calls[0]['queue_s']:.2f}s"
+                     if calls else "")
             print(f"  {stage['node_id']:<24} {stage['kind']:<4} "
                   f"{stage['start']:6.2f} -> {stage['end']:6.2f}s{where}")
         print(f"latency {answer.latency_s:.1f}s, {answer.usage['calls']} LLM calls")

@@ -111,7 +111,7 @@ class ChessPipeline(Pipeline):
         ctx.summary = "; ".join(f"{m.table}.{m.column}={m.value!r}" for m in matches)
         return matches
 
-    async def _select_schema(self, ctx: StageContext) -> dict[str, list[str] | None]:
+    async def _select_schema(self, ctx: StageContext) -> dict[str, list[str]]:
         import asyncio
 
         from agentflow.retrieval import link_schema

@@ -3,7 +3,7 @@ few-shot context, node construction with expected costs."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +119,7 @@ def sql_params(env: PipelineEnv, state: dict, **overrides) -> SamplingParams:
 
 
 def set_schema_grammar(env: PipelineEnv, state: dict,
-                       tables: dict[str, list[str] | None] | None) -> None:
+                       tables: Mapping[str, list[str] | None] | None) -> None:
     """Store the grammar of the tables/columns a prompt shows (None: every table)."""
     if not env.constrain_sql:
         return
@@ -192,4 +192,6 @@ def record_attempt(ctx: StageContext, candidate: int, execution: Execution) -> N
 
 
 def result_preview(execution: Execution) -> str:
-    return preview(execution.rows, execution.columns) if execution.ok else f"error: {execution.error}"
+    if not execution.ok:
+        return f"error: {execution.error}"
+    return preview(execution.rows, execution.columns)

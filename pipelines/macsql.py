@@ -69,7 +69,7 @@ class MacSqlPipeline(Pipeline):
         self._set_context(ctx, None)
         ctx.summary = "small schema: selector skipped"
 
-    async def _selector(self, ctx: StageContext) -> dict[str, None]:
+    async def _selector(self, ctx: StageContext) -> dict[str, None] | None:
         q = ctx.query
         full = ctx.env.db.schema_prompt(samples=0)
         result = await ctx.llm(prompts.select_tables(full, q.question, q.evidence),

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests. Scheduler: a fixed-length predictor, a two-instance
+"""Helpers shared by the tests. Scheduler: a fixed-length model, a two-instance
 coordinator whose time model makes every number checkable by hand, tiny workflow runs.
 Server: the API's error shape, ``serve.py`` in a subprocess. Page: Debian's Chromium through
 playwright."""
@@ -17,13 +17,13 @@ import networkx as nx
 
 from agentflow.scheduler import Coordinator, InstanceSpec
 from agentflow.scheduler.distribution import Distribution
-from agentflow.scheduler.length_models import LengthModel
+from agentflow.scheduler.lengths import LengthModel
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 
 
 class FixedLengths(LengthModel):
-    """Test double for the length predictor: a fixed output length per stage."""
+    """Test double for the length model: a fixed output length per stage."""
 
     def __init__(self, lengths: dict[str, float | Distribution]):
         self.lengths = lengths
@@ -42,7 +42,7 @@ def coordinator(policy: str, lengths: dict, *, slow: bool = False, alpha=None, m
     if slow:
         specs.append(InstanceSpec("slow", max_inflight=max_inflight))
     c = Coordinator(specs, clock=ManualClock(0.0), policy=policy, alpha=alpha,
-                    predictor=FixedLengths(lengths), **kw)
+                    length_model=FixedLengths(lengths), **kw)
     c.time_models["fast"] = InstanceTimeModel(prefill_s_per_token=0.0, decode_s_per_token=1.0)
     if slow:
         c.time_models["slow"] = InstanceTimeModel(prefill_s_per_token=0.0, decode_s_per_token=2.0)
@@ -66,7 +66,7 @@ def chain_run(query_id: str, deadline: float, stages: list[str]) -> WorkflowRun:
 
 def occupy(c: Coordinator, instance: str = "fast", tokens: float = 100) -> None:
     """Fill ``instance`` with one long call so later calls wait in its queue."""
-    c.predictor.lengths.setdefault("blocker", tokens)
+    c.length_model.lengths.setdefault("blocker", tokens)
     c.on_query_arrival("blocker", deadline=None)
     call, decisions = c.on_call_ready("blocker", stage="blocker", node_id="b", prompt_tokens=0)
     assert [d.instance for d in decisions] == [instance]
@@ -172,3 +172,38 @@ def at_phone_width(page, width: int = 414) -> None:
     page.set_viewport_size({"width": width, "height": 900})
     page.wait_for_timeout(200)
     assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+
+
+def record_watchdog_fires(monkeypatch) -> list[str]:
+    """Record each time the SQL watchdog interrupts a query (the engine kind it interrupted),
+    so a timeout test can observe the interrupt instead of timing it on a loaded machine."""
+    from agentflow.sql.database import _Interrupter
+
+    fired: list[str] = []
+    original = _Interrupter._fire
+
+    def fire(self: _Interrupter) -> None:
+        fired.append(self.kind)
+        original(self)
+
+    monkeypatch.setattr(_Interrupter, "_fire", fire)
+    return fired
+
+
+def record_parsing(monkeypatch) -> list[str]:
+    """Record every sqlglot tokenize/parse/transpile call, so a test can show a statement was
+    rejected before any parser ran (a counted step, not a stopwatch)."""
+    import sqlglot
+    from sqlglot.dialects.dialect import Dialect
+
+    calls: list[str] = []
+    for owner, name in ((Dialect, "tokenize"), (Dialect, "parse"), (sqlglot, "transpile"),
+                        (sqlglot, "parse"), (sqlglot, "parse_one")):
+        original = getattr(owner, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+    return calls

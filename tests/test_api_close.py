@@ -71,8 +71,8 @@ def test_close_in_the_middle_of_a_pipeline_cancels_and_joins_every_stage() -> No
         af, backend = make(latency_s=0.02)
         started = threading.Event()
         handle = af.submit("How many stores are there?", db="bookshop", pipeline="chess")
-        handle.subscribe(lambda e: started.set() if e.get("type") == "stage_started"
-                         and e.get("kind") == "llm" else None)
+        handle.subscribe(lambda e, started=started: started.set()
+                         if e.get("type") == "stage_started" and e.get("kind") == "llm" else None)
         assert started.wait(5)
         af.close()
         answer = handle.result(timeout=5)

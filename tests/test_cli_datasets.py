@@ -37,7 +37,8 @@ def test_user_errors_are_one_clear_line(tmp_path: Path, capsys) -> None:
 
 def test_to_duckdb_single_file_and_folder(spider_dir: Path, tmp_path: Path, capsys) -> None:
     sqlite_file = spider_dir / "database" / "library" / "library.sqlite"
-    assert main(["datasets", "to-duckdb", str(sqlite_file), "--out", str(tmp_path / "l.duckdb")]) == 0
+    out = str(tmp_path / "l.duckdb")
+    assert main(["datasets", "to-duckdb", str(sqlite_file), "--out", out]) == 0
     assert (tmp_path / "l.duckdb").is_file()
     assert main(["datasets", "to-duckdb", str(spider_dir), "--out", str(tmp_path / "all")]) == 0
     assert (tmp_path / "all" / "library" / "library.duckdb").is_file()

@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -56,12 +55,10 @@ def test_serve_on_a_busy_port_says_so_before_loading_anything(config) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        start = time.monotonic()
         out = agentflow("serve", "--config", str(config), "--port", str(port))
-        took = time.monotonic() - start
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert f"port {port} on 127.0.0.1 is already in use" in out.stderr, out.stderr
-    assert "GGUF" not in out.stderr and took < 30
+    assert "GGUF" not in out.stderr  # nothing was loaded before the port check
 
 
 def test_ask_finds_a_database_named_in_the_config(tmp_path, library_db) -> None:

@@ -24,7 +24,7 @@ def batching(policy: str = "marginal_delay+fcfs", *, slots: int = 8,
     specs = [InstanceSpec("fast", max_inflight=slots, kv_token_budget=kv),
              InstanceSpec("slow", max_inflight=slots, kv_token_budget=kv)]
     c = Coordinator(specs, clock=ManualClock(0.0), policy=policy,
-                    predictor=FixedLengths({"decode": 10, "short": 2}))
+                    length_model=FixedLengths({"decode": 10, "short": 2}))
     c.time_models["fast"] = InstanceTimeModel(prefill_s_per_token=0.01, decode_s_per_token=1.0)
     c.time_models["slow"] = InstanceTimeModel(prefill_s_per_token=0.02, decode_s_per_token=2.0)
     return c

@@ -288,8 +288,8 @@ def test_latency_cdf_is_over_answered_questions(tmp_path: Path, monkeypatch) -> 
     failure is not an answered question (agentflow.metrics)."""
     from matplotlib.axes import Axes
 
-    from agentflow.evaluation.metrics import summarize_run
     from agentflow.evaluation.report import write_plots
+    from agentflow.evaluation.scoring import summarize_run
 
     records = [{"status": "done", "latency_s": 2.0, "idle_latency_s": 1.0, "correct": True,
                 "reason": "match", "difficulty": "easy", "db_id": "demo"},

@@ -6,7 +6,6 @@ One model load per module; prompts are short so the file stays well under 30 s o
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -138,22 +137,21 @@ def test_cancelling_a_call_frees_the_worker(backend):
             LLMRequest("never runs", SamplingParams(max_tokens=50))))
         await asyncio.wait_for(progressed.wait(), 30)
         calls_before = backend.stats.calls
+        at_cancel = len(counts)
         queued.cancel()
         long_call.cancel()
         for task in (queued, long_call):
             with pytest.raises(asyncio.CancelledError):
                 await task
-        t0 = time.perf_counter()
         after = await backend.generate(LLMRequest("Hello", SamplingParams(max_tokens=2)))
-        waited = time.perf_counter() - t0
-        return counts, after, waited, backend.stats.calls - calls_before
+        return counts, at_cancel, after, backend.stats.calls - calls_before
 
-    counts, after, waited, new_calls = run(scenario())
+    counts, at_cancel, after, new_calls = run(scenario())
     assert max(counts) < 1000
     assert after.completion_tokens >= 1
-    # The long call stopped at its next token, and the cancelled queued call never ran.
-    assert after.queue_s < 2.0
-    assert waited < 10.0
+    # The long call stopped at its next token (counted: no progress while the next call ran),
+    # and the cancelled queued call never ran.
+    assert len(counts) <= at_cancel + 2, (at_cancel, counts[-3:])
     assert new_calls == 1
 
 

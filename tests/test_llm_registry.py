@@ -77,3 +77,11 @@ def test_create_local_with_missing_model_file_fails_clearly(tmp_path):
     pytest.importorskip("llama_cpp")
     with pytest.raises(FileNotFoundError, match="GGUF model not found"):
         create_backend({"type": "local", "model_path": str(tmp_path / "none.gguf")})
+
+
+def test_every_listed_spec_builds_itself_and_has_a_unique_type():
+    from agentflow.llm.registry import KNOWN_TYPES, SPECS, BackendSpec
+    assert len(set(KNOWN_TYPES)) == len(SPECS) == len(KNOWN_TYPES)
+    assert all(cls.build is not BackendSpec.build for cls in SPECS)
+    spec = parse_backend_spec({"type": "scripted"})
+    assert parse_backend_spec(spec) is spec

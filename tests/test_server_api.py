@@ -22,6 +22,7 @@ from tests.helpers import error_of, serve_process, sigterm_with_a_query_in_fligh
 
 QUESTION = "How many stores are there?"
 KEY = "test-key-123"
+ADMIN_KEY = "test-admin-key-456"
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -40,7 +41,8 @@ def guarded():
     """API keys on, room for one query at a time, slow calls (so queries are catchable)."""
     with LiveServer({"instances": [scripted_instance("slow", latency_s=0.4, max_inflight=4)],
                      "scheduler": {"max_active_queries": 1}},
-                    {"api_keys": [KEY], "admission_wait_s": 5}) as server:
+                    {"api_keys": [KEY], "admin_keys": [ADMIN_KEY],
+                     "admission_wait_s": 5}) as server:
         yield server
 
 
@@ -284,7 +286,9 @@ def test_overload_is_429_with_retry_after_not_a_growing_queue(guarded, auth) -> 
         assert int(r.headers["retry-after"]) >= 1 and err["retry_after_s"] >= 1
         rejected = httpx.get(f"{guarded.url}/v1/queries/{err['query_id']}", headers=auth).json()
         assert rejected["status"] == "rejected"
-    text = httpx.get(f"{guarded.url}/metrics", headers=auth).text
+    assert httpx.get(f"{guarded.url}/metrics", headers=auth).status_code == 403  # not admin
+    text = httpx.get(f"{guarded.url}/metrics",
+                     headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text
     assert 'agentflow_queries_total{status="rejected"} 2.0' in text
     assert 'agentflow_http_errors_total{code="overloaded",status="429"}' in text
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from agentflow.llm.base import LLMBackend, LLMRequest, LLMResult
-from agentflow.server.metrics import ServerMetrics
+from agentflow.server.prometheus import ServerMetrics
 from agentflow.server.service import FailureLog, RecordingBackend
 
 

@@ -37,17 +37,39 @@ def finished(events) -> dict[str, SeqEvent]:
 
 
 def formula_step(n_tokens: list[int], contexts: list[int], gpu=A100, model=L8B) -> float:
-    """The roofline of the engine docstring, written out independently."""
-    T = sum(n_tokens)
-    pairs = sum(n * c + n * (n + 1) // 2 for n, c in zip(n_tokens, contexts))
-    flops = 2 * model.active_params_b * 1e9 * T \
-        + 4 * model.layers * model.heads * model.head_dim * pairs
-    compute = flops / (gpu.peak_tflops * 1e12 * gpu.compute_efficiency)
-    kvb = 2 * model.layers * model.kv_heads * model.head_dim * model.kv_bits / 8
-    memory = (model.params_b * 1e9 * model.weight_bits / 8 + kvb * T) \
-        / (gpu.mem_bw_gbs * 1e9 * gpu.bw_efficiency) \
-        + kvb * sum(contexts) / (gpu.mem_bw_gbs * 1e9 * gpu.attn_bw_efficiency)
-    return max(compute, memory) + gpu.step_overhead_s
+    """The operator sum of the engine docstring (agentflow.step_time), written out
+    independently for a dense 16-bit model on one GPU."""
+    peak, bw = gpu.peak_tflops * 1e12, gpu.mem_bw_gbs * 1e9
+    d, hd = model.hidden, model.head_dim
+    q, kv, f = model.heads * hd, model.kv_heads * hd, model.ffn_hidden
+    T, S = sum(n_tokens), len(n_tokens)
+
+    def roof(lat, flops, f_eff, nbytes, b_eff):
+        return lat + max(flops / (peak * f_eff), nbytes / (bw * b_eff))
+
+    layer = 0.0
+    for k, n in ((d, q + 2 * kv), (q, d), (d, 2 * f), (f, d)):  # qkv, o, gate+up, down
+        layer += roof(gpu.linear_latency_s, 2 * k * n * T, gpu.compute_efficiency,
+                      2 * k * n + 2 * (k + n) * T, gpu.bw_efficiency)
+    # norms x2, rope, act, add; then the KV write (read 2 B + write 2 B per K/V element)
+    per_token = 2 * (2 * 2 * d + 2 * (q + kv) + 3 * f + 3 * d)
+    layer += 5 * gpu.elementwise_latency_s + T * per_token / (bw * gpu.elementwise_bw_efficiency)
+    layer += gpu.kv_write_latency_s + T * 2 * kv * 4 / (bw * gpu.elementwise_bw_efficiency)
+    dec = [(n, c) for n, c in zip(n_tokens, contexts) if n == 1]
+    pre = [(n, c) for n, c in zip(n_tokens, contexts) if n > 1]
+    if dec:
+        L = sum(c + 1 for _, c in dec)
+        layer += roof(gpu.decode_attn_latency_s, 4 * q * L, gpu.prefill_attn_efficiency,
+                      2 * kv * 2 * L + 4 * q * len(dec), gpu.attn_bw_efficiency)
+    if pre:
+        pairs = sum(n * c + n * (n + 1) // 2 for n, c in pre)
+        read = sum(c + n for n, c in pre)
+        layer += roof(gpu.prefill_attn_latency_s, 4 * q * pairs, gpu.prefill_attn_efficiency,
+                      2 * kv * 2 * read + 4 * q * sum(n for n, _ in pre),
+                      gpu.attn_bw_efficiency)
+    head = roof(gpu.linear_latency_s, 2 * d * model.vocab * S, gpu.compute_efficiency,
+                2 * d * model.vocab + 2 * (d + model.vocab) * S, gpu.bw_efficiency)
+    return layer * model.layers + head + gpu.step_overhead_s
 
 
 @pytest.mark.parametrize("jump", [True, False])
@@ -268,7 +290,8 @@ def test_kv_capacity_and_rejection():
     m = hardware.paper_model()
     gpu = hardware.gpu("A6000")
     inst = SimInstance(gpu, m)
-    reserve = 8192 * (4 * 8192 + 2 * 28672) * 2 + 256 * 128256 * 4 + 2 ** 30
+    assert inst.max_num_batched_tokens == 2048  # vLLM's default on a 48 GiB GPU
+    reserve = 2048 * (4 * 8192 + 2 * 28672) * 2 + 256 * 128256 * 4 + 2 ** 30
     free = 48 * 2 ** 30 * 0.9 - m.weight_bytes - reserve
     assert inst.kv_blocks_total == int(free // (m.kv_bytes_per_token * 16))
     with pytest.raises(ValueError):

@@ -188,14 +188,18 @@ def test_an_agentflow_trace_with_text_runs_faster_with_the_cache(tmp_path) -> No
     (cold1, cold2), no_hits = latency(0.0)
     (warm1, warm2), hits = latency("auto")
     assert no_hits == 0 and hits > 0
-    assert warm2 < cold2 and warm1 <= cold1
+    assert warm2 < cold2 / 3
+    # The first query has nothing cached yet; cache-aware placement puts two of its siblings
+    # on one instance, where they share steps (the operator model charges a step for all of
+    # its tokens), so it may finish a little later than when spread over three instances.
+    assert warm1 < cold1 * 1.05
 
 
 # ---------------------------------------------------------------------------- dispatch
 def cache_coordinator() -> Coordinator:
     specs = [InstanceSpec("a", max_inflight=8), InstanceSpec("b", max_inflight=8)]
     c = Coordinator(specs, clock=ManualClock(0.0), policy="cache_aware+fcfs",
-                    predictor=FixedLengths({"gen": 10.0}))
+                    length_model=FixedLengths({"gen": 10.0}))
     for name in ("a", "b"):  # prefill dominates: 10 ms a token, 10 ms an output token
         c.time_models[name] = InstanceTimeModel(prefill_s_per_token=0.01,
                                                 decode_s_per_token=0.01)
@@ -241,7 +245,7 @@ def test_cache_aware_dispatch_follows_the_prefix_at_equal_load_not_onto_a_backlo
 
 def test_earliest_finish_keeps_no_prefix_index() -> None:
     c = Coordinator([InstanceSpec("a"), InstanceSpec("b")], clock=ManualClock(0.0),
-                    policy="earliest_finish+fcfs", predictor=FixedLengths({"gen": 10.0}))
+                    policy="earliest_finish+fcfs", length_model=FixedLengths({"gen": 10.0}))
     assert c.prefix_index is None
     call, decisions = ready(c, "q", "q0", text("x", 3))
     assert call.prefix_hashes and isinstance(decisions[0], StartCall)

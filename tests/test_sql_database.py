@@ -14,6 +14,7 @@ from agentflow.sql import (
     UnknownColumnError,
     UnknownTableError,
 )
+from tests.helpers import record_watchdog_fires
 
 FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
@@ -73,8 +74,12 @@ def test_the_connection_itself_is_read_only(db_path: Path) -> None:
     assert sha256(db_path) == before
 
 
-def test_runaway_query_is_interrupted_within_twice_the_limit(db_path: Path) -> None:
+def test_runaway_query_is_interrupted_at_the_limit(db_path: Path, monkeypatch) -> None:
+    """Observed, not timed: the query never ends by itself, the interrupt is what stopped it,
+    and it did not come early (the wall-clock 2x bound is tests/test_sql_limits.py's slow
+    check)."""
     limit = 1.0
+    fired = record_watchdog_fires(monkeypatch)
     with Database.open(db_path) as db:
         start = time.monotonic()
         with pytest.raises(QueryTimeoutError) as info:
@@ -83,7 +88,7 @@ def test_runaway_query_is_interrupted_within_twice_the_limit(db_path: Path) -> N
         assert info.value.limit_s == limit
         # The engine is free again: the next query runs normally.
         assert db.execute("SELECT count(*) FROM author").rows == [(3,)]
-    assert limit <= elapsed < 2 * limit
+    assert len(fired) == 1 and elapsed >= limit
 
 
 def test_typed_errors(db_path: Path) -> None:

@@ -1,7 +1,9 @@
 """Issue 11 §2: a SQL timeout is a promise, memory is bounded, no input breaks the guard.
 
 The timing test runs each statement in a fresh Python process, so its peak RSS is that
-statement's alone, and checks it stopped within 2x a 1 s limit.
+statement's alone. The default suite checks that the watchdog stopped it and memory stayed
+bounded; the wall-clock promise (stopped within 2x a 1 s limit) is a ``slow`` ratio check, since
+a loaded machine can starve a process past any bound.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from agentflow.datasets.to_duckdb import convert_sqlite_to_duckdb
 from agentflow.sql import Database, QueryTimeoutError, RejectedStatementError, SqlError
 from agentflow.sql.errors import QueryTooComplexError
 from agentflow.sql.guard import MAX_NESTING, MAX_SQL_CHARS, check_query
+from tests.helpers import record_parsing, record_watchdog_fires
 
 LIMIT_S = 1.0
 PEAK_RSS_BOUND_MB = 1024  # stated bound: each runaway statement stays under 1 GiB
@@ -73,50 +76,77 @@ def engine_paths(tmp_path_factory) -> dict[str, Path]:
     return {"sqlite": sqlite_path, "duckdb": duck}
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("engine,sql", RUNAWAYS)
-def test_runaway_statement_stops_within_twice_the_limit_and_bounded_memory(
-        engine_paths, engine: str, sql: str) -> None:
+def _run_alone(engine_paths, engine: str, sql: str) -> dict:
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", _CHILD, str(engine_paths[engine]), sql,
                           str(LIMIT_S)], capture_output=True, text=True, timeout=50,
                          cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-2000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine,sql", RUNAWAYS)
+def test_runaway_statement_is_stopped_with_bounded_memory(
+        engine_paths, engine: str, sql: str) -> None:
+    report = _run_alone(engine_paths, engine, sql)
     assert report["kind"] in ("timeout", "rejected", "execution_error"), report
-    assert report["elapsed"] < 2 * LIMIT_S, report
     assert report["peak_mb"] < PEAK_RSS_BOUND_MB, report
 
 
-def test_watchdog_interrupts_a_few_expensive_steps(engine_paths) -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine,sql", RUNAWAYS)
+def test_runaway_statement_stops_within_twice_the_limit(
+        engine_paths, engine: str, sql: str) -> None:
+    """The wall-clock promise, as a ratio to the limit: slow, since a loaded machine can
+    starve the child process past any bound."""
+    report = _run_alone(engine_paths, engine, sql)
+    assert report["elapsed"] / LIMIT_S < 2, report
+
+
+def test_watchdog_interrupts_a_few_expensive_steps(engine_paths, monkeypatch) -> None:
     """Each row is one ~50 ms step: SQLite's own progress check would see very few steps."""
+    fired = record_watchdog_fires(monkeypatch)
     with Database.open(engine_paths["sqlite"]) as db:
-        start = time.monotonic()
         with pytest.raises(QueryTimeoutError):
             db.execute("SELECT sum(length(randomblob(20000000))) FROM book a, book b, book c",
                        timeout_s=0.5)
-        assert time.monotonic() - start < 1.0
+        assert fired == ["sqlite"]  # the watchdog's interrupt stopped it, mid-step
         # The pooled connection is usable afterwards and is not interrupted again.
         time.sleep(0.6)
         assert db.execute("SELECT count(*) FROM book").rows == [(4,)]
 
 
-def test_guard_text_length_is_bounded_and_fast() -> None:
+def _or_chain(chars: int) -> str:
+    parts: list[str] = []
+    while len(" OR ".join(parts)) < chars - 200:
+        parts.append(f"singer_id = {len(parts)}")
+    return "SELECT * FROM singer WHERE " + " OR ".join(parts)
+
+
+def test_guard_text_length_is_bounded_before_anything_parses(monkeypatch) -> None:
     chain = "SELECT * FROM singer WHERE " + " OR ".join(f"singer_id = {i}" for i in range(80_000))
-    start = time.monotonic()
+    parsed = record_parsing(monkeypatch)
     with pytest.raises(QueryTooComplexError, match="too long"):
         check_query(chain)
-    assert time.monotonic() - start < 0.1
-    # The longest text the guard accepts is still checked quickly.
-    n = 0
-    parts = []
-    while len(" OR ".join(parts)) < MAX_SQL_CHARS - 200:
-        parts.append(f"singer_id = {n}")
-        n += 1
-    sql = "SELECT * FROM singer WHERE " + " OR ".join(parts)
+    assert parsed == []
+    # The longest text the guard accepts is checked (and accepted).
+    sql = _or_chain(MAX_SQL_CHARS)
     assert len(sql) <= MAX_SQL_CHARS
-    spent = check_query(sql)
-    assert spent < 5.0, spent
+    check_query(sql)
+    assert parsed
+
+
+@pytest.mark.slow
+def test_guard_check_time_grows_linearly_with_the_text() -> None:
+    """The longest accepted text is checked quickly: its check costs about 10x that of a text
+    10x shorter (sqlglot is linear-ish), not 100x; measured side by side as a ratio."""
+    short, longest = _or_chain(MAX_SQL_CHARS // 10), _or_chain(MAX_SQL_CHARS)
+    check_query(short)  # warm sqlglot's caches
+    ratio = min(check_query(longest) for _ in range(2)) / min(check_query(short)
+                                                              for _ in range(3))
+    assert ratio < 25, ratio
 
 
 @pytest.mark.parametrize("sql", [
@@ -170,17 +200,18 @@ def test_a_real_second_statement_after_a_comment_is_still_rejected(engine_paths)
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "duckdb"])
-def test_bounds_apply_before_transpiling_too(engine_paths, engine: str) -> None:
+def test_bounds_apply_before_transpiling_too(engine_paths, engine: str, monkeypatch) -> None:
     """A query in another dialect is transpiled first: the same bounds must hold there."""
     other = "duckdb" if engine == "sqlite" else "sqlite"
     with Database.open(engine_paths[engine]) as db:
         with pytest.raises(QueryTooComplexError, match="too deeply nested"):
             db.execute("SELECT " + "abs(" * 60 + "1" + ")" * 60, dialect=other)
-        start = time.monotonic()
         chain = "SELECT 1 WHERE " + " OR ".join(f"1 = {i}" for i in range(60_000))
-        with pytest.raises(QueryTooComplexError, match="too long"):
-            db.execute(chain, dialect=other)
-        assert time.monotonic() - start < 0.5
+        with monkeypatch.context() as patch:
+            parsed = record_parsing(patch)
+            with pytest.raises(QueryTooComplexError, match="too long"):
+                db.execute(chain, dialect=other)
+        assert parsed == []  # rejected before the transpiler or the parser saw it
         assert db.execute("SELECT count(*) FROM book", dialect=other).rows == [(4,)]
 
 

@@ -49,8 +49,15 @@ def run_sync(run: WorkflowRun, state=None):
 
 
 def test_independent_stages_run_concurrently() -> None:
+    started: list[str] = []
+    all_started = asyncio.Event()
+
     async def slow(ctx):
-        await asyncio.sleep(0.2)
+        started.append(ctx.node.id)
+        if len(started) == 4:
+            all_started.set()
+        # run one after another, the first would wait here for the other three in vain
+        await asyncio.wait_for(all_started.wait(), 5)
         return ctx.node.id
 
     fan = [tool(f"cand.{i}", slow) for i in range(4)]
@@ -61,10 +68,8 @@ def test_independent_stages_run_concurrently() -> None:
     nodes = [tool("start"), *fan, tool("select", select)]
     edges = [("start", n.id) for n in fan] + [(n.id, "select") for n in fan]
     run = WorkflowRun(Query("q", "db", arrival=time.monotonic()), graph_of(nodes, edges))
-    start = time.monotonic()
     run_sync(run)
-    assert time.monotonic() - start < 0.6  # four 0.2 s stages in parallel, not 0.8 s
-    assert run.query.status == QueryStatus.DONE
+    assert run.query.status == QueryStatus.DONE, run.query.error
     assert run.outputs["select"] == ["cand.0", "cand.1", "cand.2", "cand.3"]
     record = run.query.stage("select")
     assert record.parents == ["cand.0", "cand.1", "cand.2", "cand.3"] and record.status == "ok"
@@ -139,9 +144,7 @@ def test_a_failing_stage_fails_the_query_and_cancels_its_siblings() -> None:
     nodes = [tool("start"), tool("bad", boom), tool("slow", long), tool("end")]
     run = WorkflowRun(Query("q", "db", arrival=0.0), graph_of(
         nodes, [("start", "bad"), ("start", "slow"), ("bad", "end"), ("slow", "end")]))
-    start = time.monotonic()
-    run_sync(run)
-    assert time.monotonic() - start < 5
+    run_sync(run)  # returns only once "slow"'s 30 s sleep is cancelled (observed below)
     assert run.query.status == QueryStatus.FAILED
     assert run.query.error == "stage bad failed: RuntimeError: disk on fire"
     assert cancelled == ["slow"]

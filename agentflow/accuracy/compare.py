@@ -115,7 +115,7 @@ def gold_has_order_by(gold_sql: str, dialect: str = "sqlite") -> bool:
     Cached: a harness asks this for the same gold query once per prediction.
     """
     try:
-        node: exp.Expression | None = sqlglot.parse_one(gold_sql, read=dialect)
+        node: exp.Expr | None = sqlglot.parse_one(gold_sql, read=dialect)
     except Exception:  # sqlglot raises several error types, and RecursionError on deep nesting
         node = None
     if not isinstance(node, exp.Query):

@@ -68,9 +68,9 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
     Gold runs first: when it fails the prediction is not run at all (its verdict would mean
     nothing) and the reason is ``gold_error``/``gold_timeout``. Pass ``gold_result`` to reuse a
     gold result across several predictions (make it with ``max_rows=DEFAULT_MAX_ROWS``: a
-    result truncated by a smaller cap is reported as gold_error). ``*_dialect`` is the dialect each query is written
-    in when it differs from the database's (Spider gold is SQLite; run on DuckDB it is
-    transpiled). A timeout is a wrong answer, as in both official evaluators.
+    result truncated by a smaller cap is reported as gold_error). ``*_dialect`` is the dialect
+    each query is written in when it differs from the database's (Spider gold is SQLite; run
+    on DuckDB it is transpiled). A timeout is a wrong answer, as in both official evaluators.
     """
     rule = MatchRule(rule)
     if gold_result is None:
@@ -95,8 +95,8 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
                        pred_s=pred_run.elapsed_s, gold_s=gold_result.elapsed_s,
                        error_kind=pred_run.kind)
     pred_n = len(pred_run.rows)
-    timing = {"pred_rows": pred_n, "gold_rows": gold_n, "pred_s": pred_run.elapsed_s,
-              "gold_s": gold_result.elapsed_s}
+    timing: dict[str, Any] = {"pred_rows": pred_n, "gold_rows": gold_n,
+                              "pred_s": pred_run.elapsed_s, "gold_s": gold_result.elapsed_s}
     if pred_run.truncated:
         # Its true size is unknown, but more than the gold's (which fit under the same cap);
         # a complete comparison is impossible, so it is wrong, like a timeout.

@@ -196,7 +196,7 @@ def wait_with_progress(console: Console, handle: Any) -> Any:
     finished = [0]
 
     def on_event(event: dict) -> None:
-        node = event.get("node_id")
+        node = str(event.get("node_id"))
         if event.get("type") == "stage_started":
             running[node] = None
         elif event.get("type") in ("stage_finished", "stage_failed"):

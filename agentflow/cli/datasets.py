@@ -7,7 +7,14 @@ import json
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from agentflow.accuracy import MatchRule
@@ -95,7 +102,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         overall = progress.add_task("all questions", total=total)
-        current: dict[str, int] = {}
+        current: dict[str, TaskID] = {}
 
         def on_database(db_id: str, n: int) -> None:
             if current:

@@ -44,6 +44,15 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     quiet_llama(not args.verbose)  # stdout is the protocol channel: nothing else may print
     config = AgentFlowConfig.load(args.config) if args.config else AgentFlowConfig()
+    tenants = None
+    if args.http:  # the HTTP API's keys and tenants: the config's server section, the env
+        from agentflow.server.settings import load_serve_config
+
+        try:
+            tenants = load_serve_config(args.config)[1].tenant_table()
+        except (ValueError, OSError) as err:
+            print(f"agentflow: error: {err}", file=sys.stderr)
+            return 2
     apply_database_options(config, args)
     if args.http:
         from agentflow.cli.serve import port_problem
@@ -55,13 +64,15 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     DatabaseCatalog.from_config(config).close()  # bad --data fails fast
     af = connect(config)
     try:
-        server = build_server(af)
         if args.http:
+            from agentflow.mcp.server import serve_http
+
             print(f"agentflow: MCP over streamable HTTP at http://{args.host}:{args.port}/mcp "
-                  f"({len(af.catalog.ids)} databases)", file=sys.stderr, flush=True)
-            server.run("streamable-http", host=args.host, port=args.port)
+                  f"({len(af.catalog.ids)} databases"
+                  f"{', API keys on' if tenants else ''})", file=sys.stderr, flush=True)
+            serve_http(af, args.host, args.port, tenants)
         else:
-            server.run("stdio")
+            build_server(af).run("stdio")
     finally:
         af.close()
     return 0

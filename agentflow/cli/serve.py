@@ -115,7 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     DatabaseCatalog.from_config(config).close()  # bad --data folders
     log.info("starting %d instance(s) (%s); pipeline %s", len(config.instances),
-             ", ".join(i.name for i in config.instances), config.pipeline)
+             ", ".join(i.label for i in config.instances), config.pipeline)
     app = create_app(config, settings)
     service = app.state.service
     if settings.keys():

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from agentflow.cli import table_console
 from agentflow.metrics import scale_key
-from agentflow.scheduler.length_models import PREDICTORS
+from agentflow.scheduler.lengths import LENGTH_MODELS
 from agentflow.scheduler.policies import policy_help
 
 
@@ -22,16 +22,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="compare scheduling policies on a simulated cluster",
                        description="Replay a trace on a simulated heterogeneous cluster under "
                                    "each policy, with identical arrivals.")
-    p.add_argument("--trace", required=True, help="HexGen-Flow JSON or agentflow JSONL trace")
+    p.add_argument("--trace", default=None,
+                   help="HexGen-Flow JSON or agentflow JSONL trace (required unless a "
+                        "subcommand is given)")
     p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto",
                    help="trace format: HexGen-Flow JSON, agentflow JSONL, or auto (default: "
                         "by content)")
     p.add_argument("--cluster", default="paper-4gpu", help="a name (paper-4gpu, ...) or YAML")
     p.add_argument("--policy", default="vllm,hexgen-flow,sagesched,flowsage",
                    help="comma-separated policies; " + policy_help().replace("%", "%%"))
-    p.add_argument("--predictor", default=None, choices=list(PREDICTORS),
+    # --predictor: the flag's earlier name, still accepted
+    p.add_argument("--length-model", "--predictor", dest="length_model", default=None,
+                   choices=list(LENGTH_MODELS),
                    help="length model for every listed policy that names none (e.g. "
-                        "--predictor oracle runs each policy with true lengths)")
+                        "--length-model oracle runs each policy with true lengths)")
     p.add_argument("--rate", type=float, default=1.0, help="mean arrival rate, queries/s")
     p.add_argument("--arrival", default="poisson",
                    help="poisson | gamma:CV | steps:RATE/SECONDS,RATE/SECONDS,...")
@@ -62,7 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, default=None,
                    help="also write every policy's metrics to this JSON file")
     p.add_argument("--plot", type=Path, default=None, help="SLO attainment vs scale (PNG)")
-    p.set_defaults(func=cmd_simulate)
+    p.set_defaults(func=cmd_simulate, simulate_parser=p)
+    steps = p.add_subparsers(dest="simulate_command", metavar="SUBCOMMAND",
+                             title="subcommands")
+    from agentflow.cli import step as step_cli
+
+    step_cli.register(steps)
 
 
 def _cached_prefix(value: str) -> float | str:
@@ -86,6 +95,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from agentflow.sim.slo import IdleLatency
     from agentflow.sim.workload import load_trace
 
+    if args.trace is None:
+        args.simulate_parser.error("the following arguments are required: --trace")
     console = Console(stderr=True)
     if args.ray is not None:
         try:
@@ -98,9 +109,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     faults = [Fault.parse(f) for f in args.fault]
     trace = load_trace(args.trace, args.format)
-    from agentflow.scheduler.policies import parse_policy, with_predictor
+    from agentflow.scheduler.policies import parse_policy, with_length_model
 
-    policies = [with_predictor(p.strip(), args.predictor)
+    policies = [with_length_model(p.strip(), args.length_model)
                 for p in args.policy.split(",") if p.strip()]
     for policy in policies:
         parse_policy(policy)  # a bad name fails before any simulation runs

@@ -52,7 +52,7 @@ def convert_sqlite_to_duckdb(src: Path, dst: Path, *, overwrite: bool = True) ->
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     report = ConversionReport(src=src, dst=dst)
-    source = _open_source(src)
+    source = open_source(src)
     try:
         target = duckdb.connect(str(tmp))
         try:
@@ -67,7 +67,7 @@ def convert_sqlite_to_duckdb(src: Path, dst: Path, *, overwrite: bool = True) ->
 
 
 @dataclass
-class _Table:
+class SourceTable:
     name: str
     columns: list[tuple[str, str]]  # (name, declared type)
     pk: list[str]
@@ -76,13 +76,13 @@ class _Table:
 
 def _copy(source: sqlite3.Connection, target: duckdb.DuckDBPyConnection,
           report: ConversionReport) -> None:
-    tables, by_lower, valid_pk = _read_tables(source)
+    tables, by_lower, valid_pk = read_tables(source)
     graph = nx.DiGraph()
     graph.add_nodes_from(by_lower)
     kept_fks: dict[str, list[tuple[list[str], str, list[str]]]] = {k: [] for k in by_lower}
     for table in tables:
         for cols, ref, ref_cols in table.fks:
-            why = _fk_problem(source, table, cols, by_lower.get(ref.lower()), ref_cols, valid_pk)
+            why = fk_problem(source, table, cols, by_lower.get(ref.lower()), ref_cols, valid_pk)
             if why:
                 report.notes.append(f"dropped foreign key {table.name}({', '.join(cols)}) -> "
                                     f"{ref}({', '.join(ref_cols)}): {why}")
@@ -112,7 +112,7 @@ def _copy(source: sqlite3.Connection, target: duckdb.DuckDBPyConnection,
             report.notes.append(f"view {name} skipped: {str(err).splitlines()[0]}")
 
 
-def _open_source(src: Path) -> sqlite3.Connection:
+def open_source(src: Path) -> sqlite3.Connection:
     """``src`` opened read-only; text is decoded leniently (benchmark files hold invalid
     UTF-8)."""
     source = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
@@ -120,8 +120,8 @@ def _open_source(src: Path) -> sqlite3.Connection:
     return source
 
 
-def _read_tables(source: sqlite3.Connection
-                 ) -> tuple[list[_Table], dict[str, _Table], dict[str, bool]]:
+def read_tables(source: sqlite3.Connection
+                 ) -> tuple[list[SourceTable], dict[str, SourceTable], dict[str, bool]]:
     """Every table of ``source`` (by name), the same by lower-case name, and whether each
     one's primary key holds on the data (no NULL, no duplicate)."""
     tables = [_read_table(source, name) for (name,) in source.execute(
@@ -132,31 +132,32 @@ def _read_tables(source: sqlite3.Connection
     return tables, {t.name.lower(): t for t in tables}, valid_pk
 
 
-def _read_table(source: sqlite3.Connection, name: str) -> _Table:
-    info = source.execute(f"PRAGMA table_info({_q(name)})").fetchall()
+def _read_table(source: sqlite3.Connection, name: str) -> SourceTable:
+    info = source.execute(f"PRAGMA table_info({quote_name(name)})").fetchall()
     columns = [(row[1], row[2] or "") for row in info]
     pk = [row[1] for row in sorted((r for r in info if r[5]), key=lambda r: r[5])]
     fks: dict[int, tuple[list[str], str, list[str]]] = {}
-    for row in source.execute(f"PRAGMA foreign_key_list({_q(name)})").fetchall():
+    for row in source.execute(f"PRAGMA foreign_key_list({quote_name(name)})").fetchall():
         fk_id, _seq, ref, col, ref_col = row[0], row[1], row[2], row[3], row[4]
         cols, _, ref_cols = fks.setdefault(fk_id, ([], ref, []))
         cols.append(col)
         ref_cols.append(ref_col)
-    return _Table(name=name, columns=columns, pk=pk, fks=list(fks.values()))
+    return SourceTable(name=name, columns=columns, pk=pk, fks=list(fks.values()))
 
 
 def _key_is_valid(source: sqlite3.Connection, table: str, cols: list[str]) -> bool:
-    col_list = ", ".join(_q(c) for c in cols)
-    not_null = " OR ".join(f"{_q(c)} IS NULL" for c in cols)
-    nulls = source.execute(f"SELECT count(*) FROM {_q(table)} WHERE {not_null}").fetchone()[0]
-    dups = source.execute(f"SELECT count(*) FROM (SELECT {col_list} FROM {_q(table)} "
+    col_list = ", ".join(quote_name(c) for c in cols)
+    not_null = " OR ".join(f"{quote_name(c)} IS NULL" for c in cols)
+    nulls = source.execute(
+        f"SELECT count(*) FROM {quote_name(table)} WHERE {not_null}").fetchone()[0]
+    dups = source.execute(f"SELECT count(*) FROM (SELECT {col_list} FROM {quote_name(table)} "
                           f"GROUP BY {col_list} HAVING count(*) > 1)").fetchone()[0]
     return nulls == 0 and dups == 0
 
 
-def _fk_problem(source: sqlite3.Connection, table: _Table, cols: list[str], ref: _Table | None,
-                ref_cols: list[str], valid_pk: dict[str, bool], *,
-                self_references: bool = False) -> str | None:
+def fk_problem(source: sqlite3.Connection, table: SourceTable, cols: list[str],
+               ref: SourceTable | None, ref_cols: list[str], valid_pk: dict[str, bool], *,
+               self_references: bool = False) -> str | None:
     """Why the foreign key cannot be kept, or None. ``self_references``: the target adds
     keys after the data, so a table may reference itself (DuckDB checks keys on insert,
     so there it may not)."""
@@ -165,24 +166,25 @@ def _fk_problem(source: sqlite3.Connection, table: _Table, cols: list[str], ref:
     ref_cols = [c if c is not None else "" for c in ref_cols]
     if not all(ref_cols):  # "REFERENCES t" without columns means t's primary key
         ref_cols[:] = ref.pk
-    if [c.lower() for c in ref_cols] != [c.lower() for c in ref.pk] or not valid_pk[ref.name.lower()]:
+    if ([c.lower() for c in ref_cols] != [c.lower() for c in ref.pk]
+            or not valid_pk[ref.name.lower()]):
         return "referenced columns are not the referenced table's valid primary key"
     if ref is table and not self_references:
         return "self-references are not kept"
     names = {c.lower() for c, _ in table.columns}
     if not all(c.lower() in names for c in cols):
         return "column does not exist"
-    join = " AND ".join(f"c.{_q(a)} = p.{_q(b)}" for a, b in zip(cols, ref_cols))
-    present = " AND ".join(f"c.{_q(a)} IS NOT NULL" for a in cols)
+    join = " AND ".join(f"c.{quote_name(a)} = p.{quote_name(b)}" for a, b in zip(cols, ref_cols))
+    present = " AND ".join(f"c.{quote_name(a)} IS NOT NULL" for a in cols)
     orphans = source.execute(
-        f"SELECT count(*) FROM {_q(table.name)} c WHERE {present} AND NOT EXISTS "
-        f"(SELECT 1 FROM {_q(ref.name)} p WHERE {join})").fetchone()[0]
+        f"SELECT count(*) FROM {quote_name(table.name)} c WHERE {present} AND NOT EXISTS "
+        f"(SELECT 1 FROM {quote_name(ref.name)} p WHERE {join})").fetchone()[0]
     if orphans:
         return f"{orphans} rows reference missing keys"
     return None
 
 
-def _duckdb_type(storage: set[str], declared: str) -> str:
+def duckdb_type(storage: set[str], declared: str) -> str:
     """DuckDB type for a column whose values have the SQLite storage classes ``storage``."""
     storage = storage - {"null"}
     if not storage:
@@ -210,32 +212,33 @@ def _affinity_type(declared: str) -> str:
     return "DOUBLE"
 
 
-def _copy_table(source: sqlite3.Connection, target: duckdb.DuckDBPyConnection, table: _Table,
+def _copy_table(source: sqlite3.Connection, target: duckdb.DuckDBPyConnection, table: SourceTable,
                 keep_pk: bool, fks: list[tuple[list[str], str, list[str]]]) -> TableReport:
     types: dict[str, str] = {}
     notes: list[str] = []
     for col, declared in table.columns:
         storage = {r[0] for r in source.execute(
-            f"SELECT DISTINCT typeof({_q(col)}) FROM {_q(table.name)}")}
-        types[col] = _duckdb_type(storage, declared)
+            f"SELECT DISTINCT typeof({quote_name(col)}) FROM {quote_name(table.name)}")}
+        types[col] = duckdb_type(storage, declared)
         if len(storage - {"null"}) > 1 and types[col] == "VARCHAR":
             notes.append(f"column {col} mixes {sorted(storage - {'null'})}; stored as VARCHAR")
-    parts = [f"{_q(c)} {types[c]}" for c, _ in table.columns]
+    parts = [f"{quote_name(c)} {types[c]}" for c, _ in table.columns]
     if keep_pk:
-        parts.append(f"PRIMARY KEY ({', '.join(_q(c) for c in table.pk)})")
+        parts.append(f"PRIMARY KEY ({', '.join(quote_name(c) for c in table.pk)})")
     for cols, ref, ref_cols in fks:
-        parts.append(f"FOREIGN KEY ({', '.join(_q(c) for c in cols)}) REFERENCES {_q(ref)} "
-                     f"({', '.join(_q(c) for c in ref_cols)})")
-    target.execute(f"CREATE TABLE {_q(table.name)} ({', '.join(parts)})")
-    col_list = ", ".join(_q(c) for c, _ in table.columns)
-    cursor = source.execute(f"SELECT {col_list} FROM {_q(table.name)}")
+        parts.append(f"FOREIGN KEY ({', '.join(quote_name(c) for c in cols)}) "
+                     f"REFERENCES {quote_name(ref)} "
+                     f"({', '.join(quote_name(c) for c in ref_cols)})")
+    target.execute(f"CREATE TABLE {quote_name(table.name)} ({', '.join(parts)})")
+    col_list = ", ".join(quote_name(c) for c, _ in table.columns)
+    cursor = source.execute(f"SELECT {col_list} FROM {quote_name(table.name)}")
     width = len(table.columns)
     converters = [_converter(types[c]) for c, _ in table.columns]
     rows = 0
     while batch := cursor.fetchmany(_INSERT_BATCH):
         values = ", ".join(["(" + ", ".join(["?"] * width) + ")"] * len(batch))
         params = [conv(v) for row in batch for conv, v in zip(converters, row)]
-        target.execute(f"INSERT INTO {_q(table.name)} VALUES {values}", params)
+        target.execute(f"INSERT INTO {quote_name(table.name)} VALUES {values}", params)
         rows += len(batch)
     return TableReport(name=table.name, rows=rows, column_types=types, notes=notes)
 
@@ -247,5 +250,5 @@ def _converter(duck_type: str):
     return lambda v: v
 
 
-def _q(name: str) -> str:
+def quote_name(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import sqlglot
 
-from agentflow.datasets.to_duckdb import _duckdb_type, _fk_problem, _open_source, _read_tables
-from agentflow.datasets.to_duckdb import _q as _source_q  # names on the SQLite side, as written
+from agentflow.datasets.to_duckdb import duckdb_type, fk_problem, open_source, read_tables
+from agentflow.datasets.to_duckdb import quote_name as _source_q  # SQLite-side names, as written
 
 _PG_TYPES = {"BIGINT": "bigint", "DOUBLE": "double precision", "BLOB": "bytea",
              "VARCHAR": "text"}
@@ -46,7 +46,7 @@ def load_sqlite_into_postgres(src: Path, conn, db_id: str, *,
     (autocommit off; committed at the end, so a failed load leaves nothing half-made)."""
     schema = schema_name(db_id)
     report = PgLoadReport(db_id=db_id, schema=schema)
-    source = _open_source(src)
+    source = open_source(src)
     try:
         with conn.cursor() as cur:
             cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -71,7 +71,7 @@ def _q(name: str) -> str:
 
 
 def _copy(source: sqlite3.Connection, cur, schema: str, report: PgLoadReport) -> None:
-    tables, by_lower, valid_pk = _read_tables(source)
+    tables, by_lower, valid_pk = read_tables(source)
     for table in tables:
         report.rows += _copy_table(source, cur, table, report)
         report.tables += 1
@@ -85,9 +85,9 @@ def _copy(source: sqlite3.Connection, cur, schema: str, report: PgLoadReport) ->
     for table in tables:
         for cols, ref, ref_cols in table.fks:
             ref_table = by_lower.get(ref.lower())
-            why = _fk_problem(source, table, cols, ref_table, ref_cols, valid_pk,
+            why = fk_problem(source, table, cols, ref_table, ref_cols, valid_pk,
                               self_references=True)  # keys are added after the data
-            if why:
+            if why or ref_table is None:
                 report.notes.append(f"dropped foreign key {table.name}({', '.join(cols)}) -> "
                                     f"{ref}: {why}")
                 continue
@@ -123,7 +123,7 @@ def _copy_table(source: sqlite3.Connection, cur, table, report: PgLoadReport) ->
         seen.add(col.lower())
         storage = {r[0] for r in source.execute(
             f"SELECT DISTINCT typeof({_source_q(col)}) FROM {_source_q(table.name)}")}
-        types[col] = _PG_TYPES[_duckdb_type(storage, declared)]
+        types[col] = _PG_TYPES[duckdb_type(storage, declared)]
         if len(storage - {"null"}) > 1 and types[col] == "text":
             report.notes.append(f"{table.name}.{col} mixes {sorted(storage - {'null'})}; "
                                 "stored as text")

@@ -90,17 +90,17 @@ def _level(c1: int, c2: int, others: int) -> str:
 
 
 # ------------------------------------------------------------------------------ the parts
-def _unwrap(node: exp.Expression) -> exp.Expression:
+def _unwrap(node: exp.Expr) -> exp.Expr:
     while isinstance(node, (exp.Paren, exp.Subquery)) and isinstance(node.this, exp.Expression):
         node = node.this
     return node
 
 
-def _from(select: exp.Select) -> exp.Expression | None:
+def _from(select: exp.Select) -> exp.Expr | None:
     return select.args.get("from_") or select.args.get("from")
 
 
-def _conditions(node: exp.Expression | None) -> tuple[list[exp.Expression], int]:
+def _conditions(node: exp.Expr | None) -> tuple[list[exp.Expr], int]:
     """The leaf conditions of an AND/OR tree (Spider's cond_units) and its number of ORs."""
     if node is None:
         return [], 0
@@ -115,8 +115,8 @@ def _conditions(node: exp.Expression | None) -> tuple[list[exp.Expression], int]
     return [node], 0
 
 
-def _on_conditions(select: exp.Select) -> tuple[list[exp.Expression], int]:
-    leaves: list[exp.Expression] = []
+def _on_conditions(select: exp.Select) -> tuple[list[exp.Expr], int]:
+    leaves: list[exp.Expr] = []
     ors = 0
     for join in select.args.get("joins") or []:
         lv, o = _conditions(join.args.get("on"))
@@ -125,23 +125,23 @@ def _on_conditions(select: exp.Select) -> tuple[list[exp.Expression], int]:
     return leaves, ors
 
 
-def _negated(cond: exp.Expression) -> bool:
+def _negated(cond: exp.Expr) -> bool:
     if isinstance(cond, exp.Not):
         return not isinstance(_unwrap_not(cond), exp.Is)  # IS NOT NULL is the 'is' operator
     return bool(cond.args.get("negate"))
 
 
-def _unwrap_not(cond: exp.Expression) -> exp.Expression:
+def _unwrap_not(cond: exp.Expr) -> exp.Expr:
     while isinstance(cond, exp.Not):
         cond = cond.this
     return cond
 
 
-def _is_like(cond: exp.Expression) -> bool:
+def _is_like(cond: exp.Expr) -> bool:
     return isinstance(_unwrap_not(cond), (exp.Like, exp.ILike))
 
 
-def _walk_outer(node: exp.Expression):
+def _walk_outer(node: exp.Expr):
     """Every node under ``node`` without entering nested queries (which are yielded)."""
     stack = [node]
     while stack:
@@ -152,14 +152,14 @@ def _walk_outer(node: exp.Expression):
         stack.extend(current.iter_expressions())
 
 
-def _subqueries(cond: exp.Expression) -> int:
+def _subqueries(cond: exp.Expr) -> int:
     if isinstance(_unwrap_not(cond), exp.Exists):
         return 1
     return sum(1 for n in _walk_outer(cond) if n is not cond and isinstance(n, _SUBQUERY)
                and not isinstance(n.parent, (exp.Subquery, exp.Exists)))
 
 
-def _aggs(node: exp.Expression) -> int:
+def _aggs(node: exp.Expr) -> int:
     return sum(1 for n in _walk_outer(node) if isinstance(n, _AGGS))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from agentflow.accuracy import MatchRule, evaluate_pair
 from agentflow.datasets import Dataset, Example
+from agentflow.datasets.types import EngineKind
 from agentflow.evaluation.hardness import HardnessError, spider_hardness
 
 FINISHED = ("done", "failed")  # statuses a resumed run does not ask again
@@ -43,7 +44,8 @@ def hardness_or_none(sql: str) -> str | None:
 class Judge:
     """Execution accuracy of predictions under both rules, on the dataset's databases."""
 
-    def __init__(self, dataset: Dataset, *, engine: str = "sqlite", timeout_s: float = 30.0):
+    def __init__(self, dataset: Dataset, *, engine: EngineKind = "sqlite",
+                 timeout_s: float = 30.0):
         self.dataset = dataset
         self.engine = engine
         self.timeout_s = timeout_s
@@ -136,7 +138,7 @@ class RecordStore:
         self.records: dict[str, dict[str, Any]] = {}
         if self.path.is_file():
             with self.path.open() as fh:
-                for n, line in enumerate(fh, 1):
+                for line in fh:
                     if not line.strip():
                         continue
                     try:
@@ -162,7 +164,7 @@ class RecordStore:
 
 
 def usage_fields(usage: dict[str, Any]) -> dict[str, Any]:
-    by_stage = defaultdict(dict)
+    by_stage: defaultdict[str, dict[str, Any]] = defaultdict(dict)
     for stage, u in (usage.get("by_stage") or {}).items():
         by_stage[stage] = dict(u)
     return {"calls": int(usage.get("calls", 0)),

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow.evaluation.metrics import level_key
+from agentflow.evaluation.scoring import level_key
 from agentflow.metrics import Outcome, completed_latencies, scale_key
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.config import AgentFlowConfig
-from agentflow.evaluation.metrics import summarize_run
 from agentflow.evaluation.records import Judge, RecordStore
 from agentflow.evaluation.report import write_plots, write_report, write_summary
+from agentflow.evaluation.scoring import summarize_run
 from agentflow.evaluation.spec import (
     DatasetSpec,
     EvalError,
@@ -25,12 +25,12 @@ from agentflow.evaluation.spec import (
     sample_examples,
     split_names,
 )
-from agentflow.scheduler.policies import PRESET_PREDICTORS, PRESETS
+from agentflow.scheduler.policies import PRESET_LENGTH_MODELS, PRESETS
 
 META = "eval.json"
 META_FORMAT = "agentflow-eval/1"
 # Simulated mode's default: every preset that uses the learned length model.
-SIM_POLICIES = tuple(name for name in PRESETS if name not in PRESET_PREDICTORS)
+SIM_POLICIES = tuple(name for name in PRESETS if name not in PRESET_LENGTH_MODELS)
 
 Backends = Mapping[str, Any] | Callable[[str, str], Mapping[str, Any]]
 
@@ -213,7 +213,7 @@ def _real(dataset: str, *, out: Path, pipelines: list[str], policies: list[str],
     digest = _digest(base, backends)
     runs = [(p, q, run_key(p, q)) for p in pipelines for q in policies]
     stores: dict[str, RecordStore] = {}
-    for pipeline, policy, key in runs:
+    for _pipeline, _policy, key in runs:
         store = stores[key] = RecordStore(out / "records" / f"{key}.jsonl")
         old = meta["runs"].get(key)
         if old and old.get("config_digest") != digest and store.finished_ids():
@@ -365,7 +365,7 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
     meta = _read_meta(out)
     spec = parse_dataset_spec(dataset) if dataset else (
         DatasetSpec(**meta["dataset"]) if meta else None)
-    if meta and dataset and meta["dataset"] != spec.to_dict():
+    if meta and dataset and spec is not None and meta["dataset"] != spec.to_dict():
         raise EvalError(f"{out} holds an evaluation of {DatasetSpec(**meta['dataset']).label}, "
                         f"not {spec.label}; use another --out")
     ds = load_spec(spec) if spec else None
@@ -400,7 +400,7 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
             if meta is None or not meta.get("runs"):
                 raise EvalError(f"no recorded real run in {out}: run `agentflow eval` without "
                                 "--cluster first (same --out), or pass --traces FILE")
-            recorded = {}
+            recorded: dict[str, tuple[str, dict[str, Any]]] = {}
             for key, run in meta["runs"].items():
                 if (out / run["trace"]).is_file():
                     recorded.setdefault(run["pipeline"], (key, run))

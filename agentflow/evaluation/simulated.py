@@ -91,7 +91,7 @@ def load_source(pipeline: str, trace_path: Path, recorded_policy: str | None, *,
 
 def _judged(rec: dict[str, Any], examples_by_question: dict[tuple[str, str], Example],
             kind: str | None, judge: Judge | None) -> dict[str, Any] | None:
-    example = examples_by_question.get((rec.get("db_id"), rec.get("question")))
+    example = examples_by_question.get((rec.get("db_id", ""), rec.get("question", "")))
     if example is None or judge is None:
         return None
     level, src = difficulty_of(example, kind or "spider")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def sample_examples(dataset: Dataset, limit: int | None, seed: int) -> list[Exam
     return [dataset.examples[i] for i in sorted(order[:limit])]
 
 
-def split_names(value: str | list[str] | tuple[str, ...] | None, what: str) -> list[str]:
+def split_names(value: str | Sequence[str] | None, what: str) -> list[str]:
     if value is None:
         return []
     items = value.split(",") if isinstance(value, str) else list(value)
@@ -117,7 +118,7 @@ def check_policies(names: list[str], *, simulated: bool) -> None:
             raise EvalError(str(err)) from None
         if spec.simulation_only and not simulated:
             raise EvalError(f"policy {name!r} exists only in the simulator (its length model "
-                            f"{spec.predictor!r} knows every call's length in advance); use it "
+                            f"{spec.length_model!r} knows every call's length in advance); use it "
                             "with --cluster")
 
 

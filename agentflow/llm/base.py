@@ -99,5 +99,5 @@ class LLMBackend(abc.ABC):
         distinct key). Override together with ``count_tokens``."""
         return ("chars/4",)
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional: a backend holding nothing frees nothing
         """Release resources (model memory, HTTP sessions)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from typing import Any
 
 log = logging.getLogger("agentflow.llama")
 log.propagate = False
@@ -23,7 +24,7 @@ log.addHandler(logging.NullHandler())
 _LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING,
            4: logging.ERROR}
 _lock = threading.Lock()
-_state = {"callback": None, "last": logging.INFO, "handler": None}
+_state: dict[str, Any] = {"callback": None, "last": logging.INFO, "handler": None}
 
 
 def install() -> None:

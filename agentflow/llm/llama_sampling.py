@@ -116,10 +116,11 @@ class TokenSampler:
             C.llama_sampler_accept(self._chain, token)
 
     def _grammar_allows(self, token: int, logit: float) -> bool:
-        self._one[0].id = token
+        # llama_cpp annotates struct fields with their C types; ctypes converts ints/pointers
+        self._one[0].id = token  # type: ignore[assignment]
         self._one[0].logit = logit
         self._one[0].p = 0.0
-        self._one_array.data = ctypes.cast(self._one, C.llama_token_data_p)
+        self._one_array.data = ctypes.cast(self._one, C.llama_token_data_p)  # type: ignore[assignment]
         self._one_array.size = 1
         self._one_array.selected = -1
         self._one_array.sorted = False
@@ -134,7 +135,7 @@ class TokenSampler:
         cands.logit[:] = logits
         cands.p[:] = 0.0
         arr = self._array
-        arr.data = cands.ctypes.data_as(C.llama_token_data_p)
+        arr.data = cands.ctypes.data_as(C.llama_token_data_p)  # type: ignore[assignment]
         arr.size = self._n_vocab
         arr.selected = -1
         arr.sorted = False

@@ -8,9 +8,9 @@ the OpenAI spec names the environment variable that holds the key.
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentflow.llm.base import LLMBackend
 
@@ -19,11 +19,23 @@ class BackendSpecError(ValueError):
     """A backend spec is malformed (unknown type, missing or bad field, missing env var)."""
 
 
-class _Spec(BaseModel):
+class BackendSpec(BaseModel):
+    """One backend type's config fields; the subclass builds its backend from them.
+
+    Adding a backend type is two edits: a subclass with a ``type: Literal["name"]`` field and a
+    ``build`` method, and its entry in ``SPECS``. Imports of heavy libraries stay inside
+    ``build`` so validating a cluster file never loads a model runtime.
+    """
+
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    type: str
+    name: str
+
+    def build(self) -> LLMBackend:
+        raise NotImplementedError(f"{type(self).__name__} does not build a backend")
 
 
-class LocalSpec(_Spec):
+class LocalSpec(BackendSpec):
     type: Literal["local"]
     name: str = "local"
     model_path: str | None = None  # None: the embedded 270M Gemma 3 GGUF
@@ -34,8 +46,17 @@ class LocalSpec(_Spec):
     prefix_cache_bytes: int | None = Field(None, ge=0)  # None: the backend's default
     use_extra_bufts: bool = False
 
+    def build(self) -> LLMBackend:
+        from agentflow.llm.local import DEFAULT_PREFIX_CACHE_BYTES, LocalLlamaBackend
+        return LocalLlamaBackend(
+            self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
+            n_threads_batch=self.n_threads_batch, n_batch=self.n_batch,
+            prefix_cache_bytes=(DEFAULT_PREFIX_CACHE_BYTES if self.prefix_cache_bytes is None
+                                else self.prefix_cache_bytes),
+            use_extra_bufts=self.use_extra_bufts, name=self.name)
 
-class OpenAISpec(_Spec):
+
+class OpenAISpec(BackendSpec):
     type: Literal["openai"]
     name: str = "openai"
     base_url: str
@@ -51,12 +72,32 @@ class OpenAISpec(_Spec):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     send_request_id: bool = False
 
+    def build(self) -> LLMBackend:
+        from agentflow.llm.openai_compat import OpenAIBackend
+        api_key = None
+        if self.api_key_env:
+            api_key = os.environ.get(self.api_key_env)
+            if not api_key:
+                raise BackendSpecError(f"backend {self.name!r}: environment variable "
+                                       f"{self.api_key_env} is not set")
+        return OpenAIBackend(
+            self.base_url, self.model, api_key=api_key, chat=self.chat,
+            vllm_priority=self.vllm_priority, timeout_s=self.timeout_s,
+            connect_timeout_s=self.connect_timeout_s, max_retries=self.max_retries,
+            stream_usage=self.stream_usage, grammar_param=self.grammar_param,
+            extra_body=self.extra_body, send_request_id=self.send_request_id,
+            name=self.name)
 
-class VLLMSpec(_Spec):
+
+class VLLMSpec(BackendSpec):
     type: Literal["vllm"]
     name: str = "vllm"
     model: str
     engine_args: dict[str, Any] = Field(default_factory=dict)
+
+    def build(self) -> LLMBackend:
+        from agentflow.llm.vllm_engine import VLLMEngineBackend
+        return VLLMEngineBackend(model=self.model, engine_args=self.engine_args, name=self.name)
 
 
 class ScriptedFaultSpec(BaseModel):
@@ -73,7 +114,7 @@ class ScriptedFaultSpec(BaseModel):
     stall_after_tokens: int | None = Field(None, ge=0)
 
 
-class ScriptedSpec(_Spec):
+class ScriptedSpec(BackendSpec):
     type: Literal["scripted"]
     name: str = "scripted"
     answers: dict[str, str | list[str]] = Field(default_factory=dict)
@@ -84,66 +125,49 @@ class ScriptedSpec(_Spec):
     fail_retryable: bool = True
     faults: list[ScriptedFaultSpec] = Field(default_factory=list)
 
+    def build(self) -> LLMBackend:
+        from agentflow.llm.scripted import Fault, ScriptedBackend
+        return ScriptedBackend(self.answers, default=self.default, latency_s=self.latency_s,
+                               per_token_s=self.per_token_s, fail_after=self.fail_after,
+                               fail_retryable=self.fail_retryable, name=self.name,
+                               faults=[Fault(**f.model_dump()) for f in self.faults])
 
-AnySpec = LocalSpec | OpenAISpec | VLLMSpec | ScriptedSpec
-BackendSpec = Annotated[AnySpec, Field(discriminator="type")]
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(BackendSpec)
-KNOWN_TYPES = ("local", "openai", "vllm", "scripted")
+
+# The one list of backend types: KNOWN_TYPES and the type -> spec lookup derive from it.
+SPECS: tuple[type[BackendSpec], ...] = (LocalSpec, OpenAISpec, VLLMSpec, ScriptedSpec)
 
 
-def parse_backend_spec(spec: dict[str, Any] | BaseModel) -> AnySpec:
+def _type_name(spec_cls: type[BackendSpec]) -> str:
+    (name,) = get_args(spec_cls.model_fields["type"].annotation)
+    return str(name)
+
+
+_BY_TYPE: dict[str, type[BackendSpec]] = {_type_name(cls): cls for cls in SPECS}
+KNOWN_TYPES: tuple[str, ...] = tuple(_BY_TYPE)
+
+
+def parse_backend_spec(spec: dict[str, Any] | BaseModel) -> BackendSpec:
     """Validate ``spec``; raises ``BackendSpecError`` naming the offending fields."""
-    if isinstance(spec, (LocalSpec, OpenAISpec, VLLMSpec, ScriptedSpec)):
+    if isinstance(spec, BackendSpec):
         return spec
     if not isinstance(spec, dict):
         raise BackendSpecError(f"a backend spec must be a mapping, got {type(spec).__name__}")
     kind = spec.get("type")
     if kind is None:
         raise BackendSpecError(f"backend spec has no 'type' (one of {', '.join(KNOWN_TYPES)})")
-    if kind not in KNOWN_TYPES:
+    spec_cls = _BY_TYPE.get(kind) if isinstance(kind, str) else None
+    if spec_cls is None:
         raise BackendSpecError(
             f"unknown backend type {kind!r} (known: {', '.join(KNOWN_TYPES)})")
     try:
-        return _ADAPTER.validate_python(spec)
+        return spec_cls.model_validate(spec)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'][1:]) or 'spec'}: {err['msg']}"
+            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}"
             for err in exc.errors())
         raise BackendSpecError(f"invalid {kind!r} backend spec: {problems}") from None
 
 
 def create_backend(spec: dict[str, Any] | BaseModel) -> LLMBackend:
     """Build the backend a spec describes, e.g. ``{"type": "local", "n_threads": 2}``."""
-    parsed = parse_backend_spec(spec)
-    if isinstance(parsed, LocalSpec):
-        from agentflow.llm.local import DEFAULT_PREFIX_CACHE_BYTES, LocalLlamaBackend
-        return LocalLlamaBackend(
-            parsed.model_path, n_ctx=parsed.n_ctx, n_threads=parsed.n_threads,
-            n_threads_batch=parsed.n_threads_batch, n_batch=parsed.n_batch,
-            prefix_cache_bytes=(DEFAULT_PREFIX_CACHE_BYTES if parsed.prefix_cache_bytes is None
-                                else parsed.prefix_cache_bytes),
-            use_extra_bufts=parsed.use_extra_bufts, name=parsed.name)
-    if isinstance(parsed, OpenAISpec):
-        from agentflow.llm.openai_compat import OpenAIBackend
-        api_key = None
-        if parsed.api_key_env:
-            api_key = os.environ.get(parsed.api_key_env)
-            if not api_key:
-                raise BackendSpecError(f"backend {parsed.name!r}: environment variable "
-                                       f"{parsed.api_key_env} is not set")
-        return OpenAIBackend(
-            parsed.base_url, parsed.model, api_key=api_key, chat=parsed.chat,
-            vllm_priority=parsed.vllm_priority, timeout_s=parsed.timeout_s,
-            connect_timeout_s=parsed.connect_timeout_s, max_retries=parsed.max_retries,
-            stream_usage=parsed.stream_usage, grammar_param=parsed.grammar_param,
-            extra_body=parsed.extra_body, send_request_id=parsed.send_request_id,
-            name=parsed.name)
-    if isinstance(parsed, VLLMSpec):
-        from agentflow.llm.vllm_engine import VLLMEngineBackend
-        return VLLMEngineBackend(model=parsed.model, engine_args=parsed.engine_args,
-                                 name=parsed.name)
-    from agentflow.llm.scripted import Fault, ScriptedBackend
-    return ScriptedBackend(parsed.answers, default=parsed.default, latency_s=parsed.latency_s,
-                           per_token_s=parsed.per_token_s, fail_after=parsed.fail_after,
-                           fail_retryable=parsed.fail_retryable, name=parsed.name,
-                           faults=[Fault(**f.model_dump()) for f in parsed.faults])
+    return parse_backend_spec(spec).build()

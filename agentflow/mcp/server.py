@@ -14,6 +14,12 @@ Tools (each returns structured JSON):
 Only catalog ids are accepted as ``db`` (never file paths: an HTTP client must not be able
 to open files on this machine). Transports: stdio (a client starts ``agentflow mcp``) and
 streamable HTTP (``agentflow mcp --http --port 8765``, endpoint ``/mcp``).
+
+Over HTTP the HTTP API's keys and rules apply (``agentflow.tenants``): with keys configured,
+a request without a valid key gets 401 before it reaches MCP, and each tool call acts for the
+key's tenant — its databases only (others are unknown), its rate and concurrency limits, its
+own conversations, its database role. Over stdio there is no tenant: the client is the local
+process that started the server.
 """
 
 from __future__ import annotations
@@ -24,6 +30,19 @@ from typing import Any
 from agentflow import __version__
 from agentflow.api import AgentFlow, AgentflowError
 from agentflow.sql import DatabaseNotFoundError, json_value
+from agentflow.tenants import (
+    LimitExceeded,
+    Tenant,
+    TenantLimits,
+    TenantTable,
+    check_against_catalog,
+    key_of,
+)
+
+try:  # resolved by the SDK from the tools' annotations, so it must be a module global
+    from mcp.server.mcpserver import Context
+except ImportError:  # the tools' logic (AgentflowTools) works without the mcp extra
+    Context = Any  # type: ignore[misc,assignment]
 
 MAX_ROWS = 200
 
@@ -54,25 +73,37 @@ def _round(value: float | None) -> float | None:
 class AgentflowTools:
     """The tools' logic, apart from MCP so it reads (and fails) like plain Python."""
 
-    def __init__(self, af: AgentFlow):
+    def __init__(self, af: AgentFlow, limits: TenantLimits | None = None):
         self.af = af
+        self.limits = limits or TenantLimits()
 
-    def _db(self, db: str) -> str:
+    def _db(self, db: str, caller: Tenant | None = None) -> str:
+        if caller is not None and not caller.may_use(db):  # as if it did not exist
+            mine = [d for d in self.af.catalog.ids if caller.may_use(d)]
+            raise DatabaseNotFoundError(f"unknown database {db!r} (known: "
+                                        f"{', '.join(mine) or 'none'})")
         if db not in self.af.catalog.ids:
             # the catalog's message names the known databases; no file paths over MCP
-            raise DatabaseNotFoundError(self.af.catalog._unknown_message(db, paths=False))
+            raise DatabaseNotFoundError(self.af.catalog.unknown_message(db, paths=False))
         return db
 
-    def list_databases(self) -> dict[str, Any]:
+    def _open(self, db: str, caller: Tenant | None):
+        """The database as ``caller`` sees it (its PostgreSQL role, if it has one)."""
+        return self.af.catalog.open(self._db(db, caller),
+                                    caller.db_role(db) if caller is not None else None)
+
+    def list_databases(self, caller: Tenant | None = None) -> dict[str, Any]:
         catalog = self.af.catalog
         out = []
         for db_id in catalog.ids:
+            if caller is not None and not caller.may_use(db_id):
+                continue
             out.append({"id": db_id, "engine": catalog.engine_of(db_id),
                         "tables": catalog.table_names(db_id)})
         return {"databases": out}
 
-    def describe_database(self, db: str) -> dict[str, Any]:
-        database = self.af.catalog.open(self._db(db))
+    def describe_database(self, db: str, caller: Tenant | None = None) -> dict[str, Any]:
+        database = self._open(db, caller)
         tables = []
         for t in database.schema().tables:
             tables.append({
@@ -86,9 +117,15 @@ class AgentflowTools:
 
     async def ask(self, question: str, db: str, slo_seconds: float | None = None,
                   pipeline: str | None = None, conversation_id: str | None = None,
-                  max_rows: int = 50) -> dict[str, Any]:
-        answer = await self.af.ask_async(question, self._db(db), slo=slo_seconds,
-                                         pipeline=pipeline, conversation=conversation_id)
+                  max_rows: int = 50, caller: Tenant | None = None) -> dict[str, Any]:
+        self._db(db, caller)
+        holds_slot = self.limits.acquire(caller)
+        try:
+            answer = await self.af.ask_async(question, db, slo=slo_seconds, pipeline=pipeline,
+                                             conversation=conversation_id, tenant=caller)
+        finally:
+            if holds_slot:
+                self.limits.release(caller)
         limit = max(0, min(max_rows, MAX_ROWS))
         return {"query_id": answer.query_id, "status": answer.status, "error": answer.error,
                 "sql": answer.sql, "columns": [str(c) for c in answer.columns],
@@ -100,22 +137,39 @@ class AgentflowTools:
                 "llm_calls": answer.usage.get("calls", 0),
                 "timeline": timeline_summary(answer.stages), "retries": answer.retries}
 
-    async def run_sql(self, db: str, sql: str, max_rows: int = 50) -> dict[str, Any]:
-        database = self.af.catalog.open(self._db(db))
+    async def run_sql(self, db: str, sql: str, max_rows: int = 50,
+                      caller: Tenant | None = None) -> dict[str, Any]:
+        database = await asyncio.to_thread(self._open, db, caller)
         limit = max(1, min(max_rows, MAX_ROWS))
-        result = await asyncio.to_thread(database.execute, sql,
-                                         timeout_s=self.af.config.sql_timeout_s,
-                                         max_rows=limit)
+        holds_slot = self.limits.acquire(caller)
+        try:
+            result = await asyncio.to_thread(database.execute, sql,
+                                             timeout_s=self.af.config.sql_timeout_s,
+                                             max_rows=limit)
+        finally:
+            if holds_slot:
+                self.limits.release(caller)
         return {"columns": [str(c) for c in result.columns], "rows": _rows(result.rows, limit),
                 "truncated": result.truncated, "elapsed_s": _round(result.elapsed_s)}
 
 
-def build_server(af: AgentFlow):
-    """An ``MCPServer`` whose tools answer with ``af``."""
+def build_server(af: AgentFlow, tenants: TenantTable | None = None):
+    """An ``MCPServer`` whose tools answer with ``af``; with ``tenants`` (HTTP with keys on)
+    each call acts for the tenant of the key its request carries."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
     tools = AgentflowTools(af)
+
+    def caller(ctx: Context | None) -> Tenant | None:
+        if not tenants:
+            return None
+        headers = ctx.headers if ctx is not None else None
+        key = key_of(headers) if headers is not None else None
+        tenant = tenants.lookup(key) if key else None
+        if tenant is None:  # KeyGate refuses these first; never act for nobody
+            raise ToolError("unauthorized: a valid API key is required")
+        return tenant
     server = MCPServer(
         name="agentflow", title="agentflow: agentic Text-to-SQL", version=__version__,
         instructions="Ask questions about SQL databases in plain language. Call "
@@ -135,17 +189,20 @@ def build_server(af: AgentFlow):
             except (AgentflowError, LookupError, ValueError) as err:
                 message = err.args[0] if isinstance(err, LookupError) and err.args else err
                 raise ToolError(f"{type(err).__name__}: {message}") from None
+            except LimitExceeded as err:
+                raise ToolError(f"{err.kind} limit: {err}; retry after "
+                                f"{max(1, round(err.retry_after_s))} s") from None
         return call
 
     @server.tool(description="List the databases agentflow can answer questions about, with "
                              "their tables.")
-    async def list_databases() -> dict[str, Any]:
-        return await checked(tools.list_databases)()
+    async def list_databases(ctx: Context) -> dict[str, Any]:
+        return await checked(tools.list_databases)(caller(ctx))
 
     @server.tool(description="Describe one database: its tables, columns (type, primary "
                              "key) and foreign keys.")
-    async def describe_database(db: str) -> dict[str, Any]:
-        return await checked(tools.describe_database)(db)
+    async def describe_database(db: str, ctx: Context) -> dict[str, Any]:
+        return await checked(tools.describe_database)(db, caller(ctx))
 
     @server.tool(description="Answer a question about a database: a multi-stage LLM "
                              "pipeline writes SQL, runs it read-only, and returns the SQL, "
@@ -153,20 +210,60 @@ def build_server(af: AgentFlow):
                              "conversation_id of an earlier answer to ask a follow-up.")
     async def ask(question: str, db: str, slo_seconds: float | None = None,
                   pipeline: str | None = None, conversation_id: str | None = None,
-                  max_rows: int = 50, slo: float | None = None) -> dict[str, Any]:
+                  max_rows: int = 50, ctx: Context | None = None,
+                  slo: float | None = None) -> dict[str, Any]:
         from agentflow.slo_names import one_slo
 
         async def run() -> dict[str, Any]:  # ``slo``, the Python/CLI name, works too
             return await tools.ask(question, db, one_slo(slo, slo_seconds), pipeline,
-                                   conversation_id, max_rows)
+                                   conversation_id, max_rows, caller(ctx))
         return await checked(run)()
 
     @server.tool(description="Run one read-only SELECT on a database (single statement; "
                              "writes, DDL and PRAGMAs are refused) and return its rows.")
-    async def run_sql(db: str, sql: str, max_rows: int = 50) -> dict[str, Any]:
-        return await checked(tools.run_sql)(db, sql, max_rows)
+    async def run_sql(db: str, sql: str, max_rows: int = 50,
+                      ctx: Context | None = None) -> dict[str, Any]:
+        return await checked(tools.run_sql)(db, sql, max_rows, caller(ctx))
 
     from agentflow.mcp import teaching_tools
 
     teaching_tools.register(server, af, checked, tools._db)  # teach, list_taught, forget_taught
     return server
+
+
+class KeyGate:
+    """ASGI middleware: with keys on, an HTTP request without a valid key gets 401 (the HTTP
+    API's error shape) before the MCP transport sees it — no session for strangers."""
+
+    def __init__(self, app: Any, tenants: TenantTable):
+        self.app = app
+        self.tenants = tenants
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.tenants:
+            from starlette.datastructures import Headers
+            from starlette.responses import JSONResponse
+
+            key = key_of(Headers(scope=scope))
+            if not key or self.tenants.lookup(key) is None:
+                response = JSONResponse(
+                    {"error": {"code": "unauthorized",
+                               "message": "an API key is required: send 'Authorization: "
+                                          "Bearer KEY' or 'X-API-Key: KEY'" if not key else
+                                          "the API key is not valid"}},
+                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def serve_http(af: AgentFlow, host: str, port: int, tenants: TenantTable | None = None) -> None:
+    """MCP over streamable HTTP at ``/mcp``, behind the same API keys as the HTTP API."""
+    import uvicorn
+
+    if tenants:
+        check_against_catalog(tenants, af.catalog)
+    server = build_server(af, tenants)
+    app = server.streamable_http_app(host=host)
+    if tenants:
+        app = KeyGate(app, tenants)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

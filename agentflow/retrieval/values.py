@@ -387,7 +387,7 @@ def collect_values(db, *, max_value_len: int = DEFAULT_MAX_VALUE_LEN,
                                                       dict[str, str]]:
     """Distinct short text values of every text, non-key column (most frequent first when
     capped), and why the other columns were left out."""
-    from agentflow.sql.schema import _quote_ident as q
+    from agentflow.sql.schema import quote_ident as q
     from agentflow.sql.schema import sampled_source
 
     values: dict[tuple[str, str], list[str]] = {}
@@ -476,7 +476,7 @@ def _save(index: ValueIndex, path: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             buf = io.BytesIO()
-            np.savez(buf, **arrays)
+            np.savez(buf, allow_pickle=False, **arrays)
             fh.write(buf.getvalue())
         os.replace(tmp, path)
     except BaseException:
@@ -485,12 +485,17 @@ def _save(index: ValueIndex, path: Path) -> None:
         raise
 
 
+def _pair(packed: str) -> tuple[str, str]:
+    first, second = packed.split("\x00", 1)
+    return first, second
+
+
 def _load(path: Path) -> ValueIndex:
     with np.load(path, allow_pickle=False) as z:
         if int(z["version"][0]) != FORMAT_VERSION:
             raise ValueError("stale value index format")
-        cols = [tuple(s.split("\x00", 1)) for s in _unpack(z["col_blob"], z["col_off"])]
-        skipped = dict(tuple(s.split("\x00", 1)) for s in _unpack(z["skip_blob"], z["skip_off"]))
+        cols = [_pair(s) for s in _unpack(z["col_blob"], z["col_off"])]
+        skipped = dict(_pair(s) for s in _unpack(z["skip_blob"], z["skip_off"]))
         arrays = _Arrays(
             columns=cols, entry_text=_unpack(z["entry_text_blob"], z["entry_text_off"]),
             entry_col=z["entry_col"], entry_norm=z["entry_norm"],

@@ -24,8 +24,7 @@ def pending_query_s(coordinator: Any, query: Any, now: float) -> float:
     workflow graph): the work that is committed but not yet in any ``W_i``."""
     if query.calls or query.done_nodes or query.run is None:
         return 0.0  # its calls are in W (queued/running) or already done
-    if query.path_cache_version != query.run.version:
-        coordinator._critical_paths(query, now)
+    coordinator._critical_paths(query, now)  # sets work_left; cheap for a fresh query
     return float(query.work_left)
 
 

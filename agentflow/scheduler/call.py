@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from agentflow.scheduler.distribution import Distribution
 
 if TYPE_CHECKING:
+    from agentflow.scheduler.ranking import Key
     from agentflow.workflow.graph import WorkflowRun
 
 _seq = itertools.count()
@@ -30,16 +31,15 @@ class QueryState:
     id: str
     arrival: float
     deadline: float | None
-    key_text: str = ""  # what the length predictor embeds (the question)
+    key_text: str = ""  # what the length model embeds (the question)
     run: WorkflowRun | None = None
     calls: set[ScheduledCall] = field(default_factory=set)
     calls_version: int = 0  # bumped when a call is added, finishes or crosses a bucket
     # flowsage: cached distribution of the query's remaining workflow cost
     remaining_cost: Distribution | None = None
-    remaining_cost_version: tuple | None = None
+    remaining_cost_version: tuple[Any, ...] | None = None
     # Critical-path lengths by node, valid for one workflow version (see Coordinator).
     path_cache: dict[str | None, float] = field(default_factory=dict)
-    path_cache_version: int = -1
     # The remaining critical path with every unfinished LLM stage at a low / high quantile
     # of its predicted length (optimistic / pessimistic), and the expected LLM seconds left
     # summed over all unfinished stages (the query's remaining work, parallel stages added).
@@ -47,7 +47,7 @@ class QueryState:
     path_hi: float = 0.0
     work_left: float = 0.0
     done_nodes: set[str] = field(default_factory=set)  # stages whose call finished
-    topo: tuple | None = field(default=None, repr=False)  # cached topological order
+    topo: tuple[Any, ...] | None = field(default=None, repr=False)  # cached topological order
 
 
 @dataclass(eq=False)
@@ -78,17 +78,15 @@ class ScheduledCall:
     cost: Distribution | None = field(default=None, repr=False)  # O^2/2 + I*O, cached
     # expected run time per instance, tagged with the time model's observation count
     time_cache: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
-    # queue ranking (InstanceQueue): the key, where it sits, a version for stale timers
-    rank_key: tuple = field(default=(), repr=False)
-    rank_slot: tuple[int, int] | None = field(default=None, repr=False)
-    rank_version: int = field(default=0, repr=False)
+    # queue ranking (InstanceQueue): the key it is ordered by
+    rank_key: Key = field(default=(), repr=False)
     expected_finish: float | None = field(default=None, repr=False)  # set while running
     length_summary: tuple[float, float, float] | None = field(default=None, repr=False)
     # The prompt's length on instances whose tokenizer counts it differently (other models).
     prompt_tokens_on: dict[str, int] | None = field(default=None, repr=False)
     # Chained hashes of the prompt's full blocks (``prefix_index.block_hashes``) and the
     # prompt's pseudo-token count, when the runtime passed the prompt text; else empty.
-    prefix_hashes: tuple = field(default=(), repr=False)
+    prefix_hashes: tuple[bytes, ...] = field(default=(), repr=False)
     prefix_pseudo_tokens: int = field(default=0, repr=False)
 
     def prefix_tokens(self, blocks: int) -> int:

@@ -61,7 +61,7 @@ class CallDeadlines:
         after a timeout is not cut short again by the same too-tight estimate."""
         s = self.settings
         quantile = self.expected_quantile_s(call, instance)
-        limit = s.deadline_safety * quantile
+        limit: float = s.deadline_safety * quantile
         deadline = call.query.deadline
         if deadline is not None:
             limit = min(limit, max(deadline - started, quantile))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.distribution import Distribution, cost_distribution
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
-from agentflow.scheduler.length_models import LengthModel, make_predictor
+from agentflow.scheduler.lengths import LengthModel, make_length_model
 from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
 from agentflow.scheduler.time_model import InstanceTimeModel
@@ -101,12 +102,12 @@ class Coordinator:
               "on_query_done", "cancel_query")
 
     def __init__(self, instances: list[InstanceSpec], *, clock: Clock, policy: str = "flowsage",
-                 alpha: float | None = None, predictor: LengthModel | None = None,
+                 alpha: float | None = None, length_model: LengthModel | None = None,
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
                  max_attempts: int = 3, admit_by_backlog: bool = False,
                  max_backlog_s: float | None = None, **queue_kwargs: Any):
-        """``predictor``: the length model; None builds the one the policy name picks
-        (``flowsage@oracle``; the learned predictor by default)."""
+        """``length_model``: the length model; None builds the one the policy name picks
+        (``flowsage@oracle``; the learned length model by default)."""
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         names = [s.name for s in instances]
@@ -127,8 +128,8 @@ class Coordinator:
                                     else np.inf for s in instances], dtype=float)
         self.time_models = _TimeModels(self, {s.name: InstanceTimeModel.for_spec(s)
                                               for s in instances})
-        self.predictor: LengthModel = predictor if predictor is not None \
-            else make_predictor(parse_policy(policy).predictor)
+        self.length_model: LengthModel = length_model if length_model is not None \
+            else make_length_model(parse_policy(policy).length_model)
         self.max_waiting_calls = max_waiting_calls
         self.max_active_queries = max_active_queries
         self.max_attempts = max_attempts
@@ -140,7 +141,7 @@ class Coordinator:
         self._ids = itertools.count()
         # per query: stage -> predicted length (future stages), and its (mean, P10, P90)
         self._stage_prediction: dict[str, dict[str, Distribution]] = {}
-        self._stage_summary: dict[str, dict[str, tuple[Distribution, tuple]]] = {}
+        self._stage_summary: dict[str, dict[str, tuple[Distribution, tuple[Any, ...]]]] = {}
         # Mean prompt tokens of each stage's calls so far: the estimate for future calls of
         # the stage when the pipeline gives no hint (what serving knows before a prompt exists).
         self._stage_prompts: dict[str, tuple[float, int]] = {}
@@ -148,8 +149,8 @@ class Coordinator:
         # stage-time coefficients are recomputed only then.
         self._models_epoch = 0
         self._mean_coef: tuple[int, float, float, float] | None = None
-        self._coef_cache: tuple | None = None
-        self._batch_cache: tuple | None = None
+        self._coef_cache: tuple[Any, ...] | None = None
+        self._batch_cache: tuple[Any, ...] | None = None
         # Router-side approximate prefix index, kept only for dispatch policies that read it
         # (``prefix_aware``): fed with the prompt text of dispatched calls.
         self.prefix_index = None
@@ -198,11 +199,11 @@ class Coordinator:
         hashed (``call.prefix_hashes``) for prefix-aware dispatch and engines that cache."""
         now = self.clock.now()
         query = self.queries[query_id]
-        truth = self.predictor.true_lengths(query_id, node_id)
+        truth = self.length_model.true_lengths(query_id, node_id)
         if truth is not None:
             output = Distribution.point(truth.output_tokens)
         else:
-            output = self.predictor.predict(stage, query.key_text, prompt_tokens,
+            output = self.length_model.predict(stage, query.key_text, prompt_tokens,
                                             max_tokens=max_tokens)
         mean, n = self._stage_prompts.get(stage, (0.0, 0))
         self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
@@ -245,6 +246,7 @@ class Coordinator:
         now = self.clock.now()
         call.state, call.finished_at = CallState.DONE, now
         call.attained_tokens = output_tokens
+        assert call.instance is not None  # a live call that finished was dispatched
         queue = self.queues[call.instance]
         # calls beside it: the mean of what it found on admission and leaves behind
         co_runners = (call.co_runners_at_start + len(queue.running) - 1) / 2
@@ -252,7 +254,7 @@ class Coordinator:
         call.query.calls.discard(call)
         call.query.calls_version += 1
         call.query.done_nodes.add(call.node_id)
-        self.predictor.observe(call.stage, call.query.key_text, output_tokens,
+        self.length_model.observe(call.stage, call.query.key_text, output_tokens,
                                call.prompt_tokens)
         self._stage_prediction.get(call.query.id, {}).pop(call.stage, None)
         if total_s > 0:
@@ -270,6 +272,7 @@ class Coordinator:
         if not self._live(call):
             return []
         now = self.clock.now()
+        assert call.instance is not None  # a live call that failed was dispatched
         queue = self.queues[call.instance]
         queue.finish(call)
         decisions = self._admit(queue, now)
@@ -381,8 +384,9 @@ class Coordinator:
         from their token totals, plus what is left of the running calls."""
         oh, pf, df = self._coef_vectors()
         book = self.loads
-        return (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df
-                + book.running(now))
+        work: np.ndarray = (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df
+                            + book.running(now))
+        return work
 
     def time_vector(self, call: ScheduledCall) -> np.ndarray:
         """``t(call, i)`` on every instance (construction order)."""
@@ -444,7 +448,8 @@ class Coordinator:
         blocks = self.prefix_index.matched_blocks(call.prefix_hashes, instances)
         tokens = np.array([call.prefix_tokens(b) for b in blocks], dtype=float)
         pf = self._coef_vectors()[1]
-        return tokens * pf[[self._index[n] for n in instances]]
+        saved: np.ndarray = tokens * pf[[self._index[n] for n in instances]]
+        return saved
 
     def _coef_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-instance overhead, prefill and decode seconds per token (with the online
@@ -512,6 +517,7 @@ class Coordinator:
         stage counts its expected remainder. The same pass gives the optimistic and
         pessimistic whole paths (every LLM stage at its P10 / P90 length) and the work left."""
         run = query.run
+        assert run is not None  # callers compute paths only for queries with a workflow
         graph = run.graph
         shape = len(graph)  # the graph only grows, and only by new nodes (expansions)
         if query.topo is None or query.topo[0] != shape:
@@ -571,11 +577,10 @@ class Coordinator:
                 total_hi = t_hi + best_hi
         after[None] = total
         query.path_cache = after
-        query.path_cache_version = run.version
         query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
 
     def _tool_time(self, query: QueryState, node: Node) -> float:
-        truth = self.predictor.true_lengths(query.id, node.id)
+        truth = self.length_model.true_lengths(query.id, node.id)
         if truth is not None and truth.duration_s is not None:
             return truth.duration_s
         return max(0.0, float(node.expected_s))
@@ -588,7 +593,7 @@ class Coordinator:
             if call.length_summary is None:
                 call.length_summary = _length_summary(call.output)
             return call.prompt_tokens, call.length_summary
-        truth = self.predictor.true_lengths(query.id, node.id)
+        truth = self.length_model.true_lengths(query.id, node.id)
         if truth is not None:  # the oracle: this stage's real sizes
             o = float(truth.output_tokens)
             return truth.prompt_tokens, (o, o, o)
@@ -692,7 +697,7 @@ class Coordinator:
         what serving knows: the length model (the oracle knows the truth), the node's
         ``max_tokens``, and its prompt size from the pipeline's hint, else the stage's
         calls so far, else ``DEFAULT_PROMPT_TOKENS``."""
-        truth = self.predictor.true_lengths(query.id, node.id)
+        truth = self.length_model.true_lengths(query.id, node.id)
         if truth is not None:
             return truth.prompt_tokens, Distribution.point(truth.output_tokens)
         prompt = node.hints.get("prompt_tokens")
@@ -707,7 +712,7 @@ class Coordinator:
         per_query = self._stage_prediction.setdefault(query.id, {})
         dist = per_query.get(stage)
         if dist is None:
-            dist = per_query[stage] = self.predictor.predict(
+            dist = per_query[stage] = self.length_model.predict(
                 stage, query.key_text, prompt_tokens, max_tokens=max_tokens)
         return dist
 
@@ -725,7 +730,7 @@ class Coordinator:
         key = self._models_epoch
         if coef is None or coef[0] != key:
             up = [q.up for q in self.queues.values()]
-            vectors = self._coef_vectors()
+            vectors: tuple[np.ndarray, ...] = self._coef_vectors()
             if any(up):
                 vectors = tuple(v[up] for v in vectors)
             k = len(vectors[0])
@@ -739,7 +744,7 @@ class Coordinator:
         return max(1.0, min(loads))
 
 
-def _observed(method):
+def _observed(method: Callable[..., Any]) -> Callable[..., Any]:
     """Tell the coordinator's observers when ``method`` (an event) starts and returns."""
     @functools.wraps(method)
     def event(self: Coordinator, *args: Any, **kwargs: Any) -> Any:
@@ -767,7 +772,7 @@ for _event in Coordinator.EVENTS:
 
 _COST_SAMPLES = 256
 
-class _TimeModels(dict):
+class _TimeModels(dict[str, InstanceTimeModel]):
     """The coordinator's time models by instance; replacing one (tests, calibration) marks the
     cached cluster-wide coefficients stale, as learning does."""
 

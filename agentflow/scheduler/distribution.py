@@ -312,6 +312,12 @@ class Distribution:
 
 
 # -------------------------------------------------------------------- SageSched cost model
+@overload
+def kv_cost(input_tokens: float, output_tokens: float) -> float: ...
+@overload
+def kv_cost(input_tokens: float | np.ndarray, output_tokens: np.ndarray) -> np.ndarray: ...
+@overload
+def kv_cost(input_tokens: np.ndarray, output_tokens: float | np.ndarray) -> np.ndarray: ...
 def kv_cost(input_tokens: float | np.ndarray,
             output_tokens: float | np.ndarray) -> float | np.ndarray:
     """SageSched's cost of a call: ``O^2 / 2 + I * O``, the area under the KV-cache footprint

@@ -1,6 +1,6 @@
-"""Text embedders for the length predictor's semantic history (SageSched), all offline.
+"""Text embedders for the length model's semantic history (SageSched), all offline.
 
-The predictor embeds *what differs between calls* (the user's question), once per query, so an
+The learned model embeds *what differs between calls* (the user's question), once per query, so an
 embedder is called rarely and its results are cached (LRU on the exact text). Three choices:
 
 * ``hashing`` — hashed word uni/bi-grams and character tri-grams, signed, sub-linear counts:
@@ -103,7 +103,8 @@ class CachedEmbedder:
                 self._cache.move_to_end(text)
                 self.hits += 1
                 return row
-        return self.embed([text])[0]
+        first: np.ndarray = self.embed([text])[0]
+        return first
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)

@@ -90,7 +90,7 @@ class InstanceHealth:
     since: float = 0.0
     consecutive_failures: int = 0
     consecutive_timeouts: int = 0
-    recent: deque = field(default_factory=deque)  # True = call succeeded
+    recent: deque[bool] = field(default_factory=deque)  # True = call succeeded
     cooldown_s: float = 0.0
     # counters since start, for /metrics (calls by outcome: the router's ``counts``)
     opened: int = 0  # times it left service

@@ -11,13 +11,20 @@ same call.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.policies.base import QueuePolicy, SchedulerView
-from agentflow.scheduler.ranking import KineticTournament, key_at, next_switch, segment_at
+from agentflow.scheduler.ranking import (
+    Key,
+    KineticTournament,
+    key_at,
+    next_switch,
+    segment_at,
+)
 
 
 class InstanceQueue:
@@ -72,7 +79,7 @@ class InstanceQueue:
                 self._place(entry, now)
 
     def rekey(self, call: ScheduledCall, now: float, view: SchedulerView,
-              key: tuple | None = None) -> None:
+              key: Key | None = None) -> None:
         """Recompute the key of a waiting call (its query changed) and re-place it; for
         per-query policies this re-keys the query's whole entry once (``key``: already
         computed by the caller for the query)."""
@@ -108,10 +115,11 @@ class InstanceQueue:
         for tier in self._tier_order:
             t = self._tiers[tier]
             if t.n:
-                call = t.peek(now).calls[0][1]
+                call: ScheduledCall = t.peek(now).calls[0][1]
                 if self.check_reference:
                     ref = self.reference_peek(now)
-                    assert ref is call, (f"fast pick {call.id} != reference {ref.id} at {now}")
+                    assert ref is call, (f"fast pick {call.id} != reference "
+                                         f"{ref.id if ref else None} at {now}")
                 return call
         return None
 
@@ -127,7 +135,8 @@ class InstanceQueue:
         return sorted(self.waiting, key=lambda c: (*key_at(c.rank_key, now), c.seq))
 
     # ------------------------------------------------------------------------------ running
-    def admit(self, now: float, view: SchedulerView, kv_tokens) -> list[ScheduledCall]:
+    def admit(self, now: float, view: SchedulerView,
+              kv_tokens: Callable[[ScheduledCall], int]) -> list[ScheduledCall]:
         """Start waiting calls in queue order while capacity allows; each gets its admission
         number as the backend priority (vLLM: lower runs earlier)."""
         started: list[ScheduledCall] = []
@@ -136,6 +145,7 @@ class InstanceQueue:
             if pending_limit is not None and len(self._pending_prefill) >= pending_limit:
                 break  # admit more once an admitted call produces its first token
             call = self.peek(now)
+            assert call is not None  # waiting is not empty
             need = kv_tokens(call)
             budget = self.spec.kv_token_budget
             if budget is not None and self.running and self.kv_tokens_in_use + need > budget:
@@ -183,7 +193,7 @@ class InstanceQueue:
 
     # ---------------------------------------------------------------------------- internals
     def _rank(self, entry: _Entry, call: ScheduledCall, now: float,
-              view: SchedulerView, key: tuple | None = None) -> None:
+              view: SchedulerView, key: Key | None = None) -> None:
         if key is None:
             key = self.policy.rank(call, now, view)
         if key == entry.key and entry.slot is not None:
@@ -293,7 +303,7 @@ class _Entry:
         self.owner = owner
         self.calls: list[tuple[int, ScheduledCall]] = []  # heap by seq (lazy removals)
         self.live = 0
-        self.key: tuple = ()
+        self.key: Key = ()
         self.seq = 0
         self.slot: tuple[int, int] | None = None
         self.version = 0

@@ -16,11 +16,20 @@ A query's cancellation removes its calls everywhere.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
-from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, SamplingParams
+from agentflow.llm.base import (
+    BackendError,
+    LLMBackend,
+    LLMRequest,
+    LLMResult,
+    ProgressCallback,
+    SamplingParams,
+)
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.call_deadline import CallDeadlines
 from agentflow.scheduler.coordinator import Coordinator, Decision, FailCall, StartCall
@@ -59,10 +68,10 @@ class ScheduledRouter:
         self.health = HealthTracker(list(coordinator.queues), self.health_settings,
                                     revive_after_s=revive_after_s)
         self.deadlines = CallDeadlines(coordinator, self.health_settings)
-        self._inflight: dict[ScheduledCall, asyncio.Task] = {}
+        self._inflight: dict[ScheduledCall, asyncio.Task[LLMResult]] = {}
         self._moved: set[ScheduledCall] = set()
         self._progress_at: dict[ScheduledCall, float] = {}
-        self._probes: set[asyncio.Task] = set()
+        self._probes: set[asyncio.Task[Any]] = set()
         self.down_reasons: dict[str, str] = {}
         self.attempt_listeners: list[AttemptListener] = []
         # attempts by outcome and instance since start (for /metrics): timeout, stalled,
@@ -92,11 +101,12 @@ class ScheduledRouter:
         self._apply(decisions)
 
     # ------------------------------------------------------------------ calls
-    async def submit(self, call: LLMCall, on_progress=None) -> CallOutcome:
+    async def submit(self, call: LLMCall,
+                     on_progress: ProgressCallback | None = None) -> CallOutcome:
         loop = asyncio.get_running_loop()
         query = call.run.query
         counts = self._count_tokens(call.request.prompt + call.request.answer_prefix)
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         sc, decisions = self.coordinator.on_call_ready(
             query.id, stage=call.node.stage, node_id=call.node.id,
             prompt_tokens=next(iter(counts.values())), payload=future,
@@ -115,7 +125,7 @@ class ScheduledRouter:
             started = self.clock.now()
             request = replace(call.request, priority=priority)
 
-            def progress(tokens: int, sc=sc) -> None:
+            def progress(tokens: int, sc: ScheduledCall = sc) -> None:
                 self._progress_at[sc] = self.clock.now()
                 self._apply(self.coordinator.on_call_progress(sc, tokens))
                 if on_progress:
@@ -176,8 +186,8 @@ class ScheduledRouter:
                                finished=finished, priority=priority,
                                failed_attempts=tuple(failed))
 
-    async def _watch(self, sc: ScheduledCall, instance: str, task: asyncio.Task,
-                     started: float):
+    async def _watch(self, sc: ScheduledCall, instance: str, task: asyncio.Task[LLMResult],
+                     started: float) -> LLMResult:
         """The backend's result, or ``CallTimedOut`` once the call is past its deadline or
         its stream has stalled (the backend task is then cancelled). The limit is
         re-evaluated as the time models learn, so a call sent to an instance before anyone
@@ -215,7 +225,7 @@ class ScheduledRouter:
     def _count_tokens(self, text: str) -> dict[str, int]:
         """The prompt's length on each instance, tokenised once per distinct tokenizer (the
         instances may serve different models)."""
-        by_key: dict[tuple, int] = {}
+        by_key: dict[tuple[Any, ...], int] = {}
         counts = {}
         for name, backend in self.backends.items():
             key = backend.tokenizer_key
@@ -286,7 +296,7 @@ class ScheduledRouter:
         self._health(self.health.on_probe(instance, self.clock.now(), ok, reason))
 
 
-def _give_up(task: asyncio.Task, reason: str) -> CallTimedOut:
+def _give_up(task: asyncio.Task[Any], reason: str) -> CallTimedOut:
     """Cancel the backend's work on a call that is being moved; don't wait for it (a hung
     backend may take its time to notice)."""
     task.cancel()
@@ -294,11 +304,13 @@ def _give_up(task: asyncio.Task, reason: str) -> CallTimedOut:
     return CallTimedOut(f"call timed out: {reason}")
 
 
-def _swallow(task: asyncio.Future) -> None:
+def _swallow(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
 
 
 def _outer_cancelled() -> bool:
     task = asyncio.current_task()
-    return bool(task is not None and task.cancelling())
+    if task is None or sys.version_info < (3, 11):
+        return False  # Task.cancelling() is 3.11+; on 3.10 an outer cancel is not told apart
+    return task.cancelling() > 0

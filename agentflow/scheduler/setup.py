@@ -9,11 +9,11 @@ clock, ``agentflow.sim.Simulation`` with a virtual one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.coordinator import Coordinator
-from agentflow.scheduler.length_models import LengthModel, make_predictor
+from agentflow.scheduler.lengths import LengthModel, make_length_model
 from agentflow.scheduler.policies import parse_policy
 from agentflow.workflow.clock import Clock
 
@@ -23,23 +23,23 @@ if TYPE_CHECKING:
 
 def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, policy: str,
                       alpha: float | None = None, embedder: str = "hashing",
-                      predictor: LengthModel | None = None,
+                      length_model: LengthModel | None = None,
                       max_waiting_calls: int | None = None,
                       max_active_queries: int | None = None,
                       admit_by_backlog: bool = False,
                       max_backlog_s: float | None = None) -> Coordinator:
-    """``instances`` must be named (``expand_instances``); ``predictor`` defaults to the
+    """``instances`` must be named (``expand_instances``); ``length_model`` defaults to the
     length model the policy name picks, with ``embedder``."""
     specs = [InstanceSpec.from_config(cfg) for cfg in instances]
-    if predictor is None:
-        predictor = make_predictor(parse_policy(policy).predictor, embedder=embedder)
-    return Coordinator(specs, clock=clock, policy=policy, alpha=alpha, predictor=predictor,
+    if length_model is None:
+        length_model = make_length_model(parse_policy(policy).length_model, embedder=embedder)
+    return Coordinator(specs, clock=clock, policy=policy, alpha=alpha, length_model=length_model,
                        max_waiting_calls=max_waiting_calls,
                        max_active_queries=max_active_queries,
                        admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s)
 
 
-def scheduler_settings(scheduler: SchedulerConfig) -> dict:
+def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
     """``build_coordinator``'s keyword arguments from a config's scheduler section."""
     return {"policy": scheduler.policy, "alpha": scheduler.alpha,
             "embedder": scheduler.embedder, "max_waiting_calls": scheduler.max_waiting_calls,

@@ -1,8 +1,9 @@
 """Expected time of an LLM call on an instance: ``t(s, i)`` in HexGen-Flow's rules.
 
 A call's time is prefill (linear in uncached prompt tokens) plus decode (linear in output
-tokens). Starting points come from the hardware profile (a single-request roofline: prefill is
-compute-bound, decode is bandwidth-bound) or, for CPU instances, from measurements; both are
+tokens). Starting points come from the hardware profile, through the simulator's operator
+step model (``agentflow.step_time``: per token of a 2048-token prefill chunk, one decode step
+of a lone sequence at a 1k context) or, for CPU instances, from measurements; both are
 corrected online by an exponentially weighted ratio of observed to predicted times, so a slow
 or contended instance is seen as such within a few calls. With an output-length distribution
 the time is a distribution too (the map is monotone in the length).
@@ -27,6 +28,8 @@ from agentflow.scheduler.cluster import InstanceSpec
 # Measured for the embedded default (gemma-3-270m Q4_K_M, llama.cpp, 2 threads): ~1.7 s for
 # a 935-token prompt, ~37 output tokens/s. Corrected online like every other instance.
 CPU_PREFILL_S_PER_TOKEN = 0.0019
+PRIOR_CHUNK = 2048  # tokens of the prefill step a GPU prior is read at
+PRIOR_CONTEXT = 1024  # context of the decode step it is read at
 CPU_DECODE_S_PER_TOKEN = 0.027
 
 
@@ -46,10 +49,11 @@ class InstanceTimeModel:
     @classmethod
     def from_profile(cls, gpu: GPUProfile, model: ModelProfile,
                      tensor_parallel: int = 1) -> InstanceTimeModel:
-        flops = gpu.peak_tflops * 1e12 * gpu.compute_efficiency * tensor_parallel
-        bandwidth = gpu.mem_bw_gbs * 1e9 * gpu.bw_efficiency * tensor_parallel
-        prefill = 2 * model.active_params_b * 1e9 / flops
-        decode = model.weight_bytes * (model.active_params_b / model.params_b) / bandwidth
+        from agentflow.step_time import OperatorModel, StepShape
+
+        ops = OperatorModel(gpu, model, tensor_parallel)
+        prefill = ops.step(StepShape.of([PRIOR_CHUNK], [0])) / PRIOR_CHUNK
+        decode = ops.step(StepShape.of([1], [PRIOR_CONTEXT]))
         return cls(prefill_s_per_token=prefill, decode_s_per_token=decode,
                    overhead_s=gpu.request_overhead_s)
 

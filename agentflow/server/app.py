@@ -6,14 +6,18 @@ returns an ASGI app; ``create_app(agentflow=af)`` serves an engine the caller al
 
     400 malformed_json        body is not JSON / empty
     401 unauthorized          API keys configured, none or a wrong one sent
-    404 unknown_database      db is not one this server serves (ids only, never paths)
-    404 query_not_found       unknown query id
+    403 forbidden             /metrics without an admin key
+    404 unknown_database      db is not one this server serves to this key (ids only)
+    404 query_not_found       unknown query id, or another tenant's
+    404 conversation_not_found  unknown conversation id, or another tenant's
     409 already_finished      DELETE of a query that has ended
     408 request_timeout       headers or body did not arrive in time (slow client)
     413 payload_too_large     body over the limit
     415 unsupported_media_type body is not JSON-typed
     422 invalid_request       empty/too long question, bad SLO, unknown pipeline or field
     429 overloaded            the scheduler's admission bound; Retry-After says when
+    429 rate_limited / too_many_queries  the key's tenant is over its queries per minute
+                              or in flight (agentflow.tenants); Retry-After
     503 unavailable / shutting_down / too_many_connections  no instance up, draining, or
                               over the connection limit; Retry-After
     500 internal              a bug; the server log has the traceback
@@ -35,10 +39,9 @@ from agentflow import __version__
 from agentflow.api import AgentFlow, connect
 from agentflow.config import AgentFlowConfig
 from agentflow.server import errors
-from agentflow.server.auth import require_key
+from agentflow.server.auth import Caller, require_admin, require_key
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.events import stream
-from agentflow.server.metrics import ServerMetrics
 from agentflow.server.models import (
     DatabaseList,
     Health,
@@ -48,8 +51,10 @@ from agentflow.server.models import (
     QueryRequest,
     QueryView,
 )
+from agentflow.server.prometheus import ServerMetrics
 from agentflow.server.service import QueryService
 from agentflow.server.settings import ServerSettings
+from agentflow.tenants import check_against_catalog
 
 STATIC_DIR = Path(__file__).parent / "static"
 log = logging.getLogger("agentflow.server")
@@ -131,7 +136,8 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
                   description="Agentic Text-to-SQL as a service: ask a question about a "
                               "database, get SQL, rows and a per-stage timeline.")
     app.state.service = service
-    app.state.api_keys = settings.keys()
+    app.state.tenants = settings.tenant_table()  # key -> tenant; empty: keys are off
+    check_against_catalog(app.state.tenants, af.catalog)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s, on_error=metrics.error)
     errors.install(app, on_error=metrics.error)
@@ -144,10 +150,10 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
                                                                   "still running after the "
                                                                   "wait limit)"},
                          429: {"description": "overloaded; Retry-After"}})
-    async def post_query(body: QueryRequest) -> Any:
+    async def post_query(body: QueryRequest, caller: Caller) -> Any:
         """Answer a question. With ``wait`` (default) the response is the answer; otherwise
         202 with the query id (poll ``GET /v1/queries/{id}`` or stream its events)."""
-        handle = service.submit(body)
+        handle = service.submit(body, caller)
         if body.wait:
             await service.wait(handle, settings.wait_timeout_s)
         else:
@@ -166,31 +172,31 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
         return view
 
     @app.get("/v1/queries", response_model=QueryList, dependencies=keyed, tags=["queries"])
-    async def list_queries(limit: int = Query(20, ge=1, le=1000)) -> QueryList:
-        """Recent queries, newest first."""
-        return QueryList(queries=service.recent(min(limit, settings.recent_limit)))
+    async def list_queries(caller: Caller, limit: int = Query(20, ge=1, le=1000)) -> QueryList:
+        """Recent queries, newest first: the key's own (an admin key's: everyone's)."""
+        return QueryList(queries=service.recent(min(limit, settings.recent_limit), caller))
 
     @app.get("/v1/queries/{query_id}", response_model=QueryView, dependencies=keyed,
              tags=["queries"])
-    async def get_query(query_id: str) -> QueryView:
-        return service.view(service.handle(query_id))
+    async def get_query(query_id: str, caller: Caller) -> QueryView:
+        return service.view(service.handle(query_id, caller))
 
     @app.delete("/v1/queries/{query_id}", response_model=QueryView, dependencies=keyed,
                 tags=["queries"])
-    async def cancel_query(query_id: str) -> QueryView:
+    async def cancel_query(query_id: str, caller: Caller) -> QueryView:
         """Cancel a running query; the response is its final state (status cancelled)."""
-        handle = service.cancel(query_id)
+        handle = service.cancel(query_id, caller)
         await service.wait(handle, 30)
         return service.view(handle)
 
     @app.get("/v1/queries/{query_id}/events", dependencies=keyed, tags=["queries"],
              response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}}}})
-    async def query_events(query_id: str,
+    async def query_events(query_id: str, caller: Caller,
                            last_event_id: str | None = Header(None)) -> StreamingResponse:
         """Server-Sent Events: stage_started / stage_finished / stage_failed, then done
         (with the answer). Events so far are replayed first."""
-        handle = service.handle(query_id)
+        handle = service.handle(query_id, caller)
         start = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
         return StreamingResponse(stream(service, handle, start), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
@@ -199,10 +205,9 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
     # ------------------------------------------------------------------ catalog, cluster
     @app.get("/v1/databases", response_model=DatabaseList, dependencies=keyed,
              tags=["catalog"])
-    async def databases() -> DatabaseList:
-        import asyncio
-
-        return DatabaseList(databases=await asyncio.to_thread(service.databases))
+    async def databases(caller: Caller) -> DatabaseList:
+        """The databases this key may query."""
+        return DatabaseList(databases=await asyncio.to_thread(service.databases, caller))
 
     @app.get("/v1/pipelines", response_model=PipelineList, dependencies=keyed,
              tags=["catalog"])
@@ -248,7 +253,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
                                 headers=retry_after_header(5))
         return {"status": "ready", "instances_up": health.instances_up}
 
-    @app.get("/metrics", dependencies=keyed, tags=["cluster"],
+    @app.get("/metrics", dependencies=[Depends(require_admin)], tags=["cluster"],
              response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def prometheus() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,7 +35,7 @@ class ApiError(StarletteHTTPException):
 
 
 def error_response(status_code: int, code: str, message: str, *,
-                   headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+                   headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message, **extra}},
                         status_code=status_code, headers=headers)
 
@@ -105,7 +106,7 @@ def install(app: FastAPI, on_error=None) -> None:
         if on_error is not None:
             import json
 
-            body = json.loads(response.body)
+            body = json.loads(bytes(response.body))
             on_error(response.status_code, body["error"]["code"])
         return response
 

@@ -48,7 +48,7 @@ async def stream(service: QueryService, handle: QueryHandle,
                 event = pending.pop(0)
                 if event is _END:
                     # Finished without a done event: say how, then stop.
-                    answer = service._result(handle)
+                    answer = service.result(handle)
                     event = {"type": "done", "query_id": handle.query_id,
                              "status": answer.status, "error": answer.error,
                              "latency_s": answer.latency_s}
@@ -56,8 +56,8 @@ async def stream(service: QueryService, handle: QueryHandle,
                 if sent <= last_event_id and event.get("type") != "done":
                     continue
                 if event.get("type") == "done":
-                    answer = await service.wait(handle, timeout=10)
-                    if answer is not None:
+                    final = await service.wait(handle, timeout=10)
+                    if final is not None:
                         event = {**event, "answer": service.view(handle).model_dump()}
                     yield format_event(sent, event)
                     return

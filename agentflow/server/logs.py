@@ -31,7 +31,7 @@ class PollingFilter(logging.Filter):
             return True
         _, method, path, _, status = args[:5]
         try:
-            ok = int(status) < 400
+            ok = int(str(status)) < 400
         except (TypeError, ValueError):
             return True
         return not (method == "GET" and ok and _POLLED.match(str(path)))

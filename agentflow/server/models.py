@@ -192,6 +192,8 @@ class QuerySummary(BaseModel):
     met_slo: bool | None = None
     error: str | None = None
     conversation_id: str | None = None
+    tenant: str | None = Field(None, description="who asked (the API key's tenant)")
+    slo_class: str | None = Field(None, description="the tenant's SLO class")
 
 
 class QueryView(QuerySummary):

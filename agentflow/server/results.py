@@ -50,7 +50,7 @@ router = APIRouter(tags=["queries"], dependencies=[Depends(require_key)])
 
 def _finished_view(request: Request, query_id: str):
     service = request.app.state.service
-    handle = service.handle(query_id)
+    handle = service.handle(query_id, request.state.tenant)  # 404: not the caller's
     if not handle.done():
         raise ApiError(409, "not_finished", f"query {query_id} is still running; its result "
                        f"is not there yet")

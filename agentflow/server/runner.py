@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 
 import uvicorn
@@ -64,7 +65,7 @@ def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
                             log_config=log_config(log_level),
                             http=EdgeH11Protocol.configured(settings, service.metrics.error),
                             # a backstop: close() already bounds the drain
-                            timeout_graceful_shutdown=settings.drain_s + 30)
+                            timeout_graceful_shutdown=math.ceil(settings.drain_s) + 30)
     return AgentFlowServer(config, service)
 
 

@@ -32,7 +32,6 @@ from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
 from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
-from agentflow.server.metrics import ServerMetrics
 from agentflow.server.models import (
     DatabaseInfo,
     FailedAttempt,
@@ -44,9 +43,11 @@ from agentflow.server.models import (
     StageView,
     valid_text,
 )
+from agentflow.server.prometheus import ServerMetrics
 from agentflow.server.results import result_links
 from agentflow.server.settings import ServerSettings
 from agentflow.sql import DatabaseNotFoundError, json_value
+from agentflow.tenants import LimitExceeded, Tenant, TenantLimits, sees
 
 log = logging.getLogger("agentflow.server")
 
@@ -157,6 +158,10 @@ def _valid_strings(value: Any) -> Any:
     return value
 
 
+def _owner(handle: QueryHandle) -> dict[str, str | None]:
+    return {"tenant": handle.tenant, "slo_class": handle.slo_class}
+
+
 def _progress(handle: QueryHandle) -> str:
     """Status of a query whose answer is not set yet: running once a stage has started."""
     return "running" if any(e.get("type") == "stage_started" for e in list(handle.events)) \
@@ -171,6 +176,7 @@ class QueryService:
         self.metrics = metrics
         self.owns_agentflow = owns_agentflow
         self.failures = FailureLog()
+        self.limits = TenantLimits()  # per-tenant rate and concurrency (agentflow.tenants)
         self.draining = False
         self._close_lock = threading.Lock()
         self._closed = False
@@ -195,33 +201,57 @@ class QueryService:
         self.metrics.call_failures.labels(instance=instance).inc()
 
     # ------------------------------------------------------------------ queries
-    def submit(self, req: QueryRequest) -> QueryHandle:
-        """Start a query or raise ``ApiError`` (bad input, unknown db, shutting down)."""
+    def database_ids(self, caller: Tenant | None) -> list[str]:
+        """The catalog ids ``caller`` may use (all of them when keys are off)."""
+        return [d for d in self.af.catalog.ids if caller is None or caller.may_use(d)]
+
+    def database_id(self, db: str, caller: Tenant | None) -> str:
+        """``db`` if ``caller`` may query it; else 404 — the same for a database outside
+        the key's list as for one that does not exist (hints name only the caller's)."""
+        ids = self.database_ids(caller)
+        if db not in ids:
+            # Only catalog ids: the engine also accepts file paths, which a remote client
+            # must not be able to open on this machine.
+            close = difflib.get_close_matches(db, ids, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ApiError(404, "unknown_database",
+                           f"unknown database {db!r}{hint} (GET /v1/databases lists the "
+                           f"{len(ids)} available)")
+        return db
+
+    def submit(self, req: QueryRequest, caller: Tenant | None = None) -> QueryHandle:
+        """Start a query for ``caller`` or raise ``ApiError`` (bad input, unknown db,
+        over the tenant's limits, shutting down)."""
         if self.draining:
             raise ApiError(503, "shutting_down", "the server is shutting down; retry on "
                            "another replica or in a moment", headers=retry_after_header(5))
-        if req.db not in self.af.catalog.ids:
-            # Only catalog ids: the engine also accepts file paths, which a remote client
-            # must not be able to open on this machine.
-            close = difflib.get_close_matches(req.db, self.af.catalog.ids, n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ApiError(404, "unknown_database",
-                           f"unknown database {req.db!r}{hint} (GET /v1/databases lists the "
-                           f"{len(self.af.catalog.ids)} available)")
+        self.database_id(req.db, caller)
+        try:
+            holds_slot = self.limits.acquire(caller)
+        except LimitExceeded as err:
+            raise ApiError(429, "rate_limited" if err.kind == "rate" else "too_many_queries",
+                           str(err), headers=retry_after_header(err.retry_after_s),
+                           retry_after_s=round(err.retry_after_s, 3)) from None
         try:
             handle = self.af.submit(req.question, req.db, slo=req.slo_seconds,
                                     pipeline=req.pipeline, evidence=req.evidence,
-                                    conversation=req.conversation_id)
-        except ConversationNotFoundError as err:
-            raise ApiError(404, "conversation_not_found", str(err)) from None
-        except InvalidRequest as err:
-            raise ApiError(422, "invalid_request", str(err)) from None
-        except DatabaseNotFoundError as err:
-            raise ApiError(404, "unknown_database", err.args[0] if err.args else str(err)) \
-                from None
-        except ShuttingDownError as err:  # closing: AgentFlow refuses new questions
-            raise ApiError(503, "shutting_down", str(err),
-                           headers=retry_after_header(5)) from None
+                                    conversation=req.conversation_id, tenant=caller)
+        except BaseException as err:
+            if holds_slot:
+                self.limits.release(caller)
+            if isinstance(err, ConversationNotFoundError):
+                raise ApiError(404, "conversation_not_found", str(err)) from None
+            if isinstance(err, InvalidRequest):
+                raise ApiError(422, "invalid_request", str(err)) from None
+            if isinstance(err, DatabaseNotFoundError):
+                raise ApiError(404, "unknown_database",
+                               err.args[0] if err.args else str(err)) from None
+            if isinstance(err, ShuttingDownError):  # closing: AgentFlow refuses questions
+                raise ApiError(503, "shutting_down", str(err),
+                               headers=retry_after_header(5)) from None
+            raise
+        if holds_slot:
+            handle.future.add_done_callback(lambda _: self.limits.release(caller))
         self.metrics.submitted.inc()
         handle.future.add_done_callback(lambda f: self._finished(handle, f))
         self.failures.forget(set(self.af.handles))
@@ -234,9 +264,11 @@ class QueryService:
         except Exception:  # noqa: BLE001 - metrics must never break a query
             log.exception("recording metrics for %s failed", handle.query_id)
 
-    def handle(self, query_id: str) -> QueryHandle:
+    def handle(self, query_id: str, caller: Tenant | None) -> QueryHandle:
+        """The query ``query_id`` if ``caller`` may see it; another tenant's query is the
+        same 404 as an unknown id (never 403: that would confirm the id exists)."""
         handle = self.af.handles.get(query_id)
-        if handle is None:
+        if handle is None or not sees(caller, handle.tenant):
             raise ApiError(404, "query_not_found",
                            f"unknown query id {query_id!r} (the server keeps the last "
                            f"1000 finished queries)")
@@ -246,13 +278,13 @@ class QueryService:
         """The answer, or None after ``timeout``. Waiting is shielded: a client that goes
         away does not cancel the query (it stays available by id)."""
         if handle.done():
-            return self._result(handle)
+            return self.result(handle)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future = loop.create_future()
 
         def wake(_: Future) -> None:
             try:
-                loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+                loop.call_soon_threadsafe(_settle, waiter)
             except RuntimeError:  # the HTTP loop is gone (shutdown)
                 pass
         handle.future.add_done_callback(wake)
@@ -260,7 +292,7 @@ class QueryService:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
         except asyncio.TimeoutError:
             return None
-        return self._result(handle)
+        return self.result(handle)
 
     async def wait_admitted(self, handle: QueryHandle, timeout: float) -> None:
         """Until the query has started (first stage event) or ended (e.g. rejected)."""
@@ -277,7 +309,7 @@ class QueryService:
             if isinstance(event, dict) and event.get("type") != "stage_started":
                 return
             try:
-                loop.call_soon_threadsafe(lambda: seen.done() or seen.set_result(None))
+                loop.call_soon_threadsafe(_settle, seen)
             except RuntimeError:
                 pass
         handle.subscribe(wake)
@@ -291,7 +323,9 @@ class QueryService:
         finally:
             handle.unsubscribe(wake)
 
-    def _result(self, handle: QueryHandle) -> Answer:
+    def result(self, handle: QueryHandle) -> Answer:
+        """The query's answer; for one cancelled or failed outside the pipeline, an answer
+        that says so (never an exception)."""
         future = handle.future
         if future.cancelled():
             return self._synthetic(handle, "cancelled", "cancelled")
@@ -305,10 +339,10 @@ class QueryService:
                       pipeline=handle.pipeline, status=status, error=error, sql=None,
                       slo_s=handle.slo_s)
 
-    def cancel(self, query_id: str) -> QueryHandle:
-        handle = self.handle(query_id)
+    def cancel(self, query_id: str, caller: Tenant | None) -> QueryHandle:
+        handle = self.handle(query_id, caller)
         if handle.done() or not self.af.cancel(query_id):
-            status = self._result(handle).status if handle.done() else "finishing"
+            status = self.result(handle).status if handle.done() else "finishing"
             raise ApiError(409, "already_finished",
                            f"query {query_id} already finished ({status}); nothing to cancel",
                            query_status=status)
@@ -325,8 +359,8 @@ class QueryService:
             return QueryView(query_id=handle.query_id, status=_progress(handle),
                              question=handle.question, db=handle.db, pipeline=handle.pipeline,
                              slo_s=handle.slo_s, stages=self._stages_from_events(handle),
-                             links=links, conversation_id=handle.conversation_id)
-        answer = self._result(handle)
+                             links=links, conversation_id=handle.conversation_id, **_owner(handle))
+        answer = self.result(handle)
         stages, retries = self._stages_from_answer(answer)
         links.update(result_links(handle.query_id, answer))
         return QueryView(
@@ -337,25 +371,26 @@ class QueryService:
             truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
             met_slo=answer.met_slo, stages=stages, usage=_clean(answer.usage),
             details=_clean(answer.details), retries=retries, links=links,
-            conversation_id=handle.conversation_id)
+            conversation_id=handle.conversation_id, **_owner(handle))
 
     def summary(self, handle: QueryHandle) -> QuerySummary:
         if not handle.done():
             return QuerySummary(query_id=handle.query_id, status=_progress(handle),
                                 question=handle.question, db=handle.db,
                                 pipeline=handle.pipeline, slo_s=handle.slo_s,
-                                conversation_id=handle.conversation_id)
-        a = self._result(handle)
+                                conversation_id=handle.conversation_id, **_owner(handle))
+        a = self.result(handle)
         return QuerySummary(query_id=a.query_id, status=a.status, question=a.question, db=a.db,
                             pipeline=a.pipeline, slo_s=a.slo_s, latency_s=a.latency_s,
                             met_slo=a.met_slo, error=a.error,
-                            conversation_id=handle.conversation_id)
+                            conversation_id=handle.conversation_id, **_owner(handle))
 
-    def recent(self, limit: int) -> list[QuerySummary]:
-        """Newest first. Each record is checked on its own, so one that cannot be shown
-        (text that is not valid Unicode, from any source) is repaired, never allowed to
-        break the listing for everyone."""
-        handles = list(self.af.handles.values())[-limit:]
+    def recent(self, limit: int, caller: Tenant | None = None) -> list[QuerySummary]:
+        """Newest first, only ``caller``'s own (all for an admin, or with keys off). Each
+        record is checked on its own, so one that cannot be shown (text that is not valid
+        Unicode, from any source) is repaired, never allowed to break the listing."""
+        handles = [h for h in list(self.af.handles.values())
+                   if sees(caller, h.tenant)][-limit:]
         out = []
         for h in reversed(handles):
             try:
@@ -414,10 +449,10 @@ class QueryService:
         return stages, retries
 
     # ------------------------------------------------------------------ catalog, cluster
-    def databases(self) -> list[DatabaseInfo]:
+    def databases(self, caller: Tenant | None = None) -> list[DatabaseInfo]:
         catalog = self.af.catalog
         out = []
-        for db_id in catalog.ids:
+        for db_id in self.database_ids(caller):
             entry = catalog.entry(db_id)
             examples = self._examples.for_db(entry.dataset, db_id)  # train split only
             out.append(DatabaseInfo(id=db_id, engine=catalog.engine_of(db_id),
@@ -501,7 +536,13 @@ class QueryService:
             statuses: dict[str, int] = defaultdict(int)
             for h in in_flight:
                 if h.done():
-                    statuses[self._result(h).status] += 1
+                    statuses[self.result(h).status] += 1
             level = logging.WARNING if statuses.get("cancelled") else logging.INFO
             log.log(level, "agentflow closed; query statuses: %s (of those in flight at "
                     "shutdown)", dict(statuses))
+
+
+def _settle(waiter: asyncio.Future) -> None:
+    """Wake ``waiter`` once; later wake-ups for the same wait are no-ops."""
+    if not waiter.done():
+        waiter.set_result(None)

@@ -1,4 +1,5 @@
-"""What the HTTP layer needs beyond ``AgentFlowConfig``: API keys, drain time, request limits.
+"""What the HTTP layer needs beyond ``AgentFlowConfig``: API keys and tenants, drain time,
+request limits.
 
 A serve config file is an ordinary agentflow config (instances, pipeline, data, scheduler)
 with an optional ``server:`` section. The section is split off here, before the rest is
@@ -16,8 +17,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentflow.config import AgentFlowConfig
-
-API_KEYS_ENV = "AGENTFLOW_API_KEYS"
+from agentflow.tenants import (
+    ADMIN_KEYS_ENV,
+    API_KEYS_ENV,
+    TENANTS_ENV,
+    TenantEntry,
+    TenantTable,
+    env_keys,
+    load_tenants_file,
+)
 
 
 class ServerSettings(BaseModel):
@@ -26,6 +34,13 @@ class ServerSettings(BaseModel):
     # Clients must send one of these (``Authorization: Bearer KEY`` or ``X-API-Key``); empty
     # means the API is open. ``AGENTFLOW_API_KEYS`` (comma-separated) adds more.
     api_keys: list[str] = Field(default_factory=list)
+    # Each key above is its own tenant; these are tenants with ``admin`` (see every query,
+    # read /metrics). ``AGENTFLOW_ADMIN_KEYS`` adds more.
+    admin_keys: list[str] = Field(default_factory=list)
+    # Tenants with names, limits, databases and roles (``agentflow.tenants``), here or in a
+    # YAML/JSON file (``tenants_file``, or the ``AGENTFLOW_TENANTS`` environment variable).
+    tenants: list[TenantEntry] = Field(default_factory=list)
+    tenants_file: str | None = None
     # On shutdown, how long queries in flight may keep running before they are cancelled.
     drain_s: float = Field(10.0, ge=0)
     # ``wait=true`` requests give up waiting after this long and answer 202 + the id instead,
@@ -45,8 +60,21 @@ class ServerSettings(BaseModel):
 
     def keys(self) -> list[str]:
         """Configured keys plus those from ``AGENTFLOW_API_KEYS``."""
-        env = [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
-        return [*self.api_keys, *env]
+        return [*self.api_keys, *env_keys(API_KEYS_ENV)]
+
+    def tenant_table(self) -> TenantTable:
+        """Every key the server accepts, each mapped to its tenant (empty: keys are off)."""
+        return tenant_table(self.keys(), [*self.admin_keys, *env_keys(ADMIN_KEYS_ENV)],
+                            self.tenants, self.tenants_file)
+
+
+def tenant_table(keys: list[str], admin_keys: list[str], tenants: list[TenantEntry],
+                 tenants_file: str | None = None) -> TenantTable:
+    """Plain keys, admin keys, configured tenants and those of the tenants file (the
+    setting, else ``AGENTFLOW_TENANTS``) in one table; shared by the MCP server."""
+    path = tenants_file or os.environ.get(TENANTS_ENV) or None
+    entries = [*tenants, *(load_tenants_file(path) if path else [])]
+    return TenantTable.build(keys, admin_keys, entries)
 
 
 def load_serve_config(path: str | Path | None) -> tuple[AgentFlowConfig, ServerSettings]:
@@ -60,4 +88,8 @@ def load_serve_config(path: str | Path | None) -> tuple[AgentFlowConfig, ServerS
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     server = data.pop("server", None) or {}
-    return AgentFlowConfig.model_validate(data), ServerSettings.model_validate(server)
+    settings = ServerSettings.model_validate(server)
+    if settings.tenants_file and not Path(settings.tenants_file).expanduser().is_absolute():
+        # beside the config file, as a reader of the file would expect
+        settings.tenants_file = str(path.parent / settings.tenants_file)
+    return AgentFlowConfig.model_validate(data), settings

@@ -17,7 +17,6 @@ tenant teaches its own entries and sees the shared ones too.
 from __future__ import annotations
 
 import asyncio
-import difflib
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -80,17 +79,16 @@ def _af(request: Request) -> Any:
     return request.app.state.service.af
 
 
-def _tenant(request: Request) -> str | None:
+def _tenant(request: Request) -> Any:
+    """The caller's ``Tenant`` (None when keys are off); teaching keys its entries by name."""
     return getattr(request.state, "tenant", None)
 
 
-def _known(af: Any, db: str) -> str:
-    if db not in af.catalog.ids:
-        close = difflib.get_close_matches(db, af.catalog.ids, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ApiError(404, "unknown_database", f"unknown database {db!r}{hint} "
-                       f"(GET /v1/databases lists the {len(af.catalog.ids)} available)")
-    return db
+def _known(request: Request, db: str) -> str:
+    """A catalog id the caller may use, else the same 404 as every route (never a path)."""
+    from agentflow.server.auth import require_database
+
+    return require_database(request, _tenant(request), db)
 
 
 async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -107,7 +105,7 @@ async def teach(db: str, body: ExampleIn, request: Request) -> Any:
     """Teach a question/SQL pair. The SQL must be one read-only query that runs on the
     database; the same question taught again replaces its SQL."""
     af = _af(request)
-    taught = await _call(af.teach, body.question, body.sql, db=_known(af, db),
+    taught = await _call(af.teach, body.question, body.sql, db=_known(request, db),
                          tenant=_tenant(request))
     return taught.to_dict()
 
@@ -115,14 +113,14 @@ async def teach(db: str, body: ExampleIn, request: Request) -> Any:
 @router.get("/v1/databases/{db}/examples", response_model=ExampleList)
 async def examples(db: str, request: Request) -> Any:
     af = _af(request)
-    found = await _call(af.examples, _known(af, db), tenant=_tenant(request))
+    found = await _call(af.examples, _known(request, db), tenant=_tenant(request))
     return {"examples": [e.to_dict() for e in found]}
 
 
 @router.delete("/v1/databases/{db}/examples/{example_id}")
 async def forget_example(db: str, example_id: int, request: Request) -> dict[str, int]:
     af = _af(request)
-    if not await _call(af.forget_example, _known(af, db), example_id, tenant=_tenant(request)):
+    if not await _call(af.forget_example, _known(request, db), example_id, tenant=_tenant(request)):
         raise ApiError(404, "example_not_found", f"no taught example {example_id} on {db} "
                        "that this key may delete")
     return {"deleted": example_id}
@@ -132,7 +130,7 @@ async def forget_example(db: str, example_id: int, request: Request) -> dict[str
 async def define(db: str, body: TermIn, request: Request) -> Any:
     """Teach what a term means in SQL terms; questions using it get it with the schema."""
     af = _af(request)
-    entry = await _call(af.define, body.term, body.meaning, db=_known(af, db),
+    entry = await _call(af.define, body.term, body.meaning, db=_known(request, db),
                         tenant=_tenant(request))
     return entry.to_dict()
 
@@ -140,14 +138,14 @@ async def define(db: str, body: TermIn, request: Request) -> Any:
 @router.get("/v1/databases/{db}/glossary", response_model=Glossary)
 async def glossary(db: str, request: Request) -> Any:
     af = _af(request)
-    found = await _call(af.glossary, _known(af, db), tenant=_tenant(request))
+    found = await _call(af.glossary, _known(request, db), tenant=_tenant(request))
     return {"glossary": [e.to_dict() for e in found]}
 
 
 @router.delete("/v1/databases/{db}/glossary/{term}")
 async def forget_term(db: str, term: str, request: Request) -> dict[str, str]:
     af = _af(request)
-    if not await _call(af.forget_term, _known(af, db), term, tenant=_tenant(request)):
+    if not await _call(af.forget_term, _known(request, db), term, tenant=_tenant(request)):
         raise ApiError(404, "term_not_found", f"no term {term!r} on {db} that this key may "
                        "delete")
     return {"deleted": term}

@@ -120,7 +120,7 @@ class OnlineAlphaTuner:
                 judged.append(record)
         fork.drain()
         if self.metric == "slo":
-            return -attainment([Outcome.of(r) for r in judged], self.slo_scale)
+            return -(attainment([Outcome.of(r) for r in judged], self.slo_scale) or 0.0)
         latencies = [r.latency_s for r in judged if r.latency_s is not None]
         if len(latencies) < len(judged):
             return float("inf")

@@ -17,19 +17,22 @@ engine keeps whole blocks and computes at least one token, as vLLM does); the sa
 simulator with cold prompts is reported alongside. Prefill speed (``compute_efficiency``) is
 thus *not* calibrated by these data; it keeps its spec-sheet-fraction default.
 
-Fit (``fit_constants``): the simulator's single-request latency is, when every step is
-memory-bound (true here: at most one block of prompt tokens is computed per step),
+Fit (``fit_constants``): the simulator's single-request latency is, when every GEMM and the
+decode attention are on the bandwidth side of their rooflines (true here: at most one block
+of prompt tokens is computed per step),
 
-    latency = request_overhead + O * step_overhead
-              + [sum over steps of (weight bytes + KV written) / peak bandwidth] / bw_efficiency
+    latency = request_overhead + sum over steps of (kernel latencies + element-wise
+              operators + KV write + step_overhead)
+              + [sum over steps of weight bytes / peak bandwidth] / bw_efficiency
               + [sum over steps of KV bytes read / peak bandwidth] / attn_bw_efficiency
 
-linear in (request_overhead, 1/bw_efficiency, 1/attn_bw_efficiency). Weighted least squares
-(weights 1/measured, i.e. relative error) on the even-indexed half of the requests; per GPU a
-request overhead and a weight-streaming efficiency, one attention efficiency shared by the
-three GPUs (same kernel, same model shape); ``step_overhead_s`` stays at its 2 ms prior
-because single requests cannot separate it from ``bw_efficiency`` (both are per-token
-constants). The odd half is held out.
+(``agentflow.step_time``), linear in (request_overhead, 1/bw_efficiency,
+1/attn_bw_efficiency). Weighted least squares (weights 1/measured, i.e. relative error) on
+the even-indexed half of the requests; per GPU a request overhead and a weight-streaming
+efficiency, one attention efficiency shared by the three GPUs (same kernel, same model
+shape); ``step_overhead_s`` stays at its 2 ms prior and the other operator constants at
+their fitted values (``hardware.OPERATOR_FIT``), because single requests cannot separate per-step
+constants from ``bw_efficiency``. The odd half is held out.
 """
 
 from __future__ import annotations
@@ -37,13 +40,17 @@ from __future__ import annotations
 import ast
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agentflow import hardware
 from agentflow.hardware import Calibration, GPUProfile, ModelProfile
+
+if TYPE_CHECKING:
+    from agentflow.sim.engine import SimInstance
 
 # File label -> hardware profile name.
 GPU_LABELS: dict[str, str] = {"A100": "A100-80G", "A6000": "A6000", "L40S": "L40S"}
@@ -70,7 +77,7 @@ def load_vllm_latency(directory: str | Path) -> dict[str, list[Row]]:
     return out
 
 
-def single_request_latency(sim_instance_factory: Callable[[], object], input_tokens: int,
+def single_request_latency(sim_instance_factory: Callable[[], SimInstance], input_tokens: int,
                            output_tokens: int, cached_tokens: int = 0) -> float:
     """Seconds from ``add`` to ``finished`` for one request alone on a fresh instance."""
     inst = sim_instance_factory()
@@ -91,7 +98,7 @@ def paper_factory(label: str, gpu_profile: GPUProfile | None = None,
     return lambda: SimInstance(g, m, **kwargs)
 
 
-def simulate_rows(factory: Callable[[], object], rows: Sequence[Row],
+def simulate_rows(factory: Callable[[], SimInstance], rows: Sequence[Row],
                   prompts_cached: bool = True) -> np.ndarray:
     return np.array([single_request_latency(factory, i, o, i if prompts_cached else 0)
                      for i, o, _ in rows])
@@ -112,21 +119,41 @@ def split_halves(n: int) -> tuple[np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------- the fit
 def _features(gpu_profile: GPUProfile, model_profile: ModelProfile, rows: Sequence[Row],
               block_size: int = 16) -> np.ndarray:
-    """Per request: [steps, weight+write bytes / peak bw, KV-read bytes / peak bw] of the
-    simulator's prompt-cached single-request replay (memory-bound steps)."""
+    """Per request: [fixed seconds, weight bytes / peak bw, KV-read bytes / peak bw] of the
+    simulator's prompt-cached single-request replay (agentflow.step_time, every GEMM and
+    decode attention on the bandwidth side of its roofline, which holds for steps of at most
+    one block of tokens). Fixed: kernel latencies, element-wise operators, the KV write, the
+    first step's attention over the cached prompt, and ``step_overhead_s``."""
+    from agentflow.step_time import OperatorModel
+
+    om = OperatorModel(gpu_profile, model_profile)
     bw = gpu_profile.mem_bw_gbs * 1e9
-    kvb = model_profile.kv_bytes_per_token
-    W = model_profile.weight_bytes
-    rho = model_profile.active_params_b / model_profile.params_b
+    L = om.layers
+    lat_lin = gpu_profile.linear_latency_s
+
+    def weights(T: int) -> float:  # bytes streamed by the GEMMs of a step of T tokens
+        return L * sum(om.gemm_work(g, T)[1] for g in range(4)) + om.lm_head_work(1)[1]
+
+    def fixed(T: int) -> float:
+        return (L * (4 * lat_lin + om.elementwise(T)) + lat_lin + om.fixed(T))
+
     feats = []
     for i, o, _ in rows:
         cached = (i - 1) - (i - 1) % block_size
         t0 = i - cached  # prompt tokens computed in the first step
-        f0 = 1.0 if rho >= 1 else 1 - (1 - rho) ** t0
-        f1 = 1.0 if rho >= 1 else rho
-        write = W * f0 + kvb * t0 + (o - 1) * (W * f1 + kvb)
-        read = kvb * (cached + (o - 1) * i + (o - 1) * (o - 2) / 2)
-        feats.append((o, write / bw, read / bw))
+        if t0 == 1:
+            _, b0 = om.attention_work(1, i, i)
+            first_attn, read = gpu_profile.decode_attn_latency_s * L, L * b0
+        else:
+            first_attn = L * float(om.prefill_attention(
+                t0, t0 * cached + t0 * (t0 + 1) // 2, i))
+            read = 0.0
+        fix = fixed(t0) + first_attn + (o - 1) * (fixed(1) + L * gpu_profile.decode_attn_latency_s)
+        # decode step k = 1..o-1 attends to i + k tokens
+        ctx = (o - 1) * i + (o - 1) * o / 2
+        read += L * om.attention_work(o - 1, ctx, ctx)[1]
+        write = weights(t0) + (o - 1) * weights(1)
+        feats.append((fix, write / bw, read / bw))
     return np.array(feats, float)
 
 
@@ -147,8 +174,9 @@ def fit_constants(data: dict[str, list[Row]], mask: np.ndarray | None = None,
     overhead = None
     for k, label in enumerate(labels):
         g = hardware.gpu(GPU_LABELS[label])
-        o = g.step_overhead_s if step_overhead_s is None else step_overhead_s
-        overhead = o
+        if step_overhead_s is not None:
+            g = replace(g, step_overhead_s=step_overhead_s)
+        overhead = g.step_overhead_s
         rows = data[label]
         sel = np.ones(len(rows), bool) if mask is None else mask
         F = _features(g, m, rows)[sel]
@@ -159,7 +187,9 @@ def fit_constants(data: dict[str, list[Row]], mask: np.ndarray | None = None,
         X[:, -1] = F[:, 2]  # 1 / attn_bw_efficiency
         w = 1.0 / y
         blocks_X.append(X * w[:, None])
-        blocks_y.append((y - o * F[:, 0]) * w)
+        blocks_y.append((y - F[:, 0]) * w)
+    if overhead is None:
+        raise ValueError("fit_constants needs measurements of at least one GPU")
     coef = np.linalg.lstsq(np.vstack(blocks_X), np.concatenate(blocks_y), rcond=None)[0]
     attn = 1.0 / coef[-1]
     consts = {label: Calibration(bw_efficiency=1.0 / coef[2 * k + 1], attn_bw_efficiency=attn,

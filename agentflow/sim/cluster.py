@@ -42,11 +42,7 @@ class SimClusterConfig(BaseModel):
     def expanded(self) -> list[tuple[str, InstanceConfig]]:
         """One (unique name, config) per instance, ``count`` expanded — the names serving
         gives the same instances."""
-        return [(inst.name, inst) for inst in expand_instances(self.instances)]
-
-    @property
-    def gpu_types(self) -> list[str]:
-        return sorted({i.gpu for i in self.instances})
+        return [(inst.label, inst) for inst in expand_instances(self.instances)]
 
 
 CLUSTERS: dict[str, SimClusterConfig] = {

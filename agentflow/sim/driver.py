@@ -19,14 +19,15 @@ import copy
 import heapq
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
 
+from agentflow.metrics import SLO_SCALES
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
-from agentflow.scheduler.length_models import TrueLengths, make_predictor
+from agentflow.scheduler.lengths import TrueLengths, make_length_model
 from agentflow.scheduler.policies import parse_policy
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS
 from agentflow.scheduler.setup import build_coordinator
@@ -95,8 +96,8 @@ class SimResult:
     alpha_history: list[tuple[float, float]] = field(default_factory=list)
     events: int = 0
 
-    def summary(self, scales=(1.0, 1.5, 2.0, 3.0, 5.0)) -> dict[str, Any]:
-        from agentflow.sim.metrics import summarize
+    def summary(self, scales: Iterable[float] = SLO_SCALES) -> dict[str, Any]:
+        from agentflow.sim.summary import summarize
 
         return summarize(self, scales)
 
@@ -133,9 +134,9 @@ class Simulation:
         # The coordinator serving builds from the same description (build_coordinator): it
         # admits no more than each engine's KV cache holds, so calls wait in its queues —
         # ordered by the queue policy — rather than inside the engines.
-        self.predictor = make_predictor(parse_policy(policy).predictor, embedder=embedder)
+        self.length_model = make_length_model(parse_policy(policy).length_model, embedder=embedder)
         self.coordinator = build_coordinator(
-            instances, clock=self.clock, policy=policy, alpha=alpha, predictor=self.predictor,
+            instances, clock=self.clock, policy=policy, alpha=alpha, length_model=self.length_model,
             max_waiting_calls=max_waiting_calls, max_active_queries=max_active_queries,
             admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s)
         self.alpha_tuner = alpha_tuner
@@ -203,10 +204,10 @@ class Simulation:
         heap, tuner = self._heap, self.alpha_tuner
         self._heap = [e for e in heap if e[2] not in ("arrival", "fault", "hook")]
         self.alpha_tuner = None
-        # Locks (the length predictor's, for serving threads) cannot be copied: a fork,
+        # Locks (the length model's, for serving threads) cannot be copied: a fork,
         # single-threaded, gets fresh ones.
         memo: dict[int, Any] = {}
-        stack, seen = [self.predictor], set()
+        stack, seen = [self.length_model], set()
         while stack:
             obj = stack.pop()
             if obj is None or id(obj) in seen:
@@ -252,7 +253,7 @@ class Simulation:
         query = Query(question=trace.question, db_id="", arrival=now, slo_s=record.slo_s,
                       id=record.id)
         run = WorkflowRun(query, graph)
-        self.predictor.reveal(record.id, {
+        self.length_model.reveal(record.id, {
             n.id: TrueLengths(n.prompt_tokens, n.output_tokens,
                               n.duration_s if n.kind == "tool" else None)
             for n in trace.nodes})
@@ -262,7 +263,7 @@ class Simulation:
                                               key_text=trace.question, run=run)
         except QueryRejected as err:
             record.status, record.reason = "rejected", err.reason
-            self.predictor.forget(record.id)
+            self.length_model.forget(record.id)
             return
         self._runs[record.id] = (run, trace, record)
         self._trace_nodes[record.id] = {n.id: n for n in trace.nodes}
@@ -301,6 +302,7 @@ class Simulation:
             self._tool_s[done.stage] = (mean + (done.duration_s - mean) / (n + 1), n + 1)
         if self.on_stage is not None:
             start = run.query.stage(node_id).start
+            assert start is not None  # the stage finishing now has started
             ran = now - start if run_s is None else min(run_s, now - start)
             self.on_stage(StageTiming(
                 query_id, node_id, done.stage, done.kind, done.parents, start, now,
@@ -368,6 +370,7 @@ class Simulation:
                     run.cancel_pending(now)
                     running, more = self.coordinator.cancel_query(query_id)
                     for call in running:  # siblings still running: the engines drop them
+                        assert call.instance is not None  # running calls were dispatched
                         if self.instances[call.instance].abort(call.id, now):
                             touched.add(call.instance)
                     for call_id in [i for i, c in self._calls.items()
@@ -403,7 +406,7 @@ class Simulation:
     def _forget(self, query_id: str) -> None:
         del self._runs[query_id]
         self._trace_nodes.pop(query_id, None)
-        self.predictor.forget(query_id)
+        self.length_model.forget(query_id)
 
     def _reschedule(self, name: str) -> None:
         self._versions[name] += 1

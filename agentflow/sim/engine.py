@@ -38,29 +38,32 @@ few blocks early here); two running sequences sharing blocks each count them aga
 are never keyed (no text for them). Requests without hashes (every HexGen-Flow trace) take the
 path above unchanged.
 
-KV-cache capacity (blocks of ``block_size`` tokens)
----------------------------------------------------
-    per GPU free  = mem * gpu_memory_utilization - weight_bytes / tp - activation_reserve
-    activation_reserve = max_num_batched_tokens * (4 * hidden + 2 * ffn_hidden / tp) * 2 B
-                         + max_num_seqs * vocab * 4 B (logits) + 1 GiB (context, graphs)
-    blocks        = floor(per GPU free / (kv_bytes_per_token / tp * block_size))
+KV-cache capacity
+-----------------
+``hardware.kv_cache_blocks``: GPU memory at ``gpu_memory_utilization`` less the weights and
+the activation peak of a full step, in blocks of ``block_size`` tokens (serving reads the
+same formula for the coordinator's KV budget).
 
-Step time (a roofline over the hardware and model profiles)
------------------------------------------------------------
-For an iteration computing ``T`` tokens, where sequence ``i`` computes ``n_i`` tokens on top
-of ``c_i`` tokens already in its KV cache::
+Step time (the sum of the step's operators, ``agentflow.step_time``)
+--------------------------------------------------------------------
+An iteration computing ``T`` tokens over ``S`` sequences, where sequence ``i`` computes
+``n_i`` tokens on top of ``c_i`` tokens already in its KV cache, takes, per layer, the four
+GEMMs at ``T`` tokens + the element-wise operators and the KV-cache write at ``T`` tokens +
+one decode-attention kernel over the sequences with ``n_i = 1`` (reading ``sum(c_i + 1)``
+KV tokens) + one prefill-attention kernel over the others (``sum(n_i c_i + n_i (n_i+1)/2)``
+query-key pairs); times the layers, plus the LM head at ``S`` rows, the tensor-parallel
+all-reduces and ``step_overhead_s``. Each operator is ``latency + max(FLOPs / (peak *
+efficiency), bytes / (bandwidth * efficiency))`` with its class's constants
+(``hardware.GPUProfile``, fitted by ``benchmarks/fit_operators.py``). Operators run one after
+another, so their times add: a prefill chunk beside a batch of long-context decodes costs its
+GEMMs on top of the decodes' KV reads, as on a GPU. A decode step reads the weights once for
+the whole batch (batch 32 costs far less than 32 single steps) but each sequence adds its
+KV reads (batch 32 costs more than one). A mixture-of-experts MLP reads the fraction
+``1 - (1 - active/total)^T`` of its expert weights.
 
-    FLOPs    = 2 * active_params * T + 4 * layers * heads * head_dim * sum_i (n_i*c_i + n_i*(n_i+1)/2)
-    compute  = FLOPs / (peak_flops * compute_efficiency * tp)
-    memory   = (weight_bytes * f(T) + kv_bytes_per_token * T) / (bandwidth * bw_efficiency * tp)
-             + kv_bytes_per_token * sum_i c_i / (bandwidth * attn_bw_efficiency * tp)
-    comm     = 2 * layers * (comm_latency + 2 (tp-1)/tp * T * hidden * 2 B / interconnect)   (tp > 1)
-    step     = max(compute, memory) + step_overhead + comm
-
-``f(T) = 1`` for dense models; for MoE ``f(T) = 1 - (1 - active/total)^T``, the expected
-fraction of (expert) weights a batch of T tokens touches. So a decode step reads the weights
-once for the whole batch (batch 32 costs far less than 32 single steps) but each sequence
-adds its KV reads and its share of the FLOPs (batch 32 costs more than one).
+The per-step token budget ``max_num_batched_tokens`` defaults to vLLM V1's for the GPU
+(``hardware.default_max_num_batched_tokens``: 2048 on A100s and GPUs under 70 GiB, 8192 on
+H100/H200).
 
 Requests also pay ``request_overhead_s`` (HTTP, tokenisation) before they can be scheduled;
 it counts as queue time. Measured from a fitted profile (``hardware.CALIBRATIONS``).
@@ -94,9 +97,9 @@ import numpy as np
 
 from agentflow import hardware
 from agentflow.hardware import GPUProfile, ModelProfile
+from agentflow.step_time import OperatorModel, StepShape
 
 _WAITING, _PENDING, _RUNNING, _DONE, _ABORTED = range(5)
-_GIB = 2 ** 30
 
 
 @dataclass(slots=True)
@@ -191,7 +194,7 @@ class _Plan:
         "t0",
     )
 
-    def __init__(self, seqs, ns, K, t0, ends, run):
+    def __init__(self, seqs, ns, K, t0, ends, run, c0=None, g0=None, out=None):
         self.seqs = seqs
         self.ns = ns
         self.K = K
@@ -199,6 +202,8 @@ class _Plan:
         self.ends = ends
         self.m = 0
         self.run = run  # True: every sequence decodes one token per iteration
+        # runs only: per sequence, tokens computed and generated at t0, and output limits
+        self.c0, self.g0, self.out = c0, g0, out
         # runs: (iteration, sequence index, token count) of every first-token/progress
         # event, in iteration order; ev_ptr: the first not yet emitted
         self.evs: list[tuple[int, int, int]] = []
@@ -212,17 +217,20 @@ class SimInstance:
     ``hardware.CALIBRATIONS`` has constants for this GPU and model, they are applied.
     ``step_overhead_s`` / ``request_overhead_s`` override the profile's values;
     ``num_gpu_blocks`` overrides the computed KV capacity (like vLLM's
-    ``num_gpu_blocks_override``).
+    ``num_gpu_blocks_override``); ``max_num_batched_tokens=None`` is vLLM's default for the
+    GPU.
     """
 
     def __init__(self, gpu: GPUProfile, model: ModelProfile, tensor_parallel: int = 1, *,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
                  block_size: int = 16, gpu_memory_utilization: float = 0.9,
                  chunked_prefill: bool = True, name: str | None = None,
                  jump_ahead: bool = True, use_calibration: bool = True,
                  step_overhead_s: float | None = None,
                  request_overhead_s: float | None = None,
                  num_gpu_blocks: int | None = None):
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = hardware.default_max_num_batched_tokens(gpu)
         if tensor_parallel < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1 \
                 or block_size < 1 or not 0 < gpu_memory_utilization <= 1:
             raise ValueError("invalid engine limits")
@@ -242,36 +250,16 @@ class SimInstance:
         self.jump_ahead = jump_ahead
         self.request_overhead_s = gpu.request_overhead_s
 
-        tp = tensor_parallel
-        kvb = model.kv_bytes_per_token
-        # KV heads are split across TP ranks, replicated when there are fewer than ranks.
-        kv_per_gpu = kvb * max(1, tp // max(1, model.kv_heads)) / tp if tp > 1 else kvb
-        ffn = model.ffn_hidden or 4 * model.hidden
-        reserve = (max_num_batched_tokens * (4 * model.hidden + 2 * ffn / tp) * 2
-                   + max_num_seqs * model.vocab * 4 + _GIB)
-        free = gpu.mem_gb * _GIB * gpu_memory_utilization - model.weight_bytes / tp - reserve
-        self.kv_blocks_total = int(free // (kv_per_gpu * block_size)) if free > 0 else 0
+        self.kv_blocks_total = hardware.kv_cache_blocks(
+            gpu, model, tensor_parallel, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+            gpu_memory_utilization=gpu_memory_utilization)
         if num_gpu_blocks is not None:
             self.kv_blocks_total = int(num_gpu_blocks)
         if self.kv_blocks_total < 1:
-            raise ValueError(f"{model.name} does not fit on {tp} x {gpu.name} "
+            raise ValueError(f"{model.name} does not fit on {tensor_parallel} x {gpu.name} "
                              f"({gpu.mem_gb} GiB at utilization {gpu_memory_utilization})")
-
-        # Roofline constants.
-        self._flops = gpu.peak_tflops * 1e12 * gpu.compute_efficiency * tp
-        self._flop_tok = 2.0 * model.active_params_b * 1e9
-        self._flop_pair = 4.0 * model.layers * model.heads * model.head_dim
-        self._bw_w = gpu.mem_bw_gbs * 1e9 * gpu.bw_efficiency * tp
-        self._bw_a = gpu.mem_bw_gbs * 1e9 * gpu.attn_bw_efficiency * tp
-        self._kvb = kvb
-        self._weights = model.weight_bytes
-        self._moe_rho = model.active_params_b / model.params_b
-        self._overhead = gpu.step_overhead_s
-        self._comm = None
-        if tp > 1:
-            self._comm = (2 * model.layers * gpu.comm_latency_s,
-                          2 * model.layers * 2 * (tp - 1) / tp * model.hidden * 2
-                          / (gpu.interconnect_gbs * 1e9))
+        self.ops = OperatorModel(gpu, model, tensor_parallel)
 
         self._seqs: dict[str, _Seq] = {}
         self._running: list[_Seq] = []
@@ -299,34 +287,24 @@ class SimInstance:
         self.prefix_hit_tokens = 0  # of which served from it
 
     # ------------------------------------------------------------------------------ timing
-    def _fixed(self, T: int) -> tuple[float, float]:
-        """(memory seconds independent of contexts, per-step additive seconds) for T tokens."""
-        f = 1.0 if self._moe_rho >= 1.0 else 1.0 - (1.0 - self._moe_rho) ** T
-        mem = (self._weights * f + self._kvb * T) / self._bw_w
-        add = self._overhead
-        if self._comm is not None:
-            add += self._comm[0] + self._comm[1] * T
-        return mem, add
+    def _durations(self, T: int, S: int, B: int, dec_kv: np.ndarray) -> np.ndarray:
+        """Seconds of consecutive pure-decode iterations (``T = S = B``) whose decode
+        attention reads ``dec_kv[j]`` KV tokens."""
+        return self.ops.step_parts(T, S, B, dec_kv) * self.slowdown
 
-    def _durations(self, T: int, attn: np.ndarray, kv_read: np.ndarray) -> np.ndarray:
-        compute = (self._flop_tok * T + self._flop_pair * attn) / self._flops
-        mem0, add = self._fixed(T)
-        memory = mem0 + self._kvb * kv_read / self._bw_a
-        return (np.maximum(compute, memory) + add) * self.slowdown
-
-    def _duration(self, T: int, attn: int, kv_read: int) -> float:
-        """``_durations`` for one iteration, with the same float operations in the same order
-        (so one-at-a-time and vectorised runs give bit-identical times)."""
-        compute = (self._flop_tok * T + self._flop_pair * float(attn)) / self._flops
-        mem0, add = self._fixed(T)
-        memory = mem0 + self._kvb * float(kv_read) / self._bw_a
-        return (max(memory, compute) + add) * self.slowdown
+    def _duration(self, T: int, S: int, B: int, dec_kv: int, pf_tokens: int = 0,
+                  pf_pairs: int = 0, pf_kv: int = 0) -> float:
+        """One iteration, with the same float operations in the same order as
+        ``_durations`` (so one-at-a-time and vectorised runs give bit-identical times)."""
+        return float(self.ops.step_parts(T, S, B, dec_kv, pf_tokens, pf_pairs, pf_kv)
+                     * self.slowdown)
 
     def step_time(self, ns, contexts) -> float:
         """Seconds of one iteration in which sequence i computes ``ns[i]`` tokens on top of
         ``contexts[i]`` cached ones."""
-        attn = sum(n * c + n * (n + 1) // 2 for n, c in zip(ns, contexts))
-        return self._duration(int(sum(ns)), attn, sum(contexts))
+        sh = StepShape.of(ns, contexts)
+        return self._duration(sh.tokens, sh.seqs, sh.decode_seqs, sh.decode_kv,
+                              sh.prefill_tokens, sh.prefill_pairs, sh.prefill_kv)
 
     def decode_step_time(self, batch: int, context_tokens: int) -> float:
         """One decode iteration of ``batch`` sequences that each hold ``context_tokens``."""
@@ -597,17 +575,23 @@ class SimInstance:
         self.plans += 1
         nl = [ns[s] for s in sched]
         T = sum(nl)
-        attn = 0
-        kv_read = 0
+        S = len(sched)
+        nd = dkv = pt = pp = pkv = 0  # decodes and their KV reads; prefill sums
         for s, n in zip(sched, nl):
-            attn += n * s.computed + n * (n + 1) // 2
-            kv_read += s.computed
+            c = s.computed
+            if n == 1:
+                nd += 1
+                dkv += c + 1
+            else:
+                pt += n
+                pp += n * c + n * (n + 1) // 2
+                pkv += c + n
         run = (self.jump_ahead and not preempted and T == len(sched) == len(running)
                and all(s.prompt + s.generated - s.computed == 1 for s in sched))
         if not run:
-            self._plan = _Plan(sched, nl, 1, tb, [tb + self._duration(T, attn, kv_read)], False)
+            self._plan = _Plan(sched, nl, 1, tb, [tb + self._duration(T, S, nd, dkv, pt, pp,
+                                                                      pkv)], False)
             return
-        S = len(sched)
         c0 = np.fromiter((s.computed for s in sched), dtype=np.int64, count=S)
         g0 = np.fromiter((s.generated for s in sched), dtype=np.int64, count=S)
         out = np.fromiter((s.output for s in sched), dtype=np.int64, count=S)
@@ -620,10 +604,10 @@ class SimInstance:
                     [np.arange(f, K, B) for f in first[cnt > 0].tolist()]))
                 K = int(steps[self._free])
         if K == 1:
-            ends = np.array([tb + self._duration(T, attn, kv_read)])
+            ends = np.array([tb + self._duration(T, S, nd, dkv)])
         else:
             j = np.arange(K, dtype=np.int64)
-            dt = self._durations(T, attn + S * j, kv_read + S * j)
+            dt = self._durations(T, S, nd, dkv + S * j)
             dt[0] += tb
             ends = np.cumsum(dt)  # sequential: ((tb + dt0) + dt1) + ...
         if self._pending:  # cut after the iteration in flight when a request turns eligible
@@ -632,8 +616,7 @@ class SimInstance:
             if k < K:
                 K = k
                 ends = ends[:K]
-        p = _Plan(sched, nl, K, tb, ends, True)
-        p.c0, p.g0, p.out = c0, g0, out
+        p = _Plan(sched, nl, K, tb, ends, True, c0, g0, out)
         # token counts that are powers of two, reached at iteration pw - g0 - 1 (a sequence's
         # last token is reported by its finish event instead, unless it is its first)
         top = int((g0 + K).max()).bit_length()
@@ -752,9 +735,11 @@ class SimInstance:
         s.blocks = 0
         self._prefix_release(s)
         self._seqs.pop(s.id, None)
+        first_sched, first_token = s.first_sched, s.first_token
+        assert first_sched is not None and first_token is not None  # it ran to its end
         events.append((t, s.order, 2, SeqEvent(
-            "finished", s.id, t, s.generated, ttft_s=s.first_token - s.first_sched,
-            total_s=t - s.first_sched, queue_s=s.first_sched - s.arrival,
+            "finished", s.id, t, s.generated, ttft_s=first_token - first_sched,
+            total_s=t - first_sched, queue_s=first_sched - s.arrival,
             preempted=s.preempted)))
 
     def _finish_plan(self, p: _Plan, events: list) -> None:

@@ -12,8 +12,8 @@ from agentflow.metrics import GOODPUT_TARGET, meets_goodput_target
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.driver import SimResult, Simulation
 from agentflow.sim.faults import Fault
-from agentflow.sim.metrics import outcomes
 from agentflow.sim.slo import IdleLatency
+from agentflow.sim.summary import outcomes
 from agentflow.sim.workload import TraceQuery, arrival_times
 
 
@@ -46,7 +46,7 @@ def build_workload(trace: list[TraceQuery], cluster: SimClusterConfig, *, n: int
 
 def run_policy(cluster: SimClusterConfig, workload: Workload, policy: str, *,
                slo_scale: float = 2.0, alpha: float | None = None, alpha_tuner: Any = None,
-               embedder: str = "hashing", cached_prefix: float = 0.0,
+               embedder: str = "hashing", cached_prefix: float | str = 0.0,
                faults: Sequence[Fault] = ()) -> SimResult:
     sim = Simulation(cluster, policy, alpha=alpha, alpha_tuner=alpha_tuner, embedder=embedder,
                      cached_prefix=cached_prefix, faults=faults)

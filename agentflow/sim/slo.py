@@ -11,6 +11,7 @@ import math
 
 import networkx as nx
 
+from agentflow.config import InstanceConfig
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.engine import engine_for
 from agentflow.sim.workload import TraceQuery
@@ -21,7 +22,7 @@ class IdleLatency:
         # "auto" (modelled prefix caching): idle latency stays cold, so deadlines are the
         # same with the cache on and off and the comparison is fair.
         self.cached_prefix = 0.0 if cached_prefix == "auto" else cached_prefix
-        by_gpu = {}
+        by_gpu: dict[str | None, tuple[str, InstanceConfig]] = {}
         for name, cfg in cluster.expanded():
             by_gpu.setdefault(cfg.gpu, (name, cfg))
         self._factories = [lambda n=n, c=c: engine_for(n, c) for n, c in by_gpu.values()]

@@ -45,7 +45,7 @@ class TraceNode:
 class TraceQuery:
     id: str
     nodes: list[TraceNode]
-    question: str = ""  # what the length predictor embeds (empty for HexGen traces)
+    question: str = ""  # what the length model embeds (empty for HexGen traces)
     meta: dict = field(default_factory=dict)
 
     @property
@@ -152,9 +152,10 @@ def arrival_times(n: int, rate: float, process: str = "poisson", *, seed: int = 
     if process.startswith("steps:"):
         segments = []
         for part in process.split(":", 1)[1].split(","):
-            r, d = part.split("/")
-            segments.append((_positive(float(r)), float(d)))
-        times, t, seg = [], 0.0, 0
+            rate_s, duration_s = part.split("/")
+            segments.append((_positive(float(rate_s)), float(duration_s)))
+        times: list[float] = []
+        t, seg = 0.0, 0
         segment_end = segments[0][1]
         while len(times) < n:
             r, d = segments[seg % len(segments)]

@@ -27,8 +27,8 @@ from agentflow.sql.errors import RejectedStatementError
 # through SQLITE_LIMIT_LENGTH.
 MAX_VALUE_BYTES = 32 * 1024 * 1024
 
-# DuckDB builds a scalar function's results for a vector of rows in one uninterruptible step.
-DUCKDB_VECTOR_ROWS = 2048
+# DuckDB builds a scalar function's results for a vector of rows (2,048) in one
+# uninterruptible step.
 DUCKDB_VALUE_BYTES = 8 * 1024  # x 2,048 rows = 16 MiB per step at most
 
 _LIST_RESIZE = {"list_resize", "array_resize"}
@@ -86,13 +86,13 @@ def _literal_size(arg: exp.Expression, unit: exp.Expression | None,
         return None
 
 
-def _guarded(arg: exp.Expression, size: str, cap: int, dialect: str) -> exp.Expression:
+def _guarded(arg: exp.Expression, size: str, cap: int, dialect: str) -> exp.Expr:
     message = f"value too large: a single value may hold at most {cap} bytes or elements"
     return parse_one(f"CASE WHEN {size} > {cap} THEN error('{message}') "
                      f"ELSE {arg.sql(dialect=dialect)} END", read=dialect)
 
 
-def _bound(node: exp.Expression, arg: exp.Expression | None, cap: int, sql: str,
+def _bound(node: exp.Func, arg: exp.Expression | None, cap: int, sql: str,
            dialect: str, *, unit: exp.Expression | None = None,
            start: exp.Expression | None = None,
            builds: str = "a value of {size} bytes or elements") -> bool:

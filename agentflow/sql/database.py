@@ -13,6 +13,7 @@ import logging
 import math
 import re
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -216,13 +217,14 @@ class Database:
                         rows = rows[:max_rows]
                     cursor.close()
             except sa.exc.DBAPIError as err:
-                if interrupter.timed_out(err.orig):
+                orig = err.orig if err.orig is not None else err
+                if interrupter.timed_out(orig):
                     raise E.QueryTimeoutError(
                         f"query exceeded the {timeout_s:g}s time limit and was interrupted",
                         sql=sql, limit_s=timeout_s) from err
                 if err.connection_invalidated:
                     raise self._connection_error(err, sql) from err
-                raise _translate(err.orig, sql, self._secrets) from err
+                raise _translate(orig, sql, self._secrets) from err
             except Exception as err:  # drivers that raise outside the DBAPI hierarchy
                 if interrupter.timed_out(err):
                     raise E.QueryTimeoutError(
@@ -295,7 +297,7 @@ def _lenient_text(dbapi_connection: Any, _record: Any) -> None:
 
 def _sqlite_bounds(dbapi_connection: Any, _record: Any) -> None:
     """Cap the size of any one string/blob (per connection) and SQLite's heap (per process)."""
-    if hasattr(dbapi_connection, "setlimit"):  # Python 3.11+
+    if sys.version_info >= (3, 11):  # Connection.setlimit
         dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     dbapi_connection.execute(f"PRAGMA soft_heap_limit = {SQLITE_SOFT_HEAP_LIMIT}")
     dbapi_connection.execute(f"PRAGMA hard_heap_limit = {SQLITE_HARD_HEAP_LIMIT}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError, TokenError, UnsupportedError
+from sqlglot.errors import ErrorLevel, ParseError, TokenError, UnsupportedError
 
 from agentflow.sql.errors import QueryTooComplexError, SqlSyntaxError
 
@@ -18,7 +18,7 @@ _SQLALCHEMY_TO_SQLGLOT = {"postgresql": "postgres", "mssql": "tsql", "mariadb": 
 _CASE_SENSITIVE_QUOTED = {"postgres"}
 
 
-def _sqlite_names_to_lower(tree: exp.Expression) -> exp.Expression:
+def _sqlite_names_to_lower(tree: exp.Expr) -> exp.Expr:
     from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
     return normalize_identifiers(tree, dialect="sqlite")
@@ -38,11 +38,12 @@ def transpile(sql: str, *, read: str, write: str) -> str:
     check_size(sql, read)  # bounded text and nesting before the (recursive) parser runs
     try:
         if read == "sqlite" and write in _CASE_SENSITIVE_QUOTED:
-            out = [_sqlite_names_to_lower(tree).sql(dialect=write, unsupported_level="raise")
+            out = [_sqlite_names_to_lower(tree).sql(dialect=write,
+                                                    unsupported_level=ErrorLevel.RAISE)
                    for tree in sqlglot.parse(sql, read=read) if tree is not None
                    and not isinstance(tree, exp.Semicolon)]
         else:
-            out = sqlglot.transpile(sql, read=read, write=write, unsupported_level="raise")
+            out = sqlglot.transpile(sql, read=read, write=write, unsupported_level=ErrorLevel.RAISE)
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
         raise SqlSyntaxError(

@@ -178,7 +178,7 @@ def _function_name(node: exp.Func) -> str:
     return node.sql_name().lower()
 
 
-def _describe(node: exp.Expression) -> str:
+def _describe(node: exp.Expr) -> str:
     if isinstance(node, exp.Command):
         return f"{str(node.this).upper()} command"
     if isinstance(node, exp.Into):

@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class PostgresUnavailable(RuntimeError):
@@ -54,16 +55,17 @@ class LocalPostgres:
     """``with LocalPostgres() as pg: pg.admin_url ...``; ``restart()`` for reconnect tests."""
 
     port: int = 0
-    root: Path | None = None
+    root: Path | None = None  # None: a temporary folder, removed by close()
     bindir: Path = field(default_factory=find_bindir)
     _run_as: str | None = None
 
     def __post_init__(self) -> None:
         self.port = self.port or _free_port()
         self._own_root = self.root is None
-        self.root = Path(self.root or tempfile.mkdtemp(prefix="agentflow-pg-"))
-        self.data = self.root / "data"
-        self.socket_dir = self.root / "sock"
+        self.home = Path(self.root or tempfile.mkdtemp(prefix="agentflow-pg-"))
+        self.root = self.home
+        self.data = self.home / "data"
+        self.socket_dir = self.home / "sock"
         if os.geteuid() == 0:
             try:
                 pwd.getpwnam("postgres")
@@ -75,15 +77,15 @@ class LocalPostgres:
     # ------------------------------------------------------------------ lifecycle
     def _cmd(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         cmd = [str(self.bindir / args[0]), *args[1:]]
-        kwargs = {"user": self._run_as} if self._run_as else {}
+        kwargs: dict[str, Any] = {"user": self._run_as} if self._run_as else {}
         return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=120,
-                              cwd=self.root, **kwargs)
+                              cwd=self.home, **kwargs)
 
     def init(self) -> LocalPostgres:
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         if self._run_as:
             entry = pwd.getpwnam(self._run_as)
-            for p in (self.root, self.socket_dir):
+            for p in (self.home, self.socket_dir):
                 os.chown(p, entry.pw_uid, entry.pw_gid)
         if not (self.data / "PG_VERSION").exists():
             self._cmd("initdb", "-D", str(self.data), "--username=postgres", "--auth-local=trust",
@@ -96,10 +98,10 @@ class LocalPostgres:
                 f"-c unix_socket_directories={self.socket_dir} -c fsync=off "
                 "-c synchronous_commit=off -c full_page_writes=off -c max_connections=60 "
                 "-c shared_buffers=32MB -c autovacuum=off")
-        out = self._cmd("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"),
+        out = self._cmd("pg_ctl", "-D", str(self.data), "-l", str(self.home / "server.log"),
                         "-o", opts, "-w", "-t", "60", "start", check=False)
         if out.returncode != 0:
-            log = (self.root / "server.log")
+            log = (self.home / "server.log")
             tail = log.read_text()[-1500:] if log.exists() else ""
             raise PostgresUnavailable(f"pg_ctl start failed: {out.stderr.strip()}\n{tail}")
         return self
@@ -122,7 +124,7 @@ class LocalPostgres:
     def close(self) -> None:
         self.stop("immediate")
         if self._own_root:
-            shutil.rmtree(self.root, ignore_errors=True)
+            shutil.rmtree(self.home, ignore_errors=True)
 
     # ------------------------------------------------------------------ access
     @property

@@ -101,6 +101,7 @@ def open_postgres(cls: type[Database], url: URL, *, db_id: str | None = None,
                               max_overflow=max_overflow, pool_timeout=pool_timeout_s,
                               pool_pre_ping=True, hide_parameters=True,
                               connect_args=connect_args)
+    sa.event.listen(engine, "begin", _set_role_on_begin)
     db = cls(id=db_id or url.database or "postgres", engine=engine, kind="postgresql",
              _secrets=tuple(secrets), search_path=search_path)
     if require_read_only_role:
@@ -111,6 +112,53 @@ def open_postgres(cls: type[Database], url: URL, *, db_id: str | None = None,
                 f"database {db.id!r}: role {check.role!r} {'; '.join(check.problems())}; "
                 "give agentflow a role with only SELECT grants (see README, PostgreSQL)")
     return db
+
+
+# --------------------------------------------------------------------------- tenant roles
+# Why SET LOCAL ROLE per transaction rather than a pool per role: one pool serves every
+# tenant, and ``SET LOCAL`` ends with the transaction, which ``Database.execute`` always rolls
+# back — a pooled connection cannot carry one tenant's role into another's query, even when
+# a statement fails half-way. The login role must be a member of each tenant role (``GRANT
+# tenant_a TO reader``); a role that does not exist or is not granted fails the query (never
+# falls back to the login role).
+ROLE_OPTION = "agentflow_role"
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def with_role(db: Database, role: str) -> Database:
+    """A view of ``db`` whose statements run as ``role`` (its own caches, the same pool)."""
+    import dataclasses
+    import threading
+
+    if db.kind != "postgresql":
+        raise ValueError(f"database {db.id!r} is {db.kind}: database roles (db_roles) need "
+                         "PostgreSQL")
+    if not role or "\x00" in role or len(role) > 63:
+        raise ValueError(f"invalid database role name {role!r}")
+    return dataclasses.replace(db, engine=db.engine.execution_options(**{ROLE_OPTION: role}),
+                               _schema_cache=None, _lock=threading.Lock())
+
+
+def role_of(db: Database) -> str | None:
+    """The tenant role ``db``'s statements run as (None: the login role)."""
+    return db.engine.get_execution_options().get(ROLE_OPTION)
+
+
+def _apply_role(raw: Any, role: str | None) -> None:
+    if role:
+        cur = raw.cursor()
+        try:
+            cur.execute(f"SET LOCAL ROLE {quote_ident(role)}")
+        finally:
+            cur.close()
+
+
+def _set_role_on_begin(conn: Any) -> None:
+    """SQLAlchemy ``begin`` event: every transaction of a role view starts as its role."""
+    _apply_role(conn.connection.dbapi_connection, conn.get_execution_options().get(ROLE_OPTION))
 
 
 def check_role(db: Database) -> RoleCheck:
@@ -128,8 +176,16 @@ def check_role(db: Database) -> RoleCheck:
             "SELECT nspname FROM pg_namespace WHERE left(nspname, 3) <> 'pg_' AND nspname <> "
             "'information_schema' AND has_schema_privilege(oid, 'CREATE') ORDER BY 1")]
         conn.rollback()
-    return RoleCheck(role=role, superuser=bool(superuser), writable_tables=int(writable),
+    return RoleCheck(role=role, superuser=bool(superuser), writable_tables=int(writable or 0),
                      creatable_schemas=creatable, read_only_default=ro == "on")
+
+
+def _one(cur: Any) -> tuple:
+    """The row of a query that always returns exactly one (an aggregate, a setting)."""
+    row = cur.fetchone()
+    if row is None:
+        raise RuntimeError("a single-row catalog query returned no row")
+    return tuple(row)
 
 
 # --------------------------------------------------------------------------- introspection
@@ -174,13 +230,16 @@ def introspect_postgres(db: Database) -> Schema:
 
     with db.engine.connect() as conn:
         raw = conn.connection.dbapi_connection
+        if raw is None:
+            raise RuntimeError("the pooled PostgreSQL connection is already closed")
+        _apply_role(raw, role_of(db))  # what the tenant's role may see, not the login's
         cur = raw.cursor()
         cur.execute("SELECT current_schemas(false)")
-        schemas = list(cur.fetchone()[0])
+        schemas = list(_one(cur)[0] or [])
         if not schemas:
             cur.execute("SELECT array_agg(nspname::text) FROM pg_namespace WHERE nspname NOT "
                         "LIKE 'pg\\_%' AND nspname <> 'information_schema'")
-            schemas = list(cur.fetchone()[0] or [])
+            schemas = list(_one(cur)[0] or [])
         cur.execute(_TABLES_SQL, {"schemas": schemas})
         rels = cur.fetchall()
         oids = [r[0] for r in rels]

@@ -51,8 +51,8 @@ class Table:
     def quoted(self) -> str:
         """The name as a query must write it (schema-qualified and quoted when needed)."""
         if self.schema is not None and self.bare_name and self.name != self.bare_name:
-            return f"{_quote_ident(self.schema)}.{_quote_ident(self.bare_name)}"
-        return _quote_ident(self.name)
+            return f"{quote_ident(self.schema)}.{quote_ident(self.bare_name)}"
+        return quote_ident(self.name)
 
     def column(self, name: str) -> Column | None:
         lower = name.lower()
@@ -171,7 +171,7 @@ def sample_values(db: Database, table: str | Table, column: str | Column, k: int
     if isinstance(table, str):
         table = db.schema().table(table) or Table(name=table, columns=())
     col_name = column if isinstance(column, str) else column.name
-    q = _quote_ident
+    q = quote_ident
     values = None
     if db.kind == "postgresql":
         from agentflow.sql.postgres import sample_values_postgres
@@ -216,7 +216,7 @@ def schema_prompt(db: Database, *, tables: Mapping[str, Sequence[str] | None] | 
     for table, columns in chosen:
         body = []
         for col in columns:
-            text = f"  {_quote_ident(col.name)} {col.type or 'TEXT'}"
+            text = f"  {quote_ident(col.name)} {col.type or 'TEXT'}"
             if col.primary_key:
                 text += " PRIMARY KEY" if sum(c.primary_key for c in table.columns) == 1 else ""
             values = sample_values(db, table, col, samples, max_value_len) \
@@ -232,13 +232,13 @@ def schema_prompt(db: Database, *, tables: Mapping[str, Sequence[str] | None] | 
         pk = [c.name for c in table.columns if c.primary_key]
         extra = []
         if len(pk) > 1:
-            extra.append(f"  PRIMARY KEY ({', '.join(_quote_ident(c) for c in pk)})")
+            extra.append(f"  PRIMARY KEY ({', '.join(quote_ident(c) for c in pk)})")
         for fk in table.foreign_keys:
             if fk.ref_table.lower() in kept_tables:
                 extra.append(
-                    f"  FOREIGN KEY ({', '.join(_quote_ident(c) for c in fk.columns)}) "
+                    f"  FOREIGN KEY ({', '.join(quote_ident(c) for c in fk.columns)}) "
                     f"REFERENCES {_quote_table_name(fk.ref_table)}"
-                    f"({', '.join(_quote_ident(c) for c in fk.ref_columns if c)})")
+                    f"({', '.join(quote_ident(c) for c in fk.ref_columns if c)})")
         entries = [text for text, _ in body] + extra
         rendered = []
         for i, entry in enumerate(entries):
@@ -281,15 +281,15 @@ def _quote_table_name(name: str) -> str:
     """A table name as ``Table.name`` holds it (``schema.table`` outside the default)."""
     if "." in name:
         schema, _, bare = name.partition(".")
-        return f"{_quote_ident(schema)}.{_quote_ident(bare)}"
-    return _quote_ident(name)
+        return f"{quote_ident(schema)}.{quote_ident(bare)}"
+    return quote_ident(name)
 
 
 def _format_values(values: Sequence[Any]) -> str:
     return ", ".join(repr(v) if isinstance(v, str) else str(v) for v in values)
 
 
-def _quote_ident(name: str) -> str:
+def quote_ident(name: str) -> str:
     """Quote only when needed, so prompts stay readable for small models."""
     if name.isidentifier() and name.isascii():
         return name

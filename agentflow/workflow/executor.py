@@ -120,4 +120,6 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, BackendError):
         return f"LLM backend error: {error}"
     text = str(error) or type(error).__name__
-    return text if isinstance(error, (GraphError, StageFailed)) else f"{type(error).__name__}: {text}"
+    if isinstance(error, (GraphError, StageFailed)):
+        return text
+    return f"{type(error).__name__}: {text}"

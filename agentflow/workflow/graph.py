@@ -127,19 +127,6 @@ class WorkflowRun:
         after = set(nx.descendants(self.graph, node_id)) & set(self._unfinished())
         return self._longest_path(now, after, estimator or self.estimator)
 
-    def downstream_paths(self, now: float,
-                         estimator: Estimator | None = None) -> dict[str, float]:
-        """``downstream_critical_path`` of every unfinished node in one pass (a DP over the
-        networkx topological order), for schedulers that rank many calls at once."""
-        estimator = estimator or self.estimator
-        unfinished = set(self._unfinished())
-        after: dict[str, float] = {}
-        for node_id in reversed(list(nx.topological_sort(self.graph.subgraph(unfinished)))):
-            after[node_id] = max(
-                (self._remaining(s, now, estimator) + after[s]
-                 for s in self.graph.successors(node_id) if s in unfinished), default=0.0)
-        return after
-
     # ----------------------------------------------------------------------------- events
     def mark_started(self, node_id: str, now: float) -> None:
         self._require(node_id, self.PENDING)

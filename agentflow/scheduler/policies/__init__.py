@@ -2,7 +2,7 @@
 
 One file per policy; add a policy by adding a file and a line here. A policy name is a preset
 or ``DISPATCH+QUEUE``, optionally followed by ``@MODEL`` to pick the length model
-(``agentflow.scheduler.length_models``: ``learned`` by default, ``oracle`` in simulation).
+(``agentflow.scheduler.lengths``: ``learned`` by default, ``oracle`` in simulation).
 Lists of names and help texts are generated from these tables (``policy_help``).
 """
 
@@ -79,8 +79,8 @@ PRESETS: dict[str, tuple[str, str]] = {
     "flowsage": ("marginal_delay", "flowsage"),
 }
 PRESETS["oracle"] = PRESETS["flowsage"]  # flowsage with true lengths: the yardstick
-# Presets that also fix the length model (every other name uses DEFAULT_PREDICTOR).
-PRESET_PREDICTORS: dict[str, str] = {"oracle": "oracle"}
+# Presets that also fix the length model (every other name uses DEFAULT_LENGTH_MODEL).
+PRESET_LENGTH_MODELS: dict[str, str] = {"oracle": "oracle"}
 
 
 @dataclass(frozen=True)
@@ -90,23 +90,23 @@ class PolicySpec:
     name: str
     dispatch: str
     queue: str
-    predictor: str
+    length_model: str
 
     @property
     def simulation_only(self) -> bool:
-        from agentflow.scheduler.length_models import PREDICTORS
+        from agentflow.scheduler.lengths import LENGTH_MODELS
 
-        return PREDICTORS[self.predictor].simulation_only
+        return LENGTH_MODELS[self.length_model].simulation_only
 
 
 def parse_policy(policy: str) -> PolicySpec:
     """``PRESET``, ``DISPATCH+QUEUE``, either with ``@MODEL`` (``least_loaded+edf@oracle``)."""
-    from agentflow.scheduler.length_models import DEFAULT_PREDICTOR, PREDICTORS
+    from agentflow.scheduler.lengths import DEFAULT_LENGTH_MODEL, LENGTH_MODELS
 
-    base, _, predictor = policy.partition("@")
+    base, _, length_model = policy.partition("@")
     if base in PRESETS:
         dispatch_name, queue_name = PRESETS[base]
-        predictor = predictor or PRESET_PREDICTORS.get(base, DEFAULT_PREDICTOR)
+        length_model = length_model or PRESET_LENGTH_MODELS.get(base, DEFAULT_LENGTH_MODEL)
     elif "+" in base:
         dispatch_name, queue_name = base.split("+", 1)
     else:
@@ -116,31 +116,31 @@ def parse_policy(policy: str) -> PolicySpec:
                          f"choose from {', '.join(DISPATCH)}")
     if queue_name not in QUEUE:
         raise ValueError(f"unknown queue policy {queue_name!r}; choose from {', '.join(QUEUE)}")
-    predictor = predictor or DEFAULT_PREDICTOR
-    if predictor not in PREDICTORS:
-        raise ValueError(f"unknown length model {predictor!r} in {policy!r}; "
-                         f"choose from {', '.join(PREDICTORS)}")
-    return PolicySpec(policy, dispatch_name, queue_name, predictor)
+    length_model = length_model or DEFAULT_LENGTH_MODEL
+    if length_model not in LENGTH_MODELS:
+        raise ValueError(f"unknown length model {length_model!r} in {policy!r}; "
+                         f"choose from {', '.join(LENGTH_MODELS)}")
+    return PolicySpec(policy, dispatch_name, queue_name, length_model)
 
 
-def with_predictor(policy: str, predictor: str | None) -> str:
-    """``policy`` with length model ``predictor`` unless the name already picks one."""
-    if not predictor or "@" in policy or policy in PRESET_PREDICTORS:
+def with_length_model(policy: str, length_model: str | None) -> str:
+    """``policy`` with length model ``length_model`` unless the name already picks one."""
+    if not length_model or "@" in policy or policy in PRESET_LENGTH_MODELS:
         return policy
-    return f"{policy}@{predictor}"
+    return f"{policy}@{length_model}"
 
 
 def policy_help(*, simulation: bool = True) -> str:
     """One line naming every preset, dispatch, queue policy and length model."""
-    from agentflow.scheduler.length_models import PREDICTORS
+    from agentflow.scheduler.lengths import LENGTH_MODELS
 
     def preset(name: str) -> str:
         d, q = PRESETS[name]
-        model = PRESET_PREDICTORS.get(name)
+        model = PRESET_LENGTH_MODELS.get(name)
         return f"{name} ({d}+{q}{'@' + model if model else ''})"
 
     presets = [preset(n) for n in PRESETS if simulation or not parse_policy(n).simulation_only]
-    models = [f"{k.name}: {k.help}" for k in PREDICTORS.values()
+    models = [f"{k.name}: {k.help}" for k in LENGTH_MODELS.values()
               if simulation or not k.simulation_only]
     return (f"presets: {', '.join(presets)}; or DISPATCH+QUEUE with dispatch in "
             f"{', '.join(DISPATCH)} and queue in {', '.join(QUEUE)}; optional @MODEL picks the "
@@ -150,7 +150,7 @@ def policy_help(*, simulation: bool = True) -> str:
 def resolve(policy: str, *, alpha: float | None = None,
             **queue_kwargs: Any) -> tuple[DispatchPolicy, QueuePolicy]:
     """The dispatch and queue policy of a name (``flowsage``, ``least_loaded+edf@oracle``);
-    the length model is the caller's (see ``PolicySpec.predictor``)."""
+    the length model is the caller's (see ``PolicySpec.length_model``)."""
     spec = parse_policy(policy)
     dispatch_name, queue_name = spec.dispatch, spec.queue
     dispatch = (WorkloadBalancedDispatch(alpha) if dispatch_name == "workload_balanced"
@@ -159,5 +159,5 @@ def resolve(policy: str, *, alpha: float | None = None,
 
 
 __all__ = ["DispatchPolicy", "QueuePolicy", "SchedulerView", "DISPATCH", "QUEUE", "PRESETS",
-           "PRESET_PREDICTORS", "PolicySpec", "parse_policy", "policy_help", "resolve",
-           "with_predictor"]
+           "PRESET_LENGTH_MODELS", "PolicySpec", "parse_policy", "policy_help", "resolve",
+           "with_length_model"]

@@ -83,7 +83,7 @@ class QueuePolicy(abc.ABC):
     def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         """The call's key from ``now`` until its query's next event."""
 
-    def key(self, call: ScheduledCall, now: float, view: SchedulerView) -> tuple:
+    def key(self, call: ScheduledCall, now: float, view: SchedulerView) -> tuple[int, float]:
         """(tier, value) of a freshly computed key at ``now`` (for inspection and tests)."""
         from agentflow.scheduler.ranking import key_at
 

@@ -13,14 +13,23 @@ without prompt text (HexGen-Flow traces) save nothing here: exactly ``marginal_d
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentflow.scheduler.policies.dispatch_marginal_delay import MarginalDelayDispatch
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
 
 
 class CacheAwareDispatch(MarginalDelayDispatch):
     name = "cache_aware"
     prefix_aware = True  # the coordinator keeps its prefix index for this policy
 
-    def saved_s(self, call, instances, view, co_runners):
+    def saved_s(self, call: ScheduledCall, instances: list[str], view: SchedulerView,
+                co_runners: np.ndarray) -> np.ndarray | float:
         if not call.prefix_hashes:
             return 0.0
         return view.prefix_saved_s(call, instances) * (1.0 + co_runners)

@@ -6,19 +6,27 @@ weight is needed: a fast GPU wins until its queue is longer than the time it sav
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from agentflow.scheduler.policies.base import DispatchPolicy
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
 
 
 class EarliestFinishDispatch(DispatchPolicy):
     name = "earliest_finish"
 
-    def finish_s(self, call, instances, now, view) -> tuple[np.ndarray, np.ndarray]:
+    def finish_s(self, call: ScheduledCall, instances: list[str], now: float,
+                 view: SchedulerView) -> tuple[np.ndarray, np.ndarray]:
         """(expected finish, name rank) on each of ``instances``."""
         work, times, names = view.dispatch_view(call, instances, now)
         return work + times, names
 
-    def choose(self, call, instances, now, view) -> str:
+    def choose(self, call: ScheduledCall, instances: list[str], now: float,
+               view: SchedulerView) -> str:
         finish, names = self.finish_s(call, instances, now, view)
         return instances[int(np.lexsort((names, finish))[0])]

@@ -4,14 +4,21 @@ then to the first name."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from agentflow.scheduler.policies.base import DispatchPolicy
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
 
 
 class LeastLoadedDispatch(DispatchPolicy):
     name = "least_loaded"
 
-    def choose(self, call, instances, now, view) -> str:
+    def choose(self, call: ScheduledCall, instances: list[str], now: float,
+               view: SchedulerView) -> str:
         work, times, names = view.dispatch_view(call, instances, now)
         return instances[int(np.lexsort((names, times, work))[0])]

@@ -47,15 +47,22 @@ loses a long-prompt call to an idle slower one, and keeps a short one.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from agentflow.scheduler.policies.base import DispatchPolicy
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
 
 
 class MarginalDelayDispatch(DispatchPolicy):
     name = "marginal_delay"
 
-    def price_s(self, call, instances, now, view) -> tuple[np.ndarray, np.ndarray]:
+    def price_s(self, call: ScheduledCall, instances: list[str], now: float,
+                view: SchedulerView) -> tuple[np.ndarray, np.ndarray]:
         """(price in seconds, name rank) of each of ``instances`` for ``call``."""
         b = view.batch_view(call, instances, now)
         wait = b.queued_s + b.prefilling_s + np.where(
@@ -66,11 +73,13 @@ class MarginalDelayDispatch(DispatchPolicy):
         price = wait + own + co * (b.prefill_s + d)
         return price - self.saved_s(call, instances, view, co), b.name_rank
 
-    def saved_s(self, call, instances, view, co_runners: np.ndarray) -> np.ndarray | float:
+    def saved_s(self, call: ScheduledCall, instances: list[str], view: SchedulerView,
+                co_runners: np.ndarray) -> np.ndarray | float:
         """Seconds of the price an instance waives for this call (none here; see
         ``cache_aware``)."""
         return 0.0
 
-    def choose(self, call, instances, now, view) -> str:
+    def choose(self, call: ScheduledCall, instances: list[str], now: float,
+               view: SchedulerView) -> str:
         price, names = self.price_s(call, instances, now, view)
         return instances[int(np.lexsort((names, price))[0])]

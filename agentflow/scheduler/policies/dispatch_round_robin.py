@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentflow.scheduler.policies.base import DispatchPolicy
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
 
 
 class RoundRobinDispatch(DispatchPolicy):
@@ -11,7 +17,8 @@ class RoundRobinDispatch(DispatchPolicy):
     def __init__(self) -> None:
         self._next = 0
 
-    def choose(self, call, instances, now, view) -> str:
+    def choose(self, call: ScheduledCall, instances: list[str], now: float,
+               view: SchedulerView) -> str:
         choice = instances[self._next % len(instances)]
         self._next += 1
         return choice

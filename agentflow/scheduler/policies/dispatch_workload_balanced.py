@@ -11,9 +11,15 @@ still prefers the less loaded of two instances.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from agentflow.scheduler.policies.base import DispatchPolicy
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
 
 
 class WorkloadBalancedDispatch(DispatchPolicy):
@@ -24,15 +30,19 @@ class WorkloadBalancedDispatch(DispatchPolicy):
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         self.alpha = alpha
 
-    def scores(self, call, instances, now, view) -> dict[str, float]:
+    def scores(self, call: ScheduledCall, instances: list[str], now: float,
+               view: SchedulerView) -> dict[str, float]:
         return dict(zip(instances, self._scores(call, instances, now, view).tolist()))
 
-    def _scores(self, call, instances, now, view) -> np.ndarray:
+    def _scores(self, call: ScheduledCall, instances: list[str], now: float,
+                view: SchedulerView) -> np.ndarray:
         loads, times, names = view.dispatch_view(call, instances, now)
         ref = int(np.lexsort((names, times))[0])
         w_ref = loads[ref] if loads[ref] > 0 else max(times[ref], 1e-9)
-        return (self.alpha * times[ref] / np.maximum(times, 1e-9)
-                - (1 - self.alpha) * loads / w_ref)
+        scores: np.ndarray = (self.alpha * times[ref] / np.maximum(times, 1e-9)
+                              - (1 - self.alpha) * loads / w_ref)
+        return scores
 
-    def choose(self, call, instances, now, view) -> str:
+    def choose(self, call: ScheduledCall, instances: list[str], now: float,
+               view: SchedulerView) -> str:
         return instances[int(np.argmax(self._scores(call, instances, now, view)))]

@@ -22,8 +22,15 @@ remaining work first.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentflow.scheduler.policies.base import QueuePolicy
 from agentflow.scheduler.ranking import Segment
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
+    from agentflow.scheduler.ranking import Key
 
 _NEG_INF = float("-inf")
 _Z90 = 1.2815515655446004  # standard normal quantile at 0.9
@@ -38,7 +45,7 @@ class FlowSageQueue(QueuePolicy):
     time_dependent = True
     per_query = True
 
-    def rank(self, call, now, view):
+    def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         query = call.query
         remaining = view.remaining_s(query, now)
         if query.deadline is None:

@@ -28,8 +28,15 @@ are ordered as safe.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentflow.scheduler.policies.base import QueuePolicy
 from agentflow.scheduler.ranking import Segment
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
+    from agentflow.scheduler.ranking import Key
 
 _NEG_INF = float("-inf")
 AT_RISK, SAFE, HOPELESS = 0, 1, 2
@@ -56,7 +63,8 @@ class FlowSageTiersQueue(QueuePolicy):
 
             self.gittins = GittinsQueue()
 
-    def _safe_value(self, call, remaining, view) -> float:
+    def _safe_value(self, call: ScheduledCall, remaining: float,
+                    view: SchedulerView) -> float:
         query = call.query
         if self.safe_order == "call":
             return -self.gittins.index(call, view)
@@ -66,7 +74,7 @@ class FlowSageTiersQueue(QueuePolicy):
             return query.arrival
         return query.work_left if query.run is not None else remaining
 
-    def rank(self, call, now, view):
+    def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         query = call.query
         remaining = view.remaining_s(query, now)
         deadline = query.deadline

@@ -6,9 +6,16 @@ cost. With the budget share fixed between events, "at risk" starts at a known in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentflow.scheduler.gittins import GittinsRanker
 from agentflow.scheduler.policies.base import QueuePolicy, stage_share
 from agentflow.scheduler.ranking import Segment
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
+    from agentflow.scheduler.ranking import Key
 
 _NEG_INF = float("-inf")
 
@@ -24,7 +31,7 @@ class FlowSageV1Queue(QueuePolicy):
         self.urgency = urgency  # ablation: False keeps only the query-level Gittins order
         self.ranker = GittinsRanker()
 
-    def rank(self, call, now, view):
+    def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         index = self.ranker.index(view.remaining_cost(call.query), 0.0)
         safe = Segment(_NEG_INF, 1, -index, 0.0)
         if call.deadline is None or not self.urgency:

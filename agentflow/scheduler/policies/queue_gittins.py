@@ -7,10 +7,17 @@ on SageSched's geometric buckets (``GittinsRanker``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentflow.scheduler.distribution import kv_cost
 from agentflow.scheduler.gittins import GittinsRanker
 from agentflow.scheduler.policies.base import QueuePolicy
 from agentflow.scheduler.ranking import flat
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
+    from agentflow.scheduler.ranking import Key
 
 
 class GittinsQueue(QueuePolicy):
@@ -20,9 +27,9 @@ class GittinsQueue(QueuePolicy):
     def __init__(self) -> None:
         self.ranker = GittinsRanker()
 
-    def index(self, call, view) -> float:
+    def index(self, call: ScheduledCall, view: SchedulerView) -> float:
         attained = kv_cost(call.prompt_tokens, call.attained_tokens)
         return self.ranker.index(view.call_cost(call), attained, key=call.id)
 
-    def rank(self, call, now, view):
+    def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         return flat(0, -self.index(call, view))

@@ -6,8 +6,15 @@ laxity falls at the same rate (slope 1) and the order changes only at events."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentflow.scheduler.policies.base import QueuePolicy
 from agentflow.scheduler.ranking import Segment, flat
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
+    from agentflow.scheduler.ranking import Key
 
 
 class LlfQueue(QueuePolicy):
@@ -15,7 +22,7 @@ class LlfQueue(QueuePolicy):
     time_dependent = True
     per_query = True
 
-    def rank(self, call, now, view):
+    def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         if call.deadline is None:
             return flat(1, call.ready_at)
         return (Segment(float("-inf"), 0, call.deadline - view.remaining_s(call.query, now),

@@ -8,15 +8,22 @@ re-orders them exactly when their lines cross."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentflow.scheduler.policies.base import QueuePolicy, stage_share
 from agentflow.scheduler.ranking import Segment, flat
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.policies.base import SchedulerView
+    from agentflow.scheduler.ranking import Key
 
 
 class UrgencyQueue(QueuePolicy):
     name = "urgency"
     time_dependent = True
 
-    def rank(self, call, now, view):
+    def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         if call.deadline is None:
             return flat(1, call.ready_at)
         t, share = stage_share(call, now, view)

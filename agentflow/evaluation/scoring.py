@@ -21,7 +21,6 @@ from agentflow.metrics import (
 )
 from agentflow.metrics import throughput as _throughput
 
-TABLE_SCALES = SLO_SCALES
 CURVE_SCALES = tuple(float(x) for x in np.round(np.arange(1.0, 10.001, 0.25), 2))
 LEVEL_ORDER = ("easy", "medium", "hard", "extra", "simple", "moderate", "challenging", "unknown")
 COMPLETED = ("done", "failed")  # the query came back: an answer, or a reason it has none
@@ -48,7 +47,7 @@ def level_key(level: str) -> tuple[int, str]:
 def throughput(records: list[dict[str, Any]]) -> tuple[float | None, float]:
     """Answered questions per second of serving time (``agentflow.metrics.throughput``)."""
     return _throughput((r.get("session", ""), r.get("arrival_s"), r.get("finish_s"),
-                        r.get("status")) for r in records)
+                        r.get("status", "")) for r in records)
 
 
 def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[str, Any]:
@@ -79,7 +78,7 @@ def summarize_run(records: list[dict[str, Any]], *, slo_scale: float) -> dict[st
         }
     qps, span = throughput(records)
     statuses = Counter(r.get("status", "?") for r in records)
-    slo_scales = sorted({*TABLE_SCALES, float(slo_scale)})
+    slo_scales = sorted({*SLO_SCALES, float(slo_scale)})
     outcomes = [Outcome.of(r) for r in records]
     n_c = len(completed)
     return {

@@ -137,7 +137,7 @@ class _ClusterCollector:
         """Instance health and what the router did about late or failing calls."""
         router = getattr(self.service.af, "router", None)
         tracker = getattr(router, "health", None)
-        if tracker is None:
+        if router is None or tracker is None:
             return
         state = GaugeMetricFamily("agentflow_instance_health", "1 for the instance's current "
                                   "health state (healthy, suspect, down, probing)",

@@ -1,6 +1,7 @@
-"""Output-length prediction as a distribution: stage priors plus SageSched's semantic history.
+"""The ``learned`` length model: a distribution from stage priors plus SageSched's semantic
+history.
 
-No trained model: the predictor keeps a sliding window of recent calls (embedding of the key
+No trained model: it keeps a sliding window of recent calls (embedding of the key
 text, stage, prompt length, observed output tokens) and predicts a new call's output length as
 the empirical distribution of its most similar past calls of the same stage.
 
@@ -47,7 +48,7 @@ import numpy as np
 
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.embedders import CachedEmbedder, Embedder, HashingEmbedder
-from agentflow.scheduler.length_models import LengthModel
+from agentflow.scheduler.lengths.base import LengthModel
 
 # OpenBLAS runs a large float32 matrix-vector product multi-threaded; on a busy 2-core host that
 # costs milliseconds of spinning, while blocks of this many rows stay on the single-thread path.
@@ -101,7 +102,7 @@ def _dot(rows: np.ndarray, matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
     return out
 
 
-class LengthPredictor(LengthModel):
+class LearnedLengthModel(LengthModel):
     """Predicts a call's output-token distribution from its stage, key text and prompt length;
     learns online from ``observe``. Thread-safe (one lock; every operation is short)."""
 
@@ -188,7 +189,8 @@ class LengthPredictor(LengthModel):
     def _embed(self, key_text: str) -> np.ndarray:
         if isinstance(self.embedder, CachedEmbedder):
             return self.embedder.embed_one(key_text)
-        return np.asarray(self.embedder.embed([key_text]), dtype=np.float32)[0]
+        first: np.ndarray = np.asarray(self.embedder.embed([key_text]), dtype=np.float32)[0]
+        return first
 
     def observe(self, stage: str, key_text: str, output_tokens: float,
                 input_tokens: int | None = None) -> None:

@@ -14,14 +14,12 @@ from agentflow.metrics import (
     throughput,
 )
 
-SCALES = SLO_SCALES
-
 
 def outcomes(result) -> list[Outcome]:
     return [Outcome(r.status, r.latency_s, r.idle_latency_s, r.slo_s) for r in result.records]
 
 
-def summarize(result, scales=SCALES) -> dict[str, Any]:
+def summarize(result, scales=SLO_SCALES) -> dict[str, Any]:
     records = result.records
     done = [r for r in records if r.status == "done"]
     qps, makespan = throughput(("sim", r.arrival, r.finish, r.status) for r in records)

@@ -1,0 +1,259 @@
+"""How long one engine iteration takes: the sum of its operators, each on its own roofline.
+
+On a GPU the operators of a forward pass run one after another, so their times add: a small
+prefill chunk does not hide inside a memory-bound decode step, and a batch's decode
+attention (bandwidth-bound, one read of every sequence's KV cache) adds to the weight reads
+of the linear layers. Each operator ``o`` of a layer takes
+
+    t_o = latency_o + max(FLOPs_o / (peak FLOP/s * compute eff_o),
+                          bytes_o / (peak bandwidth * bandwidth eff_o))
+
+with the efficiencies and latencies of its class in ``agentflow.hardware.GPUProfile``
+(fitted once per class on measured operator times: ``benchmarks/fit_operators.py``). A step of
+``T`` tokens over ``S`` sequences, ``B`` of which decode one token (the others prefill a chunk
+of ``n_i`` tokens after ``c_i`` cached ones) is, per layer:
+
+* linear: the four GEMMs (qkv projection, output projection, gated MLP up, MLP down) at ``T``
+  tokens; a mixture-of-experts MLP reads the fraction ``1 - (1 - active/total)^T`` of its
+  expert weights (what a batch of ``T`` tokens is expected to touch);
+* element-wise: the two norms, rotary embedding, activation and residual add at ``T`` tokens,
+  and the write of the step's keys and values into the paged cache;
+* decode attention: one kernel over the ``B`` decoding sequences, reading ``sum(c_i + 1)``
+  tokens of KV cache;
+* prefill attention: one kernel over the prefilling sequences, ``sum(n_i c_i + n_i (n_i+1)/2)``
+  query-key pairs over ``sum(c_i + n_i)`` cached tokens;
+
+times the layers; plus, once per step, the LM head at ``S`` rows, the tensor-parallel
+all-reduces (``tp > 1``) and a fixed per-step overhead (scheduling, input preparation,
+sampling, launch).
+
+Everything here works on Python floats and on numpy arrays alike with the same float
+operations in the same order, so a vectorised run of decode steps gives bit-identical times
+to steps computed one at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentflow.hardware import GPUProfile, ModelProfile
+
+
+def _max(a, b):
+    """``max`` of two floats or element-wise of arrays, with the same result either way."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a >= b else b
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one iteration computes, in the sums the operator model needs."""
+
+    tokens: int  # T: tokens computed this step (decode + prefill)
+    seqs: int  # S: sequences in the step (rows of the LM head)
+    decode_seqs: int = 0  # B: sequences computing one token
+    decode_kv: int = 0  # sum over them of (cached context + 1): KV tokens attended
+    prefill_tokens: int = 0  # sum of chunk lengths n_i of the prefilling sequences
+    prefill_pairs: int = 0  # sum of n_i * c_i + n_i * (n_i + 1) / 2
+    prefill_kv: int = 0  # sum of c_i + n_i
+
+    @classmethod
+    def of(cls, ns, contexts) -> StepShape:
+        """Sequence ``i`` computes ``ns[i]`` tokens on top of ``contexts[i]`` cached ones; one
+        token is a decode (a decode kernel attends to it), more a prefill chunk."""
+        T = S = B = dkv = pt = pp = pkv = 0
+        for n, c in zip(ns, contexts):
+            n, c = int(n), int(c)
+            if n < 1 or c < 0:
+                raise ValueError(f"a sequence computes >= 1 token over >= 0 cached ones, got "
+                                 f"{n} over {c}")
+            T += n
+            S += 1
+            if n == 1:
+                B += 1
+                dkv += c + 1
+            else:
+                pt += n
+                pp += n * c + n * (n + 1) // 2
+                pkv += c + n
+        return cls(T, S, B, dkv, pt, pp, pkv)
+
+
+class OperatorModel:
+    """The operator rooflines of one model on ``tp`` GPUs of one kind (constants precomputed).
+
+    ``gpu`` is used as given (apply ``hardware.calibrated`` first for fitted constants)."""
+
+    def __init__(self, gpu: GPUProfile, model: ModelProfile, tensor_parallel: int = 1):
+        if tensor_parallel < 1:
+            raise ValueError("tensor_parallel must be >= 1")
+        self.gpu, self.model, self.tp = gpu, model, tensor_parallel
+        tp = tensor_parallel
+        m = model
+        hd, h, kv = m.head_dim, m.heads, m.kv_heads
+        qd, kvd = h * hd, kv * hd
+        ffn = m.ffn_hidden or 4 * m.hidden
+        wb = m.weight_bits / 8
+        kvb = m.kv_bits / 8
+        self.layers = m.layers
+        peak = gpu.peak_tflops * 1e12  # one GPU: the work below is per GPU
+        bw = gpu.mem_bw_gbs * 1e9
+        self._f_lin = peak * gpu.compute_efficiency
+        self._b_lin = bw * gpu.bw_efficiency
+        # GEMMs of one layer as (in, out) features.
+        attn_params = m.hidden * (qd + 2 * kvd) + qd * m.hidden
+        mlp_active = 3 * m.hidden * ffn
+        dense = m.active_params_b >= m.params_b
+        emb = m.vocab * m.hidden
+        mlp_total: float = float(mlp_active)
+        if not dense:
+            mlp_total = max(mlp_active, (m.params_b * 1e9 - 2 * emb - m.layers * attn_params)
+                            / m.layers)
+        self._moe_rho = None if dense else mlp_active / mlp_total
+        self._gemms = ((m.hidden, qd + 2 * kvd, 1.0), (qd, m.hidden, 1.0),
+                       (m.hidden, 2 * ffn, mlp_total / mlp_active),
+                       (ffn, m.hidden, mlp_total / mlp_active))
+        self._wb = wb
+        self._lat_lin = gpu.linear_latency_s
+        # Element-wise bytes per token and layer (2-byte activations): two RMS norms
+        # (read + write hidden), rotary embedding (q and k in place), gated activation
+        # (read 2 ffn, write ffn), residual add (two reads, one write).
+        self._elem_tok = 2.0 * (2 * m.hidden * 2 + 2 * (qd + kvd) / tp + 3 * ffn / tp
+                                + 3 * m.hidden)
+        self._b_elem = bw * gpu.elementwise_bw_efficiency
+        self._lat_elem = 5 * gpu.elementwise_latency_s
+        # KV-cache write: read the step's keys and values, write them into the paged cache.
+        kv_tok = 2 * kvd * max(1, tp // max(1, kv)) / tp if tp > 1 else 2 * kvd
+        self._kvw_tok = kv_tok * (2 + kvb)
+        self._lat_kvw = gpu.kv_write_latency_s
+        # Attention: bytes of KV per attended token and layer (on one GPU), FLOPs per pair.
+        self._kv_tok = kv_tok * kvb
+        self._flop_pair = 4.0 * qd / tp
+        self._q_tok = 2.0 * 2 * qd / tp  # read q, write o (2 bytes each)
+        self._b_dec = bw * gpu.attn_bw_efficiency
+        self._lat_dec = gpu.decode_attn_latency_s
+        self._f_pf = peak * gpu.prefill_attn_efficiency
+        self._lat_pf = gpu.prefill_attn_latency_s
+        self._lm = (m.hidden, m.vocab / tp, m.hidden * m.vocab * 2 / tp)  # 16-bit head
+        self._overhead = gpu.step_overhead_s
+        self._per_tok: dict[int, float] = {}  # T -> linear + element-wise seconds per layer
+        self._head: dict[int, float] = {}  # S -> LM head seconds
+        self._comm = None
+        if tp > 1:
+            self._comm = (2 * m.layers * gpu.comm_latency_s,
+                          2 * m.layers * 2 * (tp - 1) / tp * m.hidden * 2
+                          / (gpu.interconnect_gbs * 1e9))
+
+    # ------------------------------------------------------------------ one layer, seconds
+    def gemm_work(self, i: int, T):
+        """(FLOPs, bytes) of GEMM ``i`` of the layer (0 qkv projection, 1 output projection,
+        2 MLP gate+up, 3 MLP down) at ``T`` tokens, on one GPU."""
+        k, n, expert = self._gemms[i]
+        w = k * n * self._wb / self.tp
+        if expert != 1.0 and self._moe_rho is not None:
+            w = w * expert * (1.0 - (1.0 - self._moe_rho) ** T)
+        return 2.0 * k * n / self.tp * T, w + 2.0 * (k + n) / self.tp * T
+
+    def gemm(self, i: int, T):
+        flops, nbytes = self.gemm_work(i, T)
+        return self._lat_lin + _max(flops / self._f_lin, nbytes / self._b_lin)
+
+    def linear(self, T):
+        """The layer's four GEMMs at ``T`` tokens."""
+        return self.gemm(0, T) + self.gemm(1, T) + self.gemm(2, T) + self.gemm(3, T)
+
+    def norms_act_bytes(self, T):
+        return self._elem_tok * T
+
+    def norms_act(self, T):
+        """The layer's two norms, rotary embedding, activation and residual add."""
+        return self._lat_elem + self.norms_act_bytes(T) / self._b_elem
+
+    def kv_write(self, T):
+        """Writing the step's keys and values into the paged cache (bytes at element-wise
+        bandwidth, not Vidur's measured 0.55 us/token: see benchmarks/fit_operators.py)."""
+        return self._lat_kvw + self._kvw_tok * T / self._b_elem
+
+    def elementwise(self, T):
+        return self.norms_act(T) + self.kv_write(T)
+
+    def attention_work(self, q_tokens, pairs, kv_tokens):
+        """(FLOPs, bytes) of an attention kernel: ``q_tokens`` queries over ``pairs``
+        query-key pairs reading ``kv_tokens`` of KV cache, on one GPU."""
+        return (self._flop_pair * pairs,
+                self._kv_tok * kv_tokens + self._q_tok * q_tokens)
+
+    def decode_attention(self, B, kv_tokens):
+        """One decode-attention kernel: ``B`` sequences attending to ``kv_tokens`` in all."""
+        if not B:
+            return 0.0
+        return self._lat_dec + _max(self._flop_pair * kv_tokens / self._f_pf,
+                                    (self._kv_tok * kv_tokens + self._q_tok * B) / self._b_dec)
+
+    def prefill_attention(self, tokens, pairs, kv_tokens):
+        """One prefill-attention kernel over chunks of ``tokens`` in all."""
+        if not tokens:
+            return 0.0
+        return self._lat_pf + _max(self._flop_pair * pairs / self._f_pf,
+                                   (self._kv_tok * kv_tokens + self._q_tok * tokens)
+                                   / self._b_dec)
+
+    # ------------------------------------------------------------------- once per step
+    def lm_head_work(self, S):
+        """(FLOPs, bytes) of the LM head (16-bit) over ``S`` rows, on one GPU."""
+        k, n, w = self._lm
+        return 2.0 * k * n * S, w + 2.0 * (k + n) * S
+
+    def lm_head(self, S):
+        flops, nbytes = self.lm_head_work(S)
+        return self._lat_lin + _max(flops / self._f_lin, nbytes / self._b_lin)
+
+    def allreduce(self, T):
+        """Tensor-parallel all-reduces of the step (two per layer), 0 on one GPU."""
+        if self._comm is None:
+            return 0.0
+        return self._comm[0] + self._comm[1] * T
+
+    def fixed(self, T):
+        """Per-step seconds outside the layers' kernels: overhead and all-reduces."""
+        add = self._overhead
+        if self._comm is not None:
+            add = add + self._comm[0] + self._comm[1] * T
+        return add
+
+    def step(self, shape: StepShape) -> float:
+        """Seconds of one iteration."""
+        return float(self.step_parts(shape.tokens, shape.seqs, shape.decode_seqs,
+                                     shape.decode_kv, shape.prefill_tokens,
+                                     shape.prefill_pairs, shape.prefill_kv))
+
+    def step_parts(self, T, S, B, decode_kv, pf_tokens=0, pf_pairs=0, pf_kv=0):
+        """``step`` on the sums directly; ``decode_kv`` may be an array (one step each)."""
+        per_tok = self._per_tok.get(T)
+        if per_tok is None:  # a simulation sees few distinct step sizes
+            per_tok = self._per_tok[T] = float(self.linear(T) + self.elementwise(T))
+        head = self._head.get(S)
+        if head is None:
+            head = self._head[S] = float(self.lm_head(S))
+        layer = (per_tok + self.decode_attention(B, decode_kv)
+                 + self.prefill_attention(pf_tokens, pf_pairs, pf_kv))
+        return layer * self.layers + head + self.fixed(T)
+
+    def breakdown(self, shape: StepShape) -> dict[str, float]:
+        """Seconds per operator class over all layers, and the per-step terms."""
+        L = self.layers
+        out = {
+            "linear": float(self.linear(shape.tokens)) * L,
+            "elementwise": float(self.elementwise(shape.tokens)) * L,
+            "decode_attention": float(self.decode_attention(shape.decode_seqs,
+                                                            shape.decode_kv)) * L,
+            "prefill_attention": float(self.prefill_attention(
+                shape.prefill_tokens, shape.prefill_pairs, shape.prefill_kv)) * L,
+            "lm_head": float(self.lm_head(shape.seqs)),
+            "allreduce": float(self.allreduce(shape.tokens)),
+            "overhead": self._overhead,
+        }
+        return out

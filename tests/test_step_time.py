@@ -1,0 +1,210 @@
+"""The operator step-time model, the vLLM token-budget defaults, the KV-capacity formula in
+``agentflow.hardware`` (serving without the simulator) and ``agentflow simulate step``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentflow import hardware
+from agentflow.cli.main import main as agentflow_main
+from agentflow.config import InstanceConfig
+from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.sim.engine import SimInstance, engine_for
+from agentflow.step_time import OperatorModel, StepShape
+
+ROOT = Path(__file__).resolve().parents[1]
+A100 = hardware.gpu("A100-80G")
+L8B = hardware.model("Llama-3.1-8B")
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = agentflow_main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+# ------------------------------------------------------------------------ operator model
+def test_a_chunk_beside_long_decodes_adds_its_own_time():
+    """Operators add: a 512-token chunk does not hide under 32 decodes at 12k context (the
+    old whole-step max(compute, memory) charged it ~0.1 ms)."""
+    ops = OperatorModel(A100, L8B)
+    decode = ops.step(StepShape.of([1] * 32, [12288] * 32))
+    chunk = ops.step(StepShape.of([512], [0]))
+    both = ops.step(StepShape.of([1] * 32 + [512], [12288] * 32 + [0]))
+    assert both - decode > 0.6 * (chunk - A100.step_overhead_s)
+    assert both < decode + chunk  # the weights are read once, the overhead paid once
+
+
+def test_decode_attention_grows_with_batch_and_context_at_the_fitted_bandwidth():
+    ops = OperatorModel(A100, L8B)
+    kv_per_token_layer = 2 * L8B.kv_heads * L8B.head_dim * 2
+    b1 = ops.decode_attention(1, 12289)
+    b32 = ops.decode_attention(32, 32 * 12289)
+    # 31 more sequences read 31 more KV caches at attn_bw_efficiency of peak bandwidth
+    extra = 31 * 12289 * kv_per_token_layer / (A100.mem_bw_gbs * 1e9 * A100.attn_bw_efficiency)
+    assert b32 - b1 == pytest.approx(extra, rel=0.01)
+    assert ops.decode_attention(0, 0) == 0.0 and ops.prefill_attention(0, 0, 0) == 0.0
+
+
+def test_step_shape_classifies_decodes_and_prefills():
+    sh = StepShape.of([1, 1, 100], [10, 20, 5])
+    assert (sh.tokens, sh.seqs, sh.decode_seqs, sh.decode_kv) == (102, 3, 2, 32)
+    assert (sh.prefill_tokens, sh.prefill_pairs, sh.prefill_kv) == (100, 100 * 5 + 5050, 105)
+    with pytest.raises(ValueError):
+        StepShape.of([0], [3])
+
+
+def test_mixture_of_experts_reads_more_expert_weights_with_more_tokens():
+    ops = OperatorModel(A100, hardware.model("Qwen3-30B-A3B"))
+    one, many = ops.gemm_work(2, 1)[1], ops.gemm_work(2, 64)[1]
+    assert many > 10 * one  # a batch of 64 tokens touches most experts, one token a few
+
+
+# ----------------------------------------------------------------------- token budget
+@pytest.mark.parametrize("gpu,budget", [("A100-80G", 2048), ("A100-40G", 2048),
+                                        ("A6000", 2048), ("L40S", 2048), ("A40", 2048),
+                                        ("H100", 8192), ("H200", 8192)])
+def test_vllm_default_token_budget_per_gpu(gpu, budget):
+    assert hardware.default_max_num_batched_tokens(gpu) == budget
+    assert SimInstance(hardware.gpu(gpu), L8B).max_num_batched_tokens == budget
+
+
+def test_token_budget_stays_overridable_in_the_cluster_file():
+    cfg = InstanceConfig(name="x", gpu="H100", model="Llama-3.1-8B",
+                         max_num_batched_tokens=1024)
+    assert engine_for("x", cfg).max_num_batched_tokens == 1024
+    assert engine_for("y", InstanceConfig(name="y", gpu="H100", model="Llama-3.1-8B")
+                      ).max_num_batched_tokens == 8192
+
+
+# ---------------------------------------------------------------------- KV capacity
+@pytest.mark.parametrize("kw", [{}, {"tensor_parallel": 2, "max_num_batched_tokens": 4096},
+                                {"weight_bits": 4, "kv_bits": 8, "max_num_seqs": 16}])
+def test_serving_kv_budget_is_the_simulated_engines_capacity(kw):
+    cfg = InstanceConfig(name="x", gpu="A100-80G", model="Llama-3.1-70B"
+                         if kw.get("tensor_parallel") or kw.get("weight_bits") else
+                         "Llama-3.1-8B", **kw)
+    engine = engine_for("x", cfg)
+    assert InstanceSpec.from_config(cfg).kv_token_budget == \
+        engine.kv_blocks_total * engine.block_size > 0
+
+
+def test_a_model_that_does_not_fit_is_a_clear_error():
+    cfg = InstanceConfig(name="big", gpu="A100-80G", model="Llama-3.1-70B")
+    with pytest.raises(ValueError, match="does not fit"):
+        InstanceSpec.from_config(cfg)
+
+
+def test_serving_does_not_import_the_simulator():
+    """Building the serving side (instance specs with their KV budgets, time models, the
+    coordinator, the server app) leaves ``agentflow.sim`` unimported."""
+    code = """
+import sys
+from agentflow.config import InstanceConfig
+from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.setup import build_coordinator
+from agentflow.scheduler.time_model import InstanceTimeModel
+from agentflow.workflow.clock import ManualClock
+import agentflow.scheduler.serving, agentflow.server.app
+cfgs = [InstanceConfig(name="a", gpu="A100-80G", model="Llama-3.1-8B"),
+        InstanceConfig(name="b", gpu="L40S", model="Llama-3.1-70B", weight_bits=4, kv_bits=4)]
+specs = [InstanceSpec.from_config(c) for c in cfgs]
+assert all(s.kv_token_budget > 0 for s in specs)
+[InstanceTimeModel.for_spec(s) for s in specs]
+build_coordinator(cfgs, clock=ManualClock(), policy="flowsage")
+loaded = sorted(m for m in sys.modules if m == "agentflow.sim" or m.startswith("agentflow.sim."))
+print(loaded)
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ------------------------------------------------------------- agentflow simulate step
+def test_simulate_step_json_is_the_engines_step_time(capsys):
+    rc, out, _ = run_cli(capsys, "simulate", "step", "--gpu", "A100-80G", "--model",
+                         "Llama-3.1-8B", "--tp", "1", "--decode", "32:12288", "--decode",
+                         "8:2048", "--prefill", "512:1024", "--json")
+    assert rc == 0
+    data = json.loads(out)
+    inst = SimInstance(A100, L8B)
+    expected = inst.step_time([1] * 40 + [512], [12288] * 32 + [2048] * 8 + [1024])
+    assert data["step_ms"] == pytest.approx(expected * 1e3, rel=1e-12)
+    assert data["tokens"] == 552 and data["sequences"] == 41
+    parts = data["operators_ms"]
+    assert sum(parts.values()) == pytest.approx(data["step_ms"], rel=1e-9)
+    assert data["layers_ms"] == pytest.approx(
+        data["step_ms"] - parts["lm_head"] - parts["overhead"], rel=1e-9)
+    assert parts["allreduce"] == 0.0  # one GPU
+
+
+def test_simulate_step_tensor_parallel_pays_all_reduces(capsys):
+    args = ["simulate", "step", "--gpu", "H100", "--model", "Llama-3.1-70B", "--decode",
+            "8:4096", "--json"]
+    rc, out, _ = run_cli(capsys, *args, "--tp", "4")
+    tp4 = json.loads(out)
+    rc2, out, _ = run_cli(capsys, *args, "--tp", "2")
+    tp2 = json.loads(out)
+    assert rc == rc2 == 0
+    assert tp4["operators_ms"]["allreduce"] > 0
+    assert tp4["operators_ms"]["linear"] < tp2["operators_ms"]["linear"]  # weights split
+    inst = SimInstance(hardware.gpu("H100"), hardware.model("Llama-3.1-70B"), 4)
+    assert tp4["step_ms"] == pytest.approx(inst.decode_step_time(8, 4096) * 1e3, rel=1e-12)
+
+
+def test_simulate_step_applies_the_fitted_calibration(capsys):
+    rc, out, _ = run_cli(capsys, "simulate", "step", "--gpu", "A6000", "--model",
+                         "Llama-3.1-70B", "--weight-bits", "4", "--kv-bits", "4",
+                         "--decode", "1:1024", "--json")
+    assert rc == 0
+    inst = SimInstance(hardware.gpu("A6000"), hardware.paper_model())
+    assert inst.gpu.bw_efficiency != hardware.gpu("A6000").bw_efficiency  # calibrated
+    assert json.loads(out)["step_ms"] == pytest.approx(inst.decode_step_time(1, 1024) * 1e3,
+                                                      rel=1e-12)
+
+
+def test_simulate_step_table(capsys):
+    rc, out, _ = run_cli(capsys, "simulate", "step", "--gpu", "H100", "--model",
+                         "Llama-3.1-8B", "--prefill", "2048")
+    assert rc == 0
+    assert "prefill_attention" in out and out.strip().splitlines()[-1].startswith("step: ")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gpu", "B300", "--model", "Llama-3.1-8B", "--decode", "1:10"], "unknown GPU 'B300'"),
+    (["--gpu", "A100-80G", "--model", "Llama-9", "--decode", "1:10"], "unknown model"),
+    (["--gpu", "A100-80G", "--model", "Llama-3.1-8B"], "at least one --decode or --prefill"),
+    (["--gpu", "A100-80G", "--model", "Llama-3.1-70B", "--decode", "1:10"], "does not fit"),
+    (["--gpu", "A100-80G", "--model", "Llama-3.1-8B", "--decode", "1:10", "--tp", "0"],
+     "--tp must be >= 1"),
+])
+def test_simulate_step_errors(capsys, argv, message):
+    rc, out, err = run_cli(capsys, "simulate", "step", *argv)
+    assert rc == 2 and out == "" and message in err
+
+
+@pytest.mark.parametrize("spec,flag", [("32x100", "--decode"), ("0:100", "--decode"),
+                                       ("8:-1", "--decode"), ("8", "--decode"),
+                                       ("a:b", "--prefill"), ("1:2:3", "--prefill"),
+                                       ("0", "--prefill")])
+def test_simulate_step_rejects_malformed_specs(capsys, spec, flag):
+    with pytest.raises(SystemExit) as exc:
+        agentflow_main(["simulate", "step", "--gpu", "A100-80G", "--model", "Llama-3.1-8B",
+                        flag, spec])
+    assert exc.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_simulate_without_a_trace_still_asks_for_one(capsys):
+    with pytest.raises(SystemExit) as exc:
+        agentflow_main(["simulate"])
+    assert exc.value.code == 2
+    assert "--trace" in capsys.readouterr().err
