@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentflow.evaluation.metrics import summarize_run
+from agentflow.evaluation.scoring import summarize_run
 from agentflow.evaluation.report import sequential_caveat, write_plots, write_report
 from agentflow.metrics import Outcome, attainment
 
