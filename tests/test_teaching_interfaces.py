@@ -173,3 +173,55 @@ def test_mcp_teach_list_forget_and_version(tmp_path) -> None:
     assert f"-- Question: {Q}\n{SQL};" in prompt and "-- flagship store: the largest store" \
         in prompt
     assert not forgot.is_error and again.is_error
+
+
+def test_http_teaching_per_tenant_with_api_keys(tmp_path) -> None:
+    """With keys, each tenant teaches its own pairs: the other tenant neither sees nor gets
+    them, may not delete them, and a database outside a key's list is a 404 here too."""
+    pytest.importorskip("fastapi")
+    import httpx
+
+    from agentflow.api import AgentFlow
+    from agentflow.config import AgentFlowConfig
+    from agentflow.llm.scripted import ScriptedBackend
+    from agentflow.server.testing import LiveServer
+    from tests.conftest import make_library_sqlite
+
+    prompts: list[str] = []
+
+    def script(request) -> str:
+        prompts.append(request.prompt)
+        return SQL
+    library = make_library_sqlite(tmp_path / "library.sqlite")
+    config = AgentFlowConfig(fewshot=None, pipeline="single", teaching_store=str(tmp_path / "t"),
+                             databases={"library": {"url": f"sqlite:///{library}"}})
+    keys = {"acme": "acme-key-0001", "bolt": "bolt-key-0002", "narrow": "narrow-key-0003"}
+    settings = {"tenants": [{"name": n, "keys": [k]} for n, k in keys.items() if n != "narrow"]
+                + [{"name": "narrow", "keys": [keys["narrow"]], "databases": ["library"]}]}
+
+    def h(name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {keys[name]}"}
+    with AgentFlow(config, backends={"s": ScriptedBackend(script)}) as af, \
+            LiveServer({}, settings, agentflow=af) as live:
+        base = f"{live.url}/v1/databases/bookshop"
+        assert httpx.post(f"{base}/examples", json={"question": Q, "sql": SQL}).status_code \
+            == 401
+        taught = httpx.post(f"{base}/examples", json={"question": Q, "sql": SQL},
+                            headers=h("acme"))
+        assert taught.status_code == 201 and taught.json()["tenant"] == "acme"
+        mine = [e["question"] for e in httpx.get(f"{base}/examples",
+                                                  headers=h("acme")).json()["examples"]]
+        theirs = [e["question"] for e in httpx.get(f"{base}/examples",
+                                                    headers=h("bolt")).json()["examples"]]
+        assert Q in mine and Q not in theirs
+        assert "How many books are there?" in theirs  # the shared (shipped) pairs: everyone
+        assert httpx.delete(f"{base}/examples/{taught.json()['id']}",
+                            headers=h("bolt")).status_code == 404
+        assert httpx.get(f"{base}/examples", headers=h("narrow")).status_code == 404
+
+        for who, sees_it in (("acme", True), ("bolt", False)):
+            prompts.clear()
+            r = httpx.post(f"{live.url}/v1/queries", headers=h(who), timeout=30,
+                           json={"question": "How many cities have stores?", "db": "bookshop"})
+            assert r.status_code == 200, r.text
+            assert (f"-- Question: {Q}\n{SQL};" in prompts[-1]) is sees_it, who
