@@ -227,7 +227,7 @@ def build_server(af: AgentFlow, tenants: TenantTable | None = None):
 
     from agentflow.mcp import teaching_tools
 
-    teaching_tools.register(server, af, checked, tools._db)  # teach, list_taught, forget_taught
+    teaching_tools.register(server, af, checked, tools._db, caller)  # teach, list/forget_taught
     return server
 
 

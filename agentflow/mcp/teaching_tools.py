@@ -7,32 +7,39 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+try:  # resolved by the SDK from the tools' annotations, so it must be a module global
+    from mcp.server.mcpserver import Context
+except ImportError:
+    Context = Any  # type: ignore[misc,assignment]
 
-def register(server: Any, af: Any, checked: Callable, known_db: Callable[[str], str]) -> None:
+
+def register(server: Any, af: Any, checked: Callable, known_db: Callable[..., str],
+             caller: Callable[[Any], Any] = lambda ctx: None) -> None:
     """Add the teaching tools to ``server``; ``checked`` turns input errors into tool errors,
-    ``known_db`` accepts catalog ids only."""
+    ``known_db(db, tenant)`` accepts the caller's catalog ids only, ``caller(ctx)`` is the
+    key's tenant (None without keys): each tenant teaches its own entries."""
 
     def teach(db: str, question: str | None, sql: str | None, term: str | None,
-              meaning: str | None) -> dict[str, Any]:
-        db = known_db(db)
+              meaning: str | None, who: Any) -> dict[str, Any]:
+        db = known_db(db, who)
         if term or meaning:
             if question or sql:
                 raise ValueError("teach either a question with its sql, or a term with its "
                                  "meaning, not both")
-            return {"term": af.define(term or "", meaning or "", db=db).to_dict()}
-        return {"example": af.teach(question or "", sql or "", db=db).to_dict()}
+            return {"term": af.define(term or "", meaning or "", db=db, tenant=who).to_dict()}
+        return {"example": af.teach(question or "", sql or "", db=db, tenant=who).to_dict()}
 
-    def listing(db: str) -> dict[str, Any]:
-        db = known_db(db)
-        return {"examples": [e.to_dict() for e in af.examples(db)],
-                "glossary": [g.to_dict() for g in af.glossary(db)]}
+    def listing(db: str, who: Any) -> dict[str, Any]:
+        db = known_db(db, who)
+        return {"examples": [e.to_dict() for e in af.examples(db, tenant=who)],
+                "glossary": [g.to_dict() for g in af.glossary(db, tenant=who)]}
 
-    def forget(db: str, example_id: int | None, term: str | None) -> dict[str, Any]:
-        db = known_db(db)
+    def forget(db: str, example_id: int | None, term: str | None, who: Any) -> dict[str, Any]:
+        db = known_db(db, who)
         if (example_id is None) == (term is None):
             raise ValueError("give exactly one of example_id or term")
-        done = (af.forget_example(db, example_id) if example_id is not None
-                else af.forget_term(db, term))
+        done = (af.forget_example(db, example_id, tenant=who) if example_id is not None
+                else af.forget_term(db, term, tenant=who))
         if not done:
             what = f"example {example_id}" if example_id is not None else f"term {term!r}"
             raise ValueError(f"nothing to delete: no {what} on {db}")
@@ -45,15 +52,16 @@ def register(server: Any, af: Any, checked: Callable, known_db: Callable[[str], 
                              "most similar taught pairs as examples, and the meaning of the "
                              "terms they use next to the schema.")
     async def teach_tool(db: str, question: str | None = None, sql: str | None = None,
-                         term: str | None = None, meaning: str | None = None) -> dict[str, Any]:
-        return await checked(teach)(db, question, sql, term, meaning)
+                         term: str | None = None, meaning: str | None = None,
+                         ctx: Context | None = None) -> dict[str, Any]:
+        return await checked(teach)(db, question, sql, term, meaning, caller(ctx))
 
     @server.tool(description="List the question/SQL pairs and glossary terms taught for a "
                              "database.")
-    async def list_taught(db: str) -> dict[str, Any]:
-        return await checked(listing)(db)
+    async def list_taught(db: str, ctx: Context | None = None) -> dict[str, Any]:
+        return await checked(listing)(db, caller(ctx))
 
     @server.tool(description="Delete a taught pair (by example_id) or a glossary term.")
-    async def forget_taught(db: str, example_id: int | None = None,
-                            term: str | None = None) -> dict[str, Any]:
-        return await checked(forget)(db, example_id, term)
+    async def forget_taught(db: str, example_id: int | None = None, term: str | None = None,
+                            ctx: Context | None = None) -> dict[str, Any]:
+        return await checked(forget)(db, example_id, term, caller(ctx))
