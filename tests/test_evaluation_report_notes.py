@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentflow.evaluation.scoring import summarize_run
 from agentflow.evaluation.report import sequential_caveat, write_plots, write_report
+from agentflow.evaluation.scoring import summarize_run
 from agentflow.metrics import Outcome, attainment
 
 RECORDS = [{"status": "done", "latency_s": 2.0, "idle_latency_s": 1.0, "correct": False,
