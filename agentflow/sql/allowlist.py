@@ -135,14 +135,15 @@ _ANY = SQLITE | DUCKDB | POSTGRES
 _SYSTEM_SCHEMAS = {"sqlite": {"main", "temp"}, "duckdb": {"main", "system", "pg_catalog"},
                    "postgres": {"pg_catalog"}}
 
-# Typed nodes that are syntax rather than a named call, allowed everywhere.
+# Typed nodes that are syntax rather than a named call, and the two typed forms sqlglot picks
+# from an argument's type (``date_trunc('month', d)`` on a DATE), allowed everywhere.
 _SYNTAX: tuple[type[exp.Expression], ...] = tuple(
     getattr(exp, name) for name in (
         "And", "Or", "Xor", "Case", "If", "Cast", "TryCast", "Collate", "Exists", "Array",
         "Struct", "Extract", "CurrentDate", "CurrentTime", "CurrentTimestamp", "Localtime",
         "Localtimestamp", "JSONExtract", "JSONExtractScalar", "JSONBExtract",
         "JSONBExtractScalar", "ArrayContainsAll", "ArrayContainedBy", "ArrayOverlaps",
-        "RegexpLike", "RegexpILike", "Pow",
+        "RegexpLike", "RegexpILike", "Pow", "DateTrunc", "CastToStrType",
     ) if hasattr(exp, name))
 
 # Why the most dangerous families are refused, for a clearer message (the allow-list refuses
