@@ -143,7 +143,7 @@ _SYNTAX: tuple[type[exp.Expression], ...] = tuple(
         "Struct", "Extract", "CurrentDate", "CurrentTime", "CurrentTimestamp", "Localtime",
         "Localtimestamp", "JSONExtract", "JSONExtractScalar", "JSONBExtract",
         "JSONBExtractScalar", "ArrayContainsAll", "ArrayContainedBy", "ArrayOverlaps",
-        "RegexpLike", "RegexpILike", "Pow", "DateTrunc", "CastToStrType",
+        "RegexpLike", "RegexpILike", "Pow", "DateTrunc", "CastToStrType", "Unnest", "Explode",
     ) if hasattr(exp, name))
 
 # Why the most dangerous families are refused, for a clearer message (the allow-list refuses
