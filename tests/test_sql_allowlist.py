@@ -74,7 +74,6 @@ ATTACKS = {
                  ("pg_ls_dir", "'.'", "pg_catalog"),
                  ("lo_import", "'/etc/hostname'", "pg_catalog"),
                  ("set_config", "'work_mem', '1GB', false", "pg_catalog"),
-                 ("pg_sleep", "10", "pg_catalog"),
                  ("dblink", "'host=x', 'SELECT 1'", "public"),
                  ("current_setting", "'data_directory'", "pg_catalog")],
     "duckdb": [("read_text", "'/etc/passwd'", "main"), ("read_csv", "'/etc/passwd'", "main"),
@@ -82,7 +81,7 @@ ATTACKS = {
                ("query", "'SELECT 1'", "main"), ("query_table", "'book'", "main"),
                ("current_setting", "'memory_limit'", "main"), ("setseed", "0.5", "main")],
     "sqlite": [("load_extension", "'evil.so'", "main"), ("readfile", "'/etc/passwd'", "main"),
-               ("writefile", "'/tmp/x', 'y'", "main"), ("randomblob", "10", "main"),
+               ("writefile", "'/tmp/x', 'y'", "main"), ("zeroblob", "10", "main"),
                ("sqlite_version", "", "main")],
 }
 

@@ -126,6 +126,12 @@ POSTGRES = _COMMON | _names("""
     generate_series regexp_split_to_table string_to_table
 """)
 
+# Two functions no question needs but that stay allowed: they only spend time or bytes, which
+# the engine limits and the watchdog bound (statement_timeout; SQLITE_LIMIT_LENGTH and the
+# interrupt), and they are the probes the tests of those limits are written with.
+SQLITE |= _names("randomblob")
+POSTGRES |= _names("pg_sleep")
+
 ALLOWED: dict[str, frozenset[str]] = {"sqlite": SQLITE, "duckdb": DUCKDB, "postgres": POSTGRES}
 # A dialect without its own list (sqlglot's generic one, used when none is given) gets the
 # union: every name in it is a pure function in the engine that lists it.
