@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
 from agentflow.sql import errors as E
+from agentflow.sql.allowlist import warm as warm_allowlist
 from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_value_sizes
 from agentflow.sql.dialect import sqlglot_dialect, transpile
 from agentflow.sql.guard import parse_single_query, strip_trailing
@@ -146,6 +147,11 @@ class Database:
             return open_postgres(cls, url, db_id=db_id, **options)
         engine = sa.create_engine(url)
         return cls(id=db_id or (url.database or backend), engine=engine, kind=backend)
+
+    def __post_init__(self) -> None:
+        # The guard's allow-list for this dialect is derived once per process; do it now
+        # rather than inside the first query's time limit.
+        warm_allowlist(self.dialect)
 
     @property
     def dialect(self) -> str:
