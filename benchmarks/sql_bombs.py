@@ -36,41 +36,57 @@ MARGIN_MB = 256
 MEMORY_BOUND_MB = {"duckdb": 512 + MARGIN_MB, "sqlite": 1024 + MARGIN_MB,
                    "postgresql": 512 + MARGIN_MB}
 
-# (engine, statement). The issue's four first; then each on the other engines where it is
-# valid, and variants: width from an argument, computed widths, nesting, and builders that
-# stay under the guard's caps so only the engine limits and the watchdog can stop them.
-BOMBS: list[tuple[str, str]] = [
-    ("duckdb", "SELECT * FROM query('SELECT length(repeat(''x'', 2000000000)) AS n')"),
-    ("duckdb", "SELECT length(printf('%0999999999d', 1))"),
-    ("duckdb", "SELECT length(format('{:>999999999}', 1))"),
-    ("sqlite", "SELECT length(printf('%.*c', 1000000000, 'x'))"),
-    # the same ideas, written differently
-    ("duckdb", "SELECT length(printf('%*d', 999999999, 1))"),
-    ("duckdb", "SELECT length(format('{:>{}}', 1, 999999999))"),
-    ("duckdb", "SELECT length(printf('%0' || '999999999' || 'd', 1))"),
-    ("duckdb", "SELECT * FROM (SELECT length(format('{:0>999999999}', n)) FROM range(3) t(n))"),
-    ("sqlite", "SELECT length(printf('%0999999999d', 1))"),
-    ("sqlite", "SELECT length(format('%.*c', 1000000000, 'x'))"),
-    ("sqlite", "SELECT length(printf('%.*c', (SELECT 1000000000), 'x'))"),
-    ("sqlite", "WITH w(n) AS (SELECT 1000000000) SELECT length(printf('%.*c', n, 'x')) FROM w"),
-    ("postgresql", "SELECT length(format('%999999999s', 1))"),
-    ("postgresql", "SELECT length(format('%*s', 999999999, 'x'))"),
-    ("postgresql", "SELECT * FROM query_to_xml('SELECT repeat(''x'', 1000000000)', true, "
-                   "true, '')"),
-    # under every cap: the engine's own limits and the watchdog stop these
-    ("sqlite", "WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n + 1, s || s FROM r "
-               "WHERE n < 40) SELECT max(length(s)) FROM r"),
-    ("sqlite", "SELECT sum(length(printf('%.1000c', 'x'))) FROM (WITH RECURSIVE c(x) AS "
-               "(SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c)"),
-    ("duckdb", "WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n + 1, s || s FROM r "
-               "WHERE n < 40) SELECT max(length(s)) FROM r"),
-    ("duckdb", "SELECT sum(length(replace(repeat('x', 8000), 'x', repeat('y', 8000)))) "
-               "FROM range(100000)"),
-    ("duckdb", "SELECT length(string_agg(repeat('x', 8000), '')) FROM range(1000000)"),
-    ("postgresql", "WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n + 1, s || s "
-                   "FROM r WHERE n < 40) SELECT max(length(s)) FROM r"),
-    ("postgresql", "SELECT length(repeat('x', 1000000000))"),
-    ("postgresql", "SELECT sum(length(repeat('x', 100000000))) FROM generate_series(1, 100)"),
+
+@dataclass(frozen=True)
+class Bomb:
+    """A statement, its engine, and what must stop it: the guard, or the engine's own limits
+    and the watchdog (a builder that stays under every cap of the guard)."""
+
+    engine: str
+    stopper: str  # "guard" | "engine"
+    sql: str
+
+
+# Doubling a string 40 times: no single call is large, so no cap of the guard applies.
+_DOUBLING = ("WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n + 1, s || s FROM r "
+             "WHERE n < 40) SELECT max(length(s)) FROM r")
+_COUNTER = "(WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c)"
+
+# The issue's four first; then each idea on the other engines, written differently (width from
+# an argument, a computed format, nesting), and builders that stay under every cap of the
+# guard, so only the engine's own limits and the watchdog can stop them.
+BOMBS: list[Bomb] = [
+    Bomb("duckdb", "guard",
+         "SELECT * FROM query('SELECT length(repeat(''x'', 2000000000)) AS n')"),
+    Bomb("duckdb", "guard", "SELECT length(printf('%0999999999d', 1))"),
+    Bomb("duckdb", "guard", "SELECT length(format('{:>999999999}', 1))"),
+    Bomb("sqlite", "guard", "SELECT length(printf('%.*c', 1000000000, 'x'))"),
+    Bomb("duckdb", "guard", "SELECT length(printf('%*d', 999999999, 1))"),
+    Bomb("duckdb", "guard", "SELECT length(format('{:>{}}', 1, 999999999))"),
+    Bomb("duckdb", "guard", "SELECT length(printf('%0' || '999999999' || 'd', 1))"),
+    Bomb("duckdb", "guard",
+         "SELECT * FROM (SELECT length(format('{:0>999999999}', n)) FROM range(3) t(n))"),
+    Bomb("sqlite", "guard", "SELECT length(printf('%0999999999d', 1))"),
+    Bomb("sqlite", "guard", "SELECT length(format('%.*c', 1000000000, 'x'))"),
+    Bomb("sqlite", "guard", "SELECT length(printf('%.*c', (SELECT 1000000000), 'x'))"),
+    Bomb("sqlite", "guard",
+         "WITH w(n) AS (SELECT 1000000000) SELECT length(printf('%.*c', n, 'x')) FROM w"),
+    Bomb("postgresql", "guard", "SELECT length(format('%999999999s', 1))"),
+    Bomb("postgresql", "guard", "SELECT length(format('%*s', 999999999, 'x'))"),
+    Bomb("postgresql", "guard",
+         "SELECT * FROM query_to_xml('SELECT repeat(''x'', 1000000000)', true, true, '')"),
+    Bomb("sqlite", "engine", _DOUBLING),
+    Bomb("sqlite", "engine", f"SELECT sum(length(printf('%.1000c', 'x'))) FROM {_COUNTER}"),
+    Bomb("duckdb", "engine", _DOUBLING),
+    Bomb("duckdb", "engine",
+         "SELECT sum(length(replace(repeat('x', 8000), 'x', repeat('y', 8000)))) "
+         "FROM range(100000)"),
+    Bomb("duckdb", "engine",
+         "SELECT length(string_agg(repeat('x', 8000), '')) FROM range(1000000)"),
+    Bomb("postgresql", "engine", _DOUBLING),
+    Bomb("postgresql", "engine", "SELECT length(repeat('x', 1000000000))"),
+    Bomb("postgresql", "engine",
+         "SELECT sum(length(repeat('x', 100000000))) FROM generate_series(1, 100)"),
 ]
 
 CHILD = """
@@ -204,7 +220,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         targets = Targets(Path(tmp), engines)
         try:
-            for engine, sql in BOMBS:
+            for bomb in BOMBS:
+                engine, sql = bomb.engine, bomb.sql
                 if engine not in engines or engine not in targets.paths or args.only not in sql:
                     continue
                 rows.append(run_one(targets.paths[engine], engine, sql, args.limit,
