@@ -287,3 +287,18 @@ def test_no_transpiled_spider_gold_query_is_refused(shared_spider: Path, dialect
     """...and as transpiled to the dialects the converted databases speak."""
     refused = _refused(_spider_gold(shared_spider), dialect)
     assert not refused, refused[:10]
+
+
+def test_typed_nodes_for_files_or_settings_are_never_derived_as_allowed() -> None:
+    """The typed half of the allow-list is derived from the names; none of sqlglot's typed
+    file readers, secrets or session functions may slip in through a shared parse."""
+    from sqlglot import exp
+
+    from agentflow.sql.allowlist import _allowed_types
+
+    dangerous = {getattr(exp, n) for n in ("ReadCSV", "ReadParquet", "Secret", "ToFile",
+                                           "CurrentUser", "SessionUser", "NextValueFor",
+                                           "Apply", "Predict", "GenerateEmbedding")
+                 if hasattr(exp, n)}
+    for dialect in ("sqlite", "duckdb", "postgres", ""):
+        assert not dangerous & _allowed_types(dialect), dialect
