@@ -75,6 +75,9 @@ BOMBS: list[Bomb] = [
     Bomb("postgresql", "guard", "SELECT length(format('%*s', 999999999, 'x'))"),
     Bomb("postgresql", "guard",
          "SELECT * FROM query_to_xml('SELECT repeat(''x'', 1000000000)', true, true, '')"),
+    Bomb("postgresql", "guard", f"SELECT repeat('{'x' * 100}', 1000000)"),
+    Bomb("postgresql", "guard", "SELECT lpad('x', 500000000)"),
+    Bomb("postgresql", "guard", "SELECT length(repeat('x', 1000000000))"),
     Bomb("sqlite", "engine", _DOUBLING),
     Bomb("sqlite", "engine", f"SELECT sum(length(printf('%.1000c', 'x'))) FROM {_COUNTER}"),
     Bomb("duckdb", "engine", _DOUBLING),
@@ -84,9 +87,11 @@ BOMBS: list[Bomb] = [
     Bomb("duckdb", "engine",
          "SELECT length(string_agg(repeat('x', 8000), '')) FROM range(1000000)"),
     Bomb("postgresql", "engine", _DOUBLING),
-    Bomb("postgresql", "engine", "SELECT length(repeat('x', 1000000000))"),
+
+    Bomb("postgresql", "engine", f"SELECT repeat('{'x' * 100}', (SELECT 1000000))"),
+    Bomb("postgresql", "engine", "SELECT lpad('x', (SELECT 100000000))"),
     Bomb("postgresql", "engine",
-         "SELECT sum(length(repeat('x', 100000000))) FROM generate_series(1, 100)"),
+         "SELECT sum(length(repeat('x', 30000000 + g % 2))) FROM generate_series(1, 1000) g"),
 ]
 
 CHILD = """

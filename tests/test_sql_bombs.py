@@ -61,7 +61,7 @@ def test_the_guard_refuses_it_before_it_runs(request, targets, engine: str, sql:
         with pytest.raises(RejectedStatementError) as info:
             db.execute(sql, timeout_s=LIMIT_S)
     assert any(word in str(info.value) for word in
-               ("format", "runs SQL given as text", f"{MAX_FORMAT_WIDTH:,}"))
+               ("format", "runs SQL given as text", f"{MAX_FORMAT_WIDTH:,}", "would build"))
 
 
 @pytest.mark.parametrize("engine,sql", ISSUE)
@@ -113,3 +113,14 @@ def test_widths_over_the_cap_are_refused_however_written(dialect: str, sql: str)
 
     with pytest.raises(RejectedStatementError, match="format"):
         check_query(sql, dialect)
+
+
+def test_postgres_computed_sizes_are_bounded_and_small_ones_still_run(pg_url) -> None:
+    """The rewrite that bounds a computed repeat/lpad size runs on the real server: a small
+    size gives the same answer as before, a large one fails fast with the reason."""
+    with Database.open(pg_url) as db:
+        rows = db.execute("SELECT n, repeat('*', n), lpad(CAST(n AS TEXT), n + 2, '0') "
+                          "FROM generate_series(1, 3) AS g(n) ORDER BY n").rows
+        assert rows == [(1, "*", "001"), (2, "**", "0002"), (3, "***", "00003")]
+        result = db.try_execute("SELECT repeat('ab', (SELECT 100000000))", timeout_s=LIMIT_S)
+        assert result.kind == "execution_error" and "value too large" in str(result)

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine, make_url
 
 from agentflow.sql import errors as E
 from agentflow.sql.allowlist import warm as warm_allowlist
-from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_value_sizes
+from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_postgres_sizes, bound_value_sizes
 from agentflow.sql.dialect import sqlglot_dialect, transpile
 from agentflow.sql.guard import parse_single_query, strip_trailing
 from agentflow.sql.watchdog import WATCHDOG
@@ -184,6 +184,8 @@ class Database:
         run_sql = strip_trailing(sql, self.dialect)
         if self.kind == "duckdb":
             run_sql = bound_value_sizes(tree, sql) or run_sql
+        elif self.kind == "postgresql":
+            run_sql = bound_postgres_sizes(tree, sql) or run_sql
         remaining = None
         if timeout_s is not None:
             remaining = timeout_s - (time.monotonic() - start)
