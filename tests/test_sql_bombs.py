@@ -124,3 +124,18 @@ def test_postgres_computed_sizes_are_bounded_and_small_ones_still_run(pg_url) ->
         assert rows == [(1, "*", "001"), (2, "**", "0002"), (3, "***", "00003")]
         result = db.try_execute("SELECT repeat('ab', (SELECT 100000000))", timeout_s=LIMIT_S)
         assert result.kind == "execution_error" and "value too large" in str(result)
+
+
+def test_postgres_client_gives_up_on_a_backend_that_does_not_stop(pg_url, monkeypatch) -> None:
+    """Neither statement_timeout nor a cancel request lands while a backend is inside one long
+    step; with both out of play, the client shuts the socket at 1.8x the limit, answers with
+    the timeout, and the pool replaces the connection."""
+    from agentflow.sql import QueryTimeoutError
+    from agentflow.sql.database import _Interrupter
+
+    monkeypatch.setattr(_Interrupter, "_PG_SERVER_TIMEOUT", False)
+    monkeypatch.setattr(_Interrupter, "_PG_CANCEL_FACTOR", 1000.0)
+    with Database.open(pg_url, pool_size=1, max_overflow=0) as db:
+        with pytest.raises(QueryTimeoutError):
+            db.execute("SELECT pg_sleep(30)", timeout_s=0.5)
+        assert db.execute("SELECT 1", timeout_s=5).rows == [(1,)]

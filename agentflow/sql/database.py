@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
+import socket
 import sqlite3
 import threading
 import time
@@ -224,6 +226,8 @@ class Database:
                         rows = rows[:max_rows]
                     cursor.close()
             except sa.exc.DBAPIError as err:
+                if interrupter.abandoned:
+                    conn.invalidate()
                 if interrupter.timed_out(err.orig):
                     raise E.QueryTimeoutError(
                         f"query exceeded the {timeout_s:g}s time limit and was interrupted",
@@ -232,6 +236,8 @@ class Database:
                     raise self._connection_error(err, sql) from err
                 raise _translate(err.orig, sql, self._secrets) from err
             except Exception as err:  # drivers that raise outside the DBAPI hierarchy
+                if interrupter.abandoned:
+                    conn.invalidate()
                 if interrupter.timed_out(err):
                     raise E.QueryTimeoutError(
                         f"query exceeded the {timeout_s:g}s time limit and was interrupted",
@@ -351,9 +357,15 @@ class _Interrupter:
     SQLite and DuckDB are interrupted through the driver (``interrupt()`` works mid-step).
     PostgreSQL stops the statement itself through ``statement_timeout``; the watchdog sends a
     client-side cancel request at 1.5x the limit in case the server does not (a hung backend,
-    a timeout reset by the query)."""
+    a timeout reset by the query). Both only land where the backend checks for interrupts,
+    and one step can run long without checking (a recursive CTE doubling a 256 MB string
+    overran a 2 s statement_timeout by 1-2 s), so at 1.8x the client gives up on the
+    connection: it shuts the socket down, the caller gets its timeout, and the pool drops
+    the connection. The backend stops at its next interrupt check or when it next writes to
+    the closed socket."""
 
     _PG_CANCEL_FACTOR = 1.5
+    _PG_ABANDON_FACTOR = 1.8
     _PG_SERVER_TIMEOUT = True  # tests turn it off to show the client-side cancel alone
 
     def __init__(self, kind: str, raw: Any, timeout_s: float | None):
@@ -361,7 +373,9 @@ class _Interrupter:
         self.raw = raw
         self.timeout_s = timeout_s
         self.fired = False
+        self.abandoned = False
         self._token: int | None = None
+        self._abandon_token: int | None = None
 
     def _fire(self) -> None:
         self.fired = True
@@ -370,6 +384,14 @@ class _Interrupter:
             cancel(timeout=2.0) if cancel is not None else self.raw.cancel()
         else:
             (getattr(self.raw, "interrupt", None) or self.raw.cancel)()
+
+    def _abandon(self) -> None:
+        """Shut the connection's socket down (not close: libpq still owns the descriptor and
+        another thread is inside it), so the blocked read returns at once."""
+        self.fired = self.abandoned = True
+        fd = self.raw.fileno()
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> _Interrupter:
         if self.timeout_s is None:
@@ -381,6 +403,8 @@ class _Interrupter:
                 cur.execute(f"SET LOCAL statement_timeout = {max(1, int(self.timeout_s * 1000))}")
                 cur.close()
             delay = self.timeout_s * self._PG_CANCEL_FACTOR
+            self._abandon_token = WATCHDOG.arm(self.timeout_s * self._PG_ABANDON_FACTOR,
+                                               self._abandon)
         else:
             if getattr(self.raw, "interrupt", None) is None and \
                     getattr(self.raw, "cancel", None) is None:
@@ -394,6 +418,8 @@ class _Interrupter:
     def __exit__(self, *exc: object) -> None:
         if self._token is not None:
             WATCHDOG.cancel(self._token)
+        if self._abandon_token is not None:
+            WATCHDOG.cancel(self._abandon_token)
 
     def timed_out(self, err: BaseException) -> bool:
         if self.fired:
