@@ -1,4 +1,5 @@
-"""Size bounds on the functions that build one huge value from a small input (DuckDB).
+"""Size bounds on the functions that build one huge value from a small input (DuckDB; PostgreSQL
+per value, see ``bound_postgres_sizes``).
 
 DuckDB's ``memory_limit`` governs its buffer manager — hash tables, sorts, intermediate
 chunks — but the result of one scalar call such as ``repeat('x', 2000000000)`` or
