@@ -302,3 +302,13 @@ def test_typed_nodes_for_files_or_settings_are_never_derived_as_allowed() -> Non
                  if hasattr(exp, n)}
     for dialect in ("sqlite", "duckdb", "postgres", ""):
         assert not dangerous & _allowed_types(dialect), dialect
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "duckdb", "postgres", None])
+def test_a_function_nobody_listed_is_refused_by_name(dialect) -> None:
+    """The point of an allow-list: the next dangerous function needs no one to know it."""
+    for sql in ("SELECT pg_future_danger(1)", 'SELECT "Future_Danger"()',
+                "SELECT * FROM future_table_function('x')"):
+        with pytest.raises(RejectedStatementError, match=r"function future_danger\(\)|"
+                           r"function pg_future_danger\(\)|function future_table_function\(\)"):
+            check_query(sql, dialect)
