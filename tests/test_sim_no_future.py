@@ -212,3 +212,49 @@ def test_hexgen_runtime_stages_appear_when_their_parents_finish() -> None:
         run.mark_done(node.id, clock.now(), expansion=dag.expansion_after(node.id))
     assert order == [n.id for n in nodes]  # the recorded order, one stage at a time
     assert not dag.hidden and len(run.graph) == len(nodes)
+
+
+def test_fixed_slo_is_the_default_and_idle_scaled_an_option(tmp_path: Path) -> None:
+    from agentflow.cli.main import main
+    from agentflow.sim.experiment import build_workload
+
+    trace = [chess_like("short", 60), chess_like("long", 900, rounds=3)]
+    mixed = [*trace, replace_meta(chess_like("other", 300), kind="single")]
+    idle = IdleLatency(CLUSTER)
+    wl = build_workload(mixed, CLUSTER, n=6, rate=1.0, seed=0, idle=idle)
+    by_kind: dict[str, list[float]] = {}
+    for q in mixed:
+        by_kind.setdefault(q.meta.get("kind", ""), []).append(idle.query_s(q))
+    fixed = wl.deadlines(2.0)
+    assert fixed == wl.deadlines(2.0, "fixed")
+    for q, d in zip(wl.queries, fixed):
+        ref = by_kind[q.meta.get("kind", "")]
+        assert d == pytest.approx(2.0 * sum(ref) / len(ref))  # the pipeline's, not its own
+    # a short and a long query of one pipeline: one deadline, though their sizes differ
+    assert idle.query_s(trace[1]) > 1.5 * idle.query_s(trace[0])
+    assert len({d for q, d in zip(wl.queries, fixed) if not q.meta}) == 1
+    assert wl.deadlines(3.0, "idle-scaled") == [3.0 * t for t in wl.idle_latency_s]
+    with pytest.raises(ValueError, match="unknown deadline"):
+        wl.deadlines(2.0, "per-query")
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([{"Text2SQLRequest": [
+        {"step": "Information Retriever", "input_length": 650, "output_length": 20},
+        {"step": "generate_candidate_llama-agent", "input_length": 9000, "output_length": 300},
+        {"step": "revise", "input_length": 6000, "output_length": 80 * k},
+        {"step": "unit_tester", "input_length": 300, "output_length": 5}]} for k in (1, 4)]))
+    got = {}
+    for deadline in ("fixed", "idle-scaled"):
+        out = tmp_path / f"{deadline}.json"
+        assert main(["simulate", "--trace", str(path), "--cluster", "h100-8b-4", "--policy",
+                     "llf", "--rate", "2", "--queries", "8", "--deadline", deadline,
+                     "--json", str(out)]) == 0
+        got[deadline] = json.loads(out.read_text())
+    assert got["fixed"]["config"]["deadline"] == "fixed"
+    assert got["idle-scaled"]["config"]["deadline"] == "idle-scaled"
+    with pytest.raises(SystemExit):
+        main(["simulate", "--trace", str(path), "--deadline", "per-query"])
+
+
+def replace_meta(q: TraceQuery, **meta) -> TraceQuery:
+    return TraceQuery(id=q.id, nodes=q.nodes, question=q.question, meta={**q.meta, **meta})
