@@ -43,7 +43,8 @@ def main() -> None:
     wl = build_workload(load_hexgen(args.trace), cluster, n=args.queries, rate=1.0,
                         arrival=arrival, seed=args.seed, idle=idle)
     s = scale_key(args.slo_scale)
-    print(f"arrivals {arrival}, {args.queries} queries, deadlines {args.slo_scale:g}x idle")
+    print(f"arrivals {arrival}, {args.queries} queries, deadlines {args.slo_scale:g}x "
+          "the pipeline's mean idle latency")
     print(f"{'preset':<12} {'alpha':<10} {'P95 s':>8} {'mean s':>8} {'SLO@' + s:>8}")
     for preset in ("hexgen-flow", "flowsage"):
         fixed = {}

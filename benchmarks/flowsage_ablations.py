@@ -66,7 +66,8 @@ def time_makeup(cluster, wl, policy: str) -> dict:
         return ({(s.query_id, s.node_id): s for s in seen if s.kind == "llm"},
                 sum(e.load().preemptions for e in sim.instances.values()))
 
-    alone = Workload(wl.queries, [i * 1e6 for i in range(len(wl.queries))], wl.idle_latency_s)
+    alone = Workload(wl.queries, [i * 1e6 for i in range(len(wl.queries))], wl.idle_latency_s,
+                     wl.reference_s)
     (loaded, preempted), (solo, _) = stages(wl), stages(alone)
     wait = sum(s.queue_s for s in loaded.values())
     run = sum(s.run_s for s in loaded.values())

@@ -10,7 +10,10 @@ Grid (one factor at a time around a centre cell, per workload, so it fits in min
   ``mixed``, a service mix of 70% ``single`` / 20% ``macsql`` / 10% ``chess`` queries built
   from them (see ``mixed_service``: the DAG shapes are agentflow's pipelines, the call sizes
   are recorded CHESS call sizes — no agentflow trace with real outputs is committed);
-* centre: Poisson arrivals, deadlines 2x idle latency, cluster ``paper-4gpu``;
+* centre: Poisson arrivals, deadlines 2x, cluster ``paper-4gpu``; a deadline is ``--deadline
+  fixed`` (default, what serving gets: one SLO per pipeline, the scale x the pipeline's mean
+  idle latency over the trace) or ``idle-scaled`` (the scale x the query's own idle latency,
+  the suite's measure before the fixed SLO became the default);
 * arrivals ``gamma:3`` (bursty, CV 3) and stepped (rate x0.5 / x1.5 alternating each 25
   mean inter-arrival times); deadlines 1.5x and 3x; clusters ``h100-8b-4``, ``mixed-qwen``
   and ``hetero-64``.
@@ -19,7 +22,7 @@ Load: for each (workload, cluster) the rate ``L1`` is found, not chosen — the 
 which ``vllm``'s P95 is at least twice its P95 on an idle cluster (doubling, then bisection,
 on a short run) — and every cell runs at ``L2 = 1.5 x L1``, where the issue's measurements
 showed the policies apart. Seeds are fixed; every cell is reproducible and cached in
-``results.json`` (delete it to rerun).
+``results.json`` (delete it to rerun; keep one ``--out`` per ``--deadline``).
 
 Per cell: P95, mean, SLO attainment at the cell's deadline scale, and SLO goodput (queries
 that met their deadline per second of the run); the summary gives each policy's geometric
@@ -44,7 +47,14 @@ import numpy as np
 from agentflow.distributed.grid import run_grid
 from agentflow.metrics import scale_key
 from agentflow.sim.cluster import load_cluster
-from agentflow.sim.experiment import build_workload, goodput, loaded_rate, run_policy
+from agentflow.sim.experiment import (
+    DEADLINES,
+    DEFAULT_DEADLINE,
+    build_workload,
+    goodput,
+    loaded_rate,
+    run_policy,
+)
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import TraceNode, TraceQuery, load_hexgen
 
@@ -74,6 +84,8 @@ def mixed_service(chess: list[TraceQuery], *, seed: int = 0) -> list[TraceQuery]
         if kind == "chess":
             out.append(TraceQuery(id=f"chess-{q.id}", nodes=list(q.nodes), meta={"kind": kind}))
             continue
+        # the refinement round is added at run time, by the execution that failed
+        # (``pipelines.common.add_revision_round``): the scheduler learns of it then
         if kind == "single":
             nodes = [TraceNode("gen", "generate_sql", "llm", (), cand.prompt_tokens,
                                cand.output_tokens),
@@ -88,8 +100,9 @@ def mixed_service(chess: list[TraceQuery], *, seed: int = 0) -> list[TraceQuery]
             if by_stage.get("revise"):
                 rev = by_stage["revise"][0]
                 nodes += [TraceNode("ref", "refine", "llm", (last,), rev.prompt_tokens,
-                                    rev.output_tokens),
-                          TraceNode("exec1", "execute", "tool", ("ref",), duration_s=TOOL_S)]
+                                    rev.output_tokens, expanded=True, expanded_by=last),
+                          TraceNode("exec1", "execute", "tool", ("ref",), duration_s=TOOL_S,
+                                    expanded=True, expanded_by=last)]
                 last = "exec1"
             nodes.append(TraceNode("fin", "finalize", "tool", (last,), duration_s=TOOL_S))
         out.append(TraceQuery(id=f"{kind}-{q.id}", nodes=nodes, meta={"kind": kind}))
@@ -264,18 +277,18 @@ def plots(results: dict, policies: list[str], cells: list[Cell], out: Path) -> N
 # ------------------------------------------------------------------------------------ main
 def policy_run(policy: str, context: tuple) -> dict:
     """One policy on one cell's workload (a grid cell: the same here or as a Ray task)."""
-    cluster, wl, slo_scale = context
+    cluster, wl, slo_scale, deadline = context
     t0 = time.perf_counter()
-    summary = run_policy(cluster, wl, policy, slo_scale=slo_scale).summary()
+    summary = run_policy(cluster, wl, policy, slo_scale=slo_scale, deadline=deadline).summary()
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     return summary
 
 
 def goodput_search(policy: str, context: tuple) -> float:
     """One policy's rate goodput on a centre cell (a grid cell)."""
-    cluster, trace, seed, idle, low = context
+    cluster, trace, seed, idle, low, deadline = context
     return goodput(cluster, trace, policy, n=80, slo_scale=2.0, seed=seed, idle=idle, low=low,
-                   iterations=5)
+                   iterations=5, deadline=deadline)
 
 
 def main() -> None:
@@ -291,6 +304,8 @@ def main() -> None:
                         "(agentflow.distributed.grid): the same numbers as the serial run")
     p.add_argument("--clusters", default=None,
                    help="comma list: run only the cells on these clusters")
+    p.add_argument("--deadline", choices=DEADLINES, default=DEFAULT_DEADLINE,
+                   help="fixed: one SLO per pipeline (as serving); idle-scaled: per query")
     p.add_argument("--out", type=Path, default=Path("artifacts/policy_suite"))
     args = p.parse_args()
     out = args.out / ("quick" if args.quick else "full")
@@ -329,7 +344,8 @@ def main() -> None:
             print(f"{cell.name:<40} {todo[i]:<18} p95={m['p95']:7.1f} mean={m['mean']:6.1f} "
                   f"slo={m['slo']:.2f} ({summary['wall_s']}s)", flush=True)
             store.write_text(json.dumps(results, indent=1))
-        run_grid(policy_run, todo, context=(cluster, wl, cell.slo_scale), ray=args.ray,
+        run_grid(policy_run, todo, context=(cluster, wl, cell.slo_scale, args.deadline),
+                 ray=args.ray,
                  on_result=done)
     if args.goodput:
         results.setdefault("goodput", {})
@@ -345,7 +361,8 @@ def main() -> None:
                 print(f"goodput {w} {todo[i]}: {qps:.4f}", flush=True)
                 store.write_text(json.dumps(results, indent=1))
             run_grid(goodput_search, todo, ray=args.ray, on_result=found, context=(
-                cluster, all_workloads[w], args.seed, idles["paper-4gpu"], l1 / 4))
+                cluster, all_workloads[w], args.seed, idles["paper-4gpu"], l1 / 4,
+                args.deadline))
     text = report(results, policies, cells)
     (out / "report.md").write_text(text)
     plots(results, policies, cells, out)

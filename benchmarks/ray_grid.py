@@ -52,7 +52,7 @@ def main() -> None:
                                 seed=args.seed, idle=idle),
         options={"slo_scale": 2.0, "alpha": None, "tune_alpha": False, "cached_prefix": 0.0,
                  "goodput": args.goodput, "queries": args.queries, "arrival": "poisson",
-                 "seed": args.seed})
+                 "seed": args.seed, "deadline": "fixed"})
     policies = [s.strip() for s in args.policy.split(",") if s.strip()]
     serial = run_grid_timed(policy_cell, policies, context=inputs)
     on_ray = run_grid_timed(policy_cell, policies, context=inputs, ray=args.ray)

@@ -51,9 +51,22 @@ RUNAWAYS = [
     ("duckdb", "SELECT count(*) FROM range(1000000) a, range(1000000) b"),
 ]
 
+# Peak RSS is the child's own high-water mark (VmHWM): ru_maxrss also carries the parent's
+# (pytest's) across fork + exec on Linux, see benchmarks/sql_bombs.py.
 _CHILD = """
 import json, resource, sys, time
 from agentflow.sql import Database
+
+def peak_mb():
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
 path, sql, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
 db = Database.open(path)
 db.execute("SELECT 1", timeout_s=limit)  # warm the pool: connection set-up is not the query
@@ -62,7 +75,7 @@ result = db.try_execute(sql, timeout_s=limit)
 elapsed = time.monotonic() - start
 print(json.dumps({"elapsed": elapsed, "kind": getattr(result, "kind", "ok"),
                   "error": str(result) if hasattr(result, "kind") else None,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_mb": peak_mb()}))
 """
 
 

@@ -44,7 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed for arrivals and sampling; same seed, same result (default 0)")
     p.add_argument("--slo-scale", type=float, default=2.0,
-                   help="deadline given to the scheduler, as a multiple of idle latency")
+                   help="deadline given to the scheduler, as a multiple of idle latency "
+                        "(see --deadline)")
+    p.add_argument("--deadline", choices=("fixed", "idle-scaled"), default="fixed",
+                   help="fixed (default): one SLO per pipeline, as serving's slo_seconds: "
+                        "--slo-scale x the pipeline's mean idle latency over the trace; "
+                        "idle-scaled: --slo-scale x each query's own idle latency")
     p.add_argument("--alpha", type=float, default=None, help="fixed workload_balanced alpha")
     p.add_argument("--cached-prefix", type=_cached_prefix, default=0.0,
                    help="fraction of each prompt served from a prefix cache (default 0: "
@@ -129,7 +134,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                   highlight=False)
     out = {"config": {"trace": str(args.trace), "cluster": cluster.name,
                       "rate": args.rate, "arrival": args.arrival, "queries": args.queries,
-                      "seed": args.seed, "slo_scale": args.slo_scale, "alpha": args.alpha,
+                      "seed": args.seed, "slo_scale": args.slo_scale,
+                      "deadline": args.deadline, "alpha": args.alpha,
                       "cached_prefix": args.cached_prefix, "faults": args.fault,
                       "tune_alpha": args.tune_alpha},
            "policies": results}
@@ -165,7 +171,8 @@ class PolicyCellInputs:
 
 def _cell_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("slo_scale", "alpha", "tune_alpha", "cached_prefix",
-                                          "goodput", "queries", "arrival", "seed")}
+                                          "goodput", "queries", "arrival", "seed",
+                                          "deadline")}
 
 
 def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
@@ -180,7 +187,7 @@ def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
         if o["tune_alpha"] else None
     result = run_policy(inputs.cluster, inputs.workload, policy, slo_scale=o["slo_scale"],
                         alpha=o["alpha"], alpha_tuner=tuner, cached_prefix=o["cached_prefix"],
-                        faults=inputs.faults)
+                        faults=inputs.faults, deadline=o["deadline"])
     summary = result.summary()
     summary["sim_wall_s"] = time.perf_counter() - start
     if result.alpha_history:
@@ -189,7 +196,8 @@ def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
         summary["goodput_qps"] = goodput(inputs.cluster, inputs.trace, policy, n=o["queries"],
                                          slo_scale=o["slo_scale"], arrival=o["arrival"],
                                          seed=o["seed"], idle=inputs.idle,
-                                         cached_prefix=o["cached_prefix"])
+                                         cached_prefix=o["cached_prefix"],
+                                         deadline=o["deadline"])
     return summary
 
 

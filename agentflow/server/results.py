@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import re
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -36,12 +37,41 @@ def result_links(query_id: str, answer: Any) -> dict[str, str]:
     return links
 
 
+# OWASP's CSV-injection rule: a spreadsheet runs a cell that begins with one of these as a
+# formula (``=HYPERLINK(...)``, ``=cmd|' /C calc'!A0``, ``@SUM(...)``, ``+``/``-`` expressions,
+# and tab / carriage return, which some importers strip before looking at the next character).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# Text that is exactly one decimal number is a number to a spreadsheet, never a formula, so
+# it is kept as it is (decimals and big integers reach the CSV as text, e.g. "-3.50").
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def safe_cell(value: Any) -> Any:
+    """A value a spreadsheet shows instead of running: numbers as they are, text that starts
+    like a formula prefixed with a single quote (which spreadsheets read as "this is text").
+
+    Numbers stay numbers: an int or float such as -3, and text that is exactly one decimal
+    number such as "-3.50", cannot hold a formula, and quoting them would turn a numeric
+    column into text. Everything else beginning with ``=``, ``+``, ``-``, ``@``, tab or
+    carriage return gets the quote, so the cell keeps every character of the value."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        text = value if isinstance(value, str) else str(value)
+        if text.startswith(_FORMULA_STARTS) and not _PLAIN_NUMBER.fullmatch(text):
+            return "'" + text
+        return text
+    return value
+
+
 def to_csv(columns: list[str], rows: list[list[Any]]) -> str:
+    """The rows as CSV, every cell (the header too: a column alias is user text) made safe
+    for spreadsheets by ``safe_cell``."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(columns)
+    writer.writerow([safe_cell(c) for c in columns])
     for row in rows:
-        writer.writerow(["" if v is None else v for v in row])
+        writer.writerow([safe_cell(v) for v in row])
     return buffer.getvalue()
 
 

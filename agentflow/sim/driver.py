@@ -7,10 +7,12 @@ coordinator calls, whose ``StartCall`` decisions feed ``SimInstance`` engines; e
 (progress, finish) go back to the coordinator and the runs. Tool steps take their recorded
 duration. Deterministic: no wall clock, seeded randomness, stable tie-breaking.
 
-The scheduler is told only what serving would know: a stage's prompt when it is ready, the
-pipeline's ``max_tokens`` caps, tool steps' mean duration so far — never a future call's
-recorded sizes. Those go to the length model through ``reveal``, which only the ``oracle``
-model listens to.
+The scheduler is told only what serving would know: the pipeline's initial graph at arrival
+and each stage the pipeline adds at run time only once serving would have added it
+(``GrowingDag``, through the runtime's own ``Expansion``), a stage's prompt when it is ready,
+the pipeline's ``max_tokens`` caps, tool steps' mean duration so far — never a future call's
+recorded sizes or a revision round before it exists. The sizes go to the length model through
+``reveal``, which only the ``oracle`` model listens to.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
-
 from agentflow.metrics import SLO_SCALES
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
 from agentflow.scheduler.lengths import TrueLengths, make_length_model
@@ -34,6 +34,7 @@ from agentflow.scheduler.setup import build_coordinator
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.engine import SimInstance, engine_for
 from agentflow.sim.faults import Fault
+from agentflow.sim.replay import GrowingDag
 from agentflow.sim.workload import TraceNode, TraceQuery
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 
@@ -53,7 +54,7 @@ async def _replayed(ctx):  # pragma: no cover - simulated stages are never execu
 class QueryRecord:
     id: str
     arrival: float
-    slo_s: float  # the deadline the scheduler was given (scale x idle latency)
+    slo_s: float  # the deadline the scheduler was given, seconds after arrival
     idle_latency_s: float
     status: str = "pending"  # done | rejected | failed
     finish: float | None = None
@@ -152,6 +153,7 @@ class Simulation:
         self._runs: dict[str, tuple[WorkflowRun, TraceQuery, QueryRecord]] = {}
         self._calls: dict[str, Any] = {}  # call id -> ScheduledCall
         self._trace_nodes: dict[str, dict[str, TraceNode]] = {}  # query id -> node id -> node
+        self._dags: dict[str, GrowingDag] = {}  # query id -> what its pipeline has shown
         self._tool_s: dict[str, tuple[float, int]] = {}  # stage -> (mean duration, count)
         self.events = 0
 
@@ -240,19 +242,10 @@ class Simulation:
     # ------------------------------------------------------------------------------ events
     def _on_arrival(self, trace: TraceQuery, record: QueryRecord) -> None:
         now = self.clock.now()
-        graph = nx.DiGraph()
-        for n in trace.nodes:
-            if n.kind == "llm":  # no sizes: the stage's prompt is known once it is ready
-                hints = {} if n.max_tokens is None else {"max_tokens": n.max_tokens}
-                node = Node(n.id, n.stage, NodeKind.LLM, _replayed, hints=hints)
-            else:  # a tool step is expected to take what its stage has taken so far
-                node = Node(n.id, n.stage, NodeKind.TOOL, _replayed,
-                            expected_s=self._tool_s.get(n.stage, (TOOL_PRIOR_S, 0))[0])
-            graph.add_node(n.id, node=node)
-        graph.add_edges_from((p, n.id) for n in trace.nodes for p in n.parents)
+        dag = GrowingDag(trace, self._node)
         query = Query(question=trace.question, db_id="", arrival=now, slo_s=record.slo_s,
                       id=record.id)
-        run = WorkflowRun(query, graph)
+        run = WorkflowRun(query, dag.initial_graph())
         self.length_model.reveal(record.id, {
             n.id: TrueLengths(n.prompt_tokens, n.output_tokens,
                               n.duration_s if n.kind == "tool" else None)
@@ -267,7 +260,17 @@ class Simulation:
             return
         self._runs[record.id] = (run, trace, record)
         self._trace_nodes[record.id] = {n.id: n for n in trace.nodes}
+        self._dags[record.id] = dag
         self._start_ready(record.id)
+
+    def _node(self, n: TraceNode) -> Node:
+        """The runtime node of a recorded stage as it appears: what the pipeline knows of it."""
+        if n.kind == "llm":  # no sizes: the stage's prompt is known once it is ready
+            hints = {} if n.max_tokens is None else {"max_tokens": n.max_tokens}
+            return Node(n.id, n.stage, NodeKind.LLM, _replayed, hints=hints)
+        # a tool step is expected to take what its stage has taken so far
+        return Node(n.id, n.stage, NodeKind.TOOL, _replayed,
+                    expected_s=self._tool_s.get(n.stage, (TOOL_PRIOR_S, 0))[0])
 
     def _start_ready(self, query_id: str) -> None:
         run, trace, record = self._runs[query_id]
@@ -308,8 +311,12 @@ class Simulation:
                 query_id, node_id, done.stage, done.kind, done.parents, start, now,
                 queue_s=max(0.0, now - start - ran), run_s=ran, instance=instance,
                 prompt_tokens=done.prompt_tokens, output_tokens=done.output_tokens))
-        run.mark_done(node_id, now)
+        dag = self._dags[query_id]
+        run.mark_done(node_id, now, expansion=dag.expansion_after(node_id))
         if run.finished:
+            if dag.hidden:  # every recorded stage must have appeared before the query ends
+                raise RuntimeError(f"query {query_id} finished with recorded stages never "
+                                   f"shown: {dag.hidden}")
             record.finish = self.clock.now()
             if trace.meta.get("status") == "failed":  # back on time, with no answer
                 record.status, record.reason = "failed", "the recorded run failed"
@@ -406,6 +413,7 @@ class Simulation:
     def _forget(self, query_id: str) -> None:
         del self._runs[query_id]
         self._trace_nodes.pop(query_id, None)
+        self._dags.pop(query_id, None)
         self.length_model.forget(query_id)
 
     def _reschedule(self, name: str) -> None:

@@ -10,6 +10,13 @@ and tool steps with durations):
   when the previous one has finished.
 * agentflow traces — the JSONL written by ``--record`` (``agentflow.workflow.trace``): the DAG
   as it actually ran, with each LLM call's tokens and each tool step's duration.
+
+A recorded DAG is the run's *end* state; serving saw it grow. Each node says whether the
+pipeline built it up front (its shape) or added it at run time (``expanded``, with the stage
+whose finish added it when the trace knows), so the simulator can show the scheduler only what
+serving would have (``agentflow.sim.replay``). agentflow traces record it; in HexGen-Flow
+traces a stage is part of the shape when every query of the CHESS traces runs it the same
+number of times (``HEXGEN_SHAPE_STAGES``), anything else is taken as grown at run time.
 """
 
 from __future__ import annotations
@@ -21,6 +28,13 @@ from pathlib import Path
 import numpy as np
 
 PARALLEL_STEPS = ("generate_candidate_llama-agent", "evaluate")
+# Stages of HexGen-Flow's CHESS that its pipeline always runs, the same number of times: in
+# the shared trace1/trace2 (186 queries) every query has 4 ``Information Retriever`` calls, 2
+# candidates and 3 ``unit_tester`` calls, while ``extract_keywords`` (0-1), ``revise`` (0-9),
+# ``generate_unit_test`` (0-1) and ``evaluate`` (0-11) vary with what the run found. Only the
+# former are known at arrival; a stage not named here (another trace's) is taken as grown at
+# run time — the scheduler may know less than serving would, never more.
+HEXGEN_SHAPE_STAGES = ("Information Retriever", "generate_candidate_llama-agent", "unit_tester")
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,11 @@ class TraceNode:
     # (agentflow traces): what the prefix cache keys. HexGen-Flow traces carry none, and a
     # node without text never shares a prefix with anything in the simulator.
     prompt_text: str | None = field(default=None, repr=False, compare=False)
+    # Added by the pipeline at run time (a revision round, the unit-test phase), not built at
+    # arrival: the scheduler learns of it when ``expanded_by`` finishes, or — when the trace
+    # does not say which stage added it — once its parents have finished.
+    expanded: bool = False
+    expanded_by: str | None = None
 
 
 @dataclass
@@ -73,7 +92,8 @@ def load_hexgen(path: str | Path) -> list[TraceQuery]:
                 previous, current = tuple(current), []
             node_id = f"{si}:{name}"
             nodes.append(TraceNode(node_id, name, "llm", previous,
-                                   int(step["input_length"]), int(step["output_length"])))
+                                   int(step["input_length"]), int(step["output_length"]),
+                                   expanded=name not in HEXGEN_SHAPE_STAGES))
             current.append(node_id)
             current_step = name
         queries.append(TraceQuery(id=f"{Path(path).stem}-{qi}", nodes=nodes))
@@ -92,6 +112,10 @@ def load_agentflow(path: str | Path) -> list[TraceQuery]:
                 if n.get("status") not in ("ok", None):
                     continue  # stages that never finished are not replayed
                 parents = tuple(p for p in n["parents"])
+                # Traces written before ``expanded_by`` was recorded do not say which stages
+                # the pipeline built up front: every stage is then taken as grown at run time.
+                grown = {"expanded": n.get("expanded_by") is not None or "expanded_by" not in n,
+                         "expanded_by": n.get("expanded_by")}
                 if n["kind"] == "llm":
                     calls = n.get("calls") or []
                     caps = [c.get("max_tokens") for c in calls]
@@ -101,11 +125,11 @@ def load_agentflow(path: str | Path) -> list[TraceQuery]:
                         sum(c["prompt_tokens"] for c in calls),
                         sum(c["completion_tokens"] for c in calls),
                         max_tokens=sum(caps) if caps and None not in caps else None,
-                        prompt_text=text if isinstance(text, str) and text else None))
+                        prompt_text=text if isinstance(text, str) and text else None, **grown))
                 else:
                     duration = (n["end"] or 0.0) - (n["start"] or 0.0)
                     nodes.append(TraceNode(n["id"], n["stage"], "tool", parents,
-                                           duration_s=max(0.0, duration)))
+                                           duration_s=max(0.0, duration), **grown))
             kept = {n.id for n in nodes}
             nodes = [replace(n, parents=tuple(p for p in n.parents if p in kept))
                      for n in nodes]

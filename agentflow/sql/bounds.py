@@ -1,4 +1,5 @@
-"""Size bounds on the functions that build one huge value from a small input (DuckDB).
+"""Size bounds on the functions that build one huge value from a small input (DuckDB; PostgreSQL
+per value, see ``bound_postgres_sizes``).
 
 DuckDB's ``memory_limit`` governs its buffer manager — hash tables, sorts, intermediate
 chunks — but the result of one scalar call such as ``repeat('x', 2000000000)`` or
@@ -34,7 +35,7 @@ DUCKDB_VALUE_BYTES = 8 * 1024  # x 2,048 rows = 16 MiB per step at most
 _LIST_RESIZE = {"list_resize", "array_resize"}
 
 
-def bound_value_sizes(tree: exp.Expression, sql: str, *, dialect: str = "duckdb",
+def bound_value_sizes(tree: exp.Expr, sql: str, *, dialect: str = "duckdb",
                       cap: int = DUCKDB_VALUE_BYTES) -> str | None:
     """Return the SQL to run with computed sizes bounded, or None when nothing needed it.
 
@@ -54,6 +55,33 @@ def bound_value_sizes(tree: exp.Expression, sql: str, *, dialect: str = "duckdb"
             changed |= _bound(node, node.expressions[1], cap // 8, sql, dialect,
                               builds="a list of {size} elements")
     return tree.sql(dialect=dialect) if changed else None
+
+
+def bound_postgres_sizes(tree: exp.Expr, sql: str, *,
+                         cap: int = MAX_VALUE_BYTES) -> str | None:
+    """``bound_value_sizes`` for PostgreSQL: ``repeat``/``lpad``/``rpad`` only, per value.
+
+    PostgreSQL builds one value per row and checks for cancels while it does, but the value
+    then crosses the network and is decoded by the client in one step no cancel reaches: a
+    100 MB ``repeat`` took 5.1 s on a 2 s limit and 350 MB of the client's memory, literal or
+    computed (``repeat(t, (SELECT 1000000))``). ``generate_series`` is left alone: in
+    PostgreSQL it returns rows, which stream and are capped, not one list value."""
+    changed = False
+    for node in list(tree.find_all(exp.Repeat, exp.Pad)):
+        if isinstance(node, exp.Repeat):
+            changed |= _bound(node, node.args.get("times"), cap, sql, "postgres",
+                              unit=node.this)
+        else:
+            changed |= _bound(node, node.args.get("expression"), cap, sql, "postgres")
+    return tree.sql(dialect="postgres") if changed else None
+
+
+def _name(node: exp.Func) -> str:
+    if isinstance(node, exp.Anonymous):
+        return str(node.this).lower()
+    if isinstance(node, exp.Pad):  # one node for both: name the one the user wrote
+        return "lpad" if node.args.get("is_left") else "rpad"
+    return node.sql_name().lower()
 
 
 def _size_expr(arg: exp.Expression, unit: exp.Expression | None,
@@ -88,6 +116,14 @@ def _literal_size(arg: exp.Expression, unit: exp.Expression | None,
 
 def _guarded(arg: exp.Expression, size: str, cap: int, dialect: str) -> exp.Expr:
     message = f"value too large: a single value may hold at most {cap} bytes or elements"
+    if dialect == "postgres":
+        # No error() in PostgreSQL: casting the message to an integer (the size's own type)
+        # raises with the message in it. The text holds the size, so the planner cannot fold
+        # the cast (and raise) unless the size is a constant, and then it folds the condition
+        # first and keeps this branch only when it is taken.
+        fail = f"CAST('{message}; asked for ' || CAST({size} AS TEXT) AS INTEGER)"
+        return parse_one(f"CASE WHEN {size} > {cap} THEN {fail} "
+                         f"ELSE {arg.sql(dialect=dialect)} END", read=dialect)
     return parse_one(f"CASE WHEN {size} > {cap} THEN error('{message}') "
                      f"ELSE {arg.sql(dialect=dialect)} END", read=dialect)
 
@@ -103,14 +139,8 @@ def _bound(node: exp.Func, arg: exp.Expression | None, cap: int, sql: str,
     literal = _literal_size(arg, unit, start)
     if literal is not None:
         if literal > cap:
-            if isinstance(node, exp.Anonymous):
-                name = str(node.this).lower()
-            elif isinstance(node, exp.Pad):  # one node for both: name the one the user wrote
-                name = "lpad" if node.args.get("is_left") else "rpad"
-            else:
-                name = node.sql_name().lower()
             raise RejectedStatementError(
-                f"{name}() would build {builds.format(size=f'{literal:,}')}; at most "
+                f"{_name(node)}() would build {builds.format(size=f'{literal:,}')}; at most "
                 f"{cap:,} are allowed", sql=sql)
         return False
     arg.replace(_guarded(arg, _size_expr(arg, unit, start, dialect), cap, dialect))

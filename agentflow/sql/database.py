@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
+import socket
 import sqlite3
 import sys
 import threading
@@ -26,7 +28,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
 from agentflow.sql import errors as E
-from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_value_sizes
+from agentflow.sql.allowlist import warm as warm_allowlist
+from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_postgres_sizes, bound_value_sizes
 from agentflow.sql.dialect import sqlglot_dialect, transpile
 from agentflow.sql.guard import parse_single_query, strip_trailing
 from agentflow.sql.watchdog import WATCHDOG
@@ -148,6 +151,11 @@ class Database:
         engine = sa.create_engine(url)
         return cls(id=db_id or (url.database or backend), engine=engine, kind=backend)
 
+    def __post_init__(self) -> None:
+        # The guard's allow-list for this dialect is derived once per process; do it now
+        # rather than inside the first query's time limit.
+        warm_allowlist(self.dialect)
+
     @property
     def dialect(self) -> str:
         """The sqlglot dialect name of this database."""
@@ -179,6 +187,8 @@ class Database:
         run_sql = strip_trailing(sql, self.dialect)
         if self.kind == "duckdb":
             run_sql = bound_value_sizes(tree, sql) or run_sql
+        elif self.kind == "postgresql":
+            run_sql = bound_postgres_sizes(tree, sql) or run_sql
         remaining = None
         if timeout_s is not None:
             remaining = timeout_s - (time.monotonic() - start)
@@ -218,6 +228,8 @@ class Database:
                     cursor.close()
             except sa.exc.DBAPIError as err:
                 orig = err.orig if err.orig is not None else err
+                if interrupter.abandoned:
+                    conn.invalidate()
                 if interrupter.timed_out(orig):
                     raise E.QueryTimeoutError(
                         f"query exceeded the {timeout_s:g}s time limit and was interrupted",
@@ -226,6 +238,8 @@ class Database:
                     raise self._connection_error(err, sql) from err
                 raise _translate(orig, sql, self._secrets) from err
             except Exception as err:  # drivers that raise outside the DBAPI hierarchy
+                if interrupter.abandoned:
+                    conn.invalidate()
                 if interrupter.timed_out(err):
                     raise E.QueryTimeoutError(
                         f"query exceeded the {timeout_s:g}s time limit and was interrupted",
@@ -345,9 +359,15 @@ class _Interrupter:
     SQLite and DuckDB are interrupted through the driver (``interrupt()`` works mid-step).
     PostgreSQL stops the statement itself through ``statement_timeout``; the watchdog sends a
     client-side cancel request at 1.5x the limit in case the server does not (a hung backend,
-    a timeout reset by the query)."""
+    a timeout reset by the query). Both only land where the backend checks for interrupts,
+    and one step can run long without checking (a recursive CTE doubling a 256 MB string
+    overran a 2 s statement_timeout by 1-2 s), so at 1.8x the client gives up on the
+    connection: it shuts the socket down, the caller gets its timeout, and the pool drops
+    the connection. The backend stops at its next interrupt check or when it next writes to
+    the closed socket."""
 
     _PG_CANCEL_FACTOR = 1.5
+    _PG_ABANDON_FACTOR = 1.8
     _PG_SERVER_TIMEOUT = True  # tests turn it off to show the client-side cancel alone
 
     def __init__(self, kind: str, raw: Any, timeout_s: float | None):
@@ -355,7 +375,9 @@ class _Interrupter:
         self.raw = raw
         self.timeout_s = timeout_s
         self.fired = False
+        self.abandoned = False
         self._token: int | None = None
+        self._abandon_token: int | None = None
 
     def _fire(self) -> None:
         self.fired = True
@@ -364,6 +386,14 @@ class _Interrupter:
             cancel(timeout=2.0) if cancel is not None else self.raw.cancel()
         else:
             (getattr(self.raw, "interrupt", None) or self.raw.cancel)()
+
+    def _abandon(self) -> None:
+        """Shut the connection's socket down (not close: libpq still owns the descriptor and
+        another thread is inside it), so the blocked read returns at once."""
+        self.fired = self.abandoned = True
+        fd = self.raw.fileno()
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> _Interrupter:
         if self.timeout_s is None:
@@ -375,6 +405,8 @@ class _Interrupter:
                 cur.execute(f"SET LOCAL statement_timeout = {max(1, int(self.timeout_s * 1000))}")
                 cur.close()
             delay = self.timeout_s * self._PG_CANCEL_FACTOR
+            self._abandon_token = WATCHDOG.arm(self.timeout_s * self._PG_ABANDON_FACTOR,
+                                               self._abandon)
         else:
             if getattr(self.raw, "interrupt", None) is None and \
                     getattr(self.raw, "cancel", None) is None:
@@ -388,6 +420,8 @@ class _Interrupter:
     def __exit__(self, *exc: object) -> None:
         if self._token is not None:
             WATCHDOG.cancel(self._token)
+        if self._abandon_token is not None:
+            WATCHDOG.cancel(self._abandon_token)
 
     def timed_out(self, err: BaseException) -> bool:
         if self.fired:

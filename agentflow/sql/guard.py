@@ -3,11 +3,17 @@
 This is the second line of defence; the first is the read-only connection (see ``database``).
 The guard exists so that a rejected statement gets a clear reason instead of an engine error,
 and so that engines whose read-only mode still allows side effects (DuckDB can read files,
-SQLite can ATTACH another file) are covered too.
+SQLite can ATTACH another file, PostgreSQL's read-only transaction still lets a function
+signal a backend or take an advisory lock) are covered too.
+
+Functions are checked against an allow-list (``allowlist``) after their names are
+normalised, so a quoted, upper-cased or schema-qualified name gets the same verdict as the
+plain one; formatting functions get width/precision caps (``formats``).
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import sqlglot
@@ -16,7 +22,9 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
+from agentflow.sql.allowlist import check_function, normalised_name
 from agentflow.sql.errors import QueryTooComplexError, RejectedStatementError, SqlSyntaxError
+from agentflow.sql.formats import format_problem
 
 # Parsing is part of a query's budget. sqlglot's parser is linear-ish in the text but far from
 # free (a 1.3 MB OR chain took ~12 s), so the text is bounded first; 100k characters is ~20x
@@ -39,33 +47,10 @@ _FORBIDDEN_NODES: tuple[type[exp.Expression], ...] = tuple(
     if hasattr(exp, name)
 )
 
-# Functions that read or write files, load code, or touch the host (lower-case names).
-_FORBIDDEN_FUNCTIONS = frozenset({
-    "load_extension", "readfile", "writefile", "edit", "fts3_tokenizer",
-    "read_csv", "read_csv_auto", "read_parquet", "parquet_scan", "read_json", "read_json_auto",
-    "read_json_objects", "read_ndjson", "read_ndjson_auto", "read_ndjson_objects", "read_text",
-    "read_blob", "read_xlsx", "glob", "sniff_csv", "sqlite_scan", "sqlite_attach", "iceberg_scan",
-    "delta_scan", "parquet_metadata", "parquet_schema", "duckdb_secrets", "getenv",
-    "pg_read_file", "pg_read_binary_file", "pg_ls_dir", "lo_import", "lo_export", "load_file",
-    # PostgreSQL: change settings, signal or reload the server, run SQL given as text, or take
-    # locks that outlive the query on a pooled connection.
-    "set_config", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf",
-    "pg_rotate_logfile", "pg_notify", "pg_stat_file", "pg_switch_wal", "pg_promote",
-    "pg_create_restore_point", "txid_current", "pg_current_xact_id", "nextval", "setval",
-    "pg_import_system_collations", "pg_backend_pid",
-})
-# Whole families, by prefix: dblink_*, large objects, advisory locks, file access, XML from
-# arbitrary SQL text, logical replication.
-_FORBIDDEN_PREFIXES = (
-    "dblink", "lo_", "pg_advisory", "pg_try_advisory", "pg_ls_", "pg_read_", "pg_file_",
-    "pg_stat_reset", "query_to_xml", "cursor_to_xml", "pg_logical_", "pg_replication_",
-    "pg_create_", "pg_drop_",
-)
-
-# sqlglot parses several of these into dedicated nodes rather than Anonymous functions.
-_FORBIDDEN_FUNCTION_NODES: tuple[type[exp.Expression], ...] = tuple(
-    getattr(exp, name) for name in ("ReadCSV", "ReadParquet") if hasattr(exp, name)
-)
+# DuckDB reads a file named where a table goes (``FROM 'data.csv'``, ``FROM "/etc/passwd"``:
+# a "replacement scan"); a table name that looks like a path or URL is refused.
+_PATH_LIKE = re.compile(r"[/\\:]|\.(?:csv|tsv|txt|parquet|json|jsonl|ndjson|xlsx|arrow|"
+                        r"db|duckdb|sqlite|gz|zst)$", re.IGNORECASE)
 
 _QUERY_ROOTS = (exp.Select, exp.SetOperation, exp.Subquery, exp.Values)
 
@@ -104,7 +89,7 @@ def parse_single_query(sql: str, dialect: str | None = None) -> exp.Expression:
             f"only read-only queries (SELECT, WITH, UNION/INTERSECT/EXCEPT) are allowed, "
             f"got {_describe(tree)}", sql=sql)
     try:
-        _check_nodes(tree, sql)
+        _check_nodes(tree, sql, dialect)
     except RecursionError as err:
         raise QueryTooComplexError("query too deeply nested", sql=sql) from err
     return tree
@@ -147,20 +132,24 @@ def check_size(sql: str, dialect: str | None = None) -> None:
             sql=sql)
 
 
-def _check_nodes(tree: exp.Expression, sql: str) -> None:
+def _check_nodes(tree: exp.Expression, sql: str, dialect: str | None) -> None:
     for node in tree.walk():
         if isinstance(node, _FORBIDDEN_NODES):
             raise RejectedStatementError(
                 f"{_describe(node)} is not allowed inside a query", sql=sql)
-        if isinstance(node, _FORBIDDEN_FUNCTION_NODES):
-            raise RejectedStatementError(
-                f"function {_describe(node)} reads files and is not allowed", sql=sql)
         if isinstance(node, exp.Func):
-            name = _function_name(node)
-            if name in _FORBIDDEN_FUNCTIONS or name.startswith(_FORBIDDEN_PREFIXES):
+            verdict = check_function(node, dialect)
+            if verdict is not None:
                 raise RejectedStatementError(
-                    f"function {name}() touches files, settings, locks or the server and is "
-                    "not allowed", sql=sql)
+                    f"function {verdict.name}() {verdict.reason}", sql=sql)
+            problem = format_problem(normalised_name(node), node, dialect)
+            if problem:
+                raise RejectedStatementError(problem, sql=sql)
+        elif dialect == "duckdb" and isinstance(node, exp.Table) and \
+                isinstance(node.this, exp.Identifier) and _PATH_LIKE.search(node.name):
+            raise RejectedStatementError(
+                f"table {node.name!r} looks like a file path; DuckDB would read the file, "
+                "and a query may only read the database's own tables", sql=sql)
 
 
 def check_query(sql: str, dialect: str | None = None) -> float:
@@ -170,12 +159,6 @@ def check_query(sql: str, dialect: str | None = None) -> float:
     start = time.monotonic()
     parse_single_query(sql, dialect)
     return time.monotonic() - start
-
-
-def _function_name(node: exp.Func) -> str:
-    if isinstance(node, exp.Anonymous):
-        return str(node.this).lower()
-    return node.sql_name().lower()
 
 
 def _describe(node: exp.Expr) -> str:

@@ -2,9 +2,10 @@
 
 Read-only is enforced three times over: every session starts with
 ``default_transaction_read_only=on`` (so each query runs in a read-only transaction, which
-PostgreSQL itself enforces for DML, DDL, ``nextval``, large objects, ``COPY ... TO PROGRAM``,
-``NOTIFY``...), the guard's allow-list rejects what a read-only transaction still permits
-(``set_config``, advisory locks, ``dblink``, ``pg_read_file``, ``FOR UPDATE``), and
+PostgreSQL itself enforces for DML, DDL, ``nextval``, ``COPY ... TO PROGRAM``, ``NOTIFY``...),
+the guard's allow-list rejects what a read-only transaction still permits (``set_config``,
+advisory locks, ``dblink``, ``pg_read_file``, ``lo_import`` — a superuser's large-object write
+is not stopped by read-only mode —, ``pg_terminate_backend``, ``FOR UPDATE``), and
 ``check_role`` tells whether the login role could write at all — the role is the one layer an
 operator controls, so agentflow recommends a role without write grants and can insist on it.
 

@@ -141,7 +141,7 @@ class WorkflowRun:
         self._require(node_id, self.RUNNING)
         self.version += 1
         if expansion is not None:
-            self._expand(expansion)
+            self._expand(expansion, by=node_id)
         self._state[node_id] = self.DONE
         self.outputs[node_id] = output
         record = self.query.stage(node_id)
@@ -194,7 +194,7 @@ class WorkflowRun:
         if self._state[node_id] != state:
             raise GraphError(f"node {node_id!r} is {self._state[node_id]}, expected {state}")
 
-    def _expand(self, expansion: Expansion) -> None:
+    def _expand(self, expansion: Expansion, *, by: str) -> None:
         for node in expansion.nodes:
             if node.id in self.graph:
                 raise GraphError(f"expansion reuses node id {node.id!r}")
@@ -212,15 +212,15 @@ class WorkflowRun:
         if not nx.is_directed_acyclic_graph(self.graph):
             raise GraphError("expansion would create a cycle")
         for node_id in nx.topological_sort(self.graph.subgraph(new_ids)):
-            self._add_record(node_id)
+            self._add_record(node_id, expanded_by=by)
         for _src, dst in expansion.edges:  # keep recorded parents in step with the graph
             self.query.stage(dst).parents = sorted(self.graph.predecessors(dst))
 
-    def _add_record(self, node_id: str) -> None:
+    def _add_record(self, node_id: str, expanded_by: str | None = None) -> None:
         node = self.node(node_id)
         self.query.timeline.append(StageRecord(
             node_id=node_id, stage=node.stage, kind=node.kind.value,
-            parents=sorted(self.graph.predecessors(node_id))))
+            parents=sorted(self.graph.predecessors(node_id)), expanded_by=expanded_by))
 
 
 def chain(*nodes: Node) -> nx.DiGraph:

@@ -61,6 +61,10 @@ class StageRecord:
     # What the stage produced that a trace replay needs (prompt/output text live in llm_calls'
     # trace records, see ``trace``); kept small.
     extra: dict[str, Any] = field(default_factory=dict)
+    # The stage whose finish added this one to the graph (a revision round, the unit-test
+    # phase); None for the pipeline's initial graph. Traces keep it, so a replay can grow the
+    # graph when serving grew it, not show the scheduler the whole run at arrival.
+    expanded_by: str | None = None
 
     @property
     def duration_s(self) -> float | None:

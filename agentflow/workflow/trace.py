@@ -35,7 +35,8 @@ def trace_record(query: Query, *, pipeline: dict[str, Any], sql: str | None,
                 "finish_reason": c["finish_reason"], "max_tokens": c.get("max_tokens"),
                 "prompt": text.get("prompt"), "output": text.get("output")})
         nodes.append({"id": r["node_id"], "stage": r["stage"], "kind": r["kind"],
-                      "parents": r["parents"], "start": r["start"], "end": r["end"],
+                      "parents": r["parents"], "expanded_by": r["expanded_by"],
+                      "start": r["start"], "end": r["end"],
                       "status": r["status"], "error": r["error"], "summary": r["summary"],
                       "calls": calls})
     return {"format": TRACE_FORMAT, "query_id": query.id, "question": query.question,

@@ -1,0 +1,121 @@
+"""A recorded query's DAG, grown during a replay the way its pipeline grew it in serving.
+
+A trace holds the DAG as the run *ended*: every revision round, every evaluate call. Serving's
+scheduler never sees that at arrival — the pipeline builds its initial graph (its shape, with
+the pipeline's priors on each stage) and adds stages when a finished stage asks for them
+(``Expansion`` in ``WorkflowRun.mark_done``). A replay that built the whole recorded DAG at
+arrival would hand flowsage, llf and urgency the number of revision rounds each query will
+need. ``GrowingDag`` hands the runtime the same two things serving's pipelines do:
+
+* ``initial_graph()``: the nodes the pipeline built up front (``TraceNode.expanded`` false),
+  wired as the recording orders them;
+* ``expansion_after(node_id)``: when a stage finishes, the recorded nodes it made appear —
+  those whose ``expanded_by`` is that stage, or, when the trace does not say, those whose
+  parents have all finished — as an ``Expansion`` for ``WorkflowRun.mark_done``.
+
+Ordering is kept exactly: an edge the recording routes through stages not yet shown becomes
+an edge from the shown ancestor to the shown descendant (the selection step waits for the
+candidates before any revision round exists, as in ``pipelines.chess``), and a node that
+appears takes its place in front of those descendants. The recorded DAG still decides what
+happens — how many rounds, which call sizes — the scheduler just does not see it early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import networkx as nx
+
+from agentflow.sim.workload import TraceNode, TraceQuery
+from agentflow.workflow import Expansion, Node
+
+
+class GrowingDag:
+    def __init__(self, trace: TraceQuery, make_node: Callable[[TraceNode], Node]):
+        """``make_node`` turns a recorded node into the runtime's ``Node`` when it appears
+        (so estimates such as a tool stage's mean duration are taken then, not at arrival)."""
+        self.make_node = make_node
+        self._nodes = {n.id: n for n in trace.nodes}
+        self._children: dict[str, list[str]] = {n.id: [] for n in trace.nodes}
+        for n in trace.nodes:
+            for p in n.parents:
+                if p not in self._nodes:
+                    raise ValueError(f"trace {trace.id}: node {n.id!r} has unknown parent {p!r}")
+                self._children[p].append(n.id)
+        recorded = nx.DiGraph()
+        recorded.add_nodes_from(self._nodes)
+        recorded.add_edges_from((p, n.id) for n in trace.nodes for p in n.parents)
+        if not nx.is_directed_acyclic_graph(recorded):
+            raise ValueError(f"trace {trace.id}: the recorded DAG has a cycle")
+        self._order = list(nx.lexicographical_topological_sort(recorded))
+        self._shown: set[str] = set()
+        self._done: set[str] = set()
+
+    @property
+    def hidden(self) -> list[str]:
+        """Recorded nodes the scheduler has not been shown yet."""
+        return [n for n in self._order if n not in self._shown]
+
+    def initial_graph(self) -> nx.DiGraph:
+        """The graph at arrival: the pipeline's shape, plus any run-time node already due (a
+        grown stage with no parents)."""
+        shape = [n for n in self._order if not self._nodes[n].expanded]
+        nodes, edges = self._show(shape + self._due())
+        graph = nx.DiGraph()
+        for node in nodes:
+            graph.add_node(node.id, node=node)
+        graph.add_edges_from(edges)
+        return graph
+
+    def expansion_after(self, node_id: str) -> Expansion | None:
+        """What the graph gains as ``node_id`` finishes (None: nothing)."""
+        self._done.add(node_id)
+        due = self._due()
+        if not due:
+            return None
+        nodes, edges = self._show(due)
+        return Expansion(nodes=nodes, edges=edges)
+
+    # ------------------------------------------------------------------------------ internals
+    def _due(self) -> list[str]:
+        """Hidden nodes the pipeline would have added by now, in topological order: their
+        trigger has finished and every recorded parent is shown (or due with them)."""
+        due: list[str] = []
+        taken = set(self._shown)
+        for n in self._order:
+            if n in taken:
+                continue
+            rec = self._nodes[n]
+            by = rec.expanded_by if rec.expanded_by in self._nodes else None
+            triggered = by in self._done if by is not None else \
+                all(p in self._done for p in rec.parents)
+            if triggered and all(p in taken for p in rec.parents):
+                due.append(n)
+                taken.add(n)
+        return due
+
+    def _show(self, ids: list[str]) -> tuple[list[Node], list[tuple[str, str]]]:
+        """Mark ``ids`` shown; their runtime nodes and the edges that wire them in: from each
+        shown recorded parent, and to every shown node reachable through nodes still hidden
+        (a shape node's hidden parents are bridged that way, from their shown ancestors)."""
+        self._shown.update(ids)
+        edges: list[tuple[str, str]] = []
+        for n in ids:
+            edges += [(p, n) for p in self._nodes[n].parents if p in self._shown]
+            edges += [(n, d) for d in self._shown_descendants(n)]
+        return [self.make_node(self._nodes[n]) for n in ids], list(dict.fromkeys(edges))
+
+    def _shown_descendants(self, node_id: str) -> list[str]:
+        """Shown nodes reachable from ``node_id`` by paths whose inner nodes are hidden."""
+        found: list[str] = []
+        stack, seen = list(self._children[node_id]), set()
+        while stack:
+            child = stack.pop()
+            if child in seen:
+                continue
+            seen.add(child)
+            if child in self._shown:
+                found.append(child)
+            else:
+                stack.extend(self._children[child])
+        return sorted(found)
