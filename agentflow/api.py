@@ -54,7 +54,7 @@ class Answer:
     question: str
     db: str
     pipeline: str
-    status: str  # done | failed | cancelled | rejected
+    status: str  # done | unsure (below min_confidence) | failed | cancelled | rejected
     error: str | None
     sql: str | None
     columns: list[str] = field(default_factory=list)
@@ -66,6 +66,9 @@ class Answer:
     usage: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     conversation_id: str | None = None  # pass to ask/submit to follow up on this answer
+    # How sure the pipeline is: {score, level, reasons} (agentflow.confidence); None when it
+    # never produced an answer to judge (rejected, cancelled before running).
+    confidence: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -102,6 +105,7 @@ class QueryHandle:
         self.db = db
         self.pipeline = pipeline
         self.slo_s = slo_s
+        self.min_confidence: float | None = None  # below it the answer is "unsure"
         self.events: list[dict[str, Any]] = []
         self.future: Future = Future()
         self._listeners: list[Any] = []
@@ -174,20 +178,25 @@ class AgentFlow:
     # ----------------------------------------------------------------------------- public
     def ask(self, question: str, db: str, *, slo: float | None = None,
             pipeline: str | None = None, evidence: str = "",
-            record: str | Path | None = None, conversation: str | None = None) -> Answer:
+            record: str | Path | None = None, conversation: str | None = None,
+            min_confidence: float | None = None) -> Answer:
         """Answer one question (blocking). Raises an ``AgentflowError`` (``InvalidRequest``,
         ``DatabaseNotFoundError``, ...) for bad input; pipeline failures come back as an
         Answer with ``status='failed'`` and the reason. ``conversation``: the
-        ``conversation_id`` of an earlier answer, to ask a follow-up question."""
+        ``conversation_id`` of an earlier answer, to ask a follow-up question.
+        ``min_confidence`` (default: the config's): below it the answer is ``unsure``."""
         return self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                           record=record, conversation=conversation).result()
+                           record=record, conversation=conversation,
+                           min_confidence=min_confidence).result()
 
     async def ask_async(self, question: str, db: str, *, slo: float | None = None,
                         pipeline: str | None = None, evidence: str = "",
                         record: str | Path | None = None,
-                        conversation: str | None = None) -> Answer:
+                        conversation: str | None = None,
+                        min_confidence: float | None = None) -> Answer:
         handle = self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
-                             record=record, conversation=conversation)
+                             record=record, conversation=conversation,
+                             min_confidence=min_confidence)
         try:
             return await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:
@@ -197,13 +206,21 @@ class AgentFlow:
     def submit(self, question: str, db: str, *, slo: float | None = None,
                pipeline: str | None = None, evidence: str = "",
                record: str | Path | None = None,
-               conversation: str | None = None) -> QueryHandle:
+               conversation: str | None = None,
+               min_confidence: float | None = None) -> QueryHandle:
         """Start answering without waiting: bad input raises here, at once; the handle has
         the query id, live stage events and, later, the answer. Each question is a turn of a
         conversation: a new one unless ``conversation`` names an earlier answer's."""
         if self._closed or self._closing:
             raise ShuttingDownError("agentflow is shutting down; not accepting questions")
         question = self._validate(question, slo)
+        from agentflow.confidence import validate_threshold
+
+        try:
+            threshold = validate_threshold(min_confidence if min_confidence is not None
+                                           else self.config.min_confidence)
+        except ValueError as err:
+            raise InvalidRequest(str(err)) from None
         pipeline_obj = self.pipeline(pipeline)
         entry = self.catalog.entry(db)
         slo = slo if slo is not None else self.config.slo_s
@@ -214,6 +231,7 @@ class AgentFlow:
         query_id = f"q-{uuid.uuid4().hex[:12]}"
         handle = QueryHandle(query_id, question, entry.db_id, pipeline_obj.name, slo,
                              conversation_id=conversation, history=history)
+        handle.min_confidence = threshold
         self.handles[query_id] = handle
         self._trim_handles()
         task_future = self._submit(self._ask(handle, db, pipeline_obj, evidence, record))
@@ -447,7 +465,8 @@ class AgentFlow:
         answer = Answer(query_id=query.id, question=question, db=entry.db_id,
                         pipeline=pipeline.name, status=query.status.value, error=query.error,
                         sql=output.sql, slo_s=slo, details=output.details,
-                        conversation_id=handle.conversation_id)
+                        conversation_id=handle.conversation_id,
+                        confidence=output.confidence.to_dict() if output.confidence else None)
         if query.status == QueryStatus.DONE and output.error:
             query.status, query.error = QueryStatus.FAILED, output.error
             answer.status, answer.error = "failed", output.error
@@ -456,6 +475,11 @@ class AgentFlow:
             answer.columns = list(final.columns)
             answer.rows = [list(r) for r in final.rows]
             answer.truncated = len(final.rows) >= self.config.max_rows
+        from agentflow.confidence import UNSURE, below, unsure_message
+
+        if answer.status == "done" and below(answer.confidence, handle.min_confidence):
+            answer.status = UNSURE  # explicit, never a silent done; sql and rows stay attached
+            answer.error = unsure_message(answer.confidence, handle.min_confidence)
         if answer.status == "done" and handle.conversation_id:
             self.conversations.add(handle.conversation_id, question, answer.sql)
         answer.latency_s = query.latency_s

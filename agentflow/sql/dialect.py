@@ -3,10 +3,36 @@
 from __future__ import annotations
 
 import sqlglot
+from sqlalchemy.dialects import registry
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError, UnsupportedError
 
 from agentflow.sql.errors import QueryTooComplexError, SqlSyntaxError
+
+# The SQLAlchemy driver name of ``PlainSQLiteDialect`` (URL ``sqlite+pysqlite_plain:///...``).
+PLAIN_SQLITE_DRIVER = "pysqlite_plain"
+
+
+class PlainSQLiteDialect(SQLiteDialect_pysqlite):
+    """pysqlite with the SQL functions of plain ``sqlite3`` and nothing more.
+
+    SQLAlchemy's pysqlite dialect registers Python ``regexp()`` and ``floor()`` on every
+    connection it opens. The official Spider and BIRD evaluators run plain ``sqlite3``, where
+    ``x REGEXP y`` is an error ("no such function: regexp", raised when the statement is
+    prepared), so a prediction using it must fail here too — in judging and in the execution
+    feedback the pipelines give the model. ``floor()`` then is SQLite's own (built in since
+    3.35 when the math functions are compiled in, as in CPython's bundled SQLite), exactly as
+    for the official evaluators on the same SQLite.
+    """
+
+    supports_statement_cache = True
+
+    def on_connect(self):  # type: ignore[override]
+        return None  # the parent's hook does nothing but register regexp() and floor()
+
+
+registry.register(f"sqlite.{PLAIN_SQLITE_DRIVER}", __name__, "PlainSQLiteDialect")
 
 # SQLAlchemy dialect name -> sqlglot dialect name, where they differ.
 _SQLALCHEMY_TO_SQLGLOT = {"postgresql": "postgres", "mssql": "tsql", "mariadb": "mysql"}
