@@ -139,6 +139,13 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
 
 
 # ----------------------------------------------------------------------------- execution
+def run_query(db: Database, sql: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+              max_rows: int = DEFAULT_MAX_ROWS,
+              dialect: str | None = None) -> QueryResult | QueryFailure:
+    """Execute one query as the judge does: a result, or the failure (never an exception)."""
+    return _run(db, sql, timeout_s=timeout_s, max_rows=max_rows, dialect=dialect)
+
+
 @dataclass(frozen=True)
 class _Failure:
     detail: str
@@ -146,6 +153,9 @@ class _Failure:
     kind: str
     timeout: bool = False
     rejected: bool = False
+
+
+QueryFailure = _Failure
 
 
 def _run(db: Database, sql: str, *, timeout_s: float, max_rows: int,

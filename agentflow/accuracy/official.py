@@ -82,3 +82,11 @@ def official_text(sql: str, *, keep_distinct: bool = False, dialect: str = "sqli
             at = token.end + 1
     out.append(sql[at:end])
     return "".join(out)
+
+
+def rules_note(keep_distinct: bool) -> str:
+    """One line for every report: which official rewriting the accuracy figures used."""
+    distinct = ("DISTINCT kept (the official --keep_distinct)" if keep_distinct
+                else "DISTINCT stripped (the official Spider default)")
+    return (f"Spider rule: {distinct}, spaced operators joined; BIRD rule: SQL run verbatim; "
+            "both on plain sqlite3 semantics (no REGEXP)")

@@ -44,6 +44,18 @@ _SQLALCHEMY_TO_SQLGLOT = {"postgresql": "postgres", "mssql": "tsql", "mariadb": 
 _CASE_SENSITIVE_QUOTED = {"postgres"}
 
 
+# Engines whose LIKE is case-sensitive. SQLite's LIKE ignores (ASCII) case by default, so a
+# SQLite query moved there says ILIKE to keep its answer: on chinook_1,
+# ``COUNT(*) ... WHERE Name LIKE '%a%'`` is 211 on SQLite but 201 with DuckDB's LIKE. (One
+# difference remains: SQLite folds only ASCII letters, ILIKE folds all of Unicode.)
+_CASE_SENSITIVE_LIKE = {"duckdb", "postgres"}
+
+
+def _sqlite_like_semantics(tree: exp.Expression) -> exp.Expression:
+    return tree.transform(lambda node: exp.ILike(**node.args) if isinstance(node, exp.Like)
+                          else node)
+
+
 def _sqlite_names_to_lower(tree: exp.Expression) -> exp.Expression:
     from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
@@ -63,10 +75,16 @@ def transpile(sql: str, *, read: str, write: str) -> str:
 
     check_size(sql, read)  # bounded text and nesting before the (recursive) parser runs
     try:
-        if read == "sqlite" and write in _CASE_SENSITIVE_QUOTED:
-            out = [_sqlite_names_to_lower(tree).sql(dialect=write, unsupported_level="raise")
-                   for tree in sqlglot.parse(sql, read=read) if tree is not None
-                   and not isinstance(tree, exp.Semicolon)]
+        if read == "sqlite" and write in _CASE_SENSITIVE_QUOTED | _CASE_SENSITIVE_LIKE:
+            out = []
+            for tree in sqlglot.parse(sql, read=read):
+                if tree is None or isinstance(tree, exp.Semicolon):
+                    continue
+                if write in _CASE_SENSITIVE_QUOTED:
+                    tree = _sqlite_names_to_lower(tree)
+                if write in _CASE_SENSITIVE_LIKE:
+                    tree = _sqlite_like_semantics(tree)
+                out.append(tree.sql(dialect=write, unsupported_level="raise"))
         else:
             out = sqlglot.transpile(sql, read=read, write=write, unsupported_level="raise")
     except ParseError as err:
