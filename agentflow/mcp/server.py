@@ -85,9 +85,10 @@ class AgentflowTools:
 
     async def ask(self, question: str, db: str, slo_seconds: float | None = None,
                   pipeline: str | None = None, conversation_id: str | None = None,
-                  max_rows: int = 50) -> dict[str, Any]:
+                  max_rows: int = 50, min_confidence: float | None = None) -> dict[str, Any]:
         answer = await self.af.ask_async(question, self._db(db), slo=slo_seconds,
-                                         pipeline=pipeline, conversation=conversation_id)
+                                         pipeline=pipeline, conversation=conversation_id,
+                                         min_confidence=min_confidence)
         limit = max(0, min(max_rows, MAX_ROWS))
         return {"query_id": answer.query_id, "status": answer.status, "error": answer.error,
                 "sql": answer.sql, "columns": [str(c) for c in answer.columns],
@@ -95,7 +96,7 @@ class AgentflowTools:
                 "rows_truncated": answer.truncated or len(answer.rows) > limit,
                 "latency_s": _round(answer.latency_s), "slo_s": answer.slo_s,
                 "met_slo": answer.met_slo, "pipeline": answer.pipeline,
-                "conversation_id": answer.conversation_id,
+                "conversation_id": answer.conversation_id, "confidence": answer.confidence,
                 "llm_calls": answer.usage.get("calls", 0),
                 "timeline": timeline_summary(answer.stages)}
 
@@ -149,12 +150,14 @@ def build_server(af: AgentFlow):
     @server.tool(description="Answer a question about a database: a multi-stage LLM "
                              "pipeline writes SQL, runs it read-only, and returns the SQL, "
                              "rows, status and a per-stage timeline. Pass the "
-                             "conversation_id of an earlier answer to ask a follow-up.")
+                             "conversation_id of an earlier answer to ask a follow-up. "
+                             "The answer's confidence (score, level, reasons) says how sure "
+                             "it is; below min_confidence the status is 'unsure'.")
     async def ask(question: str, db: str, slo_seconds: float | None = None,
                   pipeline: str | None = None, conversation_id: str | None = None,
-                  max_rows: int = 50) -> dict[str, Any]:
+                  max_rows: int = 50, min_confidence: float | None = None) -> dict[str, Any]:
         return await checked(tools.ask)(question, db, slo_seconds, pipeline, conversation_id,
-                                        max_rows)
+                                        max_rows, min_confidence)
 
     @server.tool(description="Run one read-only SELECT on a database (single statement; "
                              "writes, DDL and PRAGMAs are refused) and return its rows.")

@@ -38,7 +38,9 @@ def valid_text(text: str) -> str:
     return _SURROGATES.sub("\ufffd", text)
 
 
-QueryStatusName = Literal["pending", "running", "done", "failed", "cancelled", "rejected"]
+# "unsure": the pipeline answered, but below the request's min_confidence (best guess attached)
+QueryStatusName = Literal["pending", "running", "done", "unsure", "failed", "cancelled",
+                          "rejected"]
 
 
 class QueryRequest(BaseModel):
@@ -59,6 +61,9 @@ class QueryRequest(BaseModel):
     conversation_id: str | None = Field(
         None, max_length=64, description="a follow-up: the conversation_id of an earlier "
                                          "answer, whose question and SQL become context")
+    min_confidence: float | None = Field(
+        None, ge=0.0, le=1.0, description="below this confidence score the answer comes back "
+                                          "'unsure' (SQL and rows attached), not 'done'")
 
     @field_validator("question", "db", "pipeline", "evidence")
     @classmethod
@@ -185,6 +190,9 @@ class QueryView(QuerySummary):
                                  description="LLM calls that failed on an instance and were "
                                              "re-run elsewhere (or not, if the query failed)")
     links: dict[str, str] = Field(default_factory=dict)
+    confidence: dict[str, Any] | None = Field(
+        None, description="how sure the pipeline is: score (0-1), level (high, medium, low) "
+                          "and the reasons (agentflow.confidence)")
 
 
 class QueryList(BaseModel):

@@ -211,7 +211,8 @@ class QueryService:
         try:
             handle = self.af.submit(req.question, req.db, slo=req.slo_seconds,
                                     pipeline=req.pipeline, evidence=req.evidence,
-                                    conversation=req.conversation_id)
+                                    conversation=req.conversation_id,
+                                    min_confidence=req.min_confidence)
         except ConversationNotFoundError as err:
             raise ApiError(404, "conversation_not_found", str(err)) from None
         except InvalidRequest as err:
@@ -337,7 +338,7 @@ class QueryService:
             truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
             met_slo=answer.met_slo, stages=stages, usage=_clean(answer.usage),
             details=_clean(answer.details), retries=retries, links=links,
-            conversation_id=handle.conversation_id)
+            conversation_id=handle.conversation_id, confidence=answer.confidence)
 
     def summary(self, handle: QueryHandle) -> QuerySummary:
         if not handle.done():
