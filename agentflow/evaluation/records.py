@@ -18,7 +18,7 @@ from agentflow.accuracy import MatchRule, evaluate_pair
 from agentflow.datasets import Dataset, Example
 from agentflow.evaluation.hardness import HardnessError, spider_hardness
 
-FINISHED = ("done", "failed")  # statuses a resumed run does not ask again
+FINISHED = ("done", "unsure", "failed")  # statuses a resumed run does not ask again
 
 
 # ------------------------------------------------------------------------------ difficulty
