@@ -163,6 +163,12 @@ class Retry(BaseModel):
     rerun_on: str | None
 
 
+class ConfidenceView(BaseModel):
+    score: float = Field(ge=0.0, le=1.0)
+    level: Literal["high", "medium", "low"]
+    reasons: list[str] = Field(description="each signal that moved the score, in words")
+
+
 class QuerySummary(BaseModel):
     query_id: str
     status: QueryStatusName
@@ -190,9 +196,9 @@ class QueryView(QuerySummary):
                                  description="LLM calls that failed on an instance and were "
                                              "re-run elsewhere (or not, if the query failed)")
     links: dict[str, str] = Field(default_factory=dict)
-    confidence: dict[str, Any] | None = Field(
-        None, description="how sure the pipeline is: score (0-1), level (high, medium, low) "
-                          "and the reasons (agentflow.confidence)")
+    confidence: ConfidenceView | None = Field(
+        None, description="how sure the pipeline is (agentflow.confidence); none when it "
+                          "never answered")
 
 
 class QueryList(BaseModel):
