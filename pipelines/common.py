@@ -207,7 +207,7 @@ def confidence_of(state: dict[str, Any], *, n_candidates: int = 1,
     clusters (when candidates were compared), unit tests and their verdicts."""
     final: Execution | None = state.get("final")
     clusters: list[list[int]] = state.get("clusters") or []
-    chosen_rank = state.get("chosen_cluster")
+    chosen_rank: int | None = state.get("chosen_cluster")
     chosen = clusters[chosen_rank] if chosen_rank is not None and clusters else None
     if final_candidate is None:
         final_candidate = chosen[0] if chosen else 0
@@ -222,7 +222,9 @@ def confidence_of(state: dict[str, Any], *, n_candidates: int = 1,
         columns=final.columns if final is not None else [],
         n_candidates=n_candidates, chosen_cluster=len(chosen) if chosen else None,
         n_clusters=len(clusters) or None, repairs=repairs,
-        unit_tests=tests, tests_passed=verdicts.get(chosen_rank) if verdicts else None,
+        unit_tests=tests,
+        tests_passed=verdicts.get(chosen_rank) if verdicts and chosen_rank is not None
+        else None,
         other_clusters_passed=sum(1 for r, ok in verdicts.items() if ok and r != chosen_rank),
         truncated=len(rows) >= state.get("max_rows", 1 << 62),
         dialect=state.get("dialect", "sqlite")))

@@ -6,7 +6,7 @@ import sqlglot
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlglot import exp
-from sqlglot.errors import ParseError, TokenError, UnsupportedError
+from sqlglot.errors import ErrorLevel, ParseError, TokenError, UnsupportedError
 
 from agentflow.sql.errors import QueryTooComplexError, SqlSyntaxError
 
@@ -51,12 +51,12 @@ _CASE_SENSITIVE_QUOTED = {"postgres"}
 _CASE_SENSITIVE_LIKE = {"duckdb", "postgres"}
 
 
-def _sqlite_like_semantics(tree: exp.Expression) -> exp.Expression:
+def _sqlite_like_semantics(tree: exp.Expr) -> exp.Expr:
     return tree.transform(lambda node: exp.ILike(**node.args) if isinstance(node, exp.Like)
                           else node)
 
 
-def _sqlite_names_to_lower(tree: exp.Expression) -> exp.Expression:
+def _sqlite_names_to_lower(tree: exp.Expr) -> exp.Expr:
     from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
     return normalize_identifiers(tree, dialect="sqlite")
@@ -84,9 +84,9 @@ def transpile(sql: str, *, read: str, write: str) -> str:
                     tree = _sqlite_names_to_lower(tree)
                 if write in _CASE_SENSITIVE_LIKE:
                     tree = _sqlite_like_semantics(tree)
-                out.append(tree.sql(dialect=write, unsupported_level="raise"))
+                out.append(tree.sql(dialect=write, unsupported_level=ErrorLevel.RAISE))
         else:
-            out = sqlglot.transpile(sql, read=read, write=write, unsupported_level="raise")
+            out = sqlglot.transpile(sql, read=read, write=write, unsupported_level=ErrorLevel.RAISE)
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
         raise SqlSyntaxError(
