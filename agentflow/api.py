@@ -477,9 +477,11 @@ class AgentFlow:
             answer.truncated = len(final.rows) >= self.config.max_rows
         from agentflow.confidence import UNSURE, below, unsure_message
 
-        if answer.status == "done" and below(answer.confidence, handle.min_confidence):
+        threshold = handle.min_confidence
+        if (answer.status == "done" and answer.confidence is not None and threshold is not None
+                and below(answer.confidence, threshold)):
             answer.status = UNSURE  # explicit, never a silent done; sql and rows stay attached
-            answer.error = unsure_message(answer.confidence, handle.min_confidence)
+            answer.error = unsure_message(answer.confidence, threshold)
         if answer.status == "done" and handle.conversation_id:
             self.conversations.add(handle.conversation_id, question, answer.sql)
         answer.latency_s = query.latency_s

@@ -88,13 +88,12 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
     except NotOneStatement as err:
         return Verdict(False, "gold_error", f"gold query refused: {err}",
                        error_kind="syntax_error")
+    pred_refused: str | None = None
     try:
         pred_sql = official_text(pred_sql, keep_distinct=keep_distinct,
                                  dialect=pred_dialect or db.dialect, bird=bird)
     except NotOneStatement as err:
         pred_sql, pred_refused = "", str(err)
-    else:
-        pred_refused = None
     if gold_result is None:
         gold_run = _run(db, gold_sql, timeout_s=timeout_s, max_rows=max_rows,
                         dialect=gold_dialect)
