@@ -102,7 +102,8 @@ def assess(s: Signals) -> Confidence:
         if agreeing == s.n_candidates:
             reasons.append(f"all {s.n_candidates} candidates return the same result")
         else:
-            clusters = f" ({s.n_clusters} different results)" if s.n_clusters else ""
+            clusters = (f" ({s.n_clusters} different results)" if (s.n_clusters or 0) > 1
+                        else "; the others did not run")
             reasons.append(f"{agreeing} of {s.n_candidates} candidates agree{clusters}")
 
     if s.unit_tests is not None:
