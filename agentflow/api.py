@@ -56,7 +56,7 @@ class Answer:
     question: str
     db: str
     pipeline: str
-    status: str  # done | failed | cancelled | rejected
+    status: str  # done | unsure (below min_confidence) | failed | cancelled | rejected
     error: str | None
     sql: str | None
     columns: list[str] = field(default_factory=list)
@@ -70,6 +70,9 @@ class Answer:
     conversation_id: str | None = None  # pass to ask/submit to follow up on this answer
     tenant: str | None = None  # who asked (agentflow.tenants); None: no tenant
     slo_class: str | None = None  # the tenant's SLO class
+    # How sure the pipeline is: {score, level, reasons} (agentflow.confidence); None when it
+    # never produced an answer to judge (rejected, cancelled before running).
+    confidence: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -119,6 +122,7 @@ class QueryHandle:
         self.db = db
         self.pipeline = pipeline
         self.slo_s = slo_s
+        self.min_confidence: float | None = None  # below it the answer is "unsure"
         self.events: list[dict[str, Any]] = []
         self.future: Future = Future()
         self._listeners: list[Any] = []
@@ -193,25 +197,28 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
             pipeline: str | None = None, evidence: str = "",
             record: str | Path | None = None, conversation: str | None = None,
             tenant: str | Tenant | None = None,
-            slo_seconds: float | None = None) -> Answer:
+            slo_seconds: float | None = None,
+            min_confidence: float | None = None) -> Answer:
         """Answer one question (blocking). Raises an ``AgentflowError`` (``InvalidRequest``,
         ``DatabaseNotFoundError``, ...) for bad input; pipeline failures come back as an
         Answer with ``status='failed'`` and the reason. ``conversation``: the
         ``conversation_id`` of an earlier answer, to ask a follow-up question. ``tenant``
-        (a name or a ``Tenant``) owns the query: see ``agentflow.tenants``."""
+        (a name or a ``Tenant``) owns the query: see ``agentflow.tenants``.
+        ``min_confidence`` (default: the config's): below it the answer is ``unsure``."""
         return self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
                            record=record, conversation=conversation, tenant=tenant,
-                           slo_seconds=slo_seconds).result()
+                           slo_seconds=slo_seconds, min_confidence=min_confidence).result()
 
     async def ask_async(self, question: str, db: str, *, slo: float | None = None,
                         pipeline: str | None = None, evidence: str = "",
                         record: str | Path | None = None,
                         conversation: str | None = None,
                         tenant: str | Tenant | None = None,
-                        slo_seconds: float | None = None) -> Answer:
+                        slo_seconds: float | None = None,
+                        min_confidence: float | None = None) -> Answer:
         handle = self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
                              record=record, conversation=conversation, tenant=tenant,
-                             slo_seconds=slo_seconds)
+                             slo_seconds=slo_seconds, min_confidence=min_confidence)
         try:
             return await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:
@@ -223,7 +230,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
                record: str | Path | None = None,
                conversation: str | None = None,
                tenant: str | Tenant | None = None,
-               slo_seconds: float | None = None) -> QueryHandle:
+               slo_seconds: float | None = None,
+               min_confidence: float | None = None) -> QueryHandle:
         """Start answering without waiting: bad input raises here, at once; the handle has
         the query id, live stage events and, later, the answer. Each question is a turn of a
         conversation: a new one unless ``conversation`` names an earlier answer's."""
@@ -233,6 +241,13 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
 
         slo = one_slo(slo, slo_seconds)  # the HTTP/MCP name works here too
         question = self._validate(question, slo)
+        from agentflow.confidence import validate_threshold
+
+        try:
+            threshold = validate_threshold(min_confidence if min_confidence is not None
+                                           else self.config.min_confidence)
+        except ValueError as err:
+            raise InvalidRequest(str(err)) from None
         pipeline_obj = self.pipeline(pipeline)
         entry = self.catalog.entry(db)
         who = as_tenant(tenant)
@@ -250,6 +265,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
                              conversation_id=conversation, history=history)
         handle.tenant, handle.slo_class = owner_of(who), who.slo_class if who else None
         handle.db_role = who.db_role(entry.db_id) if who else None
+        handle.min_confidence = threshold
         self.handles[query_id] = handle
         self._trim_handles()
         task_future = self._submit(self._ask(handle, db, pipeline_obj, evidence, record))
@@ -495,7 +511,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
         answer = Answer(query_id=query.id, question=question, db=entry.db_id,
                         pipeline=pipeline.name, status=query.status.value, error=query.error,
                         sql=output.sql, slo_s=slo, details=output.details,
-                        conversation_id=handle.conversation_id)
+                        conversation_id=handle.conversation_id,
+                        confidence=output.confidence.to_dict() if output.confidence else None)
         if query.status == QueryStatus.DONE and output.error:
             query.status, query.error = QueryStatus.FAILED, output.error
             answer.status, answer.error = "failed", output.error
@@ -504,6 +521,13 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
             answer.columns = list(final.columns)
             answer.rows = [list(r) for r in final.rows]
             answer.truncated = len(final.rows) >= self.config.max_rows
+        from agentflow.confidence import UNSURE, below, unsure_message
+
+        threshold = handle.min_confidence
+        if (answer.status == "done" and answer.confidence is not None and threshold is not None
+                and below(answer.confidence, threshold)):
+            answer.status = UNSURE  # explicit, never a silent done; sql and rows stay attached
+            answer.error = unsure_message(answer.confidence, threshold)
         if answer.status == "done" and handle.conversation_id:
             self.conversations.add(handle.conversation_id, question, answer.sql)
         answer.latency_s = query.latency_s

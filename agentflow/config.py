@@ -187,6 +187,8 @@ class AgentFlowConfig(BaseModel):
     sql_timeout_s: float = 10.0
     max_rows: int = 1000
     constrain_sql: bool = True  # grammar-constrained SQL decoding (see PipelineEnv)
+    # Answers scored below this confidence come back "unsure" (best guess attached), not done.
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
     record: str | None = None  # append one trace line per query to this JSONL file
     # Taught pairs and glossary (agentflow.teaching); None: $AGENTFLOW_TEACHING or
     # <cache>/teaching.sqlite.

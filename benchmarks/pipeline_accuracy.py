@@ -24,6 +24,7 @@ from rich.table import Table
 
 import agentflow
 from agentflow.accuracy import MatchRule, evaluate_pair
+from agentflow.accuracy.official import rules_note
 from agentflow.config import AgentFlowConfig
 from agentflow.datasets import load_dataset
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 sink.flush()
                 progress.advance(task)
     console.print(summary_table(results, len(sample), args))
+    console.print(f"accuracy judged by the {rules_note(False)}")
     console.print(stage_table(results))
     return 0
 

@@ -25,6 +25,7 @@ from pipelines.common import (
     SQL_PARAMS,
     Execution,
     add_revision_round,
+    confidence_of,
     execute_sql,
     llm_node,
     record_attempt,
@@ -169,6 +170,7 @@ class ChessPipeline(Pipeline):
             return None
         if len(ranked) == 1 or self.n_tests <= 0:
             ctx.state["final"] = candidates[ranked[0][0]]
+            ctx.state["chosen_cluster"] = 0
             ctx.summary = f"{len(ranked)} result clusters; chose candidate {ranked[0][0]}"
             return ranked[0][0]
         self._add_unit_tests(ctx, ranked)
@@ -176,16 +178,9 @@ class ChessPipeline(Pipeline):
         return None
 
     def _add_unit_tests(self, ctx: StageContext, ranked: list[list[int]]) -> None:
-        async def write_tests(c: StageContext) -> list[str]:
-            q = c.query
-            result = await c.llm(prompts.generate_unit_tests(c.state["sql_context"], q.question,
-                                                             q.evidence, self.n_tests),
-                                 self._tests_params())
-            checks = _parse_checks(result.text, self.n_tests)
-            c.state["unit_tests"] = checks
-            c.summary = " | ".join(checks)
-            return checks
-
+        """Tests first; one evaluation per cluster only once real tests exist. When the model
+        writes none, the tests are reported missing and the largest cluster is chosen
+        unchecked (never a made-up test that every candidate "passes")."""
         def evaluator(rank: int, members: list[int]):
             async def evaluate(c: StageContext) -> bool:
                 run = c.state["candidates"][members[0]]
@@ -195,29 +190,48 @@ class ChessPipeline(Pipeline):
                                                     run.sql, result_preview(run))
                 result = await c.llm(prompt, _VERDICT_PARAMS)
                 passed = result.text.strip().lower().startswith("yes")
+                c.state.setdefault("verdicts", {})[rank] = passed
                 c.summary = f"candidates {members}: {'pass' if passed else 'fail'}"
                 return passed
             return evaluate
 
+        async def write_tests(c: StageContext) -> list[str]:
+            q = c.query
+            result = await c.llm(prompts.generate_unit_tests(c.state["sql_context"], q.question,
+                                                             q.evidence, self.n_tests),
+                                 self._tests_params())
+            checks = _parse_checks(result.text, self.n_tests)
+            c.state["unit_tests"] = checks
+            if not checks:
+                c.summary = "no usable unit test written: the clusters go unchecked"
+                return checks
+            c.summary = " | ".join(checks)
+            nodes, edges = [], []
+            for rank, members in enumerate(ranked):
+                nodes.append(llm_node(f"evaluate.{rank}", "evaluate", evaluator(rank, members),
+                                      prompt_tokens=800, output_tokens=2,
+                                      max_tokens=_VERDICT_PARAMS.max_tokens))
+                edges += [("generate_unit_tests", f"evaluate.{rank}"),
+                          (f"evaluate.{rank}", "choose")]
+            c.expand(nodes, edges)
+            return checks
+
         async def choose(c: StageContext) -> int:
-            verdicts = [(c.input(f"evaluate.{r}"), r) for r in range(len(ranked))]
-            # Passing clusters first; among them (or if none pass) the larger, then earlier.
-            best = min(verdicts, key=lambda v: (not v[0], v[1]))[1]
+            verdicts: dict[int, bool] = c.state.get("verdicts", {})
+            # Passing clusters first; among them (or if none pass, or untested) the larger,
+            # then earlier.
+            best = min(range(len(ranked)), key=lambda r: (not verdicts.get(r, False), r))
             c.state["final"] = c.state["candidates"][ranked[best][0]]
-            c.summary = f"chose candidate {ranked[best][0]} (cluster {best})"
+            c.state["chosen_cluster"] = best
+            how = "by unit tests" if verdicts else "untested: largest cluster"
+            c.summary = f"chose candidate {ranked[best][0]} (cluster {best}, {how})"
             return ranked[best][0]
 
-        nodes = [llm_node("generate_unit_tests", "generate_unit_test", write_tests,
-                          prompt_tokens=700, output_tokens=30 * self.n_tests,
-                          max_tokens=self._tests_params().max_tokens)]
-        edges = [("select", "generate_unit_tests")]
-        for rank, members in enumerate(ranked):
-            nodes.append(llm_node(f"evaluate.{rank}", "evaluate", evaluator(rank, members),
-                                  prompt_tokens=800, output_tokens=2,
-                                  max_tokens=_VERDICT_PARAMS.max_tokens))
-            edges += [("generate_unit_tests", f"evaluate.{rank}"), (f"evaluate.{rank}", "choose")]
-        nodes.append(tool_node("choose", "choose", choose))
-        ctx.expand(nodes, edges)
+        ctx.expand([llm_node("generate_unit_tests", "generate_unit_test", write_tests,
+                             prompt_tokens=700, output_tokens=30 * self.n_tests,
+                             max_tokens=self._tests_params().max_tokens),
+                    tool_node("choose", "choose", choose)],
+                   [("select", "generate_unit_tests"), ("generate_unit_tests", "choose")])
 
     def _tests_params(self) -> SamplingParams:
         return SamplingParams(max_tokens=30 * self.n_tests, temperature=0.0,
@@ -230,14 +244,16 @@ class ChessPipeline(Pipeline):
                    "clusters": state.get("clusters", []),
                    "keywords": state.get("keywords", []),
                    "unit_tests": state.get("unit_tests", [])}
+        confidence = confidence_of(state, n_candidates=self.n_candidates)
         if final is None or not final.sql:
-            return PipelineOutput(sql=None, error="no candidate produced SQL", details=details)
+            return PipelineOutput(sql=None, error="no candidate produced SQL", details=details,
+                                  confidence=confidence)
         if not final.ok:
             return PipelineOutput(
-                sql=final.sql, details=details,
+                sql=final.sql, details=details, confidence=confidence,
                 error=f"no candidate SQL executes after {self.max_revisions} revision rounds "
                       f"(last error: {final.error})")
-        return PipelineOutput(sql=final.sql, details=details)
+        return PipelineOutput(sql=final.sql, details=details, confidence=confidence)
 
 
 def _last_attempt(candidates: dict[int, Execution]) -> Execution | None:
@@ -253,7 +269,7 @@ def _parse_checks(text: str, n: int) -> list[str]:
             line = line.split(":", 1)[1].strip()
         if line:
             checks.append(line)
-    return checks[:n] or ["the result answers the question"]
+    return checks[:n]
 
 
 def _grounded(keyword: str, text: str) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentflow.confidence import Confidence, Signals, assess
 from agentflow.llm.base import SamplingParams
 from agentflow.sql import QueryResult, SqlError
 from agentflow.workflow import Node, NodeKind, StageContext
@@ -183,7 +184,11 @@ def add_revision_round(ctx: StageContext, *, candidate: int, round_: int, max_ro
 
 
 def record_attempt(ctx: StageContext, candidate: int, execution: Execution) -> None:
-    """Keep every candidate's latest attempt in the query state; the selector reads it."""
+    """Keep every candidate's latest attempt in the query state; the selector reads it (and
+    the confidence assessment, which also needs the question and the row cap)."""
+    ctx.state.setdefault("question", ctx.query.question)
+    ctx.state.setdefault("dialect", ctx.env.db.dialect)
+    ctx.state.setdefault("max_rows", ctx.env.max_rows)
     ctx.state.setdefault("candidates", {})[candidate] = execution
     ctx.state.setdefault("attempts", []).append({"candidate": candidate,
                                                  "node": ctx.node.id, **execution.to_dict()})
@@ -195,3 +200,32 @@ def result_preview(execution: Execution) -> str:
     if not execution.ok:
         return f"error: {execution.error}"
     return preview(execution.rows, execution.columns)
+
+
+def confidence_of(state: dict[str, Any], *, n_candidates: int = 1,
+                  final_candidate: int | None = None) -> Confidence:
+    """Assess the final answer from what this query's state recorded: attempts, result
+    clusters (when candidates were compared), unit tests and their verdicts."""
+    final: Execution | None = state.get("final")
+    clusters: list[list[int]] = state.get("clusters") or []
+    chosen_rank: int | None = state.get("chosen_cluster")
+    chosen = clusters[chosen_rank] if chosen_rank is not None and clusters else None
+    if final_candidate is None:
+        final_candidate = chosen[0] if chosen else 0
+    own = [a for a in state.get("attempts", []) if a["candidate"] == final_candidate]
+    repairs = sum(1 for a in own[:-1] if not a["ok"] or not a["rows"])
+    tests = state.get("unit_tests")
+    verdicts: dict[int, bool] = state.get("verdicts", {})
+    rows = final.rows if final is not None and final.ok else []
+    return assess(Signals(
+        question=state.get("question", ""), sql=final.sql if final else None,
+        executed=bool(final is not None and final.ok), rows=rows,
+        columns=final.columns if final is not None else [],
+        n_candidates=n_candidates, chosen_cluster=len(chosen) if chosen else None,
+        n_clusters=len(clusters) or None, repairs=repairs,
+        unit_tests=tests,
+        tests_passed=verdicts.get(chosen_rank) if verdicts and chosen_rank is not None
+        else None,
+        other_clusters_passed=sum(1 for r, ok in verdicts.items() if ok and r != chosen_rank),
+        truncated=len(rows) >= state.get("max_rows", 1 << 62),
+        dialect=state.get("dialect", "sqlite")))

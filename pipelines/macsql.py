@@ -24,6 +24,7 @@ from pipelines import prompts
 from pipelines.common import (
     Execution,
     add_revision_round,
+    confidence_of,
     execute_sql,
     llm_node,
     record_attempt,
@@ -115,12 +116,14 @@ class MacSqlPipeline(Pipeline):
     def output(self, state: dict[str, Any]) -> PipelineOutput:
         final: Execution | None = state.get("final")
         details = {"attempts": state.get("attempts", [])}
+        confidence = confidence_of(state)
         if final is None or not final.sql:
-            return PipelineOutput(sql=None, error="the decomposer wrote no SQL", details=details)
+            return PipelineOutput(sql=None, error="the decomposer wrote no SQL", details=details,
+                                  confidence=confidence)
         if not final.ok:
-            return PipelineOutput(sql=final.sql, details=details,
+            return PipelineOutput(sql=final.sql, details=details, confidence=confidence,
                                   error=f"the SQL still fails after {self.max_refinements} "
                                         f"refinements: {final.error}")
-        return PipelineOutput(sql=final.sql, details=details)
+        return PipelineOutput(sql=final.sql, details=details, confidence=confidence)
 
 

@@ -15,6 +15,7 @@ from agentflow.workflow.pipeline import Pipeline, PipelineEnv, PipelineOutput
 from pipelines import prompts
 from pipelines.common import (
     SQL_PARAMS,
+    confidence_of,
     execute_sql,
     llm_node,
     record_attempt,
@@ -59,8 +60,10 @@ class SinglePipeline(Pipeline):
 
     def output(self, state: dict[str, Any]) -> PipelineOutput:
         final = state.get("final")
+        confidence = confidence_of(state)
         if final is None or not final.sql:
-            return PipelineOutput(sql=None, error="the model wrote no SQL")
+            return PipelineOutput(sql=None, error="the model wrote no SQL", confidence=confidence)
         if not final.ok:
-            return PipelineOutput(sql=final.sql, error=f"the SQL does not execute: {final.error}")
-        return PipelineOutput(sql=final.sql)
+            return PipelineOutput(sql=final.sql, error=f"the SQL does not execute: {final.error}",
+                                  confidence=confidence)
+        return PipelineOutput(sql=final.sql, confidence=confidence)

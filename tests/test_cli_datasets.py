@@ -59,10 +59,22 @@ def test_shared_spider_dev_gold_passes_on_sqlite(shared_spider: Path) -> None:
 
 def test_shared_spider_dev_on_duckdb_fails_only_on_listed_dialect_gaps(
         shared_spider: Path, tmp_path: Path) -> None:
-    """Every DuckDB failure is a gold query leaning on SQLite's implicit text->number casts."""
+    """Each gold's DuckDB answer is judged against its SQLite answer (not against itself, which
+    could never show a changed answer). A DuckDB failure is either a gold query leaning on
+    SQLite's implicit text->number casts, or a changed answer to a query whose answer SQL
+    leaves open: ties under ORDER BY ... LIMIT."""
     report = check_dataset(load_spider(shared_spider, "dev"), engine="duckdb",
                            duckdb_dir=tmp_path / "duck")
-    assert report.passed >= 950
+    assert report.passed >= 930
+    changed = 0
     for record in report.failures():
-        assert record.verdict.reason == "gold_error", record.verdict
-        assert "explicit" in record.verdict.detail and "cast" in record.verdict.detail
+        v = record.verdict
+        if v.reason == "mismatch":
+            changed += 1
+            assert v.detail.startswith("answer differs from SQLite's"), v
+            sql = record.example.gold_sql.upper()
+            assert "ORDER BY" in sql and "LIMIT" in sql, record.example
+        else:
+            assert v.reason == "gold_error", v
+            assert "explicit" in v.detail and "cast" in v.detail
+    assert changed > 0  # comparing with SQLite shows answers that changed

@@ -17,6 +17,7 @@ from agentflow.accuracy.compare import (
     gold_has_order_by,
     results_match,
 )
+from agentflow.accuracy.official import NotOneStatement, official_text
 from agentflow.sql import (
     Database,
     QueryResult,
@@ -62,17 +63,37 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
                   timeout_s: float = DEFAULT_TIMEOUT_S,
                   gold_dialect: str | None = None, pred_dialect: str | None = None,
                   gold_result: QueryResult | None = None,
-                  max_rows: int = DEFAULT_MAX_ROWS) -> Verdict:
+                  max_rows: int = DEFAULT_MAX_ROWS, keep_distinct: bool = False) -> Verdict:
     """Execute both queries on ``db`` and judge the prediction against the gold answer.
 
     Gold runs first: when it fails the prediction is not run at all (its verdict would mean
     nothing) and the reason is ``gold_error``/``gold_timeout``. Pass ``gold_result`` to reuse a
     gold result across several predictions (make it with ``max_rows=DEFAULT_MAX_ROWS``: a
-    result truncated by a smaller cap is reported as gold_error). ``*_dialect`` is the dialect
-    each query is written in when it differs from the database's (Spider gold is SQLite; run
-    on DuckDB it is transpiled). A timeout is a wrong answer, as in both official evaluators.
+    result truncated by a smaller cap is reported as gold_error). ``*_dialect`` is the
+    dialect each query is written in when it differs from the database's (Spider gold is
+    SQLite; run on DuckDB it is transpiled). A timeout is a wrong answer, as in both
+    official evaluators.
+
+    Both texts are first rewritten as the official Spider evaluator rewrites them
+    (``agentflow.accuracy.official``): spaced operators joined and, by default as there,
+    ``DISTINCT`` stripped; ``keep_distinct=True`` is its ``--keep_distinct``. The BIRD rule
+    runs both verbatim, as BIRD's evaluator does. A given ``gold_result`` must come from the
+    rewritten gold (``official_text``).
     """
     rule = MatchRule(rule)
+    bird = rule is MatchRule.BIRD
+    try:
+        gold_sql = official_text(gold_sql, keep_distinct=keep_distinct,
+                                 dialect=gold_dialect or db.dialect, bird=bird)
+    except NotOneStatement as err:
+        return Verdict(False, "gold_error", f"gold query refused: {err}",
+                       error_kind="syntax_error")
+    pred_refused: str | None = None
+    try:
+        pred_sql = official_text(pred_sql, keep_distinct=keep_distinct,
+                                 dialect=pred_dialect or db.dialect, bird=bird)
+    except NotOneStatement as err:
+        pred_sql, pred_refused = "", str(err)
     if gold_result is None:
         gold_run = _run(db, gold_sql, timeout_s=timeout_s, max_rows=max_rows,
                         dialect=gold_dialect)
@@ -87,6 +108,9 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
                        f"gold result exceeds the {gold_n:,}-row cap; cannot compare",
                        gold_rows=gold_n, gold_s=gold_result.elapsed_s, error_kind="truncated")
 
+    if pred_refused is not None:
+        return Verdict(False, "pred_error", pred_refused, gold_rows=gold_n,
+                       gold_s=gold_result.elapsed_s, error_kind="syntax_error")
     pred_run = _run(db, pred_sql, timeout_s=timeout_s, max_rows=max_rows, dialect=pred_dialect)
     if isinstance(pred_run, _Failure):
         reason = ("pred_timeout" if pred_run.timeout
@@ -114,6 +138,13 @@ def evaluate_pair(db: Database, pred_sql: str, gold_sql: str, *,
 
 
 # ----------------------------------------------------------------------------- execution
+def run_query(db: Database, sql: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+              max_rows: int = DEFAULT_MAX_ROWS,
+              dialect: str | None = None) -> QueryResult | QueryFailure:
+    """Execute one query as the judge does: a result, or the failure (never an exception)."""
+    return _run(db, sql, timeout_s=timeout_s, max_rows=max_rows, dialect=dialect)
+
+
 @dataclass(frozen=True)
 class _Failure:
     detail: str
@@ -121,6 +152,9 @@ class _Failure:
     kind: str
     timeout: bool = False
     rejected: bool = False
+
+
+QueryFailure = _Failure
 
 
 def _run(db: Database, sql: str, *, timeout_s: float, max_rows: int,

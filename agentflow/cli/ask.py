@@ -30,6 +30,17 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """argparse type: a number between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def add_verbose(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", "-v", action="store_true",
                    help="show llama.cpp's own log lines (hidden by default)")
@@ -62,6 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="open databases with SQLite (default) or their DuckDB copies")
     p.add_argument("--record", default=None, help="append this query's trace to a JSONL file")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    p.add_argument("--min-confidence", type=fraction, default=None, metavar="SCORE",
+                   help="below this confidence (0-1) the answer is 'unsure' (best guess "
+                        "attached, exit status 1) instead of done")
     add_verbose(p)
     p.set_defaults(func=cmd_ask)
 
@@ -135,7 +149,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
             conversation = args.conversation
         handle = af.submit(args.question, db=args.db, slo=args.slo, pipeline=args.pipeline,
                            evidence=args.evidence, record=args.record,
-                           conversation=conversation)
+                           conversation=conversation,
+                           min_confidence=args.min_confidence)
         if args.json:
             answer = handle.result()
         else:
@@ -158,7 +173,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
                           "status": d["status"], "error": d["error"], "stages": d["stages"],
                           "usage": d["usage"], "latency_s": d["latency_s"],
                           "query_id": d["query_id"], "db": d["db"], "pipeline": d["pipeline"],
-                          "conversation_id": d["conversation_id"], "retries": d["retries"]},
+                          "conversation_id": d["conversation_id"], "retries": d["retries"],
+                          "confidence": d["confidence"]},
                          default=str, indent=2))
     else:
         print_answer(table_console(), answer)
@@ -223,7 +239,9 @@ def print_answer(console: Console, answer: Any) -> None:
     if answer.sql:
         console.print(Syntax(answer.sql, "sql", word_wrap=True))
     if answer.error:
-        console.print(f"[red]{answer.status}: {answer.error}[/]")
+        color = "yellow" if answer.status == "unsure" else "red"
+        console.print(f"[{color}]{answer.status}: {answer.error}[/]", markup=True)
+    print_confidence(console, answer.confidence)
     if answer.columns:
         table = Table(*answer.columns, title=f"{len(answer.rows)} rows"
                       + (" (truncated)" if answer.truncated else ""))
@@ -244,6 +262,21 @@ def print_answer(console: Console, answer: Any) -> None:
     if answer.conversation_id and answer.status == "done":
         console.print(f"follow up: agentflow ask \"...\" --conversation {answer.conversation_id}",
                       highlight=False, style="dim")
+
+
+_LEVEL_STYLE = {"high": "green", "medium": "yellow", "low": "bold red"}
+
+
+def print_confidence(console: Console, confidence: dict[str, Any] | None) -> None:
+    """The level first (a low one as a warning), then each reason behind it."""
+    if not confidence:
+        return
+    level = confidence["level"]
+    warning = "  - check this answer before you use it" if level == "low" else ""
+    console.print(f"[{_LEVEL_STYLE[level]}]confidence {level} ({confidence['score']:.2f})"
+                  f"{warning}[/]")
+    for reason in confidence.get("reasons", []):
+        console.print(f"  · {reason}", markup=False, highlight=False)
 
 
 def timeline_table(answer: Any, width: int = 160) -> Table:

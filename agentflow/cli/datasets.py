@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--timeout", type=float, default=30.0, help="seconds per query")
     check.add_argument("--limit", type=int, default=None, help="check only the first N questions")
     check.add_argument("--jsonl", type=Path, default=None, help="write per-question records here")
+    check.add_argument("--keep-distinct", action="store_true",
+                       help="keep DISTINCT (the official Spider evaluator's --keep_distinct); "
+                            "by default it is stripped, as that evaluator does")
     check.set_defaults(func=cmd_check)
 
     conv = dsub.add_parser(
@@ -120,12 +123,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                                    timeout_s=args.timeout, limit=args.limit,
                                    duckdb_dir=args.duckdb_dir, pg_url=args.pg_url,
                                    on_database=on_database,
-                                   on_example=on_example)
+                                   on_example=on_example, keep_distinct=args.keep_distinct)
         finally:
             if sink:
                 sink.close()
 
-    table = Table(title=f"gold self-check on {args.engine}")
+    against = "itself" if args.engine == "sqlite" else "its SQLite result"
+    distinct = "DISTINCT kept" if args.keep_distinct else "DISTINCT stripped (official default)"
+    table = Table(title=f"gold on {args.engine} vs {against}; {distinct}")
     table.add_column("database")
     table.add_column("questions", justify="right")
     table.add_column("passed", justify="right")

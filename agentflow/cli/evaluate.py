@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: artifacts/eval-<dataset>-<split>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--keep-distinct", action="store_true",
+                   help="judge with DISTINCT kept (the official Spider evaluator's "
+                        "--keep_distinct); by default it is stripped, as that evaluator does")
     p.set_defaults(func=cmd_eval)
 
 
@@ -84,7 +87,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        cluster=args.cluster, traces=args.traces, rate=args.rate,
                        arrival=args.arrival, slo_scale=args.slo_scale, slo_s=args.slo,
                        eval_timeout_s=args.eval_timeout, plots=not args.no_plots,
-                       console=console)
+                       console=console, keep_distinct=args.keep_distinct)
     print_summary(table_console(), summary)
     return 0
 

@@ -1,19 +1,23 @@
-"""Self-check of a benchmark: every gold query judged against itself through the evaluator.
+"""Self-check of a benchmark: every gold query judged through the evaluator.
 
 It proves, before any model is involved, that the loaders, the database layer (on SQLite or on
-the DuckDB copies), the transpiler and the evaluator agree with the benchmark: on SQLite every
-question should pass; on DuckDB each failure is a gold query that SQLite accepts and DuckDB does
-not, and the report says which and why.
+the DuckDB/PostgreSQL copies), the transpiler and the evaluator agree with the benchmark. On
+SQLite each gold is judged against itself and every question should pass. On another engine
+the gold's result there is judged against its result on the SQLite original (the benchmark's
+answer): comparing the copy with itself could never show an answer that changed. Each failure
+is a gold query that the other engine rejects or answers differently, and the report says
+which and why.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agentflow.accuracy import MatchRule, Verdict, evaluate_pair
+from agentflow.accuracy.official import NotOneStatement, official_text
 from agentflow.datasets.types import Dataset, EngineKind, Example
 
 
@@ -32,6 +36,7 @@ class CheckRecord:
 class CheckReport:
     engine: str
     rule: str
+    keep_distinct: bool = False  # the official Spider evaluator's default strips DISTINCT
     records: list[CheckRecord] = field(default_factory=list)
 
     @property
@@ -78,7 +83,7 @@ DIALECT_DIFFERENCES: list[tuple[str, str]] = [
     ("ambiguous column name (SQLite resolves it silently)", r"is ambiguous"),
     ("integer division and numeric precision differ",
      r"division by zero|numeric field overflow"),
-    ("result differs: case-sensitive LIKE, NULL ordering, or ties under ORDER BY/LIMIT",
+    ("result differs from SQLite's: ties under ORDER BY ... LIMIT, NULL ordering or collation",
      r"^(rows differ|result mismatch|different rows|mismatch)"),
 ]
 
@@ -99,24 +104,64 @@ def check_dataset(dataset: Dataset, *, engine: EngineKind = "sqlite",
                   limit: int | None = None, duckdb_dir: Path | None = None,
                   pg_url: str | None = None,
                   on_database: Callable[[str, int], None] | None = None,
-                  on_example: Callable[[CheckRecord], None] | None = None) -> CheckReport:
-    """Judge each gold query against itself; callbacks drive progress display."""
-    report = CheckReport(engine=engine, rule=rule.value)
+                  on_example: Callable[[CheckRecord], None] | None = None,
+                  keep_distinct: bool = False) -> CheckReport:
+    """Judge each gold query (see the module docstring); callbacks drive progress display."""
+    report = CheckReport(engine=engine, rule=rule.value, keep_distinct=keep_distinct)
     for db_id, examples in _grouped(dataset.examples[:limit] if limit else dataset.examples):
         if on_database:
             on_database(db_id, len(examples))
         with dataset.open(db_id, engine=engine, duckdb_dir=duckdb_dir, pg_url=pg_url) as db:
-            for example in examples:
-                verdict = evaluate_pair(db, example.gold_sql, example.gold_sql, rule=rule,
-                                        timeout_s=timeout_s, gold_dialect="sqlite",
-                                        pred_dialect="sqlite")
-                record = CheckRecord(example, verdict,
-                                     dialect_difference(verdict) if not verdict.correct
-                                     and engine != "sqlite" else None)
-                report.records.append(record)
-                if on_example:
-                    on_example(record)
+            reference = dataset.open(db_id, engine="sqlite") if engine != "sqlite" else None
+            try:
+                for example in examples:
+                    verdict = _judge(db, reference, example.gold_sql, rule=rule,
+                                     timeout_s=timeout_s, keep_distinct=keep_distinct)
+                    record = CheckRecord(example, verdict,
+                                         dialect_difference(verdict) if not verdict.correct
+                                         and engine != "sqlite" else None)
+                    report.records.append(record)
+                    if on_example:
+                        on_example(record)
+            finally:
+                if reference is not None:
+                    reference.close()
     return report
+
+
+def _judge(db, reference, gold_sql: str, *, rule: MatchRule, timeout_s: float,
+           keep_distinct: bool) -> Verdict:
+    """The gold run on ``db`` against the gold's answer on ``reference`` (the SQLite original;
+    None: ``db`` is that original, and the gold is judged against itself)."""
+    gold_result = None
+    if reference is not None:
+        from agentflow.accuracy.execution import run_query
+        from agentflow.sql import QueryResult
+
+        try:
+            text = official_text(gold_sql, keep_distinct=keep_distinct,
+                                 bird=rule is MatchRule.BIRD)
+        except NotOneStatement as err:
+            return Verdict(False, "gold_error", f"gold query refused: {err}",
+                           error_kind="syntax_error")
+        run = run_query(reference, text, timeout_s=timeout_s)
+        if not isinstance(run, QueryResult):
+            return Verdict(False, "gold_error", f"gold query failed on SQLite: {run.detail}",
+                           error_kind=run.kind)
+        gold_result = run
+    verdict = evaluate_pair(db, gold_sql, gold_sql, rule=rule, timeout_s=timeout_s,
+                            gold_dialect="sqlite", pred_dialect="sqlite",
+                            gold_result=gold_result, keep_distinct=keep_distinct)
+    if reference is None:
+        return verdict
+    # Here the "prediction" is the gold itself on the other engine: its failure is the gold's.
+    if verdict.reason in ("pred_error", "pred_rejected"):
+        return replace(verdict, reason="gold_error")
+    if verdict.reason == "pred_timeout":
+        return replace(verdict, reason="gold_timeout")
+    if verdict.reason == "mismatch":
+        return replace(verdict, detail=f"answer differs from SQLite's: {verdict.detail}")
+    return verdict
 
 
 def _grouped(examples: list[Example]) -> Iterator[tuple[str, list[Example]]]:

@@ -131,7 +131,7 @@ def _record(example: Example, *, kind: str, pipeline: str, policy: str, answer: 
                 **judge.judge(example, None), "latency_s": None, "idle_latency_s": None,
                 "queue_s": 0.0, "run_s": 0.0, "slo_s": slo_s, "met_slo": None, "calls": 0,
                 "prompt_tokens": 0, "completion_tokens": 0, "usage_by_stage": {},
-                "stages": [], "query_id": None, "finish_s": None}
+                "stages": [], "query_id": None, "finish_s": None, "confidence": None}
     rows = stage_rows(answer.stages)
     verdict = judge.judge(example, answer.sql)
     if not answer.sql and answer.error:
@@ -142,4 +142,5 @@ def _record(example: Example, *, kind: str, pipeline: str, policy: str, answer: 
             "queue_s": sum(r["queue_s"] for r in rows), "run_s": sum(r["run_s"] for r in rows),
             "slo_s": answer.slo_s, "met_slo": answer.met_slo, **usage_fields(answer.usage),
             "stages": rows, "query_id": answer.query_id,
+            "confidence": getattr(answer, "confidence", None),
             "finish_s": finished if answer.status in ("done", "failed") else None}

@@ -19,7 +19,7 @@ from agentflow.datasets import Dataset, Example
 from agentflow.datasets.types import EngineKind
 from agentflow.evaluation.hardness import HardnessError, spider_hardness
 
-FINISHED = ("done", "failed")  # statuses a resumed run does not ask again
+FINISHED = ("done", "unsure", "failed")  # statuses a resumed run does not ask again
 
 
 # ------------------------------------------------------------------------------ difficulty
@@ -45,8 +45,10 @@ class Judge:
     """Execution accuracy of predictions under both rules, on the dataset's databases."""
 
     def __init__(self, dataset: Dataset, *, engine: EngineKind = "sqlite",
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, keep_distinct: bool = False):
         self.dataset = dataset
+        # False is the official Spider evaluator's default (DISTINCT stripped from both).
+        self.keep_distinct = keep_distinct
         self.engine = engine
         self.timeout_s = timeout_s
         self._dbs: dict[str, Any] = {}
@@ -72,14 +74,16 @@ class Judge:
                     "correct_bird": False, "reason_bird": "gold_error"}
         gold_dialect = "sqlite" if db.dialect != "sqlite" else None
         spider = evaluate_pair(db, pred_sql, example.gold_sql, rule=MatchRule.SPIDER,
-                               timeout_s=self.timeout_s, gold_dialect=gold_dialect)
+                               timeout_s=self.timeout_s, gold_dialect=gold_dialect,
+                               keep_distinct=self.keep_distinct)
         if spider.reason in ("match", "mismatch"):
             bird = evaluate_pair(db, pred_sql, example.gold_sql, rule=MatchRule.BIRD,
                                  timeout_s=self.timeout_s, gold_dialect=gold_dialect)
         else:
             bird = spider  # the failure does not depend on the comparison rule
         return {"correct": spider.correct, "reason": spider.reason, "detail": spider.detail,
-                "correct_bird": bird.correct, "reason_bird": bird.reason}
+                "correct_bird": bird.correct, "reason_bird": bird.reason,
+                "distinct": "kept" if self.keep_distinct else "stripped"}
 
     def close(self) -> None:
         with self._lock:

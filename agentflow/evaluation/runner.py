@@ -10,6 +10,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from agentflow.accuracy.official import rules_note
 from agentflow.config import AgentFlowConfig
 from agentflow.evaluation.records import Judge, RecordStore
 from agentflow.evaluation.report import write_plots, write_report, write_summary
@@ -44,7 +45,8 @@ def run_eval(dataset: str | None = None, *, out: str | Path,
              rate: float | None = None, arrival: str | None = None, slo_scale: float = 2.0,
              slo_s: float | None = None, eval_timeout_s: float = 30.0,
              backends: Backends | None = None, plots: bool = True,
-             progress: bool = True, console: Any = None) -> dict[str, Any]:
+             progress: bool = True, console: Any = None,
+             keep_distinct: bool = False) -> dict[str, Any]:
     """Evaluate pipelines x policies on a dataset; write records, ``summary.json``,
     ``report.md`` and plots under ``out``; return the summary.
 
@@ -57,6 +59,9 @@ def run_eval(dataset: str | None = None, *, out: str | Path,
     Simulated mode (``cluster``): the traces of a real run in ``out`` (or ``traces``) are
     replayed on the simulated cluster under each policy; reports go to
     ``out/simulated-<cluster>/``.
+
+    ``keep_distinct``: judge with DISTINCT kept, the official Spider evaluator's
+    ``--keep_distinct``; by default it is stripped, as that evaluator does by default.
     """
     from rich.console import Console
 
@@ -82,7 +87,8 @@ def run_eval(dataset: str | None = None, *, out: str | Path,
         return _real(dataset, out=out, pipelines=pipeline_list, policies=policy_list,
                      limit=limit, seed=seed, config=config, rate=rate, arrival=arrival,
                      slo_scale=slo_scale, slo_s=slo_s, eval_timeout_s=eval_timeout_s,
-                     backends=backends, plots=plots, progress=progress, console=console)
+                     backends=backends, plots=plots, progress=progress, console=console,
+                     keep_distinct=keep_distinct)
     if config is not None:
         raise EvalError("--config sets up real backends and --cluster selects the simulator; "
                         "give one of them")
@@ -98,7 +104,7 @@ def run_eval(dataset: str | None = None, *, out: str | Path,
                       limit=limit, seed=seed, rate=rate if rate is not None else 1.0,
                       arrival=arrival or "poisson", slo_scale=slo_scale,
                       eval_timeout_s=eval_timeout_s, plots=plots, progress=progress,
-                      console=console)
+                      console=console, keep_distinct=keep_distinct)
 
 
 # ------------------------------------------------------------------------------ checks
@@ -190,7 +196,7 @@ def _progress(console, enabled: bool):
 def _real(dataset: str, *, out: Path, pipelines: list[str], policies: list[str],
           limit: int | None, seed: int, config, rate: float | None, arrival: str | None,
           slo_scale: float, slo_s: float | None, eval_timeout_s: float, backends,
-          plots: bool, progress: bool, console) -> dict[str, Any]:
+          plots: bool, progress: bool, console, keep_distinct: bool = False) -> dict[str, Any]:
     from agentflow.evaluation.real import arrival_offsets, run_config, run_real
 
     spec = parse_dataset_spec(dataset)
@@ -209,7 +215,7 @@ def _real(dataset: str, *, out: Path, pipelines: list[str], policies: list[str],
     examples = sample_examples(ds, limit, seed)
     out.mkdir(parents=True, exist_ok=True)
     session = time.strftime("%Y%m%dT%H%M%S") + f"-{time.monotonic_ns() % 10**6:06d}"
-    judge = Judge(ds, engine=base.engine, timeout_s=eval_timeout_s)
+    judge = Judge(ds, engine=base.engine, timeout_s=eval_timeout_s, keep_distinct=keep_distinct)
     digest = _digest(base, backends)
     runs = [(p, q, run_key(p, q)) for p in pipelines for q in policies]
     stores: dict[str, RecordStore] = {}
@@ -292,7 +298,8 @@ def _real(dataset: str, *, out: Path, pipelines: list[str], policies: list[str],
     instances = list(dict.fromkeys(meta["runs"][key]["instances"] for _, _, key in runs))
     items = {
         "accuracy": "measured — each answer's SQL executed on the dataset's database and "
-                    "compared with the gold SQL's result (Spider test-suite rule and BIRD rule)",
+                    "compared with the gold SQL's result (Spider test-suite rule and BIRD rule; "
+                    + rules_note(keep_distinct) + ")",
         "latency": "measured wall-clock time from submission to answer, with the arrivals "
                    "below",
         "queue wait vs run time": "measured per LLM call by the scheduler (queue: waiting for "
@@ -354,7 +361,7 @@ def _write_outputs(folder: Path, summary: dict[str, Any],
 def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipelines: list[str],
                policies: list[str], limit: int | None, seed: int, rate: float, arrival: str,
                slo_scale: float, eval_timeout_s: float, plots: bool, progress: bool,
-               console) -> dict[str, Any]:
+               console, keep_distinct: bool = False) -> dict[str, Any]:
     from agentflow.evaluation.simulated import load_source, simulate
     from agentflow.sim.cluster import load_cluster
 
@@ -371,7 +378,7 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
     ds = load_spec(spec) if spec else None
     examples = sample_examples(ds, limit, seed) if ds and limit else (ds.examples if ds else [])
     by_question = {(e.db_id, e.question): e for e in examples}
-    judge = Judge(ds, timeout_s=eval_timeout_s) if ds else None
+    judge = Judge(ds, timeout_s=eval_timeout_s, keep_distinct=keep_distinct) if ds else None
     sample_ids = {e.id for e in examples} if limit and ds else None
 
     sources = []
@@ -475,7 +482,7 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
                           "recording), latency is simulated."),
             "items": {
                 "accuracy": "measured in the recorded real run (the SQL does not change in a "
-                            "replay); the same for every policy",
+                            "replay); the same for every policy; " + rules_note(keep_distinct),
                 "latency and throughput": "simulated — agentflow.sim replays each query's "
                                           "recorded DAG (LLM calls by their token counts) on "
                                           "simulated GPUs, with the real scheduler objects and "

@@ -117,12 +117,14 @@ class AgentflowTools:
 
     async def ask(self, question: str, db: str, slo_seconds: float | None = None,
                   pipeline: str | None = None, conversation_id: str | None = None,
-                  max_rows: int = 50, caller: Tenant | None = None) -> dict[str, Any]:
+                  max_rows: int = 50, caller: Tenant | None = None,
+                  min_confidence: float | None = None) -> dict[str, Any]:
         self._db(db, caller)
         holds_slot = self.limits.acquire(caller)
         try:
             answer = await self.af.ask_async(question, db, slo=slo_seconds, pipeline=pipeline,
-                                             conversation=conversation_id, tenant=caller)
+                                             conversation=conversation_id, tenant=caller,
+                                             min_confidence=min_confidence)
         finally:
             if holds_slot:
                 self.limits.release(caller)
@@ -133,7 +135,7 @@ class AgentflowTools:
                 "rows_truncated": answer.truncated or len(answer.rows) > limit,
                 "latency_s": _round(answer.latency_s), "slo_s": answer.slo_s,
                 "met_slo": answer.met_slo, "pipeline": answer.pipeline,
-                "conversation_id": answer.conversation_id,
+                "conversation_id": answer.conversation_id, "confidence": answer.confidence,
                 "llm_calls": answer.usage.get("calls", 0),
                 "timeline": timeline_summary(answer.stages), "retries": answer.retries}
 
@@ -207,16 +209,19 @@ def build_server(af: AgentFlow, tenants: TenantTable | None = None):
     @server.tool(description="Answer a question about a database: a multi-stage LLM "
                              "pipeline writes SQL, runs it read-only, and returns the SQL, "
                              "rows, status and a per-stage timeline. Pass the "
-                             "conversation_id of an earlier answer to ask a follow-up.")
+                             "conversation_id of an earlier answer to ask a follow-up. "
+                             "The answer's confidence (score, level, reasons) says how sure "
+                             "it is; below min_confidence the status is 'unsure'.")
     async def ask(question: str, db: str, slo_seconds: float | None = None,
                   pipeline: str | None = None, conversation_id: str | None = None,
                   max_rows: int = 50, ctx: Context | None = None,
-                  slo: float | None = None) -> dict[str, Any]:
+                  slo: float | None = None,
+                  min_confidence: float | None = None) -> dict[str, Any]:
         from agentflow.slo_names import one_slo
 
         async def run() -> dict[str, Any]:  # ``slo``, the Python/CLI name, works too
             return await tools.ask(question, db, one_slo(slo, slo_seconds), pipeline,
-                                   conversation_id, max_rows, caller(ctx))
+                                   conversation_id, max_rows, caller(ctx), min_confidence)
         return await checked(run)()
 
     @server.tool(description="Run one read-only SELECT on a database (single statement; "

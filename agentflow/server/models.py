@@ -38,7 +38,9 @@ def valid_text(text: str) -> str:
     return _SURROGATES.sub("\ufffd", text)
 
 
-QueryStatusName = Literal["pending", "running", "done", "failed", "cancelled", "rejected"]
+# "unsure": the pipeline answered, but below the request's min_confidence (best guess attached)
+QueryStatusName = Literal["pending", "running", "done", "unsure", "failed", "cancelled",
+                          "rejected"]
 
 
 class _TwoSlos(NamedTuple):
@@ -67,6 +69,9 @@ class QueryRequest(BaseModel):
     conversation_id: str | None = Field(
         None, max_length=64, description="a follow-up: the conversation_id of an earlier "
                                          "answer, whose question and SQL become context")
+    min_confidence: float | None = Field(
+        None, ge=0.0, le=1.0, description="below this confidence score the answer comes back "
+                                          "'unsure' (SQL and rows attached), not 'done'")
 
     @field_validator("question", "db", "pipeline", "evidence")
     @classmethod
@@ -181,6 +186,12 @@ class Retry(BaseModel):
     rerun_on: str | None
 
 
+class ConfidenceView(BaseModel):
+    score: float = Field(ge=0.0, le=1.0)
+    level: Literal["high", "medium", "low"]
+    reasons: list[str] = Field(description="each signal that moved the score, in words")
+
+
 class QuerySummary(BaseModel):
     query_id: str
     status: QueryStatusName
@@ -210,6 +221,9 @@ class QueryView(QuerySummary):
                                  description="LLM calls that failed on an instance and were "
                                              "re-run elsewhere (or not, if the query failed)")
     links: dict[str, str] = Field(default_factory=dict)
+    confidence: ConfidenceView | None = Field(
+        None, description="how sure the pipeline is (agentflow.confidence); none when it "
+                          "never answered")
 
 
 class QueryList(BaseModel):

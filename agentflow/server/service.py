@@ -235,7 +235,8 @@ class QueryService:
         try:
             handle = self.af.submit(req.question, req.db, slo=req.slo_seconds,
                                     pipeline=req.pipeline, evidence=req.evidence,
-                                    conversation=req.conversation_id, tenant=caller)
+                                    conversation=req.conversation_id, tenant=caller,
+                                    min_confidence=req.min_confidence)
         except BaseException as err:
             if holds_slot:
                 self.limits.release(caller)
@@ -371,7 +372,8 @@ class QueryService:
             truncated=answer.truncated, error=answer.error, latency_s=answer.latency_s,
             met_slo=answer.met_slo, stages=stages, usage=_clean(answer.usage),
             details=_clean(answer.details), retries=retries, links=links,
-            conversation_id=handle.conversation_id, **_owner(handle))
+            conversation_id=handle.conversation_id, confidence=answer.confidence,
+            **_owner(handle))
 
     def summary(self, handle: QueryHandle) -> QuerySummary:
         if not handle.done():

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine, make_url
 from agentflow.sql import errors as E
 from agentflow.sql.allowlist import warm as warm_allowlist
 from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_postgres_sizes, bound_value_sizes
-from agentflow.sql.dialect import sqlglot_dialect, transpile
+from agentflow.sql.dialect import PLAIN_SQLITE_DRIVER, sqlglot_dialect, transpile
 from agentflow.sql.guard import parse_single_query, strip_trailing
 from agentflow.sql.watchdog import WATCHDOG
 
@@ -118,7 +118,8 @@ class Database:
         kind = kind or _kind_from_suffix(path)
         name = db_id or path.stem
         if kind == "sqlite":
-            url = f"sqlite+pysqlite:///file:{quote(str(path))}?mode=ro&uri=true"
+            # Plain sqlite3 semantics, as the official evaluators run it (no regexp()).
+            url = f"sqlite+{PLAIN_SQLITE_DRIVER}:///file:{quote(str(path))}?mode=ro&uri=true"
             engine = sa.create_engine(url, pool_size=_POOL_SIZE, max_overflow=_POOL_OVERFLOW,
                                       connect_args={"check_same_thread": False})
             # Some benchmark databases hold invalid UTF-8; decode leniently rather than fail.

@@ -47,6 +47,7 @@ class PipelineOutput:
     sql: str | None
     error: str | None = None  # set when no usable SQL came out (e.g. nothing executes)
     details: dict[str, Any] = field(default_factory=dict)
+    confidence: Any = None  # agentflow.confidence.Confidence: how sure the pipeline is
 
 
 class Pipeline(abc.ABC):

@@ -265,11 +265,13 @@
     const err = $("answer-error");
     if (q.error) {
       err.hidden = false;
-      err.className = "error-box" + (q.status === "cancelled" ? " soft" : "");
+      err.className = "error-box" + (q.status === "cancelled" || q.status === "unsure"
+        ? " soft" : "");
       err.textContent = q.status + ": " + q.error;
     } else {
       err.hidden = true;
     }
+    renderConfidence(q.confidence);
     renderResult(q);
     const retries = $("retries");
     if (q.retries && q.retries.length) {
@@ -284,12 +286,28 @@
     document.dispatchEvent(new CustomEvent("agentflow:answer", { detail: q }));
   }
 
+  // How sure the pipeline is; a low level is a visible warning, with the reasons behind it.
+  function renderConfidence(c) {
+    const box = $("answer-confidence");
+    if (!c) { box.hidden = true; return; }
+    box.hidden = false;
+    box.className = "confidence " + c.level;
+    const head = el("div", { class: "confidence-head" }, c.level === "low"
+      ? "Low confidence (" + c.score.toFixed(2) + "): this answer is likely wrong — check " +
+        "the SQL before you use it."
+      : "Confidence " + c.level + " (" + c.score.toFixed(2) + ")");
+    box.replaceChildren(head, el("ul", null, (c.reasons || []).map((r) => el("li", null, r))));
+  }
+
   function renderResult(q) {
     const result = $("result");
     const chartBox = $("chart");
     chartBox.hidden = true;
     chartBox.replaceChildren();
-    if (q.status !== "done" || !q.columns.length) { result.hidden = true; return; }
+    // An "unsure" answer still shows its best guess (the error box says it is one).
+    if ((q.status !== "done" && q.status !== "unsure") || !q.columns.length) {
+      result.hidden = true; return;
+    }
     result.hidden = false;
     const shown = q.rows.slice(0, 200);
     $("result-meta").textContent = (q.rows.length === 0 ? "0 rows: the query ran and " +
@@ -511,7 +529,8 @@
       $("db").value = view.db;  // an opened recent query shows its own database
       showDatabase();
     }
-    if (["done", "failed", "cancelled", "rejected"].indexOf(view.status) >= 0) {
+    $("answer-confidence").hidden = true;
+    if (["done", "unsure", "failed", "cancelled", "rejected"].indexOf(view.status) >= 0) {
       showFinal(view);
       return;
     }

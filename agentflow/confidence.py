@@ -1,0 +1,200 @@
+"""How sure an answer is, from evidence the pipeline really gathered.
+
+A small CPU model is wrong often, and a wrong answer that comes back as a green ``done`` is worse
+than one that says "I am not sure". The score here is not a probability learned from data: it is
+a transparent rule over signals each pipeline actually observes, so every point of it can be
+explained to the user in one of its ``reasons``:
+
+* agreement: independently sampled candidates that return the same rows are evidence; the
+  share of all candidates in the chosen result cluster is the base of the score. A pipeline
+  with one candidate cannot observe agreement at all and says so (its score is capped below
+  ``high``).
+* execution: SQL that never ran successfully is no answer (score 0); each error the pipeline
+  had to repair before the SQL ran lowers the score a little.
+* unit tests: the model's verdicts on the disagreeing clusters count only when the tests were
+  really written; missing tests are reported as missing, never as passed.
+* plausibility: an empty result, an all-NULL result, or a "how many" question answered without
+  counting (e.g. ``SELECT * FROM stores WHERE store_id = 1``) are signs of a wrong query.
+
+Whether the score means anything is measured, not assumed: ``benchmarks/confidence_calibration.py``
+reports accuracy per level and the AUROC of the score against correctness on Spider dev.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Level = Literal["high", "medium", "low"]
+LEVELS: tuple[Level, ...] = ("high", "medium", "low")
+
+# Level boundaries on the score (inclusive lower bounds).
+HIGH_AT = 0.75
+MEDIUM_AT = 0.45
+
+# With one candidate nothing cross-checks the SQL: the best such an answer can be is medium.
+SINGLE_CANDIDATE_BASE = 0.6
+EMPTY_FACTOR = 0.5
+ALL_NULL_FACTOR = 0.6
+IMPLAUSIBLE_FACTOR = 0.4
+REPAIR_FACTOR = 0.9
+TESTS_PASSED_BONUS = 0.1
+TESTS_FAILED_FACTOR = 0.8
+
+_COUNT_QUESTION = re.compile(r"\b(how many|number of|count of|count the|total number)\b", re.I)
+_GROUPED_QUESTION = re.compile(r"\b(each|every|per|for all|by)\b", re.I)
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What a pipeline observed about its answer. ``None`` means "not observable here"."""
+
+    question: str
+    sql: str | None
+    executed: bool  # the final SQL ran without error
+    rows: Sequence[Sequence[Any]] = ()
+    columns: Sequence[str] = ()
+    n_candidates: int = 1  # independent attempts at the SQL
+    chosen_cluster: int | None = None  # candidates whose result equals the chosen one's
+    n_clusters: int | None = None  # distinct results among executable candidates
+    repairs: int = 0  # failed/empty executions that a revision round had to fix
+    unit_tests: Sequence[str] | None = None  # None: none were needed; []: wanted, none written
+    tests_passed: bool | None = None  # the chosen cluster's verdict (None: not evaluated)
+    other_clusters_passed: int = 0  # rival clusters that passed the same tests
+    truncated: bool = False
+    dialect: str = "sqlite"
+
+
+@dataclass(frozen=True)
+class Confidence:
+    score: float
+    level: Level
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def level_of(score: float) -> Level:
+    if score >= HIGH_AT:
+        return "high"
+    return "medium" if score >= MEDIUM_AT else "low"
+
+
+def assess(s: Signals) -> Confidence:
+    """The score, its level and one reason per signal that moved it."""
+    reasons: list[str] = []
+    if not s.sql:
+        return Confidence(0.0, "low", ["no SQL was written"])
+    if not s.executed:
+        return Confidence(0.0, "low", ["the SQL does not execute"])
+
+    if s.n_candidates <= 1:
+        score = SINGLE_CANDIDATE_BASE
+        reasons.append("one candidate only: no second attempt to agree or disagree with it, "
+                       "so this pipeline cannot tell a consistent answer from a lucky one")
+    else:
+        agreeing = s.chosen_cluster or 1
+        share = agreeing / s.n_candidates
+        score = 0.1 + 0.85 * share
+        if agreeing == s.n_candidates:
+            reasons.append(f"all {s.n_candidates} candidates return the same result")
+        else:
+            clusters = (f" ({s.n_clusters} different results)" if (s.n_clusters or 0) > 1
+                        else "; the others did not run")
+            reasons.append(f"{agreeing} of {s.n_candidates} candidates agree{clusters}")
+
+    if s.unit_tests is not None:
+        if not s.unit_tests:
+            reasons.append("the candidates disagree and the model wrote no usable unit test: "
+                           "the choice was not checked")
+        elif s.tests_passed is True and s.other_clusters_passed == 0:
+            score += TESTS_PASSED_BONUS
+            reasons.append(f"only the chosen result passed the model's {len(s.unit_tests)} "
+                           "unit test(s)")
+        elif s.tests_passed is True:
+            reasons.append(f"the chosen result passed the unit tests, but so did "
+                           f"{s.other_clusters_passed} rival result(s)")
+        elif s.tests_passed is False:
+            score *= TESTS_FAILED_FACTOR
+            reasons.append("no result passed the model's unit tests")
+
+    if s.repairs:
+        score *= REPAIR_FACTOR ** s.repairs
+        reasons.append(f"{s.repairs} failed or empty execution(s) had to be repaired first")
+
+    if not s.rows:
+        score *= EMPTY_FACTOR
+        reasons.append("the result is empty")
+    elif all(v is None for row in s.rows for v in row):
+        score *= ALL_NULL_FACTOR
+        reasons.append("every value in the result is NULL")
+
+    implausible = implausibility(s.question, s.sql, s.rows, s.dialect)
+    if implausible:
+        score *= IMPLAUSIBLE_FACTOR
+        reasons.append(implausible)
+    if s.truncated:
+        reasons.append("the result was cut at the row cap")
+
+    score = round(min(1.0, max(0.0, score)), 3)
+    return Confidence(score, level_of(score), reasons)
+
+
+def implausibility(question: str, sql: str, rows: Sequence[Sequence[Any]],
+                   dialect: str = "sqlite") -> str | None:
+    """Why the result cannot be the answer to the question's form, or None.
+
+    Only one form is checked, the one small models get wrong most visibly: a count question
+    ("how many ...", "number of ...") must be answered by counting or summing; without a
+    grouping word ("each", "per", ...) the answer is one row with a number in it."""
+    if not _COUNT_QUESTION.search(question):
+        return None
+    if not _counts(sql, dialect):
+        return "a 'how many' question answered without COUNT or SUM"
+    if _GROUPED_QUESTION.search(question) or not rows:
+        return None
+    if len(rows) != 1:
+        return f"a 'how many' question answered with {len(rows)} rows instead of one number"
+    if not any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in rows[0]):
+        return "a 'how many' question answered without a number"
+    return None
+
+
+def _counts(sql: str, dialect: str) -> bool:
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        tree = sqlglot.parse_one(sql, read=dialect)
+    except Exception:  # sqlglot raises several error types; fall back to the text
+        return bool(re.search(r"\b(count|sum)\s*\(", sql, re.I))
+    return tree is not None and tree.find(exp.Count, exp.Sum) is not None
+
+
+# ------------------------------------------------------------------------------ threshold
+UNSURE = "unsure"
+
+
+def unsure_message(confidence: dict[str, Any], threshold: float) -> str:
+    """The error text of an answer held back as "not sure" (its SQL and rows stay attached)."""
+    why = "; ".join(confidence.get("reasons") or []) or "no supporting evidence"
+    return (f"not sure: confidence {confidence['score']:.2f} is below the threshold "
+            f"{threshold:.2f} ({why}); the best guess is attached")
+
+
+def below(confidence: dict[str, Any] | None, threshold: float | None) -> bool:
+    """Whether an answer's confidence falls under ``threshold`` (None: no threshold)."""
+    if threshold is None or confidence is None:
+        return False
+    return float(confidence["score"]) < threshold
+
+
+def validate_threshold(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise ValueError(f"min_confidence must be a number between 0 and 1, got {value!r}")
+    return float(value)
