@@ -28,7 +28,7 @@ class PlainSQLiteDialect(SQLiteDialect_pysqlite):
 
     supports_statement_cache = True
 
-    def on_connect(self) -> None:
+    def on_connect(self) -> None:  # type: ignore[override]  # None: no per-connection hook
         return None  # the parent's hook does nothing but register regexp() and floor()
 
 
