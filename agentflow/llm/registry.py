@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agentflow.llm.base import LLMBackend
+from agentflow.llm.llamacpp_server import LlamaServerSpec
 
 
 class BackendSpecError(ValueError):
@@ -85,15 +86,15 @@ class ScriptedSpec(_Spec):
     faults: list[ScriptedFaultSpec] = Field(default_factory=list)
 
 
-AnySpec = LocalSpec | OpenAISpec | VLLMSpec | ScriptedSpec
+AnySpec = LocalSpec | OpenAISpec | VLLMSpec | ScriptedSpec | LlamaServerSpec
 BackendSpec = Annotated[AnySpec, Field(discriminator="type")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(BackendSpec)
-KNOWN_TYPES = ("local", "openai", "vllm", "scripted")
+KNOWN_TYPES = ("local", "openai", "vllm", "scripted", "llama_server")
 
 
 def parse_backend_spec(spec: dict[str, Any] | BaseModel) -> AnySpec:
     """Validate ``spec``; raises ``BackendSpecError`` naming the offending fields."""
-    if isinstance(spec, (LocalSpec, OpenAISpec, VLLMSpec, ScriptedSpec)):
+    if isinstance(spec, (LocalSpec, OpenAISpec, VLLMSpec, ScriptedSpec, LlamaServerSpec)):
         return spec
     if not isinstance(spec, dict):
         raise BackendSpecError(f"a backend spec must be a mapping, got {type(spec).__name__}")
@@ -142,6 +143,9 @@ def create_backend(spec: dict[str, Any] | BaseModel) -> LLMBackend:
         from agentflow.llm.vllm_engine import VLLMEngineBackend
         return VLLMEngineBackend(model=parsed.model, engine_args=parsed.engine_args,
                                  name=parsed.name)
+    if isinstance(parsed, LlamaServerSpec):
+        from agentflow.llm.llamacpp_server import LlamaServerBackend
+        return LlamaServerBackend(parsed)
     from agentflow.llm.scripted import Fault, ScriptedBackend
     return ScriptedBackend(parsed.answers, default=parsed.default, latency_s=parsed.latency_s,
                            per_token_s=parsed.per_token_s, fail_after=parsed.fail_after,
