@@ -218,23 +218,39 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance]) -> Outcome:
 
 # ---------------------------------------------------------------------------------- real
 class PromptMaker:
-    """Prompts of an exact token count in the model's own tokenizer: random common words,
-    cut to n - 1 tokens (the server adds BOS), different for every call."""
+    """Prompts of an exact token count in the served model's tokenizer: random common words,
+    cut to n - 1 tokens (the server adds BOS), different for every call. ``tokenizer``: a
+    GGUF file (llama.cpp, vocabulary only) or a Hugging Face tokenizer name or folder (vLLM
+    servers; needs ``transformers``)."""
 
-    def __init__(self, model_path: str, seed: int):
-        from llama_cpp import Llama
-
-        self._llm = Llama(model_path, vocab_only=True, verbose=False)
+    def __init__(self, tokenizer: str, seed: int):
         self._rng = np.random.default_rng(seed)
+        self._llm: Any = None
+        self._hf: Any = None
+        if tokenizer.endswith(".gguf"):
+            from llama_cpp import Llama
+
+            self._llm = Llama(tokenizer, vocab_only=True, verbose=False)
+        else:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError:
+                raise SystemExit(f"--tokenizer {tokenizer}: a Hugging Face tokenizer needs "
+                                 "'transformers' (or pass a .gguf file)") from None
+            self._hf = AutoTokenizer.from_pretrained(tokenizer)
 
     def make(self, n_tokens: int) -> str:
         want = max(0, n_tokens - 1)
-        words = self._rng.choice(_WORDS, size=want + 8)
-        tokens = self._llm.tokenize(" ".join(words).encode(), add_bos=False)
-        return self._llm.detokenize(tokens[:want]).decode("utf-8", "replace")
+        text = " ".join(self._rng.choice(_WORDS, size=want + 8))
+        if self._llm is not None:
+            tokens = self._llm.tokenize(text.encode(), add_bos=False)
+            return self._llm.detokenize(tokens[:want]).decode("utf-8", "replace")
+        ids = self._hf(text, add_special_tokens=False)["input_ids"][:want]
+        return self._hf.decode(ids)
 
     def close(self) -> None:
-        self._llm.close()
+        if self._llm is not None:
+            self._llm.close()
 
 
 async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, str]) -> Outcome:
@@ -291,13 +307,15 @@ async def close_all(backends: dict[str, Any]) -> None:
         await b.close()
 
 
-def model_path_of(backends: dict[str, Any]) -> str:
+def tokenizer_of(backends: dict[str, Any], given: str | None) -> str:
+    if given:
+        return given
     for b in backends.values():
         path = getattr(b, "model_path", None)
         if path:
             return str(path)
-    raise SystemExit("synthetic prompts need the model's tokenizer: no instance names a GGUF "
-                     "file (for vLLM servers pass --tokenizer-gguf or use llama_server)")
+    raise SystemExit("synthetic prompts need the served model's tokenizer: no instance runs a "
+                     "GGUF file, so pass --tokenizer (a Hugging Face name/folder or a .gguf)")
 
 
 # --------------------------------------------------------------------------- calibration
@@ -332,8 +350,13 @@ def measure_single(backend: Any, maker: PromptMaker, repeats: int,
     return rows
 
 
-FIT_FIELDS = ("compute_efficiency", "bw_efficiency", "attn_bw_efficiency", "step_overhead_s",
-              "request_overhead_s")
+# The profile's efficiencies and overheads that single requests identify (prefill compute,
+# weight streaming, KV reads, per step, per request); an operator-level engine's prefill
+# attention efficiency too, where the profile has one.
+FIT_FIELDS = tuple(f for f in ("compute_efficiency", "bw_efficiency", "attn_bw_efficiency",
+                               "prefill_attn_efficiency", "step_overhead_s",
+                               "request_overhead_s")
+                   if f in hardware.GPUProfile.__dataclass_fields__)
 
 
 def sim_single(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
@@ -385,7 +408,7 @@ def calibrate(args: argparse.Namespace) -> None:
     loop = asyncio.new_event_loop()
     try:
         backend = backends[name]
-        maker = PromptMaker(model_path_of(backends), args.seed)
+        maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
         print(f"# single requests on {name} ({cfg.gpu}, {cfg.model})")
         rows = measure_single(backend, maker, args.repeats, loop)
     finally:
@@ -470,6 +493,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="multiply every prompt/output length (default 1; --quick 0.1)")
     ap.add_argument("--max-prompt", type=int, help="cap on a call's prompt tokens (after scale)")
     ap.add_argument("--max-output", type=int, help="cap on a call's output tokens (after scale)")
+    ap.add_argument("--tokenizer", help="for synthetic prompts: a .gguf file or a Hugging Face "
+                    "tokenizer (default: the first llama_server instance's GGUF)")
     ap.add_argument("--assign", choices=("query", "call"), default="query")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="real_vs_sim.png", help="where to save the plot")
@@ -504,7 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     backends = start_backends(args.cluster)
     loop = asyncio.new_event_loop()
     try:
-        maker = PromptMaker(model_path_of(backends), args.seed)
+        maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
         prompts = {c.id: maker.make(c.prompt_tokens) for cs in w.calls for c in cs}
         maker.close()
         real = loop.run_until_complete(replay_real(w, backends, prompts))
