@@ -23,6 +23,7 @@ Example cluster-file entry::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import shutil
@@ -41,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 
 log = logging.getLogger(__name__)
+_process_ids = itertools.count()
 
 
 class LlamaServerSpec(BaseModel):
@@ -79,7 +81,7 @@ class LlamaServerSpec(BaseModel):
     startup_timeout_s: float = Field(300.0, gt=0)
     timeout_s: float = Field(600.0, gt=0)
     max_restarts: int = Field(2, ge=0)
-    log_file: str | None = None  # the server's output; default: a file next to the cache
+    log_file: str | None = None  # the server's output; default: $AGENTFLOW_CACHE/llama-server/logs/
 
     @field_validator("cores")
     @classmethod
@@ -213,8 +215,11 @@ class LlamaServerProcess:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._tail: deque[str] = deque(maxlen=30)
+        from agentflow.llm.llamacpp_build import cache_root
+
         self.log_path = Path(spec.log_file) if spec.log_file else (
-            self.binary.parent.parent / "logs" / f"{spec.name}-{os.getpid()}.log")
+            cache_root() / "llama-server" / "logs"
+            / f"{spec.name}-{os.getpid()}-{next(_process_ids)}.log")
         self._watcher: threading.Thread | None = None
 
     @property
