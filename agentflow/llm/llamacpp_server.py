@@ -374,12 +374,25 @@ class LlamaServerBackend(LLMBackend):
         self._make_client = lambda: OpenAIBackend(
             f"{self.process.base_url}/v1", Path(self.model_path).stem,
             timeout_s=self.spec.timeout_s, grammar_param="grammar", extra_body=body,
-            name=self.name)
+            name=self.name, client=self._openai_client())
         self._client = self._make_client()
         self._client_port = self.process.port
         self._closed = False
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
+
+    def _openai_client(self) -> Any:
+        """The OpenAI client with idle connections dropped after 1 s: llama-server's HTTP
+        library closes a keep-alive connection after 5 s idle, and a request sent on one it
+        is closing fails with a connection error (seen under load)."""
+        import httpx
+        import openai
+
+        return openai.AsyncOpenAI(
+            base_url=f"{self.process.base_url}/v1", api_key="EMPTY", max_retries=0,
+            timeout=openai.Timeout(self.spec.timeout_s, connect=10.0),
+            http_client=httpx.AsyncClient(limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=64, keepalive_expiry=1.0)))
 
     # -- LLMBackend ---------------------------------------------------------------------
     async def generate(self, request: LLMRequest,
