@@ -382,9 +382,12 @@ class LlamaServerBackend(LLMBackend):
         self._tokenizer_lock = threading.Lock()
 
     def _openai_client(self) -> Any:
-        """The OpenAI client with idle connections dropped after 1 s: llama-server's HTTP
-        library closes a keep-alive connection after 5 s idle, and a request sent on one it
-        is closing fails with a connection error (seen under load)."""
+        """The OpenAI client with one fresh loopback connection per call (no keep-alive):
+        llama-server closes reused connections on its own terms (after 5 s idle, and when a
+        request beyond its fixed HTTP threads ran on a one-off thread), and a call sent on
+        a connection it is closing fails with "Server disconnected without sending a
+        response" (seen with ~10 concurrent calls on one instance). A loopback connect costs
+        well under a millisecond."""
         import httpx
         import openai
 
@@ -392,7 +395,7 @@ class LlamaServerBackend(LLMBackend):
             base_url=f"{self.process.base_url}/v1", api_key="EMPTY", max_retries=0,
             timeout=openai.Timeout(self.spec.timeout_s, connect=10.0),
             http_client=httpx.AsyncClient(limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=64, keepalive_expiry=1.0)))
+                max_connections=None, max_keepalive_connections=0)))
 
     # -- LLMBackend ---------------------------------------------------------------------
     async def generate(self, request: LLMRequest,
