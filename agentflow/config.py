@@ -86,6 +86,11 @@ class InstanceConfig(BaseModel):
     def inflight_limit(self) -> int:
         if self.max_inflight is not None:
             return self.max_inflight
+        from agentflow.llm.llamacpp_server import spec_slots  # a server's slots, if it has any
+
+        slots = spec_slots(self.backend)
+        if slots is not None:
+            return slots
         return self.max_num_seqs if self.gpu is not None else 1
 
 

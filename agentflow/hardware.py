@@ -138,6 +138,22 @@ MODELS: dict[str, ModelProfile] = {m.name: m for m in (
 )}
 
 
+# One CPU core running llama.cpp's llama-server (the llama_server backend, pinned with
+# ``cores``), for simulating CPU clusters and checking the simulator against a real batching
+# engine (benchmarks/real_vs_sim.py). Peak: AVX-512, 2 FMA ports x 16 fp32 lanes at ~2.5 GHz;
+# bandwidth: what one core streams. The efficiencies and overheads are fitted to single
+# requests of gemma-3-270m Q4_K_M on this project's build machine (a Sapphire Rapids Xeon)
+# by ``benchmarks/real_vs_sim.py --calibrate``; ``mem_gb`` is the memory one instance may use.
+# Fitted 2026-12-01 10:07 UTC on 12 requests (prompts 32-2048, outputs 1-96) with the two
+# cores lightly shared (load ~2.5): median error 7.7%, max 15.7%. (Fitted at load ~15 half an
+# hour earlier, the same grid gave compute 0.37 / bandwidth 0.12: what a core delivers moves
+# with what else runs on it.)
+GPUS["Xeon-core"] = GPUProfile(
+    "Xeon-core", peak_tflops=0.16, mem_bw_gbs=12.0, mem_gb=8, compute_efficiency=0.7261,
+    bw_efficiency=0.2512, attn_bw_efficiency=0.3171, step_overhead_s=0.003951,
+    request_overhead_s=0.09026, interconnect_gbs=0.0)
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Constants fitted for one GPU serving one model at one weight precision."""

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentflow.llm.base import LLMBackend
+from agentflow.llm.llamacpp_server import LlamaServerSpec as _LlamaServerFields
 
 
 class BackendSpecError(ValueError):
@@ -133,8 +134,17 @@ class ScriptedSpec(BackendSpec):
                                faults=[Fault(**f.model_dump()) for f in self.faults])
 
 
+class LlamaServerSpec(_LlamaServerFields, BackendSpec):
+    """llama.cpp's llama-server, started by agentflow (``agentflow.llm.llamacpp_server``)."""
+
+    def build(self) -> LLMBackend:
+        from agentflow.llm.llamacpp_server import LlamaServerBackend
+        return LlamaServerBackend(self)
+
+
 # The one list of backend types: KNOWN_TYPES and the type -> spec lookup derive from it.
-SPECS: tuple[type[BackendSpec], ...] = (LocalSpec, OpenAISpec, VLLMSpec, ScriptedSpec)
+SPECS: tuple[type[BackendSpec], ...] = (LocalSpec, OpenAISpec, VLLMSpec, ScriptedSpec,
+                                        LlamaServerSpec)
 
 
 def _type_name(spec_cls: type[BackendSpec]) -> str:

@@ -1,0 +1,552 @@
+"""Replay a trace's LLM calls on real engines and in the simulator; print how far apart they are.
+
+    python benchmarks/real_vs_sim.py --cluster examples/cluster-llama-server-2cpu.yaml \\
+        --trace ../shared/traces/hexgen-flow/trace1.json --rate 0.05 [--quick]
+    python benchmarks/real_vs_sim.py --cluster FILE --calibrate      # fit the CPU profile
+
+Both sides get the same workload: the trace's first queries (HexGen-Flow or agentflow format,
+``agentflow.sim.workload.load_trace``), Poisson arrivals at ``--rate`` (seeded), each query's
+stages run in its recorded DAG order (a stage starts when its parents finish, in real time on
+the real side, in simulated time on the other), every call on the same instance on both sides
+(``--assign query``: a query's calls stay on one instance, so its parallel candidates and
+evaluations batch there; ``call``: round-robin over calls). Real side: the cluster file's
+instances as serving starts them (``create_backend``); each call is a synthetic prompt of the
+recorded token count (random common words, unique per call so no prompt cache helps) with
+``max_tokens`` = the recorded output and end of text ignored (``ignore_eos``), so the engine
+does exactly the recorded work. Simulated side: ``agentflow.sim.engine`` instances built from
+the same file's hardware profiles (``gpu``/``model``), with the engine's limits taken from the
+backend (llama-server: ``parallel`` slots, ``batch`` tokens per step). No scheduler runs on
+either side: this checks the engine physics, not a policy.
+
+Token counts. Recorded calls of a 70B GPU deployment (12k-token prompts, 660-token answers)
+take minutes each on a 270M model on one CPU core, so ``--scale`` multiplies every prompt and
+output length (default 0.1 with ``--quick``, 1.0 otherwise; rounded, at least 1 token) and
+``--max-prompt`` / ``--max-output`` cap them afterwards (default: none). The same scaled counts
+go to both sides, and the header says what was used.
+
+Errors: per call, ``|sim - real| / real`` of the call's latency (submit to last token, as
+the caller sees it); per query, of its end-to-end latency (arrival to last call done). The
+last two lines are ``median |sim-real|/real per call: X`` and ``P95 error per query: Y``.
+
+``--calibrate`` runs single requests (one at a time, on the first instance) over a grid of
+prompt and output lengths and fits the hardware profile's efficiencies and overheads by least
+squares of the simulator's single-request latency (prefill and decode time, relative error),
+then prints the profile to put in ``agentflow/hardware.py``. The replay never fits anything.
+
+On a GPU fleet the same command checks vLLM servers: give it a cluster file whose instances
+are ``backend: {type: openai, base_url: ..., extra_body: {ignore_eos: true}}`` with their
+``gpu``/``model``/``tensor_parallel``/``max_num_seqs``/``max_num_batched_tokens`` as deployed
+(see README, "Checking the simulator against real engines").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import json
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentflow import hardware  # noqa: E402
+from agentflow.config import InstanceConfig  # noqa: E402
+from agentflow.sim.cluster import load_cluster  # noqa: E402
+from agentflow.sim.engine import SimInstance, engine_for  # noqa: E402
+from agentflow.sim.workload import TraceQuery, arrival_times, load_trace  # noqa: E402
+
+_WORDS = ("time year people way day man thing woman life child world school state family "
+          "student group country problem hand part place case week company system program "
+          "question work government number night point home water room mother area money "
+          "story fact month lot right study book eye job word business issue side kind head "
+          "house service friend father power hour game line end member law car city name "
+          "team minute idea kid body information back parent face others level office door "
+          "health person art war history party result change morning reason research girl "
+          "guy moment air teacher force education").split()
+
+
+# ------------------------------------------------------------------------------ workload
+@dataclass(frozen=True)
+class Call:
+    """One LLM call of a replayed query, with the token counts both sides use."""
+
+    id: str
+    query: int
+    parents: tuple[str, ...]
+    prompt_tokens: int
+    output_tokens: int
+    instance: str
+
+
+@dataclass
+class Workload:
+    arrivals: list[float]
+    calls: list[list[Call]]  # per query, in trace order
+    scale: float
+    max_prompt: int | None
+    max_output: int | None
+
+
+def scaled(n: int, scale: float, cap: int | None) -> int:
+    value = max(1, round(n * scale))
+    return min(value, cap) if cap is not None else value
+
+
+def build_workload(queries: list[TraceQuery], instances: list[str], *, rate: float,
+                   seed: int, scale: float, max_prompt: int | None, max_output: int | None,
+                   assign: str) -> Workload:
+    """Arrivals and calls; tool steps (agentflow traces) are dropped and their children
+    depend on the tool's parents, since only the LLM engines are being compared."""
+    arrivals = [float(t) for t in arrival_times(len(queries), rate, seed=seed)]
+    out: list[list[Call]] = []
+    k = 0
+    for qi, q in enumerate(queries):
+        llm = {n.id for n in q.nodes if n.kind == "llm"}
+        by_id = {n.id: n for n in q.nodes}
+
+        calls = []
+        for n in q.nodes:
+            if n.kind != "llm":
+                continue
+            inst = instances[qi % len(instances)] if assign == "query" else \
+                instances[k % len(instances)]
+            k += 1
+            calls.append(Call(f"q{qi}/{n.id}", qi, tuple(f"q{qi}/{p}" for p in
+                                                         sorted(_llm_parents(by_id, llm, n.id))),
+                              scaled(n.prompt_tokens, scale, max_prompt),
+                              scaled(n.output_tokens, scale, max_output), inst))
+        out.append(calls)
+    return Workload(arrivals, out, scale, max_prompt, max_output)
+
+
+def _llm_parents(by_id: dict, llm: set[str], node_id: str) -> set[str]:
+    """The nearest LLM ancestors of a node, looking through tool steps."""
+    found: set[str] = set()
+    stack, seen = list(by_id[node_id].parents), set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        if p in llm:
+            found.add(p)
+        else:
+            stack.extend(by_id[p].parents)
+    return found
+
+
+@dataclass
+class Outcome:
+    """Per call: submit and finish times (s from the first arrival); per query: latency."""
+
+    submit: dict[str, float] = field(default_factory=dict)
+    finish: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: dict[str, int] = field(default_factory=dict)  # as the engine counted
+    wall_s: float = 0.0
+
+    def call_latency(self, cid: str) -> float:
+        return self.finish[cid] - self.submit[cid]
+
+    def query_latency(self, w: Workload, qi: int) -> float:
+        return max(self.finish[c.id] for c in w.calls[qi]) - w.arrivals[qi]
+
+
+# ----------------------------------------------------------------------------- simulator
+def sim_engines(cluster_path: str) -> dict[str, SimInstance]:
+    """The simulated engine of every instance, with the limits its backend really has."""
+    cluster = load_cluster(cluster_path)
+    return {name: engine_for(name, engine_limits(cfg)) for name, cfg in cluster.expanded()}
+
+
+def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
+    """llama-server's slots and batch are its engine's max_num_seqs / token budget."""
+    backend = cfg.backend
+    if backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import LlamaServerSpec
+
+        spec = LlamaServerSpec.model_validate(backend)
+        return cfg.model_copy(update={"max_num_seqs": spec.parallel,
+                                      "max_num_batched_tokens": spec.batch})
+    return cfg
+
+
+def replay_sim(w: Workload, engines: dict[str, SimInstance]) -> Outcome:
+    """Event-driven DAG replay in virtual time: a call is added to its engine when its last
+    parent finishes; engines advance to the earliest pending event across all of them."""
+    t_start = time.perf_counter()
+    out = Outcome()
+    children: dict[str, list[Call]] = {}
+    missing: dict[str, int] = {}
+    ready: list[tuple[float, int, Call]] = []
+    order = 0
+    for qi, calls in enumerate(w.calls):
+        for c in calls:
+            missing[c.id] = len(c.parents)
+            for p in c.parents:
+                children.setdefault(p, []).append(c)
+            if not c.parents:
+                heapq.heappush(ready, (w.arrivals[qi], order, c))
+                order += 1
+    while True:
+        t_engine, name = min(((e.next_event_time(), n) for n, e in engines.items()
+                              if e.next_event_time() is not None), default=(None, None))
+        if ready and (t_engine is None or ready[0][0] < t_engine):
+            t, _, c = heapq.heappop(ready)
+            out.submit[c.id] = t
+            engines[c.instance].add(c.id, c.prompt_tokens, c.output_tokens, 0, t)
+            continue
+        if t_engine is None:
+            break
+        for ev in engines[name].step_until(t_engine):
+            if ev.kind != "finished":
+                continue
+            out.finish[ev.seq_id] = ev.time
+            for child in children.get(ev.seq_id, ()):
+                missing[child.id] -= 1
+                if missing[child.id] == 0:
+                    heapq.heappush(ready, (ev.time, order, child))
+                    order += 1
+    out.wall_s = time.perf_counter() - t_start
+    return out
+
+
+# ---------------------------------------------------------------------------------- real
+class PromptMaker:
+    """Prompts of an exact token count in the served model's tokenizer: random common words,
+    cut to n - 1 tokens (the server adds BOS), different for every call. ``tokenizer``: a
+    GGUF file (llama.cpp, vocabulary only) or a Hugging Face tokenizer name or folder (vLLM
+    servers; needs ``transformers``)."""
+
+    def __init__(self, tokenizer: str, seed: int):
+        self._rng = np.random.default_rng(seed)
+        self._llm: Any = None
+        self._hf: Any = None
+        if tokenizer.endswith(".gguf"):
+            from llama_cpp import Llama
+
+            self._llm = Llama(tokenizer, vocab_only=True, verbose=False)
+        else:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError:
+                raise SystemExit(f"--tokenizer {tokenizer}: a Hugging Face tokenizer needs "
+                                 "'transformers' (or pass a .gguf file)") from None
+            self._hf = AutoTokenizer.from_pretrained(tokenizer)
+
+    def make(self, n_tokens: int) -> str:
+        want = max(0, n_tokens - 1)
+        text = " ".join(self._rng.choice(_WORDS, size=want + 8))
+        if self._llm is not None:
+            tokens = self._llm.tokenize(text.encode(), add_bos=False)
+            return self._llm.detokenize(tokens[:want]).decode("utf-8", "replace")
+        ids = self._hf(text, add_special_tokens=False)["input_ids"][:want]
+        return self._hf.decode(ids)
+
+    def close(self) -> None:
+        if self._llm is not None:
+            self._llm.close()
+
+
+async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, str]) -> Outcome:
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    out = Outcome()
+    t0 = time.perf_counter()
+    done: dict[str, asyncio.Event] = {c.id: asyncio.Event() for cs in w.calls for c in cs}
+
+    async def run_call(c: Call, arrival: float) -> None:
+        await asyncio.sleep(max(0.0, arrival - (time.perf_counter() - t0)))
+        for p in c.parents:
+            await done[p].wait()
+        out.submit[c.id] = time.perf_counter() - t0
+        request = LLMRequest(prompt=prompts[c.id], params=SamplingParams(
+            max_tokens=c.output_tokens, temperature=0.0), stage="replay",
+            query_id=f"q{c.query}")
+        result = await backends[c.instance].generate(request)
+        out.finish[c.id] = time.perf_counter() - t0
+        out.prompt_tokens[c.id] = result.prompt_tokens
+        if result.completion_tokens != c.output_tokens:
+            raise RuntimeError(f"{c.id}: {result.completion_tokens} output tokens, asked for "
+                               f"{c.output_tokens} (is ignore_eos reaching the server?)")
+        done[c.id].set()
+
+    await asyncio.gather(*(run_call(c, w.arrivals[qi]) for qi, cs in enumerate(w.calls)
+                           for c in cs))
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+def start_backends(cluster_path: str) -> dict[str, Any]:
+    """The cluster's instances as serving starts them, with end of text ignored."""
+    from agentflow.llm.registry import create_backend
+
+    cluster = load_cluster(cluster_path)
+    backends = {}
+    try:
+        for name, cfg in cluster.expanded():
+            spec = dict(cfg.backend)
+            if spec.get("type") == "llama_server":
+                spec.update(ignore_eos=True, name=name)
+            elif spec.get("type") == "openai":
+                spec["extra_body"] = {**spec.get("extra_body", {}), "ignore_eos": True}
+            backends[name] = create_backend(spec)
+    except BaseException:
+        asyncio.run(close_all(backends))
+        raise
+    return backends
+
+
+async def close_all(backends: dict[str, Any]) -> None:
+    for b in backends.values():
+        await b.close()
+
+
+def tokenizer_of(backends: dict[str, Any], given: str | None) -> str:
+    if given:
+        return given
+    for b in backends.values():
+        path = getattr(b, "model_path", None)
+        if path:
+            return str(path)
+    raise SystemExit("synthetic prompts need the served model's tokenizer: no instance runs a "
+                     "GGUF file, so pass --tokenizer (a Hugging Face name/folder or a .gguf)")
+
+
+# --------------------------------------------------------------------------- calibration
+CAL_PROMPTS = (32, 256, 1024, 2048)
+CAL_OUTPUTS = (1, 24, 96)
+
+
+def measure_single(backend: Any, maker: PromptMaker, repeats: int,
+                   loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(prompt, output, ttft_s, total_s) of one-at-a-time requests, as the caller sees
+    them (perf_counter around the HTTP call; the first token's time from the stream)."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int) -> tuple:
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        return (res.prompt_tokens, o, res.ttft_s, time.perf_counter() - t)
+
+    async def all_rows() -> None:
+        await one(16, 2)  # warm-up
+        for _ in range(repeats):
+            for p in CAL_PROMPTS:
+                for o in CAL_OUTPUTS:
+                    rows.append(await one(p, o))
+                    print(f"  prompt {rows[-1][0]:5d} output {o:4d}: ttft {rows[-1][2]:.3f} s "
+                          f"total {rows[-1][3]:.3f} s", flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
+# The profile's efficiencies and overheads that single requests identify (prefill compute,
+# weight streaming, KV reads, per step, per request); an operator-level engine's prefill
+# attention efficiency too, where the profile has one.
+FIT_FIELDS = tuple(f for f in ("compute_efficiency", "bw_efficiency", "attn_bw_efficiency",
+                               "prefill_attn_efficiency", "step_overhead_s",
+                               "request_overhead_s")
+                   if f in hardware.GPUProfile.__dataclass_fields__)
+
+
+def sim_single(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+               prompt: int, output: int) -> tuple[float, float]:
+    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      use_calibration=False)
+    eng.add("x", prompt, output, 0, 0.0)
+    ttft = total = 0.0
+    while (t := eng.next_event_time()) is not None:
+        for ev in eng.step_until(t):
+            if ev.kind == "first_token":
+                ttft = ev.time
+            if ev.kind == "finished":
+                total = ev.time
+    return ttft, total
+
+
+def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.ModelProfile,
+                limits: InstanceConfig) -> hardware.GPUProfile:
+    from scipy.optimize import least_squares
+
+    def profile(x: np.ndarray) -> hardware.GPUProfile:
+        return replace(base, **dict(zip(FIT_FIELDS, np.exp(x).tolist(), strict=True)))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        g = profile(x)
+        res = []
+        for p, o, ttft, total in rows:
+            s_ttft, s_total = sim_single(g, model, limits, p, o)
+            res.append((s_ttft - ttft) / ttft)
+            if o > 1:
+                res.append(((s_total - s_ttft) - (total - ttft)) / (total - ttft))
+        return np.asarray(res)
+
+    x0 = np.log([getattr(base, f) or 1e-3 for f in FIT_FIELDS])
+    fit = least_squares(residuals, x0, bounds=(np.log(1e-5), np.log(10.0)), x_scale=1.0,
+                        diff_step=1e-3)
+    err = np.abs(residuals(fit.x))
+    print(f"fit: median |rel err| {np.median(err) * 100:.1f}%, max {err.max() * 100:.1f}% "
+          f"over {len(err)} prefill/decode times")
+    return profile(fit.x)
+
+
+def calibrate(args: argparse.Namespace) -> None:
+    cluster = load_cluster(args.cluster)
+    name, cfg = cluster.expanded()[0]
+    backends = start_backends(args.cluster)
+    loop = asyncio.new_event_loop()
+    try:
+        backend = backends[name]
+        maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
+        print(f"# single requests on {name} ({cfg.gpu}, {cfg.model})")
+        rows = measure_single(backend, maker, args.repeats, loop)
+    finally:
+        loop.run_until_complete(close_all(backends))
+        loop.close()
+    model = engine_for(name, engine_limits(cfg)).model
+    fitted = fit_profile(rows, hardware.gpu(cfg.gpu), model, engine_limits(cfg))
+    print("# fitted profile (paste into agentflow/hardware.py):")
+    print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in FIT_FIELDS))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "fitted": {
+            f: getattr(fitted, f) for f in FIT_FIELDS}}, indent=1))
+
+
+# ------------------------------------------------------------------------------- report
+def relative(sim: float, real: float) -> float:
+    return abs(sim - real) / real
+
+
+def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
+           busy: dict[str, float]) -> dict[str, Any]:
+    ids = [c.id for cs in w.calls for c in cs]
+    r_call = np.array([real.call_latency(i) for i in ids])
+    s_call = np.array([sim.call_latency(i) for i in ids])
+    call_err = np.abs(s_call - r_call) / r_call
+    r_q = np.array([real.query_latency(w, q) for q in range(len(w.calls))])
+    s_q = np.array([sim.query_latency(w, q) for q in range(len(w.calls))])
+    q_err = np.abs(s_q - r_q) / r_q
+    print(f"{'query':>5} {'calls':>5} {'real_s':>8} {'sim_s':>8} {'sim/real':>8}")
+    for q in range(len(w.calls)):
+        print(f"{q:5d} {len(w.calls[q]):5d} {r_q[q]:8.2f} {s_q[q]:8.2f} {s_q[q] / r_q[q]:8.3f}")
+    print(f"per call ({len(ids)}): median {np.median(call_err) * 100:.1f}%, "
+          f"P90 {np.percentile(call_err, 90) * 100:.1f}%, sim/real of the sums "
+          f"{s_call.sum() / r_call.sum():.3f}")
+    print(f"per query ({len(r_q)}): median {np.median(q_err) * 100:.1f}%, "
+          f"mean sim/real {np.mean(s_q / r_q):.3f}")
+    for name, value in busy.items():
+        print(f"{name}: mean busy slots per decode step (llama-server /metrics) {value:.2f}")
+    if plot is not None:
+        save_plot(plot, r_call, s_call, r_q, s_q)
+        print(f"plot: {plot}")
+    median_call = float(np.median(call_err))
+    p95_query = float(np.percentile(q_err, 95))
+    return {"median_call_error": median_call, "p95_query_error": p95_query,
+            "call_real_s": r_call.tolist(), "call_sim_s": s_call.tolist(),
+            "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy}
+
+
+def save_plot(path: Path, r_call, s_call, r_q, s_q) -> None:
+    from agentflow.plotting import finish_figure, plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    lo, hi = min(r_call.min(), s_call.min()), max(r_call.max(), s_call.max())
+    ax1.plot([lo, hi], [lo, hi], color="grey", lw=1, label="sim = real")
+    ax1.scatter(r_call, s_call, s=12, alpha=0.7, label="LLM call")
+    ax1.set_xscale("log")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("real latency (s)")
+    ax1.set_ylabel("simulated latency (s)")
+    ax1.grid(alpha=0.3)
+    ax1.legend()
+    ax1.set_title("per call")
+    x = np.arange(len(r_q))
+    ax2.bar(x - 0.2, r_q, width=0.4, label="real")
+    ax2.bar(x + 0.2, s_q, width=0.4, label="simulated")
+    ax2.set_xlabel("query")
+    ax2.set_ylabel("end-to-end latency (s)")
+    finish_figure(fig, ax2, path, title="per query")
+
+
+# --------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cluster", required=True, help="cluster file (real backends + profiles)")
+    ap.add_argument("--trace", help="HexGen-Flow JSON or agentflow JSONL trace")
+    ap.add_argument("--rate", type=float, help="query arrivals per second (Poisson)")
+    ap.add_argument("--quick", action="store_true", help="8 queries at --scale 0.1")
+    ap.add_argument("--queries", type=int, help="queries to replay (default 30; --quick 8)")
+    ap.add_argument("--skip", type=int, default=0, help="start at this query of the trace")
+    ap.add_argument("--scale", type=float,
+                    help="multiply every prompt/output length (default 1; --quick 0.1)")
+    ap.add_argument("--max-prompt", type=int, help="cap on a call's prompt tokens (after scale)")
+    ap.add_argument("--max-output", type=int, help="cap on a call's output tokens (after scale)")
+    ap.add_argument("--tokenizer", help="for synthetic prompts: a .gguf file or a Hugging Face "
+                    "tokenizer (default: the first llama_server instance's GGUF)")
+    ap.add_argument("--assign", choices=("query", "call"), default="query")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", default="real_vs_sim.png", help="where to save the plot")
+    ap.add_argument("--json", help="also write the numbers to this file")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="fit the hardware profile from single requests instead")
+    ap.add_argument("--repeats", type=int, default=2, help="--calibrate: rounds of the grid")
+    args = ap.parse_args(argv)
+    if args.calibrate:
+        calibrate(args)
+        return
+    if not args.trace or args.rate is None:
+        ap.error("--trace and --rate are required (unless --calibrate)")
+    n = args.queries or (8 if args.quick else 30)
+    scale = args.scale if args.scale is not None else (0.1 if args.quick else 1.0)
+    if not 0 < scale <= 1 or n < 1:
+        ap.error("--scale must be in (0, 1] and --queries >= 1")
+    queries = load_trace(args.trace)[args.skip:args.skip + n]
+    engines = sim_engines(args.cluster)
+    w = build_workload(queries, list(engines), rate=args.rate, seed=args.seed, scale=scale,
+                       max_prompt=args.max_prompt, max_output=args.max_output,
+                       assign=args.assign)
+    n_calls = sum(len(c) for c in w.calls)
+    print(f"# {len(queries)} queries ({n_calls} LLM calls) of {args.trace} at {args.rate}/s, "
+          f"tokens x{scale} (caps: prompt {args.max_prompt}, output {args.max_output}), "
+          f"assign by {args.assign}, instances {', '.join(engines)}")
+    for name, e in engines.items():
+        print(f"  sim {name}: {e.gpu.name} / {e.model.name}, max_num_seqs {e.max_num_seqs}, "
+              f"token budget {e.max_num_batched_tokens}")
+    sim = replay_sim(w, engines)
+    print(f"simulated in {sim.wall_s:.2f} s wall")
+    backends = start_backends(args.cluster)
+    loop = asyncio.new_event_loop()
+    try:
+        maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
+        prompts = {c.id: maker.make(c.prompt_tokens) for cs in w.calls for c in cs}
+        maker.close()
+        real = loop.run_until_complete(replay_real(w, backends, prompts))
+        busy = {name: b.metrics().get("n_busy_slots_per_decode", float("nan"))
+                for name, b in backends.items() if hasattr(b, "metrics")}
+    finally:
+        loop.run_until_complete(close_all(backends))
+        loop.close()
+    off = [abs(real.prompt_tokens[c.id] - c.prompt_tokens) for cs in w.calls for c in cs]
+    print(f"real replay: {real.wall_s:.1f} s wall; prompt tokens as served vs planned: "
+          f"mean |diff| {np.mean(off):.2f}, max {max(off)}")
+    result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), **result}, indent=1))
+    print(f"median |sim-real|/real per call: {result['median_call_error']:.4f}")
+    print(f"P95 error per query: {result['p95_query_error']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

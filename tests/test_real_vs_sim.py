@@ -1,0 +1,81 @@
+"""benchmarks/real_vs_sim.py without real engines: the workload both sides replay (scaling,
+caps, DAG order, instance assignment) and the simulated replay of it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from real_vs_sim import build_workload, engine_limits, replay_sim, scaled, sim_engines  # noqa: E402
+
+from agentflow.config import InstanceConfig  # noqa: E402
+from agentflow.sim.workload import TraceNode, TraceQuery  # noqa: E402
+
+CLUSTER = ROOT / "examples" / "cluster-llama-server-2cpu.yaml"
+
+
+def query(qid: str) -> TraceQuery:
+    """a -> (b, c in parallel) -> tool -> d."""
+    return TraceQuery(qid, [
+        TraceNode("a", "extract_keywords", "llm", (), 300, 20),
+        TraceNode("b", "generate_candidate", "llm", ("a",), 1200, 60),
+        TraceNode("c", "generate_candidate", "llm", ("a",), 800, 40),
+        TraceNode("t", "execute", "tool", ("b", "c"), duration_s=0.5),
+        TraceNode("d", "revise", "llm", ("t",), 600, 7)])
+
+
+def test_scaling_and_caps():
+    assert scaled(1200, 0.1, None) == 120
+    assert scaled(3, 0.1, None) == 1  # never below one token
+    assert scaled(1200, 1.0, 500) == 500
+
+
+def test_workload_keeps_the_dag_and_assigns_instances():
+    w = build_workload([query("x"), query("y"), query("z")], ["i0", "i1"], rate=1.0, seed=3,
+                       scale=0.5, max_prompt=500, max_output=None, assign="query")
+    assert w.arrivals == sorted(w.arrivals) and len(w.calls) == 3
+    first = {c.id.split("/")[1]: c for c in w.calls[0]}
+    assert set(first) == {"a", "b", "c", "d"}  # the tool step is not replayed
+    assert first["d"].parents == ("q0/b", "q0/c")  # ... but its order is kept
+    assert (first["b"].prompt_tokens, first["b"].output_tokens) == (500, 30)
+    assert [c.instance for c in w.calls[1]] == ["i1"] * 4  # by query
+    by_call = build_workload([query("x")], ["i0", "i1"], rate=1.0, seed=3, scale=1.0,
+                             max_prompt=None, max_output=None, assign="call")
+    assert [c.instance for c in by_call.calls[0]] == ["i0", "i1", "i0", "i1"]
+
+
+def test_engine_limits_come_from_the_llama_server_backend():
+    cfg = InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
+                         backend={"type": "llama_server", "parallel": 3, "batch": 1024})
+    limited = engine_limits(cfg)
+    assert (limited.max_num_seqs, limited.max_num_batched_tokens) == (3, 1024)
+    engines = sim_engines(str(CLUSTER))
+    assert set(engines) == {"cpu-0", "cpu-1"}
+    assert all(e.max_num_seqs == 4 for e in engines.values())
+
+
+def test_simulated_replay_runs_every_call_after_its_parents():
+    engines = sim_engines(str(CLUSTER))
+    w = build_workload([query("x"), query("y")], list(engines), rate=0.5, seed=1, scale=0.2,
+                       max_prompt=None, max_output=None, assign="query")
+    out = replay_sim(w, engines)
+    for qi, calls in enumerate(w.calls):
+        for c in calls:
+            assert out.finish[c.id] > out.submit[c.id] >= w.arrivals[qi]
+            for p in c.parents:
+                assert out.submit[c.id] == pytest.approx(max(out.finish[q] for q in c.parents))
+                assert out.finish[p] <= out.submit[c.id]
+        assert out.query_latency(w, qi) > 0
+    # b and c (parallel candidates of one query, on one instance) batch together: they
+    # overlap, and b takes longer than it does alone
+    b, c = "q0/b", "q0/c"
+    assert out.submit[b] == out.submit[c] and out.finish[c] > out.submit[b]
+    alone_q = TraceQuery("solo", [TraceNode("b", "generate_candidate", "llm", (), 1200, 60)])
+    alone_w = build_workload([alone_q], ["cpu-0"], rate=0.5, seed=1, scale=0.2,
+                             max_prompt=None, max_output=None, assign="query")
+    alone = replay_sim(alone_w, sim_engines(str(CLUSTER)))
+    assert out.call_latency(b) > alone.call_latency("q0/b") * 1.05
