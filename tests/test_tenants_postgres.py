@@ -61,6 +61,13 @@ def _rows(db: Database) -> list[tuple]:
     return db.execute(ORDERS_SQL).rows
 
 
+def _login_role(db: Database) -> str:
+    """The role the pool's connection is at between transactions, read past the guard (which
+    refuses session functions such as current_user in questions)."""
+    with db.engine.connect() as conn:
+        return conn.exec_driver_sql("SELECT current_user").scalar_one()
+
+
 def test_role_view_sees_only_its_rows_and_the_pool_is_reset_after(url) -> None:
     with Database.open(url, db_id="rls", pool_size=1, max_overflow=0) as base:
         a, b = with_role(base, "tenant_a"), with_role(base, "tenant_b")
@@ -70,14 +77,12 @@ def test_role_view_sees_only_its_rows_and_the_pool_is_reset_after(url) -> None:
         for _ in range(2):
             assert _rows(a) == [("tenant_a", "anvil"), ("tenant_a", "axe")]
             assert _rows(b) == [("tenant_b", "bucket"), ("tenant_b", "brush")]
-            assert base.execute("SELECT current_user").rows == [("rls_reader",)]
+            assert _login_role(base) == "rls_reader"
             assert _rows(base) == []
-        assert a.execute("SELECT current_user, session_user").rows == [
-            ("tenant_a", "rls_reader")]
         # A failed statement on a role view must not leave the role on the connection.
         assert a.try_execute("SELECT nosuchcolumn FROM ledger.orders").__class__.__name__ \
             .endswith("Error")
-        assert base.execute("SELECT current_user").rows == [("rls_reader",)]
+        assert _login_role(base) == "rls_reader"
 
 
 def test_a_role_not_granted_fails_the_query_instead_of_running_as_the_login(url) -> None:
@@ -85,7 +90,7 @@ def test_a_role_not_granted_fails_the_query_instead_of_running_as_the_login(url)
         for role in ("stranger", "no_such_role"):
             err = with_role(base, role).try_execute(ORDERS_SQL)
             assert not hasattr(err, "rows"), role
-        assert base.execute("SELECT current_user").rows == [("rls_reader",)]
+        assert _login_role(base) == "rls_reader"
 
 
 SWITCH_ROLE = ("SELECT \"set_config\"('role', 'tenant_b', true) AS r, (SELECT "

@@ -128,7 +128,6 @@ POSTGRES = _COMMON | _names("""
     array_length cardinality array_position array_positions array_remove array_append
     array_prepend array_cat array_upper array_lower unnest
     generate_series regexp_split_to_table string_to_table
-    current_user current_role session_user
 """)
 
 # Two functions no question needs but that stay allowed: they only spend time or bytes, which
