@@ -32,6 +32,8 @@ class QueryState:
     arrival: float
     deadline: float | None
     key_text: str = ""  # what the length model embeds (the question)
+    slo_class: str | None = None  # agentflow.slo_classes name; None: the default class
+    tenant: str | None = None  # who asked; None: anonymous
     run: WorkflowRun | None = None
     calls: set[ScheduledCall] = field(default_factory=set)
     calls_version: int = 0  # bumped when a call is added, finishes or crosses a bucket

@@ -161,7 +161,8 @@ class Coordinator:
     # ============================================================================ events
     def on_query_arrival(self, query_id: str, *, arrival: float | None = None,
                          deadline: float | None = None, key_text: str = "",
-                         run: Any = None) -> QueryState:
+                         run: Any = None, slo_class: str | None = None,
+                         tenant: str | None = None) -> QueryState:
         """Admit a query or raise ``QueryRejected`` (bounded queues, never unbounded growth)."""
         now = self.clock.now()
         if self.max_active_queries is not None and len(self.queries) >= self.max_active_queries:
@@ -181,7 +182,8 @@ class Coordinator:
             if refused is not None:
                 raise QueryRejected(refused[0], retry_after_s=refused[1])
         query = QueryState(id=query_id, arrival=now if arrival is None else arrival,
-                           deadline=deadline, key_text=key_text, run=run)
+                           deadline=deadline, key_text=key_text, run=run,
+                           slo_class=slo_class, tenant=tenant)
         self.queries[query_id] = query
         self._refresh(query, now)
         return query

@@ -87,7 +87,8 @@ class ScheduledRouter:
         """Register the query (raises ``QueryRejected`` when overloaded)."""
         self.coordinator.on_query_arrival(query.id, arrival=query.arrival,
                                           deadline=query.deadline, key_text=query.question,
-                                          run=run)
+                                          run=run, slo_class=query.slo_class,
+                                          tenant=query.tenant)
 
     def end_query(self, query: Query) -> None:
         self.coordinator.on_query_done(query.id)

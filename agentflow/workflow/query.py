@@ -81,6 +81,8 @@ class Query:
     slo_s: float | None = None
     evidence: str = ""
     pipeline: str = ""
+    slo_class: str | None = None  # agentflow.slo_classes name; None: the default class
+    tenant: str | None = None  # who asked (fair share between tenants); None: anonymous
     id: str = field(default_factory=lambda: f"q{next(_query_ids)}")
     status: QueryStatus = QueryStatus.PENDING
     error: str | None = None

@@ -1,0 +1,49 @@
+"""SLO classes: what kind of wait a query's user is in.
+
+An ``agentflow eval`` run (hundreds of questions, nobody watching each) and a person waiting on
+the page share one cluster. Treating them alike lets the run's flood become everyone's latency;
+a class says which is which, so the scheduler can rank, budget and shed by it. Every query
+carries one class name (request field, the tenant's default, ``eval --slo-class``); the
+scheduler resolves it here.
+
+Lower ``rank`` is served first and shed last; it is also the per-request ``priority`` sent to
+vLLM (whose priority scheduling handles lower values first). ``slo_seconds`` is the deadline a
+query of the class gets when its request names none (None: no deadline). ``weight`` is the
+class's share of instance time when classes of equal rank compete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SloClass(BaseModel):
+    """One class of service (configurable under ``scheduler.slo_classes``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    rank: int = Field(0, ge=0, le=100, description="lower is served first and shed last")
+    slo_seconds: float | None = Field(None, gt=0, description="default deadline; None: none")
+    weight: float = Field(1.0, gt=0, description="share of instance time among equal ranks")
+
+
+DEFAULT_CLASS = "standard"
+DEFAULT_SLO_CLASSES: dict[str, SloClass] = {
+    c.name: c for c in (
+        SloClass(name="interactive", rank=0, weight=1.0),
+        SloClass(name="standard", rank=1, weight=1.0),
+        SloClass(name="batch", rank=2, weight=1.0),
+    )
+}
+
+
+def resolve_class(name: str | None, classes: Mapping[str, SloClass] | None = None) -> SloClass:
+    """The class called ``name`` (None: the default class); a clear error for an unknown one."""
+    table = DEFAULT_SLO_CLASSES if classes is None else classes
+    key = DEFAULT_CLASS if name is None else name
+    if key not in table:
+        raise ValueError(f"unknown SLO class {key!r}; choose from {', '.join(sorted(table))}")
+    return table[key]
