@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from agentflow.scheduler.lengths import LengthModel, make_length_model
 from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
 from agentflow.scheduler.time_model import InstanceTimeModel
+from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass
 from agentflow.workflow.clock import Clock
 from agentflow.workflow.graph import Node, NodeKind
 
@@ -105,7 +106,8 @@ class Coordinator:
                  alpha: float | None = None, length_model: LengthModel | None = None,
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
                  max_attempts: int = 3, admit_by_backlog: bool = False,
-                 max_backlog_s: float | None = None, **queue_kwargs: Any):
+                 max_backlog_s: float | None = None,
+                 slo_classes: Mapping[str, SloClass] | None = None, **queue_kwargs: Any):
         """``length_model``: the length model; None builds the one the policy name picks
         (``flowsage@oracle``; the learned length model by default)."""
         if not instances:
@@ -136,6 +138,9 @@ class Coordinator:
         # refuse a query the committed backlog would keep past its SLO (scheduler.backlog)
         self.admit_by_backlog = admit_by_backlog
         self.max_backlog_s = max_backlog_s
+        # the SLO classes queries name (agentflow.slo_classes); a query naming none is standard
+        self.slo_classes: Mapping[str, SloClass] = (DEFAULT_SLO_CLASSES if slo_classes is None
+                                                    else slo_classes)
         self.queries: dict[str, QueryState] = {}
         self._observers: list[CoordinatorObserver] = []
         self._ids = itertools.count()
