@@ -137,7 +137,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
                               "database, get SQL, rows and a per-stage timeline.")
     app.state.service = service
     app.state.tenants = settings.tenant_table()  # key -> tenant; empty: keys are off
-    check_against_catalog(app.state.tenants, af.catalog)
+    check_against_catalog(app.state.tenants, af.catalog, af.config.scheduler.slo_classes)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s, on_error=metrics.error)
     errors.install(app, on_error=metrics.error)
