@@ -170,6 +170,26 @@ def test_python_api_takes_slo_class() -> None:
             af.submit("How many stores?", db="bookshop", slo_class="nope")
 
 
+def test_mcp_ask_takes_slo_class_over_the_tenants() -> None:
+    pytest.importorskip("mcp")
+    import asyncio
+
+    from agentflow.mcp.server import AgentflowTools
+    from agentflow.tenants import Tenant
+
+    backend = ScriptedBackend(script)
+    with AgentFlow(AgentFlowConfig(fewshot=None, pipeline="single"),
+                   backends={"cpu-0": backend}) as af:
+        tools = AgentflowTools(af)
+        runner = Tenant(name="runner", slo_class="batch")
+        answer = asyncio.run(tools.ask("How many stores?", "bookshop", caller=runner))
+        assert answer["slo_class"] == "batch" and ranks_of(backend, answer["query_id"]) == {2}
+        answer = asyncio.run(tools.ask("How many stores?", "bookshop", caller=runner,
+                                       slo_class="interactive"))
+        assert answer["slo_class"] == "interactive"
+        assert ranks_of(backend, answer["query_id"]) == {0}
+
+
 # ------------------------------------------------------------------ eval
 def test_eval_runs_as_batch_by_default(tmp_path: Path) -> None:
     made: list[ScriptedBackend] = []
