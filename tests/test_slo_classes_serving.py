@@ -156,13 +156,17 @@ def test_a_tenant_with_an_unknown_class_fails_at_start_up() -> None:
             LiveServer({}, settings, agentflow=af)
 
 
-def test_python_api_takes_slo_class() -> None:
+def test_python_api_takes_slo_class(tmp_path: Path) -> None:
     backend = ScriptedBackend(script)
     config = AgentFlowConfig(fewshot=None, pipeline="single")
+    trace = tmp_path / "trace.jsonl"
     with AgentFlow(config, backends={"cpu-0": backend}) as af:
-        answer = af.ask("How many stores are there?", db="bookshop", slo_class="batch")
+        answer = af.ask("How many stores are there?", db="bookshop", slo_class="batch",
+                        tenant="runner", record=trace)
         assert answer.ok and answer.slo_class == "batch"
         assert ranks_of(backend, answer.query_id) == {2}
+        recorded = json.loads(trace.read_text().splitlines()[0])  # a replay can keep the class
+        assert (recorded["slo_class"], recorded["tenant"]) == ("batch", "runner")
         assert af.ask("How many stores?", db="bookshop").slo_class == "standard"
         with pytest.raises(UnknownSloClassError, match="choose from batch, interactive"):
             af.submit("How many stores?", db="bookshop", slo_class="nope")
@@ -281,3 +285,26 @@ def test_openai_backend_sends_the_class_rank_as_vllm_priority(recorder: str,
             + [1] * per_query
     else:
         assert not any("priority" in b for b in bodies)  # a server without the policy
+
+
+# ------------------------------------------------------------------ the loopback benchmark
+@pytest.mark.slow
+def test_serving_classes_benchmark_runs_and_prints_the_ratios(tmp_path: Path) -> None:
+    """The benchmark end to end on a real server, with short phases (no timing asserted:
+    only that each class in each phase got answers and the ratios are printed)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "figures.json"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "serving_classes.py"),
+                           "--policies", "vllm", "--phase-s", "6", "--warmup-s", "1",
+                           "--latency", "0.1", "--per-token", "0.02", "--json", str(out)],
+                          cwd=root, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "interactive with the flood / alone" in done.stdout
+    phases = json.loads(out.read_text())["results"]["vllm"]
+    assert phases["interactive alone"]["interactive"]["latencies"]
+    assert phases["batch alone"]["batch"]["latencies"]
+    assert phases["both"]["interactive"]["latencies"] and phases["both"]["batch"]["latencies"]
+    assert not phases["interactive alone"]["batch"]["statuses"]  # no flood when alone
