@@ -5,6 +5,7 @@ returns an ASGI app; ``create_app(agentflow=af)`` serves an engine the caller al
 (and still owns). Errors always come back as ``{"error": {"code", "message"}}``:
 
     400 malformed_json        body is not JSON / empty
+    400 unknown_slo_class     slo_class names no configured class (``classes`` lists them)
     401 unauthorized          API keys configured, none or a wrong one sent
     403 forbidden             /metrics without an admin key
     404 unknown_database      db is not one this server serves to this key (ids only)
