@@ -69,9 +69,6 @@ class QueuePolicy(abc.ABC):
     instants, which is what lets ``InstanceQueue`` pick the next call in O(log n)."""
 
     name = "queue"
-    # Whether a call's key changes as time passes (informational; every policy is ranked
-    # by the same kinetic structure).
-    time_dependent = False
     # Whether keys read the query's state (critical paths, work left): then the coordinator
     # keeps those current and re-keys the query's waiting calls at each of its events.
     query_dependent = True

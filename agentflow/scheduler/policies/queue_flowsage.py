@@ -42,7 +42,6 @@ _MIN_REL_SPREAD = 0.01
 
 class FlowSageQueue(QueuePolicy):
     name = "flowsage"
-    time_dependent = True
     per_query = True
 
     def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
