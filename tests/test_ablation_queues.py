@@ -58,7 +58,7 @@ def test_register_queue_refuses_taken_and_malformed_names() -> None:
     with pytest.raises(ValueError, match="'fcfs' is already registered"):
         register_queue("fcfs", ABLATION_QUEUES["query_srpt"])
     register_queue("fcfs", FcfsQueue)  # the factory it already has: fine
-    for bad in ("", "a+b", "x@oracle"):
+    for bad in ("", "a+b", "x@oracle", "a,b", "a b"):
         with pytest.raises(ValueError, match="bad queue policy name"):
             register_queue(bad, FcfsQueue)
     assert list(policies.QUEUE) == SHIPPED + list(ABLATION_QUEUES)

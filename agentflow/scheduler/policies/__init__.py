@@ -54,9 +54,10 @@ def register_queue(name: str, factory: Callable[..., QueuePolicy]) -> None:
     ``name`` in this process, e.g. an experiment's ablation. Registering the same factory
     again is a no-op; a name already taken by another factory is refused, so an experiment
     cannot silently replace a shipped policy."""
-    if not name or "+" in name or "@" in name:
-        raise ValueError(f"bad queue policy name {name!r}: it must be non-empty and contain "
-                         "neither '+' nor '@'")
+    if not name or any(ch in name for ch in "+@, "):
+        # these separate names in ``DISPATCH+QUEUE@MODEL`` and in ``--policy A,B``
+        raise ValueError(f"bad queue policy name {name!r}: it must be non-empty, without "
+                         "'+', '@', ',' or spaces")
     current = QUEUE.get(name)
     if current is not None and current is not factory:
         raise ValueError(f"queue policy {name!r} is already registered")
