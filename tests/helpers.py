@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -74,6 +74,19 @@ def occupy(c: Coordinator, instance: str = "fast", tokens: float = 100) -> None:
 
 # ---------------------------------------------------------------------------- server
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float = 60.0,
+               what: str = "") -> None:
+    """Poll ``condition`` until it is true. The ceiling is generous on purpose: this waits
+    on something observed (a state, an event), so a loaded machine makes it slower, never
+    wrong; it fails, saying what it waited for, only if the state never comes."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen within {timeout_s:g} s: "
+                                 f"{what or getattr(condition, '__name__', condition)}")
+        time.sleep(0.02)
 
 
 def error_of(response) -> dict:
