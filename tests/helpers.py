@@ -145,8 +145,8 @@ def sigterm_with_a_query_in_flight(proc: subprocess.Popen, url: str, body: dict,
     waiter = threading.Thread(target=lambda: result.update(r=httpx.post(
         f"{url}/v1/queries", json=body, timeout=timeout_s)))
     waiter.start()
-    while not httpx.get(f"{url}/v1/queries").json()["queries"]:
-        time.sleep(0.05)
+    wait_until(lambda: httpx.get(f"{url}/v1/queries", timeout=30).json()["queries"],
+               what="the query listed by the server")
     proc.send_signal(signal.SIGTERM)
     return waiter, result
 

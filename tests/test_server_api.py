@@ -345,9 +345,12 @@ def test_when_the_only_instance_dies_the_query_fails_with_the_reason_then_503() 
 
 # ---------------------------------------------------------------------------- shutdown
 def test_sigterm_drains_then_cancels_in_flight_queries_with_a_status(tmp_path) -> None:
+    # The call waits for a file nobody creates: the query outlives the 0.5 s drain by
+    # construction, not because 3 s of latency outlasted a loaded machine's SIGTERM handling.
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(json.dumps({
-        "fewshot": None, "instances": [scripted_instance("slow", latency_s=3.0)],
+        "fewshot": None, "instances": [scripted_instance(
+            "slow", hold_until_file=str(tmp_path / "never-created"))],
         "server": {"drain_s": 0.5}}))
     with serve_process(cfg) as (proc, url):
         waiter, result = sigterm_with_a_query_in_flight(
