@@ -151,6 +151,29 @@ def sigterm_with_a_query_in_flight(proc: subprocess.Popen, url: str, body: dict,
     return waiter, result
 
 
+@contextmanager
+def held_calls(server, when: Callable | None = None) -> Iterator:
+    """Hold the matching calls (``when(request)``, all by default) of every scripted
+    backend behind a ``LiveServer`` in a gate for the with-block, released on the way out
+    (``agentflow.llm.scripted.Hold``): a test that needs a query *in flight* has one by
+    construction, not because its calls were slower than the test's own requests."""
+    from agentflow.llm.scripted import Hold, ScriptedBackend
+
+    hold = Hold(when)
+    backends = [getattr(b, "inner", b) for b in server.service.af.backends.values()]
+    scripted = [b for b in backends if isinstance(b, ScriptedBackend)]
+    assert scripted, "no scripted backend to hold calls on"
+    for backend in scripted:
+        backend.hold = hold
+    try:
+        yield hold
+    finally:
+        hold.release()
+        for backend in scripted:
+            if backend.hold is hold:
+                backend.hold = None
+
+
 # ---------------------------------------------------------------------------- page
 CHROMIUM = Path("/usr/bin/chromium")
 

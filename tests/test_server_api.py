@@ -84,7 +84,7 @@ def test_wait_false_answers_202_with_the_id_then_polling_gives_the_answer(fast) 
     view = r.json()
     assert view["status"] in ("pending", "running") and view["query_id"].startswith("q-")
     assert r.headers["location"] == f"/v1/queries/{view['query_id']}"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:
         got = httpx.get(f"{fast.url}/v1/queries/{view['query_id']}").json()
         if got["status"] not in ("pending", "running") or time.monotonic() > deadline:

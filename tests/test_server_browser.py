@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi")
-from tests.helpers import chromium, playwright_or_skip  # noqa: E402
+from tests.helpers import chromium, held_calls, playwright_or_skip  # noqa: E402
 
 sync_api = playwright_or_skip()
 
-from agentflow.llm.scripted import Hold  # noqa: E402
 from agentflow.server.testing import LiveServer, scripted_instance  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -35,15 +34,6 @@ def server():
                                                      max_inflight=1)],
                      "slo_s": 1.5}) as live:
         yield live
-
-
-def hold_candidates(server) -> Hold:
-    """Candidate calls wait in a gate until the test has seen the page mid-run: the live
-    timeline is there by construction, however slowly a loaded machine draws it."""
-    hold = Hold(lambda r: r.stage == "generate_candidate")
-    for backend in server.service.af.backends.values():
-        getattr(backend, "inner", backend).hold = hold  # the server wraps each to record it
-    return hold
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +54,9 @@ def test_ask_on_the_demo_database_shows_timeline_sql_and_rows(server, browser) -
     page.wait_for_selector("#db option[value=bookshop]", state="attached")
     assert page.locator("#tables span").count() == 8
     page.wait_for_selector(".inst")  # the cluster's instances in the header
-    hold = hold_candidates(server)
-    try:
+    # Candidate calls wait in a gate until the test has seen the page mid-run: the live
+    # timeline is there by construction, however slowly a loaded machine draws it.
+    with held_calls(server, lambda r: r.stage == "generate_candidate") as hold:
         page.fill("#question", "How many stores are there?")
         page.click("#ask-button")
         hold.wait_held(1)
@@ -78,8 +69,6 @@ def test_ask_on_the_demo_database_shows_timeline_sql_and_rows(server, browser) -
         assert page.locator("#result-table td").count() == 0
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "web-page-running.png"), full_page=True)
-    finally:
-        hold.release()
 
     page.wait_for_selector("#result-table td", timeout=60_000)
     assert page.locator("#status-badge").inner_text() == "done"
