@@ -9,6 +9,7 @@ serving path without a model; never to report accuracy or real-hardware speed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import threading
@@ -118,7 +119,7 @@ class Hold:
             waiters = list(self._waiters)
             self._cond.notify_all()
         for loop, event in waiters:
-            if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # that loop closed: nothing to wake
                 loop.call_soon_threadsafe(event.set)
 
     def wait_held(self, n: int = 1, timeout_s: float = 60.0) -> None:
