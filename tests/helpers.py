@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -76,6 +76,19 @@ def occupy(c: Coordinator, instance: str = "fast", tokens: float = 100) -> None:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def wait_until(condition: Callable[[], object], timeout_s: float = 60.0,
+               what: str = "") -> None:
+    """Poll ``condition`` until it is true. The ceiling is generous on purpose: this waits
+    on something observed (a state, an event), so a loaded machine makes it slower, never
+    wrong; it fails, saying what it waited for, only if the state never comes."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen within {timeout_s:g} s: "
+                                 f"{what or getattr(condition, '__name__', condition)}")
+        time.sleep(0.02)
+
+
 def error_of(response) -> dict:
     """The API's one error shape, ``{"error": {"code", "message"}}``, checked; its inside."""
     body = response.json()
@@ -132,10 +145,33 @@ def sigterm_with_a_query_in_flight(proc: subprocess.Popen, url: str, body: dict,
     waiter = threading.Thread(target=lambda: result.update(r=httpx.post(
         f"{url}/v1/queries", json=body, timeout=timeout_s)))
     waiter.start()
-    while not httpx.get(f"{url}/v1/queries").json()["queries"]:
-        time.sleep(0.05)
+    wait_until(lambda: httpx.get(f"{url}/v1/queries", timeout=30).json()["queries"],
+               what="the query listed by the server")
     proc.send_signal(signal.SIGTERM)
     return waiter, result
+
+
+@contextmanager
+def held_calls(server, when: Callable | None = None) -> Iterator:
+    """Hold the matching calls (``when(request)``, all by default) of every scripted
+    backend behind a ``LiveServer`` in a gate for the with-block, released on the way out
+    (``agentflow.llm.scripted.Hold``): a test that needs a query *in flight* has one by
+    construction, not because its calls were slower than the test's own requests."""
+    from agentflow.llm.scripted import Hold, ScriptedBackend
+
+    hold = Hold(when)
+    backends = [getattr(b, "inner", b) for b in server.service.af.backends.values()]
+    scripted = [b for b in backends if isinstance(b, ScriptedBackend)]
+    assert scripted, "no scripted backend to hold calls on"
+    for backend in scripted:
+        backend.hold = hold
+    try:
+        yield hold
+    finally:
+        hold.release()
+        for backend in scripted:
+            if backend.hold is hold:
+                backend.hold = None
 
 
 # ---------------------------------------------------------------------------- page

@@ -61,7 +61,7 @@ def test_cancel_right_after_submit_is_not_lost_and_close_leaves_no_work_behind()
         with af:
             handle = af.submit("How many stores are there?", db="bookshop", pipeline="chess")
             assert af.cancel(handle.query_id)
-        answer = handle.result(timeout=5)
+        answer = handle.result(timeout=60)
         assert answer.status == "cancelled", (i, answer.status, answer.error)
         assert backend.late == [], (i, backend.late)
 
@@ -73,9 +73,9 @@ def test_close_in_the_middle_of_a_pipeline_cancels_and_joins_every_stage() -> No
         handle = af.submit("How many stores are there?", db="bookshop", pipeline="chess")
         handle.subscribe(lambda e, started=started: started.set()
                          if e.get("type") == "stage_started" and e.get("kind") == "llm" else None)
-        assert started.wait(5)
+        assert started.wait(60)
         af.close()
-        answer = handle.result(timeout=5)
+        answer = handle.result(timeout=60)
         assert answer.status in ("cancelled", "done"), answer.status
         if answer.status == "cancelled":
             assert "shutting down" in answer.error

@@ -164,7 +164,7 @@ def test_progress_streams_and_cancel_frees_the_actor(server):
         with pytest.raises(asyncio.CancelledError):
             await task
     asyncio.run_coroutine_threadsafe(cancel_midway(), loop).result(30)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while ray.get(slow_backend.actor.probe.remote())["calls_in_flight"]:
         assert time.monotonic() < deadline, "the cancelled call still runs in the actor"
         time.sleep(0.05)
@@ -175,7 +175,7 @@ def test_an_idle_actor_that_dies_is_taken_out_at_once_and_comes_back(server):
     backend = server.service.af.backends["l40s"].inner
     assert queue.up and not queue.running
     ray.kill(backend.actor, no_restart=False)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while queue.up:  # no call was running: the pending watch call noticed
         assert time.monotonic() < deadline, "the idle actor's death went unnoticed"
         time.sleep(0.01)

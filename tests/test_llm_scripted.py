@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 
 from agentflow.llm.base import BackendError, LLMRequest, SamplingParams
-from agentflow.llm.scripted import ScriptedBackend, estimate_tokens
+from agentflow.llm.scripted import Hold, ScriptedBackend, estimate_tokens
 
 
 def run(coro):
@@ -84,6 +85,73 @@ def test_failure_injection():
     with pytest.raises(BackendError) as info:
         run(picky.generate(req("s", priority=9)))
     assert info.value.retryable is False
+
+
+def test_a_hold_keeps_matching_calls_until_another_thread_releases_it():
+    hold = Hold(lambda r: r.stage == "slow")
+    backend = ScriptedBackend({"slow": "held", "fast": "free"}, hold=hold)
+    out: dict[str, object] = {}
+
+    def serve() -> None:
+        async def both():
+            slow = asyncio.create_task(backend.generate(req("slow")))
+            out["fast"] = (await backend.generate(req("fast"))).text  # not held
+            out["slow_done_before_release"] = slow.done()
+            out["slow"] = (await slow).text
+        run(both())
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    hold.wait_held(1)  # the slow call is in the gate ...
+    assert hold.waiting == 1 and "slow" not in out
+    hold.release()  # ... until the test lets it go
+    thread.join(20)
+    assert out == {"fast": "free", "slow_done_before_release": False, "slow": "held"}
+    assert hold.waiting == 0 and hold.arrived == 1
+    assert run(backend.generate(req("slow"))).text == "held"  # released stays open
+
+
+def test_a_held_call_can_be_cancelled_and_an_unmet_wait_says_what_it_saw():
+    hold = Hold()
+    backend = ScriptedBackend({"s": "x"}, hold=hold)
+
+    async def cancel_it():
+        call = asyncio.create_task(backend.generate(req("s")))
+        while hold.waiting == 0:
+            await asyncio.sleep(0.001)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    run(cancel_it())
+    assert hold.waiting == 0 and hold.arrived == 1
+    with pytest.raises(TimeoutError, match="0 call.s. held, 1 expected .1 arrived."):
+        hold.wait_held(1, timeout_s=0.01)
+
+
+def test_a_file_hold_opens_when_the_file_appears(tmp_path):
+    flag = tmp_path / "release"
+    hold = Hold(release_file=flag, poll_s=0.005)
+    backend = ScriptedBackend({"s": "x"}, hold=hold)
+
+    async def held_then_freed():
+        call = asyncio.create_task(backend.generate(req("s")))
+        while hold.waiting == 0:
+            await asyncio.sleep(0.001)
+        for _ in range(20):  # it polls the file and stays put while it is absent
+            await asyncio.sleep(0.005)
+            assert not call.done()
+        flag.touch()
+        return (await call).text
+    assert run(held_then_freed()) == "x"
+
+
+def test_a_config_built_scripted_backend_can_hold_on_a_file(tmp_path):
+    from agentflow.llm.registry import create_backend
+
+    backend = create_backend({"type": "scripted", "default": "x",
+                              "hold_until_file": str(tmp_path / "go")})
+    assert isinstance(backend, ScriptedBackend) and backend.hold is not None
+    assert backend.hold.release_file == tmp_path / "go" and not backend.hold.released
 
 
 def test_docstring_says_it_is_not_a_model():

@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi")
-from tests.helpers import at_phone_width, chromium, playwright_or_skip  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    at_phone_width,
+    chromium,
+    playwright_or_skip,
+    wait_until,
+)
 
 sync_api = playwright_or_skip()
 pytest.importorskip("altair")
@@ -21,7 +26,7 @@ pytest.importorskip("vl_convert")
 
 from agentflow.api import AgentFlow  # noqa: E402
 from agentflow.config import AgentFlowConfig  # noqa: E402
-from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
+from agentflow.llm.scripted import Hold, ScriptedBackend  # noqa: E402
 from agentflow.server.testing import LiveServer  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -57,14 +62,21 @@ def script(request) -> str:
     return "SELECT count(*) FROM stores"
 
 
+CANCEL_Q = "How many stores are there?"
+# The cancel test's candidates wait in this gate: the query is running when Cancel is
+# clicked by construction, not because the machine was quick enough to click in time.
+CANCEL_HOLD = Hold(lambda r: r.stage == "generate_candidate" and CANCEL_Q in r.prompt)
+
+
 @pytest.fixture(scope="module")
 def server():
-    backend = ScriptedBackend(script, latency_s=0.15)
+    backend = ScriptedBackend(script, latency_s=0.15, hold=CANCEL_HOLD)
     af = AgentFlow(AgentFlowConfig(fewshot=None, slo_s=30), backends={"cpu-0": backend})
     try:
         with LiveServer({}, agentflow=af) as live:
             yield live
     finally:
+        CANCEL_HOLD.release()
         af.close()
 
 
@@ -92,7 +104,7 @@ def ask(page, question: str, pipeline: str = "single") -> None:
 def wait_final(page) -> str:
     page.wait_for_function("() => ['done','failed','cancelled','rejected'].includes("
                            "document.querySelector('#status-badge').textContent)",
-                           timeout=30_000)
+                           timeout=60_000)
     return page.locator("#status-badge").inner_text()
 
 
@@ -161,11 +173,16 @@ def test_a_chart_beside_the_table_and_a_csv_download(server, browser) -> None:
 
 def test_cancel_button_stops_a_running_query(server, browser) -> None:
     page = open_page(server, browser)
-    ask(page, "How many stores are there?", pipeline="chess")
+    ask(page, CANCEL_Q, pipeline="chess")
+    CANCEL_HOLD.wait_held(1)  # a few stages in, a candidate call held running
     page.wait_for_selector("#cancel-button:not([hidden])")
-    page.wait_for_selector(".tl-row:nth-child(5)", timeout=15_000)  # a few stages in
+    # the page catches up with the frozen state: keywords, values, schema, candidates running
+    page.wait_for_function("() => document.querySelectorAll('.tl-row').length >= 5 && "
+                           "document.querySelector('.tl-bar.running') !== null",
+                           timeout=60_000)
     page.click("#cancel-button")
     assert wait_final(page) == "cancelled"
+    wait_until(lambda: CANCEL_HOLD.waiting == 0)  # the cancel reached the held calls
     assert "cancelled by request" in page.locator("#answer-error").inner_text()
     assert page.locator("#cancel-button").is_hidden()
     assert page.locator("#ask-button").is_enabled()

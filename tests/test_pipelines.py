@@ -192,18 +192,18 @@ def test_submit_streams_stage_events_and_cancel_stops_the_query() -> None:
         handle = af.submit("How many stores are there?", db="bookshop", pipeline="chess")
         assert handle.query_id.startswith("q-") and handle.db == "bookshop"
         handle.subscribe(seen.append)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # a ceiling on an observed event, not a timing
         while not any(e["type"] == "stage_started" for e in handle.events):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert af.cancel(handle.query_id)
-        answer = handle.result(timeout=5)
+        answer = handle.result(timeout=60)
         assert answer.status == "cancelled" and answer.error == "cancelled by request"
         assert seen[-1]["type"] == "done" and seen[-1]["status"] == "cancelled"
         assert not af.cancel(handle.query_id)  # already finished
         assert af.router.coordinator.queries == {}  # nothing left in the scheduler
         done = af.submit("How many stores are there?", db="bookshop", pipeline="single")
-        events = done.result(timeout=10) and done.events
+        events = done.result(timeout=60) and done.events
         kinds = [e["type"] for e in events]
         assert kinds[0] == "stage_started" and kinds[-1] == "done"
         finished = [e for e in events if e["type"] == "stage_finished"]

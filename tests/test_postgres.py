@@ -21,7 +21,7 @@ from agentflow.sql import (
 from agentflow.sql.database import _Interrupter
 from agentflow.sql.errors import ConnectionLostError
 from agentflow.sql.postgres import ReadOnlyRoleError, check_role
-from tests.helpers import record_watchdog_fires
+from tests.helpers import record_watchdog_fires, wait_until
 
 PASSWORD = "s3cret-Pa55"
 
@@ -334,14 +334,22 @@ def test_restart_mid_run_fails_in_flight_clearly_then_succeeds(shop) -> None:
                     kinds_by_message[str(result).split(" (")[0]] += 1
             time.sleep(0.05)
 
+    def answered(since: float) -> int:
+        with lock:
+            return sum(kind == "ok" for at, kind in outcomes if at >= since)
+
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(8)]
     for t in threads:
         t.start()
+    # Observed windows, not fixed sleeps: enough answers before the restart and after it,
+    # however slowly a loaded machine runs the workers.
     time.sleep(1.5)
+    wait_until(lambda: answered(0.0) >= 8, what="8 answers before the restart")
     restart_at = time.monotonic()
     shop.restart(down_s=1.0)
     back_at = time.monotonic()
     time.sleep(2.0)
+    wait_until(lambda: answered(back_at + 0.5) >= 8, what="8 answers after the restart")
     stop.set()
     for t in threads:
         t.join(timeout=10)

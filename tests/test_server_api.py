@@ -18,7 +18,12 @@ pytest.importorskip("prometheus_client")
 
 from agentflow.server.settings import API_KEYS_ENV, ServerSettings, load_serve_config  # noqa: E402
 from agentflow.server.testing import GOOD_SQL, LiveServer, scripted_instance  # noqa: E402
-from tests.helpers import error_of, serve_process, sigterm_with_a_query_in_flight  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    error_of,
+    held_calls,
+    serve_process,
+    sigterm_with_a_query_in_flight,
+)
 
 QUESTION = "How many stores are there?"
 KEY = "test-key-123"
@@ -84,7 +89,7 @@ def test_wait_false_answers_202_with_the_id_then_polling_gives_the_answer(fast) 
     view = r.json()
     assert view["status"] in ("pending", "running") and view["query_id"].startswith("q-")
     assert r.headers["location"] == f"/v1/queries/{view['query_id']}"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:
         got = httpx.get(f"{fast.url}/v1/queries/{view['query_id']}").json()
         if got["status"] not in ("pending", "running") or time.monotonic() > deadline:
@@ -276,16 +281,21 @@ def test_keys_from_the_environment_add_to_the_config(monkeypatch, tmp_path) -> N
 
 
 def test_overload_is_429_with_retry_after_not_a_growing_queue(guarded, auth) -> None:
-    first = post(guarded, {"question": QUESTION, "db": "bookshop", "wait": False}, headers=auth)
-    assert first.status_code == 202, first.text
-    for wait in (False, True):
-        r = post(guarded, {"question": QUESTION, "db": "bookshop", "wait": wait}, headers=auth)
-        assert r.status_code == 429, r.text
-        err = error_of(r)
-        assert err["code"] == "overloaded" and "limit 1" in err["message"]
-        assert int(r.headers["retry-after"]) >= 1 and err["retry_after_s"] >= 1
-        rejected = httpx.get(f"{guarded.url}/v1/queries/{err['query_id']}", headers=auth).json()
-        assert rejected["status"] == "rejected"
+    with held_calls(guarded) as hold:  # the first query holds the one slot throughout
+        first = post(guarded, {"question": QUESTION, "db": "bookshop", "wait": False},
+                     headers=auth)
+        assert first.status_code == 202, first.text
+        hold.wait_held(1)
+        for wait in (False, True):
+            r = post(guarded, {"question": QUESTION, "db": "bookshop", "wait": wait},
+                     headers=auth)
+            assert r.status_code == 429, r.text
+            err = error_of(r)
+            assert err["code"] == "overloaded" and "limit 1" in err["message"]
+            assert int(r.headers["retry-after"]) >= 1 and err["retry_after_s"] >= 1
+            rejected = httpx.get(f"{guarded.url}/v1/queries/{err['query_id']}",
+                                 headers=auth).json()
+            assert rejected["status"] == "rejected"
     assert httpx.get(f"{guarded.url}/metrics", headers=auth).status_code == 403  # not admin
     text = httpx.get(f"{guarded.url}/metrics",
                      headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text
@@ -294,9 +304,12 @@ def test_overload_is_429_with_retry_after_not_a_growing_queue(guarded, auth) -> 
 
 
 def test_delete_cancels_a_running_query_and_says_so(guarded, auth) -> None:
-    r = post(guarded, {"question": QUESTION, "db": "bookshop", "wait": False}, headers=auth)
-    query_id = r.json()["query_id"]
-    cancelled = httpx.delete(f"{guarded.url}/v1/queries/{query_id}", headers=auth)
+    with held_calls(guarded) as hold:  # running when DELETE comes, by construction
+        r = post(guarded, {"question": QUESTION, "db": "bookshop", "wait": False},
+                 headers=auth)
+        query_id = r.json()["query_id"]
+        hold.wait_held(1)
+        cancelled = httpx.delete(f"{guarded.url}/v1/queries/{query_id}", headers=auth)
     assert cancelled.status_code == 200, cancelled.text
     view = cancelled.json()
     assert view["status"] == "cancelled" and "cancelled by request" in view["error"]
@@ -345,9 +358,12 @@ def test_when_the_only_instance_dies_the_query_fails_with_the_reason_then_503() 
 
 # ---------------------------------------------------------------------------- shutdown
 def test_sigterm_drains_then_cancels_in_flight_queries_with_a_status(tmp_path) -> None:
+    # The call waits for a file nobody creates: the query outlives the 0.5 s drain by
+    # construction, not because 3 s of latency outlasted a loaded machine's SIGTERM handling.
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(json.dumps({
-        "fewshot": None, "instances": [scripted_instance("slow", latency_s=3.0)],
+        "fewshot": None, "instances": [scripted_instance(
+            "slow", hold_until_file=str(tmp_path / "never-created"))],
         "server": {"drain_s": 0.5}}))
     with serve_process(cfg) as (proc, url):
         waiter, result = sigterm_with_a_query_in_flight(

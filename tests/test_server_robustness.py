@@ -15,7 +15,12 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 from agentflow.server.testing import LiveServer, metric_sum, scripted_instance  # noqa: E402
-from tests.helpers import error_of, serve_process, sigterm_with_a_query_in_flight  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    error_of,
+    serve_process,
+    sigterm_with_a_query_in_flight,
+    wait_until,
+)
 
 QUESTION = "How many stores are there?"
 pytestmark = pytest.mark.timeout(90)
@@ -114,14 +119,14 @@ def test_many_half_sent_requests_are_bounded_and_dropped(edge) -> None:
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             socks.append(sock)
         refused = []
-        for sock in socks[20:]:
-            sock.settimeout(2)
+        for sock in socks[20:]:  # recv returns once the answer is there: 30 s is a ceiling
+            sock.settimeout(30)
             refused.append(json_error(sock.recv(4096)))
         assert all(status == 503 and e["code"] == "too_many_connections"
                    for status, e in refused)
         time.sleep(0.8)  # past the header timeout: every held connection was dropped
         for sock in socks[:20]:
-            sock.settimeout(2)
+            sock.settimeout(30)
             assert json_error(sock.recv(4096))[0] == 408
         assert httpx.get(f"{edge.url}/healthz").status_code == 200
     finally:
@@ -185,15 +190,20 @@ def test_sigterm_drains_with_the_port_open_then_exits(tmp_path) -> None:
     """Observed from a client: during the drain new queries get 503 + Retry-After (not a
     refused connection), readiness is 503, liveness 200, and the wait=true request in
     flight gets its answer; then the process exits."""
+    # The query's calls wait until the test creates ``release``: it is in flight for as long
+    # as the test looks at the drain, however loaded the machine (the drain's 120 s is a
+    # ceiling; a drain ends when its queries do).
+    release = tmp_path / "release"
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(json.dumps({
         "fewshot": None, "pipeline": "single",
-        "instances": [scripted_instance("slow", latency_s=1.5)],
-        "server": {"drain_s": 20}}))
+        "instances": [scripted_instance("slow", hold_until_file=str(release))],
+        "server": {"drain_s": 120}}))
     with serve_process(cfg, ready="/readyz") as (proc, url):
         waiter, result = sigterm_with_a_query_in_flight(
-            proc, url, {"question": QUESTION, "db": "bookshop"}, timeout_s=60)
-        time.sleep(0.3)
+            proc, url, {"question": QUESTION, "db": "bookshop"}, timeout_s=150)
+        wait_until(lambda: httpx.get(f"{url}/readyz").status_code == 503,
+                   what="readiness 503 once SIGTERM is handled")
         during = httpx.post(f"{url}/v1/queries", json={"question": QUESTION, "db": "bookshop"},
                             timeout=10)
         assert during.status_code == 503, during.text
@@ -202,8 +212,10 @@ def test_sigterm_drains_with_the_port_open_then_exits(tmp_path) -> None:
         assert httpx.get(f"{url}/readyz").status_code == 503
         assert httpx.get(f"{url}/healthz").json()["status"] == "draining"
         assert httpx.get(f"{url}/livez").status_code == 200
+        assert waiter.is_alive()  # still held: the answer waits for the release
+        release.touch()
         waiter.join(60)
-        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
     answer = result["r"]
     assert answer.status_code == 200 and answer.json()["status"] == "done", answer.text
     with pytest.raises(httpx.TransportError):  # and then the port is closed

@@ -7,7 +7,7 @@ import pytest
 
 from agentflow.api import AgentFlow, ConversationNotFoundError, DatabaseNotFoundError
 from agentflow.config import AgentFlowConfig
-from agentflow.llm.scripted import ScriptedBackend
+from agentflow.llm.scripted import Hold, ScriptedBackend
 from agentflow.server.settings import ServerSettings, load_serve_config
 from agentflow.tenants import (
     LimitExceeded,
@@ -151,14 +151,21 @@ def test_python_api_tenants_own_their_queries_and_conversations(af) -> None:
 
 
 def test_python_api_cancel_of_another_tenants_query_does_nothing(af) -> None:
+    # Each query waits in a gate while it is cancelled, so it is running by construction
+    # (a query already over would refuse any cancel and prove nothing).
     slow = ScriptedBackend({"extract_keywords": "stores"},
-                           default="SELECT count(*) FROM stores", latency_s=0.3)
+                           default="SELECT count(*) FROM stores", latency_s=0.05)
     with AgentFlow(AgentFlowConfig(fewshot=None, pipeline="single"),
                    backends={"cpu-0": slow}) as engine:
+        slow.hold = Hold()
         handle = engine.submit("How many stores are there?", db="bookshop", tenant="acme")
+        slow.hold.wait_held(1)
         assert engine.cancel(handle.query_id, tenant="bolt") is False
+        slow.hold.release()
         assert handle.result(timeout=30).status == "done"
+        slow.hold = Hold()
         handle = engine.submit("How many stores are there?", db="bookshop", tenant="acme")
+        slow.hold.wait_held(1)
         assert engine.cancel(handle.query_id, tenant="acme") is True
         assert handle.result(timeout=30).status == "cancelled"
 

@@ -18,7 +18,7 @@ from agentflow.config import AgentFlowConfig  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
 from agentflow.server.testing import LiveServer  # noqa: E402
 from tests.conftest import make_library_sqlite  # noqa: E402
-from tests.helpers import error_of  # noqa: E402
+from tests.helpers import error_of, held_calls  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -126,15 +126,19 @@ def test_event_stream_of_another_tenant_is_404(server) -> None:
 
 
 def test_cancel_of_another_tenants_running_query_is_404_and_it_runs_on(server) -> None:
-    running = ask(server, "bolt", wait=False)
-    assert running.status_code == 202, running.text
-    qid = running.json()["query_id"]
-    theirs = httpx.delete(f"{server.url}/v1/queries/{qid}", headers=auth("acme"), timeout=60)
-    unknown = httpx.delete(f"{server.url}/v1/queries/{UNKNOWN_QUERY}", headers=auth("acme"),
-                           timeout=60)
-    same_404(theirs, unknown, qid, UNKNOWN_QUERY)
-    assert get(server, f"/v1/queries/{qid}", "bolt").json()["status"] in ("pending", "running")
-    own = httpx.delete(f"{server.url}/v1/queries/{qid}", headers=auth("bolt"), timeout=60)
+    with held_calls(server) as hold:  # in flight until its owner cancels it, however slow
+        running = ask(server, "bolt", wait=False)
+        assert running.status_code == 202, running.text
+        hold.wait_held(1)
+        qid = running.json()["query_id"]
+        theirs = httpx.delete(f"{server.url}/v1/queries/{qid}", headers=auth("acme"),
+                              timeout=60)
+        unknown = httpx.delete(f"{server.url}/v1/queries/{UNKNOWN_QUERY}",
+                               headers=auth("acme"), timeout=60)
+        same_404(theirs, unknown, qid, UNKNOWN_QUERY)
+        assert get(server, f"/v1/queries/{qid}", "bolt").json()["status"] in ("pending",
+                                                                             "running")
+        own = httpx.delete(f"{server.url}/v1/queries/{qid}", headers=auth("bolt"), timeout=60)
     assert own.status_code == 200 and own.json()["status"] == "cancelled", own.text
 
 
@@ -182,13 +186,17 @@ def test_rate_limit_answers_429_with_retry_after_and_others_go_on(server) -> Non
 
 
 def test_concurrency_limit_answers_429_with_retry_after_until_a_query_ends(server) -> None:
-    first = ask(server, "single", wait=False)
-    assert first.status_code == 202, first.text
-    second = ask(server, "single", wait=False)
-    assert second.status_code == 429, second.text
-    assert error_of(second)["code"] == "too_many_queries"
-    assert int(second.headers["retry-after"]) >= 1
-    assert ask(server, "acme", wait=False).status_code in (200, 202)  # another tenant
+    single_q = "How many stores per city? (the single tenant's)"
+    # the first query holds the tenant's one slot until the test has seen the 429
+    with held_calls(server, lambda r: single_q in r.prompt) as hold:
+        first = ask(server, "single", wait=False, question=single_q)
+        assert first.status_code == 202, first.text
+        hold.wait_held(1)
+        second = ask(server, "single", wait=False)
+        assert second.status_code == 429, second.text
+        assert error_of(second)["code"] == "too_many_queries"
+        assert int(second.headers["retry-after"]) >= 1
+        assert ask(server, "acme", wait=False).status_code in (200, 202)  # another tenant
     qid = first.json()["query_id"]
     deadline = time.monotonic() + 30
     while get(server, f"/v1/queries/{qid}", "single").json()["status"] in ("pending",

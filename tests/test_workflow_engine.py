@@ -57,7 +57,7 @@ def test_independent_stages_run_concurrently() -> None:
         if len(started) == 4:
             all_started.set()
         # run one after another, the first would wait here for the other three in vain
-        await asyncio.wait_for(all_started.wait(), 5)
+        await asyncio.wait_for(all_started.wait(), 30)
         return ctx.node.id
 
     fan = [tool(f"cand.{i}", slow) for i in range(4)]

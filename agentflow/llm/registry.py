@@ -125,13 +125,17 @@ class ScriptedSpec(BackendSpec):
     fail_after: int | None = Field(None, ge=0)
     fail_retryable: bool = True
     faults: list[ScriptedFaultSpec] = Field(default_factory=list)
+    # every call waits until this file exists (a test's gate on a server in another process)
+    hold_until_file: str | None = None
 
     def build(self) -> LLMBackend:
-        from agentflow.llm.scripted import Fault, ScriptedBackend
+        from agentflow.llm.scripted import Fault, Hold, ScriptedBackend
+        hold = Hold(release_file=self.hold_until_file) if self.hold_until_file else None
         return ScriptedBackend(self.answers, default=self.default, latency_s=self.latency_s,
                                per_token_s=self.per_token_s, fail_after=self.fail_after,
                                fail_retryable=self.fail_retryable, name=self.name,
-                               faults=[Fault(**f.model_dump()) for f in self.faults])
+                               faults=[Fault(**f.model_dump()) for f in self.faults],
+                               hold=hold)
 
 
 class LlamaServerSpec(_LlamaServerFields, BackendSpec):

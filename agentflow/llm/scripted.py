@@ -9,12 +9,15 @@ serving path without a model; never to report accuracy or real-hardware speed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 
@@ -47,6 +50,88 @@ class Fault:
         return self.until_s is None or since_first_s < self.until_s
 
 
+class Hold:
+    """A gate a test controls (NOT a model's behaviour): matching calls wait in it, after
+    being counted and before answering, until the test releases it. A test that must see a
+    call *running* (a live timeline, a cancel, a drain) then sees it by construction, however
+    loaded the machine, instead of hoping a sleep is long enough.
+
+    ``when`` picks the calls to hold (all by default). ``release()`` opens the gate from any
+    thread; ``release_file``, when given, opens it once that file exists, for a backend in
+    another process (``serve.py``) that the test cannot reach. A held call that is cancelled
+    leaves at once, so a cancel or a drain's deadline still works on it."""
+
+    def __init__(self, when: Callable[[LLMRequest], bool] | None = None, *,
+                 release_file: str | Path | None = None, poll_s: float = 0.02):
+        self.when = when
+        self.release_file = Path(release_file) if release_file is not None else None
+        self.poll_s = poll_s
+        self._cond = threading.Condition()
+        self._released = False
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self.arrived = 0  # calls that reached the gate, held or not
+
+    def matches(self, request: LLMRequest) -> bool:
+        return self.when is None or self.when(request)
+
+    @property
+    def released(self) -> bool:
+        if not self._released and self.release_file is not None \
+                and self.release_file.exists():
+            self._released = True
+        return self._released
+
+    @property
+    def waiting(self) -> int:
+        """Calls in the gate now."""
+        with self._cond:
+            return len(self._waiters)
+
+    async def pass_through(self) -> None:
+        """Wait here until released (returns at once when already released)."""
+        event = asyncio.Event()
+        entry = (asyncio.get_running_loop(), event)
+        with self._cond:
+            self.arrived += 1
+            if self.released:
+                self._cond.notify_all()
+                return
+            self._waiters.append(entry)
+            self._cond.notify_all()
+        try:
+            while not self.released:
+                if self.release_file is None:
+                    await event.wait()
+                else:
+                    try:
+                        await asyncio.wait_for(event.wait(), self.poll_s)
+                    except TimeoutError:
+                        pass
+        finally:
+            with self._cond:
+                self._waiters.remove(entry)
+                self._cond.notify_all()
+
+    def release(self) -> None:
+        """Open the gate for the calls in it and every later one."""
+        with self._cond:
+            self._released = True
+            waiters = list(self._waiters)
+            self._cond.notify_all()
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop closed: nothing to wake
+                loop.call_soon_threadsafe(event.set)
+
+    def wait_held(self, n: int = 1, timeout_s: float = 60.0) -> None:
+        """Block the calling thread until ``n`` calls wait in the gate at once; the ceiling
+        is generous on purpose (an observed condition, not a timing): raises TimeoutError
+        with what was seen if it passes."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._waiters) >= n, timeout_s):
+                raise TimeoutError(f"{len(self._waiters)} call(s) held, {n} expected "
+                                   f"({self.arrived} arrived) after {timeout_s:g} s")
+
+
 def estimate_tokens(text: str) -> int:
     """Rough token count: the larger of the word count and characters / 4."""
     return max(len(text.split()), math.ceil(len(text) / 4)) if text else 0
@@ -64,14 +149,17 @@ class ScriptedBackend(LLMBackend):
     Latency: ``latency_s`` before the first token, then ``per_token_s`` per output token.
     Failures: ``fail_after=N`` makes every call after the N-th raise ``BackendError``;
     ``fail_when(request)`` makes matching calls raise; both use ``fail_retryable``.
-    ``faults``: scripted hangs, slowdowns and outages over calls or time (``Fault``).
+    ``faults``: scripted hangs, slowdowns and outages over calls or time (``Fault``); a
+    test may replace the attribute to end an outage at a moment it chose.
+    ``hold``: a gate the test releases (``Hold``); a public attribute, so a test may also set
+    it on a backend that a config built.
     """
 
     def __init__(self, script: Script, *, default: str | None = None, latency_s: float = 0.0,
                  per_token_s: float = 0.0, fail_after: int | None = None,
                  fail_when: Callable[[LLMRequest], bool] | None = None,
                  fail_retryable: bool = True, faults: Sequence[Fault] = (),
-                 name: str = "scripted"):
+                 hold: Hold | None = None, name: str = "scripted"):
         if latency_s < 0 or per_token_s < 0:
             raise ValueError("latencies must be non-negative")
         self.name = name
@@ -84,6 +172,7 @@ class ScriptedBackend(LLMBackend):
         self.fail_when = fail_when
         self.fail_retryable = fail_retryable
         self.faults = tuple(faults)
+        self.hold = hold
         self._first_call: float | None = None
         self.calls: list[LLMRequest] = []  # every request received, in order
         self.calls_by_stage: dict[str, int] = defaultdict(int)
@@ -137,6 +226,9 @@ class ScriptedBackend(LLMBackend):
         if self.fail_when is not None and self.fail_when(request):
             raise BackendError(f"{self.name}: injected failure for {request.request_id}",
                                retryable=self.fail_retryable)
+        hold = self.hold
+        if hold is not None and hold.matches(request):
+            await hold.pass_through()
         start = time.perf_counter()
         text = self._answer(request)
         prefix = request.answer_prefix
