@@ -103,9 +103,9 @@ def tenant_seed(seed: int, name: str) -> int:
 def build_tenant_workload(trace: list[TraceQuery], cluster: SimClusterConfig,
                           tenants: Sequence[TenantSpec], *, n: int, arrival: str = "poisson",
                           seed: int = 0, idle: IdleLatency | None = None) -> Workload:
-    """``n`` queries per tenant, each tenant drawing from ``trace`` with its own arrivals at
-    its own rate (``tenant_seed``), merged in arrival order (ties: tenant order, then the
-    tenant's own order)."""
+    """``n`` queries per tenant (or the tenant's own ``queries``), each tenant drawing from
+    ``trace`` with its own arrivals at its own rate (``tenant_seed``), merged in arrival
+    order (ties: tenant order, then the tenant's own order)."""
     names = [t.name for t in tenants]
     if len(set(names)) != len(names):
         raise ValueError(f"tenant names must be unique: {names}")
@@ -114,8 +114,8 @@ def build_tenant_workload(trace: list[TraceQuery], cluster: SimClusterConfig,
     idle = idle or IdleLatency(cluster)
     rows: list[tuple[float, int, int, TraceQuery, float, float, TenantSpec]] = []
     for ti, spec in enumerate(tenants):
-        part = build_workload(trace, cluster, n=n, rate=spec.rate, arrival=arrival,
-                              seed=tenant_seed(seed, spec.name), idle=idle)
+        part = build_workload(trace, cluster, n=spec.queries or n, rate=spec.rate,
+                              arrival=arrival, seed=tenant_seed(seed, spec.name), idle=idle)
         rows += [(t, ti, i, q, il, ref, spec) for i, (q, t, il, ref) in enumerate(
             zip(part.queries, part.arrivals, part.idle_latency_s, part.reference_s))]
     rows.sort(key=lambda r: (r[0], r[1], r[2]))

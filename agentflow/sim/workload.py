@@ -207,6 +207,7 @@ class TenantSpec:
     rate: float
     slo_s: float | None
     slo_class: str | None = None
+    queries: int | None = None  # its own count (benchmarks); None: the run's --queries
 
     @classmethod
     def parse(cls, text: str) -> TenantSpec:
