@@ -28,6 +28,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from agentflow.scheduler.policies.base import QueuePolicy
 from agentflow.scheduler.ranking import Segment
 from agentflow.slo_classes import DEFAULT_CLASS, SloClass, resolve_class
@@ -166,6 +168,7 @@ PRIORITY_BAND = 1_000_000_000
 # once, and co-runs with fewer lower-class calls (decode slows with every co-runner).
 HEADROOM = 0.25
 ISOLATE_PREFILL = True
+LOWER_PENDING_PREFILL = 1
 
 
 def call_band(coordinator: Any, query: QueryState) -> int:
@@ -209,6 +212,8 @@ def headroom_gate(coordinator: Any) -> Any:
         if ISOLATE_PREFILL and any(call_band(coordinator, c.query) < band
                                    for c in queue.running):
             return False
+        if queue.pending_prefill() >= LOWER_PENDING_PREFILL:
+            return False
         spec = queue.spec
         if len(queue.running) + 1 > (1 - HEADROOM) * spec.max_inflight:
             return False
@@ -216,3 +221,57 @@ def headroom_gate(coordinator: Any) -> Any:
         return budget is None or queue.kv_tokens_in_use + need <= (1 - HEADROOM) * budget
     return gate
 
+
+
+class ClassLoad:
+    """Waiting calls' token totals per (class position, instance), kept beside the
+    ``LoadBook``: under class ranking a call waits only behind calls of its own class or a
+    higher one, so dispatch must not count a batch backlog against an interactive call —
+    it would send it to a slower, emptier GPU to avoid a queue it would have jumped."""
+
+    def __init__(self, coordinator: Any, n_instances: int):
+        self._coordinator = coordinator
+        self.n_wait = np.zeros((1, n_instances))  # rows added as classes show up
+        self.wait_prompt = np.zeros((1, n_instances))
+        self.wait_output = np.zeros((1, n_instances))
+        self.n_run = np.zeros((1, n_instances))
+
+    def position(self, query: QueryState) -> int:
+        classes = self._coordinator.slo_classes
+        return class_positions(classes)[class_of(query, classes).rank]
+
+    def _row(self, query: QueryState) -> int:
+        p = self.position(query)
+        if p >= self.n_wait.shape[0]:  # a class seen for the first time
+            pad = np.zeros((p + 1 - self.n_wait.shape[0], self.n_wait.shape[1]))
+            self.n_wait, self.wait_prompt, self.wait_output, self.n_run = (
+                np.vstack([a, pad]) for a in (self.n_wait, self.wait_prompt, self.wait_output,
+                                              self.n_run))
+        return p
+
+    def running(self, index: int, call: ScheduledCall, sign: int) -> None:
+        self.n_run[self._row(call.query), index] += sign
+
+    def peers_running(self, call: ScheduledCall) -> np.ndarray:
+        """Per instance, running calls of ``call``'s class or a higher one: the co-runners
+        whose delay counts against admitting it (a lower class's does not decide)."""
+        peers: np.ndarray = self.n_run[:self._row(call.query) + 1].sum(axis=0)
+        return peers
+
+    def account(self, index: int, call: ScheduledCall, sign: int, prompt_tokens: int) -> None:
+        p = self._row(call.query)
+        self.n_wait[p, index] += sign
+        self.wait_prompt[p, index] += sign * prompt_tokens
+        self.wait_output[p, index] += sign * call.mean_output
+
+    def behind_s(self, call: ScheduledCall, coefs: tuple[np.ndarray, np.ndarray, np.ndarray]
+                 ) -> np.ndarray | None:
+        """Per instance, expected seconds of waiting work ``call`` would not wait behind
+        (lower classes); None when there is none."""
+        p = self.position(call.query) + 1
+        if p >= self.n_wait.shape[0] or not self.n_wait[p:].any():
+            return None
+        oh, pf, df = coefs
+        behind: np.ndarray = (self.n_wait[p:].sum(axis=0) * oh + self.wait_prompt[p:].sum(axis=0)
+                              * pf + self.wait_output[p:].sum(axis=0) * df)
+        return behind
