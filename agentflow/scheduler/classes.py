@@ -224,51 +224,76 @@ def headroom_gate(coordinator: Any) -> Any:
 
 
 class ClassLoad:
-    """Waiting calls' token totals per (class position, instance), kept beside the
-    ``LoadBook``: under class ranking a call waits only behind calls of its own class or a
-    higher one, so dispatch must not count a batch backlog against an interactive call —
-    it would send it to a slower, emptier GPU to avoid a queue it would have jumped."""
+    """Waiting calls' token totals and running calls per (band, instance), kept beside the
+    ``LoadBook``: under class ranking a call waits only behind calls of its own band or a
+    better one, so dispatch must not count a batch backlog (or an over-share tenant's)
+    against an interactive call (or an in-share one) — it would send it to a slower,
+    emptier GPU to avoid a queue it jumps — nor price the delay it inflicts on co-runners it
+    outranks. Each call is counted in the band it had when it was enqueued or admitted
+    (``move`` when its tenant's share flag flips while it waits)."""
 
     def __init__(self, coordinator: Any, n_instances: int):
         self._coordinator = coordinator
-        self.n_wait = np.zeros((1, n_instances))  # rows added as classes show up
+        self.n_wait = np.zeros((1, n_instances))  # rows added as bands show up
         self.wait_prompt = np.zeros((1, n_instances))
         self.wait_output = np.zeros((1, n_instances))
         self.n_run = np.zeros((1, n_instances))
+        self._waiting: dict[ScheduledCall, tuple[int, int, int]] = {}  # (band, index, prompt)
+        self._running: dict[ScheduledCall, tuple[int, int]] = {}  # (band, index)
 
-    def position(self, query: QueryState) -> int:
-        classes = self._coordinator.slo_classes
-        return class_positions(classes)[class_of(query, classes).rank]
-
-    def _row(self, query: QueryState) -> int:
-        p = self.position(query)
-        if p >= self.n_wait.shape[0]:  # a class seen for the first time
-            pad = np.zeros((p + 1 - self.n_wait.shape[0], self.n_wait.shape[1]))
+    def band(self, call: ScheduledCall) -> int:
+        b = call_band(self._coordinator, call.query)
+        if b >= self.n_wait.shape[0]:  # a band seen for the first time
+            pad = np.zeros((b + 1 - self.n_wait.shape[0], self.n_wait.shape[1]))
             self.n_wait, self.wait_prompt, self.wait_output, self.n_run = (
                 np.vstack([a, pad]) for a in (self.n_wait, self.wait_prompt, self.wait_output,
                                               self.n_run))
-        return p
+        return b
 
     def running(self, index: int, call: ScheduledCall, sign: int) -> None:
-        self.n_run[self._row(call.query), index] += sign
-
-    def peers_running(self, call: ScheduledCall) -> np.ndarray:
-        """Per instance, running calls of ``call``'s class or a higher one: the co-runners
-        whose delay counts against admitting it (a lower class's does not decide)."""
-        peers: np.ndarray = self.n_run[:self._row(call.query) + 1].sum(axis=0)
-        return peers
+        if sign > 0:
+            band = self.band(call)
+            self._running[call] = (band, index)
+        else:
+            entry = self._running.pop(call, None)
+            if entry is None:
+                return
+            band, index = entry
+        self.n_run[band, index] += sign
 
     def account(self, index: int, call: ScheduledCall, sign: int, prompt_tokens: int) -> None:
-        p = self._row(call.query)
-        self.n_wait[p, index] += sign
-        self.wait_prompt[p, index] += sign * prompt_tokens
-        self.wait_output[p, index] += sign * call.mean_output
+        if sign > 0:
+            band = self.band(call)
+            self._waiting[call] = (band, index, prompt_tokens)
+        else:
+            entry = self._waiting.pop(call, None)
+            if entry is None:
+                return
+            band, index, prompt_tokens = entry
+        self.n_wait[band, index] += sign
+        self.wait_prompt[band, index] += sign * prompt_tokens
+        self.wait_output[band, index] += sign * call.mean_output
+
+    def move(self, call: ScheduledCall) -> None:
+        """Re-count a waiting call whose band changed (its tenant's share flag flipped)."""
+        entry = self._waiting.get(call)
+        if entry is None or self.band(call) == entry[0]:
+            return
+        band, index, prompt = entry
+        self.account(index, call, -1, prompt)
+        self.account(index, call, +1, prompt)
+
+    def peers_running(self, call: ScheduledCall) -> np.ndarray:
+        """Per instance, running calls of ``call``'s band or a better one: the co-runners
+        whose delay counts against admitting it (an outranked one's does not decide)."""
+        peers: np.ndarray = self.n_run[:self.band(call) + 1].sum(axis=0)
+        return peers
 
     def behind_s(self, call: ScheduledCall, coefs: tuple[np.ndarray, np.ndarray, np.ndarray]
                  ) -> np.ndarray | None:
         """Per instance, expected seconds of waiting work ``call`` would not wait behind
-        (lower classes); None when there is none."""
-        p = self.position(call.query) + 1
+        (worse bands); None when there is none."""
+        p = self.band(call) + 1
         if p >= self.n_wait.shape[0] or not self.n_wait[p:].any():
             return None
         oh, pf, df = coefs

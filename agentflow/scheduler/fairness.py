@@ -134,6 +134,7 @@ def rekey_tenants(coordinator: Any, flipped: Iterable[TenantKey], now: float) ->
     if not flipped:
         return
     shares: TenantShares = coordinator.fairness
+    load = coordinator._class_load  # waiting work by band (scheduler.classes.ClassLoad)
     for query in list(coordinator.queries.values()):
         if shares.key(query) not in flipped:
             continue
@@ -141,6 +142,8 @@ def rekey_tenants(coordinator: Any, flipped: Iterable[TenantKey], now: float) ->
         for call in sorted(query.calls, key=lambda c: c.seq):
             if call.state != CallState.WAITING or call.instance is None:
                 continue
+            if load is not None:
+                load.move(call)
             if coordinator._queue_policy.per_query:
                 if call.instance in seen:
                     continue
