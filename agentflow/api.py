@@ -69,7 +69,7 @@ class Answer:
     details: dict[str, Any] = field(default_factory=dict)
     conversation_id: str | None = None  # pass to ask/submit to follow up on this answer
     tenant: str | None = None  # who asked (agentflow.tenants); None: no tenant
-    slo_class: str | None = None  # the tenant's SLO class
+    slo_class: str | None = None  # the query's SLO class (agentflow.slo_classes)
     # How sure the pipeline is: {score, level, reasons} (agentflow.confidence); None when it
     # never produced an answer to judge (rejected, cancelled before running).
     confidence: dict[str, Any] | None = None
@@ -109,7 +109,7 @@ class QueryHandle:
     """
 
     tenant: str | None = None  # the owner (agentflow.tenants); None: asked without one
-    slo_class: str | None = None  # the tenant's SLO class, carried for the scheduler
+    slo_class: str | None = None  # the query's SLO class, carried for the scheduler
     db_role: str | DatabaseLogin | None = None  # the database role its SQL runs as (PostgreSQL RLS)
 
     def __init__(self, query_id: str, question: str, db: str, pipeline: str,
@@ -198,16 +198,20 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
             record: str | Path | None = None, conversation: str | None = None,
             tenant: str | Tenant | None = None,
             slo_seconds: float | None = None,
-            min_confidence: float | None = None) -> Answer:
+            min_confidence: float | None = None,
+            slo_class: str | None = None) -> Answer:
         """Answer one question (blocking). Raises an ``AgentflowError`` (``InvalidRequest``,
         ``DatabaseNotFoundError``, ...) for bad input; pipeline failures come back as an
         Answer with ``status='failed'`` and the reason. ``conversation``: the
         ``conversation_id`` of an earlier answer, to ask a follow-up question. ``tenant``
         (a name or a ``Tenant``) owns the query: see ``agentflow.tenants``.
-        ``min_confidence`` (default: the config's): below it the answer is ``unsure``."""
+        ``min_confidence`` (default: the config's): below it the answer is ``unsure``.
+        ``slo_class`` (default: the tenant's, else ``standard``): see ``agentflow.slo_classes``;
+        without ``slo`` the query's deadline is the class's ``slo_seconds``, if it has one."""
         return self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
                            record=record, conversation=conversation, tenant=tenant,
-                           slo_seconds=slo_seconds, min_confidence=min_confidence).result()
+                           slo_seconds=slo_seconds, min_confidence=min_confidence,
+                           slo_class=slo_class).result()
 
     async def ask_async(self, question: str, db: str, *, slo: float | None = None,
                         pipeline: str | None = None, evidence: str = "",
@@ -215,10 +219,12 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
                         conversation: str | None = None,
                         tenant: str | Tenant | None = None,
                         slo_seconds: float | None = None,
-                        min_confidence: float | None = None) -> Answer:
+                        min_confidence: float | None = None,
+                        slo_class: str | None = None) -> Answer:
         handle = self.submit(question, db, slo=slo, pipeline=pipeline, evidence=evidence,
                              record=record, conversation=conversation, tenant=tenant,
-                             slo_seconds=slo_seconds, min_confidence=min_confidence)
+                             slo_seconds=slo_seconds, min_confidence=min_confidence,
+                             slo_class=slo_class)
         try:
             return await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:
@@ -231,7 +237,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
                conversation: str | None = None,
                tenant: str | Tenant | None = None,
                slo_seconds: float | None = None,
-               min_confidence: float | None = None) -> QueryHandle:
+               min_confidence: float | None = None,
+               slo_class: str | None = None) -> QueryHandle:
         """Start answering without waiting: bad input raises here, at once; the handle has
         the query id, live stage events and, later, the answer. Each question is a turn of a
         conversation: a new one unless ``conversation`` names an earlier answer's."""
@@ -255,7 +262,11 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
             mine = [d for d in self.catalog.ids if who.may_use(d)]
             raise DatabaseNotFoundError(f"unknown database {db!r} (known: "
                                         f"{', '.join(mine) or 'none'})")
-        slo = slo if slo is not None else self.config.slo_s
+        from agentflow.query_class import choose_class, deadline_s
+
+        klass = choose_class(slo_class, who.slo_class if who else None,
+                             self.config.scheduler.slo_classes)  # UnknownSloClassError
+        slo = deadline_s(slo, klass, self.config.slo_s)
         if conversation is not None:
             history = self.conversations.follow(conversation, entry.db_id, viewer=who)
         else:
@@ -263,7 +274,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
         query_id = f"q-{uuid.uuid4().hex[:12]}"
         handle = QueryHandle(query_id, question, entry.db_id, pipeline_obj.name, slo,
                              conversation_id=conversation, history=history)
-        handle.tenant, handle.slo_class = owner_of(who), who.slo_class if who else None
+        handle.tenant, handle.slo_class = owner_of(who), klass.name
         handle.db_role = who.db_role(entry.db_id) if who else None
         handle.min_confidence = threshold
         self.handles[query_id] = handle
@@ -484,7 +495,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
                           constrain_sql=self.config.constrain_sql, history=handle.history)
         clock = self.router.clock
         query = Query(question=question, db_id=entry.db_id, arrival=clock.now(), slo_s=slo,
-                      evidence=evidence, pipeline=pipeline.name, id=handle.query_id)
+                      evidence=evidence, pipeline=pipeline.name, id=handle.query_id,
+                      slo_class=handle.slo_class, tenant=handle.tenant)
         graph = await asyncio.to_thread(pipeline.build, query, env)
         run = WorkflowRun(query, graph)
         from agentflow.scheduler import QueryRejected

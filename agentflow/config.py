@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from agentflow.datasets.types import EngineKind
 from agentflow.distributed.placement import RayPlacement
 from agentflow.scheduler.health import HealthSettings
+from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass
 
 
 class InstanceConfig(BaseModel):
@@ -129,6 +130,21 @@ class SchedulerConfig(BaseModel):
     max_backlog_s: float | None = Field(600.0, gt=0)
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
+    # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the
+    # defaults interactive/standard/batch (a default's omitted fields keep their values).
+    slo_classes: dict[str, SloClass] = Field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
+
+    @field_validator("slo_classes", mode="before")
+    @classmethod
+    def _slo_classes(cls, value: Any) -> Any:
+        from agentflow.query_class import class_table
+
+        if value is None:
+            return dict(DEFAULT_SLO_CLASSES)
+        if not isinstance(value, dict):
+            raise ValueError("slo_classes must map class names to {rank, slo_seconds, weight}")
+        return class_table({k: (v.model_dump() if isinstance(v, SloClass) else v)
+                            for k, v in value.items()})
 
     @field_validator("policy")
     @classmethod

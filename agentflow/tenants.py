@@ -36,7 +36,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,11 +205,17 @@ class TenantTable:
         return list(out.values())
 
 
-def check_against_catalog(table: TenantTable, catalog: Any) -> None:
+def check_against_catalog(table: TenantTable, catalog: Any,
+                          slo_classes: Mapping[str, Any] | None = None) -> None:
     """Fail at start-up, naming the tenant, when a ``db_roles`` entry names a database the
-    catalog does not serve or one that is not PostgreSQL (roles are PostgreSQL's), rather
-    than failing that tenant's first query."""
+    catalog does not serve or one that is not PostgreSQL (roles are PostgreSQL's), or when
+    its ``slo_class`` is not one of ``slo_classes`` (the config's), rather than failing that
+    tenant's first query."""
     for tenant in table.tenants():
+        if (slo_classes is not None and tenant.slo_class is not None
+                and tenant.slo_class not in slo_classes):
+            raise ValueError(f"tenant {tenant.name!r}: unknown SLO class "
+                             f"{tenant.slo_class!r}; choose from {', '.join(sorted(slo_classes))}")
         for db in tenant.db_roles:
             if db not in catalog.ids:
                 raise ValueError(f"tenant {tenant.name!r}: db_roles names database {db!r}, "

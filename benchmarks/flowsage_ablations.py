@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ablation_queues import register_ablation_queues  # noqa: E402
 from policy_suite import find_l1, workloads  # noqa: E402
 
 from agentflow.metrics import scale_key  # noqa: E402
@@ -88,6 +89,7 @@ def main() -> None:
     p.add_argument("--makeup", action="store_true",
                    help="also report the calls' wait share and run stretch (two more runs)")
     args = p.parse_args()
+    register_ablation_queues()  # flowsage_v1, query_gittins, ... are not shipped queues
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"
     results = json.loads(store.read_text()) if store.exists() else {}

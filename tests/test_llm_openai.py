@@ -131,9 +131,9 @@ def test_stop_max_tokens_and_grammar_reach_the_server(server):
 
 def test_vllm_priority_goes_in_the_body_and_is_accepted(server):
     backend_options = {"vllm_priority": True}
-    request = LLMRequest("Hello", SamplingParams(max_tokens=2), priority=4)
+    request = LLMRequest("Hello", SamplingParams(max_tokens=2), priority=4, slo_rank=2)
     kwargs = OpenAIBackend(server.base_url, "m", **backend_options).request_kwargs(request)
-    assert kwargs["extra_body"]["priority"] == 4
+    assert kwargs["extra_body"]["priority"] == 2  # the class rank, not the admission order
     assert kwargs["prompt"] == "Hello" and kwargs["stream"] is True
     assert kwargs["stream_options"] == {"include_usage": True}
     result = run(generate(server.base_url, request, **backend_options))

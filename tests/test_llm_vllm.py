@@ -86,10 +86,11 @@ def test_result_priority_pass_through_and_progress():
     backend = backend_for(engine)
     seen: list[int] = []
     request = LLMRequest("count the books", SamplingParams(max_tokens=32, seed=3),
-                         answer_prefix="SELECT", priority=7)
+                         answer_prefix="SELECT", priority=7, slo_rank=2)
     result = run(backend.generate(request, on_progress=seen.append))
     call = engine.calls[0]
-    assert call["priority"] == 7 and call["request_id"] == request.request_id
+    # the engine's priority is the query's class rank, not the coordinator's admission order
+    assert call["priority"] == 2 and call["request_id"] == request.request_id
     assert call["prompt"] == "count the booksSELECT"
     assert call["params"] is request.params
     assert result.text == "SELECT * FROM book;"
@@ -158,7 +159,8 @@ def test_bad_sampling_params_are_not_retryable():
 
 def test_engine_without_priority_parameter():
     engine = FakeEngineWithoutPriority()
-    result = run(backend_for(engine).generate(LLMRequest("p", priority=3)))
+    result = run(backend_for(engine).generate(LLMRequest("p", priority=3,
+                                                                       slo_rank=2)))
     assert result.text.endswith(";") and engine.calls[0]["priority"] == 0
 
 

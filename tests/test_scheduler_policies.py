@@ -116,24 +116,6 @@ def test_gittins_prefers_the_call_likely_to_finish_soon() -> None:
     assert [x.stage for x in c.queues["fast"].ordered_waiting(0.0, c)] == ["risky", "sure"]
 
 
-def test_flowsage_v1_runs_at_risk_calls_first_then_the_query_with_least_work_left() -> None:
-    # Short: one 2 s stage left, deadline 100 -> not at risk; remaining cost 2^2/2 = 2.
-    # Long:  stages 2, 50, 50 left, deadline 1000 -> not at risk; remaining cost 2 + 1250*2.
-    # Late:  one 5 s stage, deadline 3: budget 3 < t = 5 -> at risk (urgency 2): runs first.
-    lengths = {"s1": 2, "l1": 2, "l2": 50, "l3": 50, "x1": 5}
-    c = coordinator("least_loaded+flowsage_v1", lengths)
-    occupy(c)
-    c.on_query_arrival("Long", deadline=1000, run=chain_run("Long", 1000, ["l1", "l2", "l3"]))
-    c.on_query_arrival("Short", deadline=100, run=chain_run("Short", 100, ["s1"]))
-    c.on_query_arrival("Late", deadline=3, run=chain_run("Late", 3, ["x1"]))
-    c.on_call_ready("Long", stage="l1", node_id="Long.0", prompt_tokens=0)
-    c.on_call_ready("Short", stage="s1", node_id="Short.0", prompt_tokens=0)
-    c.on_call_ready("Late", stage="x1", node_id="Late.0", prompt_tokens=0)
-    order = [x.query.id for x in c.queues["fast"].ordered_waiting(0.0, c)]
-    assert order == ["Late", "Short", "Long"]
-    assert c.remaining_cost(c.queries["Long"]).mean() == pytest.approx(2 + 1250 + 1250)
-
-
 def test_presets_and_bad_names() -> None:
     assert [type(p).__name__ for p in resolve("hexgen-flow")] == [
         "WorkloadBalancedDispatch", "UrgencyQueue"]

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
+from agentflow.scheduler import policies
 from agentflow.scheduler.ranking import KineticTournament, Segment, key_at, next_switch
 from agentflow.sim.cluster import CLUSTERS
 from agentflow.sim.driver import Simulation
 from agentflow.sim.experiment import build_workload
 from agentflow.sim.workload import TraceNode, TraceQuery
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from ablation_queues import register_ablation_queues  # noqa: E402
 
 
 def test_kinetic_tournament_matches_a_scan_under_random_inserts_removals_and_time() -> None:
@@ -62,9 +68,13 @@ def _chess_like(n: int) -> list[TraceQuery]:
 @pytest.mark.parametrize("policy", ["vllm", "hexgen-flow", "sagesched", "llf", "flowsage",
                                     "least_loaded+edf", "least_loaded+flowsage_v1",
                                     "least_loaded+urgency"])
-def test_fast_queue_picks_what_the_reference_scan_picks_on_a_replayed_trace(policy) -> None:
+def test_fast_queue_picks_what_the_reference_scan_picks_on_a_replayed_trace(
+        policy, monkeypatch) -> None:
     """Replays an overloaded workload (long queues, keys moving and switching tier) with every
-    queue checking each pick against ``reference_peek``; any disagreement raises."""
+    queue checking each pick against ``reference_peek``; any disagreement raises. (The
+    ablation ``flowsage_v1``, registered for the test, has keys that switch tier mid-wait.)"""
+    monkeypatch.setattr(policies, "QUEUE", dict(policies.QUEUE))
+    register_ablation_queues()
     cluster = CLUSTERS["paper-4gpu"]
     wl = build_workload(_chess_like(12), cluster, n=60, rate=2.0, seed=5)
     sim = Simulation(cluster, policy)

@@ -105,28 +105,6 @@ def test_bounded_revision_loop_expands_the_graph_at_run_time() -> None:
     assert run.query.stage("select").parents == ["exec.0", "exec.1", "exec.2"]
 
 
-def test_remaining_critical_path_is_the_longest_chain_of_expected_times() -> None:
-    #   a(2) -> b(3) -> c(1)
-    #   a(2) -> d(5) -> c(1)
-    nodes = [tool("a", expected_s=2), tool("b", expected_s=3), tool("c", expected_s=1),
-             tool("d", expected_s=5)]
-    run = WorkflowRun(Query("q", "db", arrival=0.0),
-                      graph_of(nodes, [("a", "b"), ("b", "c"), ("a", "d"), ("d", "c")]))
-    assert run.remaining_critical_path(now=0.0) == 8
-    assert run.downstream_critical_path("a", now=0.0) == 6
-    assert run.downstream_critical_path("b", now=0.0) == 1
-    run.mark_started("a", 0.0)
-    assert run.remaining_critical_path(now=1.5) == pytest.approx(6.5)  # a has 0.5 s left
-    run.mark_done("a", 2.0)
-    assert [n.id for n in run.ready()] == ["b", "d"]
-    run.mark_started("d", 2.0)
-    run.mark_started("b", 2.0)
-    run.mark_done("b", 5.0)
-    assert run.remaining_critical_path(now=5.0) == pytest.approx(3.0)  # d: 2 s left, then c
-    run.estimator = lambda node: 10.0 if node.id == "c" else node.expected_s
-    assert run.remaining_critical_path(now=5.0) == pytest.approx(12.0)
-
-
 def test_a_failing_stage_fails_the_query_and_cancels_its_siblings() -> None:
     cancelled = []
 

@@ -56,6 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "mode also the deadline given to the scheduler (default: 2)")
     p.add_argument("--slo", type=float, default=None,
                    help="real mode: an end-to-end target in seconds given to every question")
+    p.add_argument("--slo-class", default="batch",
+                   help="real mode: the SLO class of every question (default: batch, ranked "
+                        "and shed behind interactive users sharing the cluster; "
+                        "interactive measures what a person waiting would see)")
     p.add_argument("--eval-timeout", type=float, default=30.0,
                    help="seconds each predicted/gold query may run when judging")
     p.add_argument("--out", type=Path, default=None,
@@ -87,7 +91,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        cluster=args.cluster, traces=args.traces, rate=args.rate,
                        arrival=args.arrival, slo_scale=args.slo_scale, slo_s=args.slo,
                        eval_timeout_s=args.eval_timeout, plots=not args.no_plots,
-                       console=console, keep_distinct=args.keep_distinct)
+                       console=console, keep_distinct=args.keep_distinct,
+                       slo_class=args.slo_class)
     print_summary(table_console(), summary)
     return 0
 

@@ -49,7 +49,8 @@ def run_real(examples: list[Example], *, kind: str, pipeline: str, policy: str,
              config: AgentFlowConfig, store: RecordStore, judge: Judge,
              backends: dict[str, Any] | None, offsets: list[float] | None,
              slo_s: float | None, session: str, on_record: OnRecord | None = None,
-             on_submit: Callable[[Example], None] | None = None) -> int:
+             on_submit: Callable[[Example], None] | None = None,
+             slo_class: str | None = None) -> int:
     """Ask ``examples`` (those not finished yet) and write one record per question.
     Returns how many were asked."""
     from agentflow.api import AgentFlow
@@ -92,7 +93,8 @@ def run_real(examples: list[Example], *, kind: str, pipeline: str, policy: str,
                         on_submit(example)
                     try:
                         handle = af.submit(example.question, example.db_id, slo=slo_s,
-                                           pipeline=pipeline, evidence=example.evidence)
+                                           pipeline=pipeline, evidence=example.evidence,
+                                           slo_class=slo_class)
                     except Exception as err:  # noqa: BLE001 - bad input is recorded per question
                         judged.append(judge_pool.submit(
                             finish, example, submitted, None, f"{type(err).__name__}: {err}"))

@@ -46,7 +46,7 @@ def run_eval(dataset: str | None = None, *, out: str | Path,
              slo_s: float | None = None, eval_timeout_s: float = 30.0,
              backends: Backends | None = None, plots: bool = True,
              progress: bool = True, console: Any = None,
-             keep_distinct: bool = False) -> dict[str, Any]:
+             keep_distinct: bool = False, slo_class: str = "batch") -> dict[str, Any]:
     """Evaluate pipelines x policies on a dataset; write records, ``summary.json``,
     ``report.md`` and plots under ``out``; return the summary.
 
@@ -62,6 +62,11 @@ def run_eval(dataset: str | None = None, *, out: str | Path,
 
     ``keep_distinct``: judge with DISTINCT kept, the official Spider evaluator's
     ``--keep_distinct``; by default it is stripped, as that evaluator does by default.
+
+    ``slo_class`` (real mode): the SLO class every question runs in, ``batch`` by default —
+    nobody waits on each one, so an evaluation beside interactive users on the same cluster
+    is ranked and shed behind them (``agentflow.slo_classes``). Give ``interactive`` to
+    measure the latency a person would see.
     """
     from rich.console import Console
 
@@ -88,7 +93,7 @@ def run_eval(dataset: str | None = None, *, out: str | Path,
                      limit=limit, seed=seed, config=config, rate=rate, arrival=arrival,
                      slo_scale=slo_scale, slo_s=slo_s, eval_timeout_s=eval_timeout_s,
                      backends=backends, plots=plots, progress=progress, console=console,
-                     keep_distinct=keep_distinct)
+                     keep_distinct=keep_distinct, slo_class=slo_class)
     if config is not None:
         raise EvalError("--config sets up real backends and --cluster selects the simulator; "
                         "give one of them")
@@ -196,11 +201,17 @@ def _progress(console, enabled: bool):
 def _real(dataset: str, *, out: Path, pipelines: list[str], policies: list[str],
           limit: int | None, seed: int, config, rate: float | None, arrival: str | None,
           slo_scale: float, slo_s: float | None, eval_timeout_s: float, backends,
-          plots: bool, progress: bool, console, keep_distinct: bool = False) -> dict[str, Any]:
+          plots: bool, progress: bool, console, keep_distinct: bool = False,
+          slo_class: str = "batch") -> dict[str, Any]:
     from agentflow.evaluation.real import arrival_offsets, run_config, run_real
+    from agentflow.query_class import choose_class
 
     spec = parse_dataset_spec(dataset)
     base = _load_config(config)
+    try:  # refused before any backend starts
+        choose_class(slo_class, None, base.scheduler.slo_classes)
+    except ValueError as err:
+        raise EvalError(f"--slo-class: {err}") from None
     pipelines = pipelines or [base.pipeline]
     check_pipelines(pipelines)
     policies = policies or [base.scheduler.policy]
@@ -270,7 +281,8 @@ def _real(dataset: str, *, out: Path, pipelines: list[str], policies: list[str],
                         pending, kind=ds.kind, pipeline=pipeline, policy=policy, config=cfg,
                         store=store, judge=judge, backends=dict(made) if made else None,
                         offsets=arrival_offsets(len(pending), rate, arrival, seed),
-                        slo_s=slo_s, session=session, on_record=on_record)
+                        slo_s=slo_s, session=session, on_record=on_record,
+                        slo_class=slo_class)
                 else:
                     asked[key] = 0
     finally:
@@ -320,7 +332,8 @@ def _real(dataset: str, *, out: Path, pipelines: list[str], policies: list[str],
         "settings": {"pipelines": pipelines, "policies": policies, "limit": limit,
                      "seed": seed, "rate": rate, "arrival": arrival, "arrivals": arrivals,
                      "slo_scale": slo_scale, "slo_s": slo_s, "eval_timeout_s": eval_timeout_s,
-                     "instances": "; ".join(instances), "engine": base.engine},
+                     "instances": "; ".join(instances), "engine": base.engine,
+                     "slo_class": slo_class},
         "idle_latency": ("the critical path of each query's DAG, where every stage counts its "
                          "own run time without queue waits (the stage's duration minus the "
                          "time its LLM calls waited for an instance), measured in this run."),

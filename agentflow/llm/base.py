@@ -37,7 +37,8 @@ class LLMRequest:
     prompt: str
     params: SamplingParams = field(default_factory=SamplingParams)
     answer_prefix: str = ""
-    priority: int = 0
+    priority: int = 0  # the coordinator's order of admission (backends that queue use it)
+    slo_rank: int = 0  # the query's SLO class rank: vLLM's per-request priority (lower first)
     stage: str = ""  # pipeline stage type, e.g. "generate_candidate" (for scripted/sim backends)
     query_id: str = ""
     request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")

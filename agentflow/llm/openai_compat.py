@@ -35,9 +35,13 @@ def _import_openai() -> Any:
 
 
 class OpenAIBackend(LLMBackend):
-    """``vllm_priority=True`` sends ``priority`` in the body (vLLM with
-    ``--scheduling-policy priority``; lower runs earlier; opt-in because a vLLM server without
-    that policy rejects non-zero priorities). ``grammar_param`` names the body
+    """``vllm_priority=True`` sends the call's SLO class rank (``LLMRequest.slo_rank``:
+    interactive 0, standard 1, batch 2 by default) as ``priority`` in the body, for vLLM
+    served with ``--scheduling-policy priority``: lower runs earlier and may preempt a
+    running higher one, so a batch flood admitted to the engine does not hold up an
+    interactive query's calls; equal ranks keep their arrival order, which is the order the
+    coordinator admitted them in. Opt-in because a vLLM server without that policy rejects
+    non-zero priorities. ``grammar_param`` names the body
     field a GBNF grammar goes in (``"grammar"`` for llama.cpp's servers, ``"guided_grammar"``
     for vLLM versions that take it); ``None`` drops grammars. ``timeout_s`` bounds the whole
     call, stream included. Client-side retries are off by default: the scheduler decides
@@ -91,7 +95,7 @@ class OpenAIBackend(LLMBackend):
             kwargs["seed"] = params.seed
         body = dict(self.extra_body)
         if self.vllm_priority:
-            body["priority"] = request.priority
+            body["priority"] = request.slo_rank
         if params.grammar is not None and self.grammar_param:
             body[self.grammar_param] = params.grammar
         if body:

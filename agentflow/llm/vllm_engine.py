@@ -2,10 +2,13 @@
 
 The engine batches concurrent calls itself (continuous batching), so this adapter adds no
 queue: every call goes straight to ``engine.generate(prompt, sampling_params, request_id,
-priority=...)``, whose ``priority`` (lower = earlier) takes effect when the engine runs with
-``scheduling_policy="priority"``. Outputs are cumulative (vLLM's default output kind); progress
-is the length of ``outputs[0].token_ids``. A cancelled call is aborted in the engine so its KV
-blocks are freed at once.
+priority=...)`` with the call's SLO class rank (``LLMRequest.slo_rank``) as ``priority``
+(lower = earlier, and a lower one may preempt a running higher one); it takes effect when
+the engine runs with ``scheduling_policy="priority"`` (a non-zero priority is an error
+otherwise). Within a rank the engine keeps arrival order, i.e. the coordinator's. Outputs
+are cumulative (vLLM's default output kind); progress is the length of
+``outputs[0].token_ids``. A cancelled call is aborted in the engine so its KV blocks are
+freed at once.
 
 vLLM is imported only when this backend builds its own engine, so the module imports anywhere;
 pass ``engine=`` to wrap an engine you built (or a test double).
@@ -109,7 +112,7 @@ class VLLMEngineBackend(LLMBackend):
         except (ValueError, TypeError) as exc:
             raise BackendError(f"{self.name}: bad sampling parameters: {exc}",
                                retryable=False) from exc
-        extra = {"priority": request.priority} if self._priority_ok else {}
+        extra = {"priority": request.slo_rank} if self._priority_ok else {}
         start = time.perf_counter()
         first_token_at = 0.0
         n_out = 0

@@ -118,13 +118,15 @@ class AgentflowTools:
     async def ask(self, question: str, db: str, slo_seconds: float | None = None,
                   pipeline: str | None = None, conversation_id: str | None = None,
                   max_rows: int = 50, caller: Tenant | None = None,
-                  min_confidence: float | None = None) -> dict[str, Any]:
+                  min_confidence: float | None = None,
+                  slo_class: str | None = None) -> dict[str, Any]:
         self._db(db, caller)
         holds_slot = self.limits.acquire(caller)
         try:
             answer = await self.af.ask_async(question, db, slo=slo_seconds, pipeline=pipeline,
                                              conversation=conversation_id, tenant=caller,
-                                             min_confidence=min_confidence)
+                                             min_confidence=min_confidence,
+                                             slo_class=slo_class)
         finally:
             if holds_slot:
                 self.limits.release(caller)
@@ -135,6 +137,7 @@ class AgentflowTools:
                 "rows_truncated": answer.truncated or len(answer.rows) > limit,
                 "latency_s": _round(answer.latency_s), "slo_s": answer.slo_s,
                 "met_slo": answer.met_slo, "pipeline": answer.pipeline,
+                "slo_class": answer.slo_class,
                 "conversation_id": answer.conversation_id, "confidence": answer.confidence,
                 "llm_calls": answer.usage.get("calls", 0),
                 "timeline": timeline_summary(answer.stages), "retries": answer.retries}
@@ -211,17 +214,21 @@ def build_server(af: AgentFlow, tenants: TenantTable | None = None):
                              "rows, status and a per-stage timeline. Pass the "
                              "conversation_id of an earlier answer to ask a follow-up. "
                              "The answer's confidence (score, level, reasons) says how sure "
-                             "it is; below min_confidence the status is 'unsure'.")
+                             "it is; below min_confidence the status is 'unsure'. slo_class "
+                             "(interactive, standard, batch; default: the key's) says how "
+                             "the scheduler ranks it.")
     async def ask(question: str, db: str, slo_seconds: float | None = None,
                   pipeline: str | None = None, conversation_id: str | None = None,
                   max_rows: int = 50, ctx: Context | None = None,
                   slo: float | None = None,
-                  min_confidence: float | None = None) -> dict[str, Any]:
+                  min_confidence: float | None = None,
+                  slo_class: str | None = None) -> dict[str, Any]:
         from agentflow.slo_names import one_slo
 
         async def run() -> dict[str, Any]:  # ``slo``, the Python/CLI name, works too
             return await tools.ask(question, db, one_slo(slo, slo_seconds), pipeline,
-                                   conversation_id, max_rows, caller(ctx), min_confidence)
+                                   conversation_id, max_rows, caller(ctx), min_confidence,
+                                   slo_class)
         return await checked(run)()
 
     @server.tool(description="Run one read-only SELECT on a database (single statement; "
@@ -266,7 +273,7 @@ def serve_http(af: AgentFlow, host: str, port: int, tenants: TenantTable | None 
     import uvicorn
 
     if tenants:
-        check_against_catalog(tenants, af.catalog)
+        check_against_catalog(tenants, af.catalog, af.config.scheduler.slo_classes)
     server = build_server(af, tenants)
     app = server.streamable_http_app(host=host)
     if tenants:

@@ -34,6 +34,7 @@ from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.call_deadline import CallDeadlines
 from agentflow.scheduler.coordinator import Coordinator, Decision, FailCall, StartCall
 from agentflow.scheduler.health import HealthSettings, HealthState, HealthTracker, Transition
+from agentflow.slo_classes import DEFAULT_CLASS
 from agentflow.workflow.graph import WorkflowRun
 from agentflow.workflow.query import Query
 from agentflow.workflow.router import CallOutcome, LLMCall
@@ -90,6 +91,13 @@ class ScheduledRouter:
                                           run=run, slo_class=query.slo_class,
                                           tenant=query.tenant)
 
+    def _rank_of(self, query: Query) -> int:
+        """The rank of the query's SLO class, which every call of it carries to the backend
+        (vLLM's per-request priority); a class the table lacks ranks as the default one."""
+        classes = self.coordinator.slo_classes
+        klass = classes.get(query.slo_class or DEFAULT_CLASS) or classes.get(DEFAULT_CLASS)
+        return klass.rank if klass is not None else 0
+
     def end_query(self, query: Query) -> None:
         self.coordinator.on_query_done(query.id)
 
@@ -115,6 +123,7 @@ class ScheduledRouter:
             prompt_tokens_by_instance=counts if len(set(counts.values())) > 1 else None,
             prompt_text=call.request.prompt + call.request.answer_prefix)
         submitted = self.clock.now()
+        rank = self._rank_of(query)
         self._apply(decisions)
         failed: list[dict[str, str]] = []  # attempts given up on, for the answer's timeline
         while True:
@@ -124,7 +133,7 @@ class ScheduledRouter:
                 self._apply(self.coordinator.on_call_cancelled(sc))
                 raise
             started = self.clock.now()
-            request = replace(call.request, priority=priority)
+            request = replace(call.request, priority=priority, slo_rank=rank)
 
             def progress(tokens: int, sc: ScheduledCall = sc) -> None:
                 self._progress_at[sc] = self.clock.now()

@@ -8,13 +8,14 @@ clock, ``agentflow.sim.Simulation`` with a virtual one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.coordinator import Coordinator
 from agentflow.scheduler.lengths import LengthModel, make_length_model
 from agentflow.scheduler.policies import parse_policy
+from agentflow.slo_classes import SloClass
 from agentflow.workflow.clock import Clock
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
                       max_waiting_calls: int | None = None,
                       max_active_queries: int | None = None,
                       admit_by_backlog: bool = False,
-                      max_backlog_s: float | None = None) -> Coordinator:
+                      max_backlog_s: float | None = None,
+                      slo_classes: Mapping[str, SloClass] | None = None) -> Coordinator:
     """``instances`` must be named (``expand_instances``); ``length_model`` defaults to the
     length model the policy name picks, with ``embedder``."""
     specs = [InstanceSpec.from_config(cfg) for cfg in instances]
@@ -36,7 +38,8 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
     return Coordinator(specs, clock=clock, policy=policy, alpha=alpha, length_model=length_model,
                        max_waiting_calls=max_waiting_calls,
                        max_active_queries=max_active_queries,
-                       admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s)
+                       admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s,
+                       slo_classes=slo_classes)
 
 
 def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
@@ -45,4 +48,5 @@ def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
             "embedder": scheduler.embedder, "max_waiting_calls": scheduler.max_waiting_calls,
             "max_active_queries": scheduler.max_active_queries,
             "admit_by_backlog": scheduler.admit_by_backlog,
-            "max_backlog_s": scheduler.max_backlog_s}
+            "max_backlog_s": scheduler.max_backlog_s,
+            "slo_classes": dict(scheduler.slo_classes)}

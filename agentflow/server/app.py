@@ -5,6 +5,7 @@ returns an ASGI app; ``create_app(agentflow=af)`` serves an engine the caller al
 (and still owns). Errors always come back as ``{"error": {"code", "message"}}``:
 
     400 malformed_json        body is not JSON / empty
+    400 unknown_slo_class     slo_class names no configured class (``classes`` lists them)
     401 unauthorized          API keys configured, none or a wrong one sent
     403 forbidden             /metrics without an admin key
     404 unknown_database      db is not one this server serves to this key (ids only)
@@ -137,7 +138,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
                               "database, get SQL, rows and a per-stage timeline.")
     app.state.service = service
     app.state.tenants = settings.tenant_table()  # key -> tenant; empty: keys are off
-    check_against_catalog(app.state.tenants, af.catalog)
+    check_against_catalog(app.state.tenants, af.catalog, af.config.scheduler.slo_classes)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s, on_error=metrics.error)
     errors.install(app, on_error=metrics.error)

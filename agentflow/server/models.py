@@ -72,8 +72,13 @@ class QueryRequest(BaseModel):
     min_confidence: float | None = Field(
         None, ge=0.0, le=1.0, description="below this confidence score the answer comes back "
                                           "'unsure' (SQL and rows attached), not 'done'")
+    slo_class: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="SLO class (interactive, standard, batch or a configured one): what the "
+                    "scheduler ranks and sheds by; default: the API key's tenant's, else "
+                    "standard. Without slo_seconds the class's own deadline applies")
 
-    @field_validator("question", "db", "pipeline", "evidence")
+    @field_validator("question", "db", "pipeline", "evidence", "slo_class")
     @classmethod
     def _valid_unicode(cls, value: str | None) -> str | None:
         """JSON may carry lone surrogates (``\\ud800``) that are not text: refuse them here,
@@ -204,7 +209,8 @@ class QuerySummary(BaseModel):
     error: str | None = None
     conversation_id: str | None = None
     tenant: str | None = Field(None, description="who asked (the API key's tenant)")
-    slo_class: str | None = Field(None, description="the tenant's SLO class")
+    slo_class: str | None = Field(None, description="the query's SLO class (the request's, "
+                                                    "else the tenant's, else standard)")
 
 
 class QueryView(QuerySummary):

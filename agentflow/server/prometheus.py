@@ -38,6 +38,11 @@ class ServerMetrics:
         self.query_latency = Histogram("agentflow_query_latency_seconds", "End-to-end latency "
                                        "of answered queries", ["status"],
                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.class_latency = Histogram("agentflow_class_query_latency_seconds", "End-to-end "
+                                       "latency of answered queries by SLO class (whether "
+                                       "a batch flood reaches interactive users)",
+                                       ["slo_class", "status"], buckets=LATENCY_BUCKETS,
+                                       registry=r)
         self.stage_latency = Histogram("agentflow_stage_latency_seconds", "Stage duration by "
                                        "stage type", ["stage", "kind"], buckets=LATENCY_BUCKETS,
                                        registry=r)
@@ -75,6 +80,8 @@ class ServerMetrics:
             return
         if answer.latency_s is not None:
             self.query_latency.labels(status=status).observe(answer.latency_s)
+            self.class_latency.labels(slo_class=handle.slo_class or "", status=status).observe(
+                answer.latency_s)
         for stage in answer.stages:
             if stage.get("start") is not None and stage.get("end") is not None:
                 self.stage_latency.labels(stage=stage["stage"], kind=stage["kind"]).observe(

@@ -29,6 +29,7 @@ from agentflow.api import (
     ShuttingDownError,
 )
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
+from agentflow.query_class import UnknownSloClassError
 from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
@@ -236,10 +237,14 @@ class QueryService:
             handle = self.af.submit(req.question, req.db, slo=req.slo_seconds,
                                     pipeline=req.pipeline, evidence=req.evidence,
                                     conversation=req.conversation_id, tenant=caller,
-                                    min_confidence=req.min_confidence)
+                                    min_confidence=req.min_confidence,
+                                    slo_class=req.slo_class)
         except BaseException as err:
             if holds_slot:
                 self.limits.release(caller)
+            if isinstance(err, UnknownSloClassError):
+                raise ApiError(400, "unknown_slo_class", str(err),
+                               classes=err.classes) from None
             if isinstance(err, ConversationNotFoundError):
                 raise ApiError(404, "conversation_not_found", str(err)) from None
             if isinstance(err, InvalidRequest):

@@ -1,9 +1,10 @@
 """A query's pipeline as a DAG of stages, and the bookkeeping of running it.
 
 ``WorkflowRun`` is a pure state machine over a networkx DiGraph: which nodes are ready, which
-are running or done, how the graph grew at run time, and how much expected work is left on
-the critical path. It never awaits, sleeps or reads a clock of its own — times are passed in —
-so the asyncio executor and a virtual-time simulator drive the very same object.
+are running or done, when each started, and how the graph grew at run time — what the
+scheduler reads to price the remaining critical path (``agentflow.scheduler.paths``). It
+never awaits, sleeps or reads a clock of its own — times are passed in — so the asyncio
+executor and a virtual-time simulator drive the very same object.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ StageFn = Callable[["StageContext"], Awaitable[Any]]
 @dataclass
 class Node:
     """One stage instance. ``stage`` is its type (shared by, e.g., all candidate generators),
-    ``id`` is unique in the run. ``expected_s`` feeds the critical path until a better
-    estimate (the scheduler's time model) is injected into the run."""
+    ``id`` is unique in the run. ``expected_s`` is what the scheduler's critical path counts
+    for a tool step (LLM stages are priced from predicted lengths instead)."""
 
     id: str
     stage: str
@@ -60,15 +61,12 @@ class GraphError(ValueError):
     """An invalid pipeline graph or expansion (cycle, unknown node, rewiring a started node)."""
 
 
-Estimator = Callable[[Node], float]
-
-
 class WorkflowRun:
     """The DAG of one query and where each node stands."""
 
     PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "ok", "error", "cancelled"
 
-    def __init__(self, query: Query, graph: nx.DiGraph, *, estimator: Estimator | None = None):
+    def __init__(self, query: Query, graph: nx.DiGraph):
         for node_id, data in graph.nodes(data=True):
             if not isinstance(data.get("node"), Node) or data["node"].id != node_id:
                 raise GraphError(f"graph node {node_id!r} must carry node=Node(id={node_id!r})")
@@ -76,7 +74,6 @@ class WorkflowRun:
             raise GraphError(f"pipeline graph has a cycle: {nx.find_cycle(graph)}")
         self.query = query
         self.graph = graph
-        self.estimator: Estimator = estimator or (lambda node: node.expected_s)
         self.outputs: dict[str, Any] = {}
         self.version = 0  # bumped on every change, so schedulers can cache derived values
         self._state: dict[str, str] = {n: self.PENDING for n in graph.nodes}
@@ -112,20 +109,6 @@ class WorkflowRun:
     def unfinished(self) -> list[Node]:
         """Nodes pending or running (what a query still has to do)."""
         return [self.node(n) for n in self._unfinished()]
-
-    # Each path query takes an optional ``estimator`` (a node's expected seconds): a scheduler
-    # passes its own (predicted lengths on its instances); None uses the run's.
-    def remaining_critical_path(self, now: float, estimator: Estimator | None = None) -> float:
-        """Expected seconds left on the longest chain of unfinished stages (networkx longest
-        path; a running stage counts only its expected remainder)."""
-        return self._longest_path(now, set(self._unfinished()), estimator or self.estimator)
-
-    def downstream_critical_path(self, node_id: str, now: float,
-                                 estimator: Estimator | None = None) -> float:
-        """Expected seconds on the longest chain of stages that must run *after* ``node_id``:
-        the denominator share of HexGen-Flow's per-stage budget."""
-        after = set(nx.descendants(self.graph, node_id)) & set(self._unfinished())
-        return self._longest_path(now, after, estimator or self.estimator)
 
     # ----------------------------------------------------------------------------- events
     def mark_started(self, node_id: str, now: float) -> None:
@@ -167,26 +150,6 @@ class WorkflowRun:
     # ----------------------------------------------------------------------------- internals
     def _unfinished(self) -> Iterable[str]:
         return (n for n, s in self._state.items() if s in (self.PENDING, self.RUNNING))
-
-    def _remaining(self, node_id: str, now: float, estimator: Estimator) -> float:
-        expected = max(0.0, float(estimator(self.node(node_id))))
-        if self._state[node_id] == self.RUNNING:
-            return max(0.0, expected - (now - self._started_at[node_id]))
-        return expected
-
-    def _longest_path(self, now: float, nodes: set[str], estimator: Estimator) -> float:
-        if not nodes:
-            return 0.0
-        # Node weights become edge weights into the node, from a virtual source.
-        sub = nx.DiGraph()
-        source = object()
-        for n in nodes:
-            weight = self._remaining(n, now, estimator)
-            sub.add_edge(source, n, weight=weight)
-            for p in self.graph.predecessors(n):
-                if p in nodes:
-                    sub.add_edge(p, n, weight=weight)
-        return float(nx.dag_longest_path_length(sub, weight="weight"))
 
     def _require(self, node_id: str, state: str) -> None:
         if node_id not in self._state:

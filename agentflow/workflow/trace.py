@@ -42,7 +42,9 @@ def trace_record(query: Query, *, pipeline: dict[str, Any], sql: str | None,
     return {"format": TRACE_FORMAT, "query_id": query.id, "question": query.question,
             "db_id": query.db_id, "evidence": query.evidence, "pipeline": pipeline,
             "status": query.status.value, "error": query.error, "sql": sql,
-            "slo_s": query.slo_s, "latency_s": query.latency_s, "nodes": nodes}
+            "slo_s": query.slo_s, "latency_s": query.latency_s,
+            "slo_class": query.slo_class, "tenant": query.tenant,  # for class-aware replays
+            "nodes": nodes}
 
 
 class TraceWriter:

@@ -4,6 +4,9 @@ One file per policy; add a policy by adding a file and a line here. A policy nam
 or ``DISPATCH+QUEUE``, optionally followed by ``@MODEL`` to pick the length model
 (``agentflow.scheduler.lengths``: ``learned`` by default, ``oracle`` in simulation).
 Lists of names and help texts are generated from these tables (``policy_help``).
+
+Only shipped policies live here. Experiments (the ablation queues of ``benchmarks/``) add
+theirs at run time with ``register_queue``, so they never show up in a user's ``--help``.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ from agentflow.scheduler.policies.dispatch_workload_balanced import WorkloadBala
 from agentflow.scheduler.policies.queue_edf import EdfQueue
 from agentflow.scheduler.policies.queue_fcfs import FcfsQueue
 from agentflow.scheduler.policies.queue_flowsage import FlowSageQueue
-from agentflow.scheduler.policies.queue_flowsage_tiers import FlowSageTiersQueue
-from agentflow.scheduler.policies.queue_flowsage_v1 import FlowSageV1Queue
 from agentflow.scheduler.policies.queue_gittins import GittinsQueue
 from agentflow.scheduler.policies.queue_llf import LlfQueue
 from agentflow.scheduler.policies.queue_urgency import UrgencyQueue
@@ -38,16 +39,6 @@ DISPATCH: dict[str, Callable[..., DispatchPolicy]] = {
 }
 
 
-def _variant(name: str, cls: Callable[..., QueuePolicy], **options: Any
-             ) -> Callable[..., QueuePolicy]:
-    """A registry entry for an ablation: ``cls`` with ``options`` set, under ``name``."""
-    def make(**kwargs: Any) -> QueuePolicy:
-        queue = cls(**{**options, **kwargs})
-        queue.name = name
-        return queue
-    return make
-
-
 QUEUE: dict[str, Callable[..., QueuePolicy]] = {
     "fcfs": FcfsQueue,
     "edf": EdfQueue,
@@ -55,20 +46,22 @@ QUEUE: dict[str, Callable[..., QueuePolicy]] = {
     "urgency": UrgencyQueue,
     "gittins": GittinsQueue,
     "flowsage": FlowSageQueue,
-    "flowsage_v1": FlowSageV1Queue,
-    # ablations: earlier designs and their parts alone
-    "flowsage_tiers": FlowSageTiersQueue,
-    "flowsage_call": _variant("flowsage_call", FlowSageTiersQueue, safe_order="call"),
-    "flowsage_laxity": _variant("flowsage_laxity", FlowSageTiersQueue, safe_order="laxity"),
-    "query_srpt": _variant("query_srpt", FlowSageTiersQueue, feasibility=False),
-    "query_fcfs": _variant("query_fcfs", FlowSageTiersQueue, feasibility=False,
-                           safe_order="arrival"),
-    "flowsage_fifo": _variant("flowsage_fifo", FlowSageTiersQueue, safe_order="arrival",
-                              demote_hopeless=False),
-    "flowsage_fifo_demote": _variant("flowsage_fifo_demote", FlowSageTiersQueue,
-                                     safe_order="arrival"),
-    "query_gittins": _variant("query_gittins", FlowSageV1Queue, urgency=False),
 }
+
+
+def register_queue(name: str, factory: Callable[..., QueuePolicy]) -> None:
+    """Make ``factory`` (called with the coordinator's queue options) the queue policy named
+    ``name`` in this process, e.g. an experiment's ablation. Registering the same factory
+    again is a no-op; a name already taken by another factory is refused, so an experiment
+    cannot silently replace a shipped policy."""
+    if not name or any(ch in name for ch in "+@, "):
+        # these separate names in ``DISPATCH+QUEUE@MODEL`` and in ``--policy A,B``
+        raise ValueError(f"bad queue policy name {name!r}: it must be non-empty, without "
+                         "'+', '@', ',' or spaces")
+    current = QUEUE.get(name)
+    if current is not None and current is not factory:
+        raise ValueError(f"queue policy {name!r} is already registered")
+    QUEUE[name] = factory
 
 
 PRESETS: dict[str, tuple[str, str]] = {
@@ -159,5 +152,5 @@ def resolve(policy: str, *, alpha: float | None = None,
 
 
 __all__ = ["DispatchPolicy", "QueuePolicy", "SchedulerView", "DISPATCH", "QUEUE", "PRESETS",
-           "PRESET_LENGTH_MODELS", "PolicySpec", "parse_policy", "policy_help", "resolve",
-           "with_length_model"]
+           "PRESET_LENGTH_MODELS", "PolicySpec", "parse_policy", "policy_help", "register_queue",
+           "resolve", "with_length_model"]

@@ -1,19 +1,45 @@
 """Policy interfaces. A dispatch policy picks an instance for a ready call; a queue policy
 orders the calls waiting on one instance. Both read the cluster through ``SchedulerView``
-(implemented by the coordinator), so they hold no state about calls themselves."""
+(implemented by the coordinator, see ``scheduler.view``), so they hold no state about calls
+themselves."""
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
 
     from agentflow.scheduler.call import QueryState, ScheduledCall
-    from agentflow.scheduler.coordinator import BatchView
     from agentflow.scheduler.distribution import Distribution
     from agentflow.scheduler.ranking import Key
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """What dispatch to a continuous-batching engine needs to know, one entry per candidate
+    instance (``SchedulerView.batch_view``): seconds of calls waiting in its queue
+    (``queued_s``), of prompt prefill admitted there but not yet done (``prefilling_s``) and
+    left on the calls it runs (``running_s``), in single-request time; how many it runs
+    (``n_running``) of at most ``slots``; whether it has a slot and KV room for the call now
+    (``room``); the call's expected time there (``time_s``) and the part of it that is prompt
+    prefill (``prefill_s``); the decode seconds the call gains, and inflicts, per call running
+    beside it (``co_runner_decode_s``, learned) and the co-runners ``time_s`` already assumes
+    (``co_runners_seen``); and the rank of the instance's name (ties)."""
+
+    queued_s: np.ndarray
+    prefilling_s: np.ndarray
+    running_s: np.ndarray
+    n_running: np.ndarray
+    room: np.ndarray
+    slots: np.ndarray
+    time_s: np.ndarray
+    prefill_s: np.ndarray
+    co_runner_decode_s: np.ndarray
+    co_runners_seen: np.ndarray
+    name_rank: np.ndarray
 
 
 class SchedulerView(Protocol):
@@ -32,7 +58,7 @@ class SchedulerView(Protocol):
     def batch_view(self, call: ScheduledCall, instances: list[str], now: float
                    ) -> BatchView:
         """Queue, batch and KV state of each of ``instances`` and the call's times there
-        (``coordinator.BatchView``), vectorised like ``dispatch_view``."""
+        (``BatchView``), vectorised like ``dispatch_view``."""
 
     def prefix_saved_s(self, call: ScheduledCall, instances: list[str]) -> np.ndarray:
         """Expected prefill seconds ``call`` skips on each instance thanks to the prompt
@@ -69,9 +95,6 @@ class QueuePolicy(abc.ABC):
     instants, which is what lets ``InstanceQueue`` pick the next call in O(log n)."""
 
     name = "queue"
-    # Whether a call's key changes as time passes (informational; every policy is ranked
-    # by the same kinetic structure).
-    time_dependent = False
     # Whether keys read the query's state (critical paths, work left): then the coordinator
     # keeps those current and re-keys the query's waiting calls at each of its events.
     query_dependent = True

@@ -3,7 +3,7 @@ likelihood comes from the query's remaining-path *distribution*, not its mean.
 
 At each of its events the coordinator gives a query three remaining critical paths — every
 unfinished stage at its P10, mean and P90 predicted length, averaged over the cluster
-(``Coordinator._critical_paths``). Read as a location-scale law of the remaining time, with
+(``scheduler.paths``). Read as a location-scale law of the remaining time, with
 mean ``R`` and spread ``sigma = (R_P90 - R_P10) / (2 * 1.2816)`` (the P10-P90 width of a
 normal law), the miss probability at time ``now`` is ``1 - Phi(z)`` with
 
@@ -42,7 +42,6 @@ _MIN_REL_SPREAD = 0.01
 
 class FlowSageQueue(QueuePolicy):
     name = "flowsage"
-    time_dependent = True
     per_query = True
 
     def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 class LlfQueue(QueuePolicy):
     name = "llf"
-    time_dependent = True
     per_query = True
 
     def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:

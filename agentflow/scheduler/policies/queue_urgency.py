@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 class UrgencyQueue(QueuePolicy):
     name = "urgency"
-    time_dependent = True
 
     def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         if call.deadline is None:

@@ -225,7 +225,8 @@
       return el("li", { "data-id": q.query_id, onclick: () => openQuery(q.query_id) },
         el("div", { class: "rq" }, el("span", { class: "sdot " + q.status, title: q.status }),
           el("span", { class: "q" }, q.question)),
-        el("div", { class: "rmeta" }, q.db + " · " + q.status, bar, el("span", null, timing)));
+        el("div", { class: "rmeta" }, q.db + " · " + q.status +
+          (q.slo_class ? " · " + q.slo_class : ""), bar, el("span", null, timing)));
     }));
   }
 

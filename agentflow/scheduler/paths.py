@@ -1,0 +1,263 @@
+"""What is left of a query, as the scheduler predicts it: its remaining critical paths
+(expected, optimistic and pessimistic) and its remaining cost distribution.
+
+Deadline budgets (urgency, llf, flowsage) need the longest chain of expected stage times
+after a call, and Gittins-style ranks need the distribution of the query's remaining cost.
+Both are priced from what serving knows: a stage with a call uses the call's predicted
+length; a stage the pipeline has expanded but not yet reached uses the length model and the
+stage's prompt sizes seen so far (``_future_lengths``); only the oracle length model knows
+true sizes. Times are the cluster-mean linear time model (``ClusterView._mean_coefs``),
+since a future stage's instance is not chosen yet.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agentflow.scheduler.call import QueryState, ScheduledCall
+from agentflow.scheduler.distribution import Distribution, cost_distribution, kv_cost
+from agentflow.scheduler.view import ClusterView
+from agentflow.workflow.graph import Node, NodeKind
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.lengths import LengthModel
+    from agentflow.scheduler.policies.base import QueuePolicy
+
+# Prompt tokens assumed for a future stage when neither its pipeline hints nor any earlier
+# call of its stage says more.
+DEFAULT_PROMPT_TOKENS = 500
+# Joint samples behind a query's remaining-cost distribution (``_sum_by_sampling``).
+_COST_SAMPLES = 256
+
+
+class WorkflowPaths(ClusterView):
+    # quantile levels of the optimistic and pessimistic paths (a symmetric 80% band)
+    PATH_QUANTILES = (0.1, 0.9)
+
+    # Set by the coordinator: the lengths it predicts with, and the queue policy whose
+    # ``query_dependent`` says whether paths are kept current at events.
+    length_model: LengthModel
+    _queue_policy: QueuePolicy
+
+    def _init_paths(self) -> None:
+        # per query: stage -> predicted length (future stages), and its (mean, P10, P90)
+        self._stage_prediction: dict[str, dict[str, Distribution]] = {}
+        self._stage_summary: dict[str, dict[str, tuple[Distribution, tuple[Any, ...]]]] = {}
+        # Mean prompt tokens of each stage's calls so far: the estimate for future calls of
+        # the stage when the pipeline gives no hint (what serving knows before a prompt exists).
+        self._stage_prompts: dict[str, tuple[float, int]] = {}
+
+    def _note_prompt(self, stage: str, prompt_tokens: int) -> None:
+        """A call of ``stage`` is ready with this prompt: fold it into the stage's mean."""
+        mean, n = self._stage_prompts.get(stage, (0.0, 0))
+        self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
+
+    def _forget_query(self, query_id: str) -> None:
+        self._stage_prediction.pop(query_id, None)
+        self._stage_summary.pop(query_id, None)
+
+    def downstream_s(self, call: ScheduledCall, now: float) -> float:
+        """Expected seconds on the longest chain after ``call``'s stage, as of the query's
+        last event (see ``Coordinator._refresh``)."""
+        if call.query.run is None:
+            return 0.0
+        self._paths_on_demand(call.query, now)
+        return call.query.path_cache.get(call.node_id, 0.0)
+
+    def remaining_s(self, query: QueryState, now: float) -> float:
+        """Expected seconds left on the query's critical path, as of its last event."""
+        if query.run is not None:
+            self._paths_on_demand(query, now)
+            return query.path_cache.get(None, 0.0)
+        return sum(self._mean_time(c.prompt_tokens, c.mean_output) for c in query.calls)
+
+    def _paths_on_demand(self, query: QueryState, now: float) -> None:
+        """Policies that keep no per-query state (fcfs, edf, gittins) skip the critical
+        paths at events; asked for them anyway (inspection, tests), compute them now."""
+        if not self._queue_policy.query_dependent:
+            self._critical_paths(query, now)
+
+    def _critical_paths(self, query: QueryState, now: float) -> None:
+        """Downstream critical path of every unfinished stage, and (key ``None``) of the
+        whole remaining workflow, by one DP over a cached topological order: a stage the
+        scheduler saw finish counts as done even before the runtime marks it, a running
+        stage counts its expected remainder. The same pass gives the optimistic and
+        pessimistic whole paths (every LLM stage at its P10 / P90 length) and the work left."""
+        run = query.run
+        assert run is not None  # callers compute paths only for queries with a workflow
+        graph = run.graph
+        shape = len(graph)  # the graph only grows, and only by new nodes (expansions)
+        if query.topo is None or query.topo[0] != shape:
+            import networkx as nx
+
+            order = list(nx.topological_sort(graph))
+            query.topo = (shape, [(n, run.node(n), list(graph.successors(n)))
+                                  for n in reversed(order)])
+        _, reverse_order = query.topo
+        oh, pf, df = self._mean_coefs()
+        calls = {c.node_id: c for c in query.calls}
+        done = query.done_nodes
+        pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
+        rem: dict[str, tuple[float, float, float]] = {}
+        after: dict[str | None, float] = {}
+        after_lo: dict[str, float] = {}
+        after_hi: dict[str, float] = {}
+        total = total_lo = total_hi = work = 0.0
+        for n, node, succ in reverse_order:
+            state = run.state(n)
+            if (state != pending and state != running) or n in done:
+                continue
+            if node.kind == llm:
+                prompt, (mean, lo, hi) = self._stage_lengths(query, node, calls.get(n))
+                base = oh + prompt * pf
+                t, t_lo, t_hi = base + mean * df, base + lo * df, base + hi * df
+                work += t
+            else:
+                t = t_lo = t_hi = self._tool_time(query, node)
+            if state == running:
+                started = run.started_at(n)
+                if started is not None:
+                    elapsed = now - started
+                    t = max(0.0, t - elapsed)
+                    t_lo = max(0.0, t_lo - elapsed)
+                    t_hi = max(0.0, t_hi - elapsed)
+            rem[n] = (t, t_lo, t_hi)
+            best = best_lo = best_hi = 0.0
+            for child in succ:
+                r = rem.get(child)
+                if r is not None:
+                    v = r[0] + after[child]
+                    if v > best:
+                        best = v
+                    v = r[1] + after_lo[child]
+                    if v > best_lo:
+                        best_lo = v
+                    v = r[2] + after_hi[child]
+                    if v > best_hi:
+                        best_hi = v
+            after[n], after_lo[n], after_hi[n] = best, best_lo, best_hi
+            if t + best > total:
+                total = t + best
+            if t_lo + best_lo > total_lo:
+                total_lo = t_lo + best_lo
+            if t_hi + best_hi > total_hi:
+                total_hi = t_hi + best_hi
+        after[None] = total
+        query.path_cache = after
+        query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
+
+    def _tool_time(self, query: QueryState, node: Node) -> float:
+        truth = self.length_model.true_lengths(query.id, node.id)
+        if truth is not None and truth.duration_s is not None:
+            return truth.duration_s
+        return max(0.0, float(node.expected_s))
+
+    def _stage_lengths(self, query: QueryState, node: Node, call: ScheduledCall | None
+                       ) -> tuple[float, tuple[float, float, float]]:
+        """(prompt tokens, (mean, P10, P90) output tokens) of an LLM stage: its call's
+        when it has one, else what ``_future_lengths`` expects."""
+        if call is not None:
+            if call.length_summary is None:
+                call.length_summary = _length_summary(call.output)
+            return call.prompt_tokens, call.length_summary
+        truth = self.length_model.true_lengths(query.id, node.id)
+        if truth is not None:  # the oracle: this stage's real sizes
+            o = float(truth.output_tokens)
+            return truth.prompt_tokens, (o, o, o)
+        prompt, dist = self._future_lengths(query, node)
+        per_query = self._stage_summary.setdefault(query.id, {})
+        summary = per_query.get(node.stage)
+        if summary is None or summary[0] is not dist:
+            summary = per_query[node.stage] = (dist, _length_summary(dist))
+        return prompt, summary[1]
+
+    def call_cost(self, call: ScheduledCall) -> Distribution:
+        if call.cost is None:
+            call.cost = cost_distribution(call.prompt_tokens, call.output)
+        return call.cost
+
+    def remaining_cost(self, query: QueryState) -> Distribution:
+        """Distribution of the summed cost of the query's unfinished LLM stages.
+
+        Built by Monte Carlo (a fixed number of joint samples, seeded by the query id so runs
+        are reproducible) rather than by convolving ~20 distributions, and cached until the
+        workflow or one of its calls changes."""
+        version = (query.run.version if query.run is not None else None, query.calls_version)
+        if query.remaining_cost is not None and query.remaining_cost_version == version:
+            return query.remaining_cost
+        by_node = {c.node_id: c for c in query.calls}
+        parts: list[Distribution] = []
+        if query.run is not None:
+            for node in query.run.unfinished():
+                if node.kind != NodeKind.LLM:
+                    continue
+                call = by_node.get(node.id)
+                if call is not None:
+                    parts.append(self._remaining_call_cost(call))
+                else:
+                    parts.append(cost_distribution(*self._future_lengths(query, node)))
+        else:
+            parts = [self._remaining_call_cost(c) for c in query.calls]
+        total = _sum_by_sampling(parts, query.id)
+        query.remaining_cost, query.remaining_cost_version = total, version
+        return total
+
+    def _remaining_call_cost(self, call: ScheduledCall) -> Distribution:
+        cost = self.call_cost(call)
+        if call.attained_tokens <= 0:
+            return cost
+        attained = kv_cost(call.prompt_tokens, call.attained_tokens)
+        if cost.survival(attained) <= 0:
+            return Distribution.point(0.0)
+        return cost.conditional_above(attained).shift(-attained)
+
+    def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
+        """Prompt tokens and output distribution of an LLM stage that has no call yet, from
+        what serving knows: the length model (the oracle knows the truth), the node's
+        ``max_tokens``, and its prompt size from the pipeline's hint, else the stage's
+        calls so far, else ``DEFAULT_PROMPT_TOKENS``."""
+        truth = self.length_model.true_lengths(query.id, node.id)
+        if truth is not None:
+            return truth.prompt_tokens, Distribution.point(truth.output_tokens)
+        prompt = node.hints.get("prompt_tokens")
+        if prompt is None:
+            seen = self._stage_prompts.get(node.stage)
+            prompt = seen[0] if seen is not None else DEFAULT_PROMPT_TOKENS
+        prompt = int(prompt)
+        return prompt, self._predict_stage(query, node.stage, prompt, node.hints.get("max_tokens"))
+
+    def _predict_stage(self, query: QueryState, stage: str, prompt_tokens: int | None = None,
+                       max_tokens: int | None = None) -> Distribution:
+        per_query = self._stage_prediction.setdefault(query.id, {})
+        dist = per_query.get(stage)
+        if dist is None:
+            dist = per_query[stage] = self.length_model.predict(
+                stage, query.key_text, prompt_tokens, max_tokens=max_tokens)
+        return dist
+
+
+_QUANTILE_LEVELS = np.array(WorkflowPaths.PATH_QUANTILES) - 1e-12  # as Distribution.quantile
+
+
+def _length_summary(dist: Distribution) -> tuple[float, float, float]:
+    """(mean, P10, P90) of a length distribution (``Distribution.quantile``'s lower quantile,
+    in one search)."""
+    values = dist.values
+    idx = np.minimum(np.searchsorted(dist._cdf_array(), _QUANTILE_LEVELS, side="left"),
+                     values.size - 1)
+    return float(dist.mean()), float(values[idx[0]]), float(values[idx[1]])
+
+
+def _sum_by_sampling(parts: list[Distribution], seed_text: str) -> Distribution:
+    if not parts:
+        return Distribution.point(0.0)
+    if len(parts) == 1:
+        return parts[0]
+    rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
+    total = np.zeros(_COST_SAMPLES)
+    for part in parts:
+        total += part.sample(rng, _COST_SAMPLES)
+    return Distribution.from_samples(total)

@@ -1,0 +1,208 @@
+"""The cluster as dispatch and queue policies read it (``policies.base.SchedulerView``):
+expected call times, outstanding work, batch and KV room, prefix savings — as numpy vectors
+over the instances, with the caches that keep them cheap at every decision.
+
+``ClusterView`` is the coordinator's base class: the coordinator owns the queues and the
+load book and moves them at events; the view only reads them. Its caches are keyed by
+``_models_epoch``, which the coordinator bumps when a time model learns or an instance goes
+up or down, so a cluster of hundreds of instances is summed again only then.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agentflow.scheduler.call import ScheduledCall
+from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.instance import InstanceQueue, LoadBook
+from agentflow.scheduler.policies.base import BatchView
+from agentflow.scheduler.time_model import InstanceTimeModel
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.prefix_index import PrefixIndex
+
+
+class ClusterView:
+    # Moved by the coordinator's events; read here.
+    loads: LoadBook
+    queues: dict[str, InstanceQueue]
+    prefix_index: PrefixIndex | None
+
+    def _init_view(self, instances: list[InstanceSpec]) -> None:
+        """The view's own state, once the coordinator has built ``queues`` in the order of
+        ``instances`` (every vector here is in that order)."""
+        names = [s.name for s in instances]
+        self._index = {s.name: i for i, s in enumerate(instances)}
+        self._name_rank = np.argsort(np.argsort(np.array(names, dtype=object)))
+        # What a batching engine can hold at once (``batch_view``): call slots and KV tokens.
+        self._max_inflight = np.array([s.max_inflight for s in instances], dtype=float)
+        self._kv_budget = np.array([s.kv_token_budget if s.kv_token_budget is not None
+                                    else np.inf for s in instances], dtype=float)
+        self.time_models = _TimeModels(self, {s.name: InstanceTimeModel.for_spec(s)
+                                              for s in instances})
+        # Bumped whenever a time model learns or an instance goes up/down: the cluster-mean
+        # stage-time coefficients are recomputed only then.
+        self._models_epoch = 0
+        self._mean_coef: tuple[int, float, float, float] | None = None
+        self._coef_cache: tuple[Any, ...] | None = None
+        self._batch_cache: tuple[Any, ...] | None = None
+
+    @property
+    def up_instances(self) -> list[str]:
+        return [name for name, q in self.queues.items() if q.up]
+
+    @property
+    def waiting_calls(self) -> int:
+        return sum(len(q.waiting) for q in self.queues.values())
+
+    def expected_s(self, call: ScheduledCall, instance: str) -> float:
+        model = self.time_models[instance]
+        cached = call.time_cache.get(instance)
+        if cached is None or cached[0] != model.observations:
+            cached = (model.observations,
+                      model.expected_s(call.tokens_on(instance), call.mean_output))
+            call.time_cache[instance] = cached
+        return cached[1]
+
+    def outstanding_work(self, instance: str, now: float) -> float:
+        return float(self.work_vector(now)[self._index[instance]])
+
+    def work_vector(self, now: float) -> np.ndarray:
+        """``W_i`` of every instance (construction order): the waiting calls' expected time
+        from their token totals, plus what is left of the running calls."""
+        oh, pf, df = self._coef_vectors()
+        book = self.loads
+        work: np.ndarray = (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df
+                            + book.running(now))
+        return work
+
+    def time_vector(self, call: ScheduledCall) -> np.ndarray:
+        """``t(call, i)`` on every instance (construction order)."""
+        oh, pf, df = self._coef_vectors()
+        prompt: float | np.ndarray = call.prompt_tokens
+        if call.prompt_tokens_on:  # tokenizers disagree: each instance's own count
+            prompt = np.array([call.tokens_on(n) for n in self.queues], dtype=float)
+        return oh + prompt * pf + call.mean_output * df
+
+    def dispatch_view(self, call: ScheduledCall, instances: list[str], now: float
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(W, t, name rank) for ``instances``, aligned with that list: what every dispatch
+        policy reads, in a few vector operations whatever the cluster size."""
+        idx = [self._index[n] for n in instances]
+        return self.work_vector(now)[idx], self.time_vector(call)[idx], self._name_rank[idx]
+
+    def batch_view(self, call: ScheduledCall, instances: list[str], now: float) -> BatchView:
+        """How each of ``instances`` would take ``call`` now, as arrays aligned with the list:
+        see ``BatchView``."""
+        idx = [self._index[n] for n in instances]
+        oh, pf, df = self._coef_vectors()
+        book = self.loads
+        queued = (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df)[idx]
+        prompt: float | np.ndarray = call.prompt_tokens
+        if call.prompt_tokens_on:
+            prompt = np.array([call.tokens_on(n) for n in instances], dtype=float)
+        n_run = book.n_run[idx]
+        need = prompt + self._output_reserve(call)  # as ``_kv_tokens``, on each instance
+        room = (n_run < self._max_inflight[idx]) & (
+            (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
+        slope, seen = self._batch_coefs()
+        return BatchView(queued_s=queued, prefilling_s=book.prefill_prompt[idx] * pf[idx],
+                         running_s=book.running(now)[idx], n_running=n_run,
+                         room=room, slots=self._max_inflight[idx],
+                         time_s=self.time_vector(call)[idx], prefill_s=prompt * pf[idx],
+                         co_runner_decode_s=call.mean_output * slope[idx],
+                         co_runners_seen=seen[idx], name_rank=self._name_rank[idx])
+
+    def _batch_coefs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per instance: decode seconds per output token that each co-runner adds (the
+        learned ``InstanceTimeModel.co_runner_slope``, a decode ratio, times the model's base
+        decode rate, which the ratio is relative to), and the mean co-runners the ratio was
+        learned at; refreshed when a time model learns."""
+        cached = self._batch_cache
+        if cached is None or cached[0] != self._models_epoch:
+            models = [self.time_models[n] for n in self.queues]
+            fits = [m.co_runner_slope() for m in models]
+            cached = self._batch_cache = (
+                self._models_epoch,
+                np.array([m.decode_s_per_token * f[0] for m, f in zip(models, fits)]),
+                np.array([f[1] for f in fits]))
+        return cached[1], cached[2]
+
+    def prefix_saved_s(self, call: ScheduledCall, instances: list[str]) -> np.ndarray:
+        """Expected prefill seconds ``call`` would skip on each of ``instances``: the prompt
+        tokens the router-side prefix index believes each holds, at its prefill rate."""
+        if self.prefix_index is None or not call.prefix_hashes:
+            return np.zeros(len(instances))
+        blocks = self.prefix_index.matched_blocks(call.prefix_hashes, instances)
+        tokens = np.array([call.prefix_tokens(b) for b in blocks], dtype=float)
+        pf = self._coef_vectors()[1]
+        saved: np.ndarray = tokens * pf[[self._index[n] for n in instances]]
+        return saved
+
+    def _coef_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-instance overhead, prefill and decode seconds per token (with the online
+        corrections), refreshed only when a time model learns."""
+        cached = self._coef_cache
+        key = self._models_epoch
+        if cached is None or cached[0] != key:
+            models = [self.time_models[n] for n in self.queues]
+            cached = self._coef_cache = (
+                key, np.array([m.overhead_s for m in models]),
+                np.array([m.prefill_s_per_token * m.prefill_ratio for m in models]),
+                np.array([m.decode_s_per_token * m.decode_ratio for m in models]))
+        return cached[1], cached[2], cached[3]
+
+    def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
+        """A stage's time averaged over the cluster's up instances (HexGen-Flow's budget
+        estimate, since the stage's instance is not chosen yet)."""
+        oh, pf, df = self._mean_coefs()
+        return oh + prompt_tokens * pf + output_tokens * df
+
+    def _mean_coefs(self) -> tuple[float, float, float]:
+        """The time models are linear in tokens, so their average over the up instances (all
+        when none is up) is the mean of their coefficients (``_coef_vectors``), refreshed
+        when a model learns or an instance goes up or down."""
+        coef = self._mean_coef
+        key = self._models_epoch
+        if coef is None or coef[0] != key:
+            up = [q.up for q in self.queues.values()]
+            vectors: tuple[np.ndarray, ...] = self._coef_vectors()
+            if any(up):
+                vectors = tuple(v[up] for v in vectors)
+            k = len(vectors[0])
+            coef = self._mean_coef = (key, *(sum(v.tolist()) / k for v in vectors))
+        return coef[1], coef[2], coef[3]
+
+    def _kv_tokens(self, call: ScheduledCall) -> int:
+        """KV-cache tokens a call may hold on its instance: prompt + ``_output_reserve``."""
+        return int(call.tokens_on(call.instance) + self._output_reserve(call))
+
+    @staticmethod
+    def _output_reserve(call: ScheduledCall) -> float:
+        """Output tokens to hold KV for: the 90th percentile of the predicted length, given
+        what the call has written so far (``attained_tokens``) — once past that percentile,
+        the 90th percentile of the lengths above it, and once past every length the
+        prediction allows, the next progress report (twice what it has written)."""
+        output, written = call.output, call.attained_tokens
+        if written <= 0:
+            return output.quantile(0.9)
+        if output.survival(written) > 0:
+            return max(output.conditional_above(written).quantile(0.9), written)
+        return 2 * written
+
+
+class _TimeModels(dict[str, InstanceTimeModel]):
+    """The view's time models by instance; replacing one (tests, calibration) marks the
+    cached cluster-wide coefficients stale, as learning does."""
+
+    def __init__(self, owner: ClusterView, models: dict[str, InstanceTimeModel]):
+        super().__init__(models)
+        self._owner = owner
+
+    def __setitem__(self, name: str, model: InstanceTimeModel) -> None:
+        super().__setitem__(name, model)
+        owner = self.__dict__.get("_owner")  # absent while copy.deepcopy rebuilds the dict
+        if owner is not None and hasattr(owner, "_models_epoch"):
+            owner._models_epoch += 1
