@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agentflow.scheduler.coordinator import QueryRejected
+from agentflow.scheduler.decisions import QueryRejected
 
 
 def pending_query_s(coordinator: Any, query: Any, now: float) -> float:

@@ -97,7 +97,6 @@ class ClassRankedQueue(QueuePolicy):
         self.inner = inner
         self.fair = fair
         self.name = inner.name
-        self.time_dependent = inner.time_dependent
         self.query_dependent = inner.query_dependent
         self.per_query = inner.per_query
         self._positions: tuple[object, dict[int, int]] | None = None
