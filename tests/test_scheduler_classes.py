@@ -100,8 +100,9 @@ def test_the_backend_priority_is_band_major() -> None:
     c = coordinator("vllm", {"s": 10}, max_inflight=3)
     started = [_ready(c, q, deadline=None, cls=k) for q, k in
                (("b", "batch"), ("s", "standard"), ("i", "interactive"))]
-    # admitted in arrival order (free slots), told to the engine by class first
-    assert [x.priority for x in started] == [4 * PRIORITY_BAND, 2 * PRIORITY_BAND + 1, 2]
+    # admitted in arrival order (free slots), told to the engine by class first; the
+    # default class keeps its plain admission number
+    assert [x.priority for x in started] == [2 * PRIORITY_BAND, 1, -2 * PRIORITY_BAND + 2]
 
 
 def test_fair_share_puts_an_over_share_tenant_behind_within_its_class() -> None:

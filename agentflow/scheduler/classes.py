@@ -182,8 +182,13 @@ def call_band(coordinator: Any, query: QueryState) -> int:
 
 
 def engine_priority(coordinator: Any, call: ScheduledCall) -> int:
-    """What the backend is told: band-major, admission order within (``PRIORITY_BAND``)."""
-    return call_band(coordinator, call.query) * PRIORITY_BAND + call.priority
+    """What the backend is told: band-major, admission order within (``PRIORITY_BAND``),
+    counted from the default class's band so a query that names no class keeps its plain
+    admission number (higher classes go negative: still "lower runs first")."""
+    classes = coordinator.slo_classes
+    default = classes.get(DEFAULT_CLASS)
+    base = class_positions(classes)[default.rank] * 2 if default is not None else 0
+    return (call_band(coordinator, call.query) - base) * PRIORITY_BAND + call.priority
 
 
 def best_active_band(coordinator: Any) -> int | None:
