@@ -159,7 +159,7 @@ def test_backlog_counts_only_the_work_a_class_waits_behind() -> None:
         assert backlog_clear_s(c, 0.0) == pytest.approx(100.0)
         run = chain_run("i", 40.0, ["s"])
         if admitted:  # ranked by class, the interactive query jumps the batch work
-            assert backlog_clear_s(c, 0.0, rank=0) == pytest.approx(0.0)
+            assert backlog_clear_s(c, 0.0, band=0) == pytest.approx(0.0)
             c.on_query_arrival("i", deadline=40.0, run=run, slo_class="interactive")
         else:  # a class-blind queue makes it wait behind the batch work: refused
             with pytest.raises(QueryRejected, match="about 100 s"):
@@ -197,3 +197,25 @@ def test_deadline_admission_can_move_to_batch_and_is_off_by_default() -> None:
                                 ).deadline == 50.0
     with pytest.raises(ValueError, match="deadline_admission"):
         coordinator("flowsage", {"s": 100}, deadline_admission="sometimes")
+
+
+def test_deadline_admission_counts_only_the_work_a_tenant_in_share_waits_behind() -> None:
+    c = coordinator("flowsage", {"s": 100}, max_inflight=2, deadline_admission="reject")
+    c.fairness.quantum_s = 10.0
+
+    def arrive(q: str, tenant: str, deadline: float, ready: bool = False) -> None:
+        c.on_query_arrival(q, deadline=deadline, run=chain_run(q, deadline, ["s"]),
+                           tenant=tenant)
+        if ready:
+            c.on_call_ready(q, stage="s", node_id=f"{q}.0", prompt_tokens=0)
+
+    arrive("h1", "heavy", 10_000, ready=True)  # runs: heavy charged 100 s, alone
+    arrive("l0", "light", 10_000)  # light starts at heavy's 100 s
+    arrive("h2", "heavy", 10_000, ready=True)  # runs too: heavy at 200 s, over its share
+    assert c.fairness.over_share(c.queries["h2"])
+    arrive("h3", "heavy", 10_000)  # 100 s pending, behind light from now on
+    # light: 200 s running + l0's 100 s pending + its own 100 s = 400 <= 450 (h3 not ahead)
+    arrive("l1", "light", 450)
+    with pytest.raises(DeadlineRejected) as refused:  # heavy waits behind everything
+        arrive("h4", "heavy", 450)
+    assert refused.value.earliest_slo_s == 600.0  # 200 + 100 + 100 + 100, then its 100

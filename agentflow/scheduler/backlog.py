@@ -42,9 +42,9 @@ def pending_query_s(coordinator: Any, query: Any, now: float) -> float:
     return float(query.work_left)
 
 
-def backlog_clear_s(coordinator: Any, now: float, rank: int | None = None) -> float:
+def backlog_clear_s(coordinator: Any, now: float, band: int | None = None) -> float:
     """Seconds the up instances need to clear the committed work, sharing it evenly; with
-    ``rank``, only the work a query of that class rank waits behind
+    ``band``, only the work a query in that band waits behind
     (``classes.work_ahead_excluded_s``)."""
     up = coordinator.up_instances
     if not up:
@@ -52,24 +52,24 @@ def backlog_clear_s(coordinator: Any, now: float, rank: int | None = None) -> fl
     work = coordinator.work_vector(now)
     queued = sum(float(work[coordinator._index[name]]) for name in up)
     pending = sum(pending_query_s(coordinator, q, now) for q in coordinator.queries.values())
-    if rank is not None:
+    if band is not None:
         from agentflow.scheduler.classes import work_ahead_excluded_s
 
-        excluded = work_ahead_excluded_s(coordinator, rank, now)
+        excluded = work_ahead_excluded_s(coordinator, band, now)
         if excluded > 0:
             return max(0.0, queued + pending - excluded) / len(up)
     return (queued + pending) / len(up)
 
 
 def backlog_rejection(coordinator: Any, now: float, deadline: float | None,
-                      max_backlog_s: float | None, rank: int | None = None
+                      max_backlog_s: float | None, band: int | None = None
                       ) -> tuple[str, float] | None:
     """(reason, retry_after_s) when a query arriving at ``now`` with ``deadline`` (of class
-    ``rank``) should be refused; None to admit it."""
+    ``band``, ``scheduler.classes.call_band``) should be refused; None to admit it."""
     budget = (deadline - now) if deadline is not None else max_backlog_s
     if budget is None:
         return None
-    clear = backlog_clear_s(coordinator, now, rank)
+    clear = backlog_clear_s(coordinator, now, band)
     if clear <= budget:
         return None
     what = "its SLO" if deadline is not None else "the backlog limit"
@@ -81,20 +81,22 @@ def backlog_rejection(coordinator: Any, now: float, deadline: float | None,
 WOULD_MISS_DEADLINE = "would_miss_deadline"
 
 
-def deadline_verdict(coordinator: Any, query: Any, now: float, rank: int
+def deadline_verdict(coordinator: Any, query: Any, now: float
                      ) -> tuple[float, float] | None:
     """(earliest feasible SLO seconds, expected finish after arrival) when ``query`` —
     registered with the coordinator's time models but not yet admitted — cannot meet its
     deadline at the current load; None when it can (or has no deadline).
 
-    Expected finish: the work ahead of it (``backlog_clear_s`` for its class rank) cleared,
+    Expected finish: the work ahead of it (``backlog_clear_s`` for its band) cleared,
     then its own remaining critical path at expected lengths. Both are the coordinator's
     own estimates, the ones its queue keys use."""
     if query.deadline is None or query.run is None:
         return None
     coordinator._critical_paths(query, now)
     path = float(query.path_cache.get(None, 0.0))
-    wait = backlog_clear_s(coordinator, now, rank)
+    from agentflow.scheduler.classes import call_band
+
+    wait = backlog_clear_s(coordinator, now, call_band(coordinator, query))
     finish = wait + path
     if now + finish <= query.deadline:
         return None

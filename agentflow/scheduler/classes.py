@@ -138,19 +138,19 @@ def ranks_by_class(queue: QueuePolicy) -> bool:
     return isinstance(queue, ClassRankedQueue)
 
 
-def work_ahead_excluded_s(coordinator: Any, rank: int, now: float) -> float:
-    """Expected seconds of committed work a new query of class ``rank`` does not wait
-    behind (0 unless the queue ranks by class): calls of lower classes still waiting, and
-    lower-class queries with no call out yet. Running calls count — they hold their slots."""
+def work_ahead_excluded_s(coordinator: Any, band: int, now: float) -> float:
+    """Expected seconds of committed work a new query in ``band`` does not wait behind (0
+    unless the queue ranks by class): waiting calls of worse bands (lower classes, tenants
+    over their share), and such queries with no call out yet. Running calls count — they
+    hold their slots."""
     if not ranks_by_class(coordinator._queue_policy):
         return 0.0
     from agentflow.scheduler.backlog import pending_query_s
     from agentflow.scheduler.call import CallState
 
-    classes = coordinator.slo_classes
     excluded = 0.0
     for query in coordinator.queries.values():
-        if class_of(query, classes).rank <= rank:
+        if call_band(coordinator, query) <= band:
             continue
         for call in query.calls:
             if call.state == CallState.WAITING and call.instance is not None:
@@ -177,6 +177,17 @@ def call_band(coordinator: Any, query: QueryState) -> int:
     band = class_positions(classes)[class_of(query, classes).rank] * 2
     if isinstance(queue, ClassRankedQueue) and queue.fair and \
             coordinator.fairness.over_share(query):
+        band += 1
+    return band
+
+
+def arrival_band(coordinator: Any, cls: SloClass, tenant: str | None) -> int:
+    """The band a query of ``cls`` from ``tenant`` arrives in (``call_band`` before the
+    query exists): its tenant may already be over its share."""
+    band = class_positions(coordinator.slo_classes)[cls.rank] * 2
+    queue = coordinator._queue_policy
+    if isinstance(queue, ClassRankedQueue) and queue.fair and \
+            coordinator.fairness.over_share_key((cls.name, tenant or "")):
         band += 1
     return band
 

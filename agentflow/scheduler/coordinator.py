@@ -24,6 +24,7 @@ from agentflow.scheduler.classes import (
     DEADLINE_ADMISSION,
     ClassLoad,
     ClassRankedQueue,
+    arrival_band,
     default_deadline,
     engine_priority,
     headroom_gate,
@@ -142,26 +143,27 @@ class Coordinator(WorkflowPaths):
         if self.admit_by_backlog:
             from agentflow.scheduler.backlog import backlog_rejection
 
-            refused = backlog_rejection(self, now, deadline, self.max_backlog_s, cls.rank)
+            refused = backlog_rejection(self, now, deadline, self.max_backlog_s,
+                                        arrival_band(self, cls, tenant))
             if refused is not None:
                 raise QueryRejected(refused[0], retry_after_s=refused[1])
         query = QueryState(id=query_id, arrival=now if arrival is None else arrival,
                            deadline=deadline, key_text=key_text, run=run,
                            slo_class=slo_class, tenant=tenant)
         if self.deadline_admission is not None:
-            self._admit_by_deadline(query, cls, now)
+            self._admit_by_deadline(query, now)
         self.queries[query_id] = query
         if self._fair:
             rekey_tenants(self, self.fairness.arrive(query), now)
         self._refresh(query, now)
         return query
 
-    def _admit_by_deadline(self, query: QueryState, cls: SloClass, now: float) -> None:
+    def _admit_by_deadline(self, query: QueryState, now: float) -> None:
         """Refuse, or move to the lowest class, a query that would miss its deadline
         (``scheduler.backlog.deadline_verdict``)."""
         from agentflow.scheduler.backlog import DeadlineRejected, deadline_verdict
 
-        verdict = deadline_verdict(self, query, now, cls.rank)
+        verdict = deadline_verdict(self, query, now)
         if verdict is None:
             return
         self._forget_query(query.id)  # the predictions its paths cached

@@ -71,7 +71,10 @@ class TenantShares:
         return 0.0 if t is None else t.vt
 
     def over_share(self, query: QueryState) -> bool:
-        t = self._tenants.get(self.key(query))
+        return self.over_share_key(self.key(query))
+
+    def over_share_key(self, key: TenantKey) -> bool:
+        t = self._tenants.get(key)
         return t is not None and t.over
 
     def active_classes(self) -> set[str]:
