@@ -31,6 +31,13 @@ and flowsage's ratio to the best *other* policy (oracle excluded) per cell.
 ``--goodput`` adds the issue's rate goodput (highest rate with >= 90% within 2x idle) on the
 centre cells. No prefix cache is modelled here: none of these traces carries prompt text.
 Nothing here is fitted to these traces.
+
+``--tenants`` runs the shared-cluster grid instead (``tenant_grid``): per cluster, on
+``trace1`` at its L1, an ``interactive`` tenant at 0.5 x L1 (deadline 2 x the pipeline's
+idle latency) beside a ``batch`` flood (no deadline) at 1.5 x and 2 x L1; two ``standard``
+tenants at 2 x L1 and 0.3 x L1 (deadline 2 x idle); each also alone; and flowsage with
+deadline-aware admission off / reject / move-to-batch under that overload. Each tenant's
+query count is proportional to its rate, so the tenants overlap over the same span.
 """
 
 from __future__ import annotations
@@ -46,17 +53,19 @@ import numpy as np
 
 from agentflow.distributed.grid import run_grid
 from agentflow.metrics import scale_key
-from agentflow.sim.cluster import load_cluster
+from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig, load_cluster
 from agentflow.sim.experiment import (
     DEADLINES,
     DEFAULT_DEADLINE,
+    build_tenant_workload,
     build_workload,
     goodput,
     loaded_rate,
+    reference_latencies,
     run_policy,
 )
 from agentflow.sim.slo import IdleLatency
-from agentflow.sim.workload import TraceNode, TraceQuery, load_hexgen
+from agentflow.sim.workload import TenantSpec, TraceNode, TraceQuery, load_hexgen
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "hexgen-flow"
 POLICIES = ("vllm", "hexgen-flow", "sagesched", "llf", "least_loaded+edf", "flowsage", "oracle")
@@ -274,6 +283,180 @@ def plots(results: dict, policies: list[str], cells: list[Cell], out: Path) -> N
     finish_figure(fig, ax, out / "p95_ratio_per_cell.png", title="P95 relative to the best")
 
 
+# ---------------------------------------------------------------------------- tenant grid
+TENANT_POLICIES = ("vllm", "hexgen-flow", "sagesched", "llf", "flowsage")
+BASELINES = ("vllm", "hexgen-flow", "sagesched", "llf")
+# hetero-64's L1 search and runs (>= 512 queries on 64 instances per run) do not fit a
+# shared two-core machine; ``hetero-8`` is the same five-generation 8B fleet, one eighth.
+TENANT_CLUSTERS = ("paper-4gpu", "hetero-8", "mixed-qwen")
+EXTRA_CLUSTERS = {"hetero-8": SimClusterConfig(name="hetero-8", instances=[
+    SimInstanceConfig(gpu=g, model="Llama-3.1-8B", count=c)
+    for g, c in (("H200", 1), ("H100", 2), ("A100-80G", 2), ("L40S", 2), ("A6000", 1))])}
+
+
+def cluster_named(name: str) -> SimClusterConfig:
+    return EXTRA_CLUSTERS[name] if name in EXTRA_CLUSTERS else load_cluster(name)
+
+
+def tenant_scenarios(l1: float, slo_s: float, span_queries: int
+                     ) -> dict[str, list[TenantSpec]]:
+    """The grid's tenant mixes at load level ``l1``; a tenant at ``x`` L1 sends
+    ``span_queries * x`` queries (at least 20), so every tenant spans the same time."""
+    def t(name: str, x: float, slo: float | None, cls: str) -> TenantSpec:
+        return TenantSpec(name, x * l1, slo, cls, queries=max(20, round(span_queries * x)))
+
+    ui = t("interactive", 0.5, slo_s, "interactive")
+    light = t("light", 0.3, slo_s, "standard")
+    return {"interactive-alone": [ui],
+            "isolation-1.5x": [ui, t("batch", 1.5, None, "batch")],
+            "isolation-2x": [ui, t("batch", 2.0, None, "batch")],
+            "light-alone": [light],
+            "fairness": [t("heavy", 2.0, slo_s, "standard"), light]}
+
+
+def tenant_cell(policy: str, context: tuple) -> dict:
+    cluster, wl, options = context
+    t0 = time.perf_counter()
+    summary = run_policy(cluster, wl, policy, **options).summary()
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    return summary
+
+
+def tenant_grid(args: argparse.Namespace, out: Path) -> None:
+    store = out / "tenants.json"
+    results = json.loads(store.read_text()) if store.exists() else {"l1": {}, "cells": {}}
+    trace = workloads()["trace1"]
+    clusters = args.clusters.split(",") if args.clusters else list(TENANT_CLUSTERS)
+    policies = [p for p in args.policies.split(",") if p in TENANT_POLICIES] \
+        if args.policies != ",".join(POLICIES) else list(TENANT_POLICIES)
+    span = 40 if args.quick else 80  # queries of a tenant at 1 x L1
+    for name in clusters:
+        cluster = cluster_named(name)
+        idle = IdleLatency(cluster)
+        lkey = f"trace1/{name}"
+        if lkey not in results["l1"]:
+            t0 = time.perf_counter()
+            results["l1"][lkey] = find_l1(trace, cluster, idle,
+                                          max(60, 8 * len(cluster.expanded())), args.seed)
+            print(f"L1 {lkey}: {results['l1'][lkey]:.4g} q/s "
+                  f"({time.perf_counter() - t0:.0f}s)", flush=True)
+            store.write_text(json.dumps(results, indent=1))
+        l1 = results["l1"][lkey]
+        slo = 2.0 * float(np.mean(list(reference_latencies(trace, idle).values())))
+        runs: list[tuple[str, list[TenantSpec], list[str], dict]] = []
+        for scen, tenants in tenant_scenarios(l1, slo, span).items():
+            pols = ["flowsage"] if scen.endswith("alone") and not args.all_alone else policies
+            runs.append((scen, tenants, [p for p in pols if p in policies], {}))
+        heavy = tenant_scenarios(l1, slo, span)["fairness"]
+        for mode in ("reject", "batch"):
+            runs.append((f"admission-{mode}", heavy, ["flowsage"] if "flowsage" in policies
+                         else [], {"deadline_admission": mode}))
+        for scen, tenants, pols, options in runs:
+            key = f"{name}/{scen}"
+            entry = results["cells"].setdefault(key, {"l1": l1, "slo_s": slo, "tenants": [
+                vars(t) for t in tenants], "policies": {}})
+            todo = [p for p in pols if p not in entry["policies"]]
+            if not todo:
+                continue
+            wl = build_tenant_workload(trace, cluster, tenants, n=span, seed=args.seed,
+                                       idle=idle)
+
+            def done(i: int, summary: dict, entry: dict = entry, todo: list[str] = todo,
+                     key: str = key) -> None:
+                entry["policies"][todo[i]] = {
+                    "tenants": summary["tenants"], "wall_s": summary["wall_s"],
+                    "goodput": _deadline_goodput(summary)}
+                print(f"{key:<34} {todo[i]:<12} " + "  ".join(
+                    f"{n}: p95={t['p95']:.0f} done={t['completed']}/{t['queries']}"
+                    for n, t in summary["tenants"].items()) + f" ({summary['wall_s']}s)",
+                    flush=True)
+                store.write_text(json.dumps(results, indent=1))
+            run_grid(tenant_cell, todo, context=(cluster, wl, {"slo_scale": 2.0, **options}),
+                     ray=args.ray, on_result=done)
+    text = tenant_report(results, clusters)
+    (out / "tenants.md").write_text(text)
+    print(text)
+
+
+def _deadline_goodput(summary: dict) -> float:
+    """Queries done within the deadline their tenant gave, per second of the run."""
+    met = sum((t["deadline_attainment"] or 0.0) * t["queries"]
+              for t in summary["tenants"].values())
+    return met / summary["makespan"] if summary["makespan"] > 0 else 0.0
+
+
+def tenant_report(results: dict, clusters: list[str]) -> str:
+    lines = ["# Tenant grid", "", "P95 in seconds of each tenant; ratios as the issue asks "
+             "(flowsage unless named).", ""]
+    cells = results["cells"]
+
+    def get(cluster: str, scen: str, policy: str, tenant: str) -> dict | None:
+        entry = cells.get(f"{cluster}/{scen}", {}).get("policies", {}).get(policy)
+        return None if entry is None else entry["tenants"].get(tenant)
+
+    for c in clusters:
+        lines += [f"## {c} (L1 {cells.get(f'{c}/fairness', {}).get('l1', math.nan):.4g} q/s)",
+                  ""]
+        alone = get(c, "interactive-alone", "flowsage", "interactive")
+        for scen in ("isolation-1.5x", "isolation-2x"):
+            per = cells.get(f"{c}/{scen}", {}).get("policies", {})
+            if not per or alone is None:
+                continue
+            lines += [f"### {scen}", "", "| policy | interactive p95 | batch done | "
+                      "batch q/s |", "|---|---|---|---|"]
+            for p, e in per.items():
+                ui, b = e["tenants"]["interactive"], e["tenants"]["batch"]
+                lines.append(f"| {p} | {ui['p95']:.1f} | {b['completed']}/{b['queries']} | "
+                             f"{b['throughput_qps']:.4f} |")
+            if "flowsage" in per:
+                fs = per["flowsage"]["tenants"]
+                base = {p: per[p]["tenants"] for p in BASELINES if p in per}
+                best_ui = min((v["interactive"]["p95"] for v in base.values()), default=math.nan)
+                best_b = max((v["batch"]["throughput_qps"] for v in base.values()),
+                             default=math.nan)
+                lines += ["", f"- interactive P95 / alone ({alone['p95']:.1f} s): "
+                              f"{fs['interactive']['p95'] / alone['p95']:.3f} (target <= 1.2)",
+                          f"- interactive P95 / best baseline: "
+                          f"{fs['interactive']['p95'] / best_ui:.3f} (target <= 0.8)",
+                          "- batch completed: "
+                          f"{fs['batch']['completed'] / fs['batch']['queries']:.3f}"
+                          f" (target >= 0.95); batch throughput / best baseline: "
+                          f"{fs['batch']['throughput_qps'] / best_b:.3f} (target >= 0.9)", ""]
+        light_alone = get(c, "light-alone", "flowsage", "light")
+        per = cells.get(f"{c}/fairness", {}).get("policies", {})
+        if per and light_alone is not None:
+            lines += ["### fairness (heavy 2 x L1, light 0.3 x L1, both standard)", "",
+                      "| policy | light p95 | light / alone | heavy p95 | heavy done |",
+                      "|---|---|---|---|---|"]
+            for p, e in per.items():
+                lt, hv = e["tenants"]["light"], e["tenants"]["heavy"]
+                lines.append(f"| {p} | {lt['p95']:.1f} | {lt['p95'] / light_alone['p95']:.3f} "
+                             f"| {hv['p95']:.1f} | {hv['completed']}/{hv['queries']} |")
+            lines += ["", f"light alone (flowsage): {light_alone['p95']:.1f} s; target "
+                          "light / alone <= 1.3", ""]
+        adm = {"off": per.get("flowsage") if per else None,
+               "reject": cells.get(f"{c}/admission-reject", {}).get("policies", {}).get(
+                   "flowsage"),
+               "batch": cells.get(f"{c}/admission-batch", {}).get("policies", {}).get(
+                   "flowsage")}
+        if all(adm.values()):
+            lines += ["### deadline-aware admission under overload (flowsage, fairness mix)",
+                      "", "| admission | in deadline (all) | heavy | light | rejected | "
+                      "goodput q/s |", "|---|---|---|---|---|---|"]
+            for mode, e in adm.items():
+                assert e is not None
+                ts = e["tenants"]
+                n = sum(t["queries"] for t in ts.values())
+                met = sum((t["deadline_attainment"] or 0) * t["queries"] for t in ts.values())
+                lines.append(f"| {mode} | {met / n:.3f} | "
+                             f"{ts['heavy']['deadline_attainment']:.3f} | "
+                             f"{ts['light']['deadline_attainment']:.3f} | "
+                             f"{sum(t['rejected'] for t in ts.values())} | "
+                             f"{e['goodput']:.5f} |")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------------ main
 def policy_run(policy: str, context: tuple) -> dict:
     """One policy on one cell's workload (a grid cell: the same here or as a Ray task)."""
@@ -307,9 +490,18 @@ def main() -> None:
     p.add_argument("--deadline", choices=DEADLINES, default=DEFAULT_DEADLINE,
                    help="fixed: one SLO per pipeline (as serving); idle-scaled: per query")
     p.add_argument("--out", type=Path, default=Path("artifacts/policy_suite"))
+    p.add_argument("--tenants", action="store_true",
+                   help="run the shared-cluster tenant grid (isolation, fairness, admission) "
+                        "instead of the policy grid; --clusters picks among "
+                        + ", ".join(TENANT_CLUSTERS))
+    p.add_argument("--all-alone", action="store_true",
+                   help="tenant grid: run every policy on the alone cells, not only flowsage")
     args = p.parse_args()
     out = args.out / ("quick" if args.quick else "full")
     out.mkdir(parents=True, exist_ok=True)
+    if args.tenants:
+        tenant_grid(args, out)
+        return
     store = out / "results.json"
     results = json.loads(store.read_text()) if store.exists() else {"cells": {}, "l1": {}}
     policies = args.policies.split(",")

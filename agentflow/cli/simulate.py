@@ -40,7 +40,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arrival", default="poisson",
                    help="poisson | gamma:CV | steps:RATE/SECONDS,RATE/SECONDS,...")
     p.add_argument("--queries", type=int, default=200,
-                   help="number of queries to replay (default 200; the trace is cycled)")
+                   help="number of queries to replay (default 200; the trace is cycled); "
+                        "with --tenant, per tenant")
+    p.add_argument("--tenant", action="append", default=[], type=_tenant,
+                   metavar="NAME:RATE:SLO_SECONDS[:CLASS]",
+                   help="a tenant sharing the cluster (repeatable): its own arrivals at RATE "
+                        "q/s (seed derived from --seed and NAME), deadline SLO_SECONDS "
+                        "('none': its class's default) and SLO class (interactive, "
+                        "standard, batch); replaces --rate; per-tenant metrics in the JSON "
+                        "under policies[P].tenants")
+    p.add_argument("--deadline-admission", choices=("off", "reject", "batch"), default="off",
+                   help="refuse (reject: would_miss_deadline) or move to batch a query whose "
+                        "remaining critical path cannot meet its deadline at the current "
+                        "load (default off)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed for arrivals and sampling; same seed, same result (default 0)")
     p.add_argument("--slo-scale", type=float, default=2.0,
@@ -77,6 +89,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     from agentflow.cli import step as step_cli
 
     step_cli.register(steps)
+
+
+def _tenant(value: str) -> Any:
+    from agentflow.sim.workload import TenantSpec
+
+    try:
+        return TenantSpec.parse(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _cached_prefix(value: str) -> float | str:
@@ -121,8 +142,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for policy in policies:
         parse_policy(policy)  # a bad name fails before any simulation runs
     idle = IdleLatency(cluster, cached_prefix=args.cached_prefix)
-    workload = build_workload(trace, cluster, n=args.queries, rate=args.rate,
-                              arrival=args.arrival, seed=args.seed, idle=idle)
+    if args.tenant:
+        from agentflow.sim.experiment import build_tenant_workload
+        from agentflow.slo_classes import resolve_class
+
+        try:
+            for spec in args.tenant:
+                resolve_class(spec.slo_class)
+            workload = build_tenant_workload(trace, cluster, args.tenant, n=args.queries,
+                                             arrival=args.arrival, seed=args.seed, idle=idle)
+        except ValueError as err:
+            args.simulate_parser.error(str(err))
+    else:
+        workload = build_workload(trace, cluster, n=args.queries, rate=args.rate,
+                                  arrival=args.arrival, seed=args.seed, idle=idle)
     context = PolicyCellInputs(cluster=cluster, trace=trace, workload=workload, idle=idle,
                                faults=faults, options=_cell_options(args))
     grid = run_grid_timed(policy_cell, policies, context=context, ray=args.ray,
@@ -139,7 +172,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                       "cached_prefix": args.cached_prefix, "faults": args.fault,
                       "tune_alpha": args.tune_alpha},
            "policies": results}
+    if args.tenant:  # only then: a run without tenants writes what it always wrote
+        out["config"]["tenants"] = [vars(t) for t in args.tenant]
+        out["config"]["deadline_admission"] = args.deadline_admission
+    elif args.deadline_admission != "off":
+        out["config"]["deadline_admission"] = args.deadline_admission
     print_table(table_console(140), out)
+    if args.tenant:
+        print_tenant_table(table_console(140), out)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         clean = json.loads(json.dumps(out))
@@ -172,7 +212,7 @@ class PolicyCellInputs:
 def _cell_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("slo_scale", "alpha", "tune_alpha", "cached_prefix",
                                           "goodput", "queries", "arrival", "seed",
-                                          "deadline")}
+                                          "deadline", "deadline_admission")}
 
 
 def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
@@ -187,7 +227,8 @@ def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
         if o["tune_alpha"] else None
     result = run_policy(inputs.cluster, inputs.workload, policy, slo_scale=o["slo_scale"],
                         alpha=o["alpha"], alpha_tuner=tuner, cached_prefix=o["cached_prefix"],
-                        faults=inputs.faults, deadline=o["deadline"])
+                        faults=inputs.faults, deadline=o["deadline"],
+                        **_scheduler_options(o))
     summary = result.summary()
     summary["sim_wall_s"] = time.perf_counter() - start
     if result.alpha_history:
@@ -199,6 +240,27 @@ def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
                                          cached_prefix=o["cached_prefix"],
                                          deadline=o["deadline"])
     return summary
+
+
+def _scheduler_options(o: dict[str, Any]) -> dict[str, Any]:
+    """``Simulation`` settings beyond the defaults (none unless asked: unchanged runs)."""
+    mode = o.get("deadline_admission", "off")
+    return {} if mode == "off" else {"deadline_admission": mode}
+
+
+def print_tenant_table(console: Console, out: dict) -> None:
+    table = Table(title="per tenant")
+    for c in ("policy", "tenant", "done", "rej", "p50 s", "p95 s", "p99 s", "q/s",
+              "in deadline"):
+        table.add_column(c, justify="right")
+    for policy, s in out["policies"].items():
+        for name, t in s.get("tenants", {}).items():
+            def f(v, d=1):
+                return "-" if v is None else f"{v:.{d}f}"
+            table.add_row(policy, name, f"{t['completed']}/{t['queries']}", str(t["rejected"]),
+                          f(t["p50"]), f(t["p95"]), f(t["p99"]), f(t["throughput_qps"], 3),
+                          f(t["deadline_attainment"], 2))
+    console.print(table)
 
 
 def print_table(console: Console, out: dict) -> None:

@@ -9,13 +9,27 @@ new query when that alone exceeds its SLO (or ``max_backlog_s`` for a query with
 whatever the order, it would wait out its whole budget behind work admitted before it. The
 refusal carries a Retry-After of when the backlog should have shrunk enough.
 
+With SLO classes ranked in the queue (``scheduler.classes``) a query waits only behind work
+of its own class or a higher one, so only that counts against its budget: a batch flood
+fills the backlog of batch, and batch is refused first, while an interactive query still
+gets in. A query of a class with no deadline (batch) is held to ``max_backlog_s``.
+
+Deadline-aware admission (``deadline_admission``, off by default) goes one step further:
+a query whose own remaining critical path, started once the work ahead of it has cleared,
+ends past its deadline is refused at once with ``would_miss_deadline`` and the earliest SLO
+that would be feasible now (``DeadlineRejected``) — or moved to the lowest class — instead
+of taking capacity from queries that can still make it.
+
 Pure functions of the coordinator's state and the injected clock's ``now``; the simulator
 drives the same code when its coordinator is built with the same settings.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from agentflow.scheduler.decisions import QueryRejected
 
 
 def pending_query_s(coordinator: Any, query: Any, now: float) -> float:
@@ -28,28 +42,78 @@ def pending_query_s(coordinator: Any, query: Any, now: float) -> float:
     return float(query.work_left)
 
 
-def backlog_clear_s(coordinator: Any, now: float) -> float:
-    """Seconds the up instances need to clear the committed work, sharing it evenly."""
+def backlog_clear_s(coordinator: Any, now: float, band: int | None = None) -> float:
+    """Seconds the up instances need to clear the committed work, sharing it evenly; with
+    ``band``, only the work a query in that band waits behind
+    (``classes.work_ahead_excluded_s``)."""
     up = coordinator.up_instances
     if not up:
         return float("inf")
     work = coordinator.work_vector(now)
     queued = sum(float(work[coordinator._index[name]]) for name in up)
     pending = sum(pending_query_s(coordinator, q, now) for q in coordinator.queries.values())
+    if band is not None:
+        from agentflow.scheduler.classes import work_ahead_excluded_s
+
+        excluded = work_ahead_excluded_s(coordinator, band, now)
+        if excluded > 0:
+            return max(0.0, queued + pending - excluded) / len(up)
     return (queued + pending) / len(up)
 
 
 def backlog_rejection(coordinator: Any, now: float, deadline: float | None,
-                      max_backlog_s: float | None) -> tuple[str, float] | None:
-    """(reason, retry_after_s) when a query arriving at ``now`` with ``deadline`` should be
-    refused; None to admit it."""
+                      max_backlog_s: float | None, band: int | None = None
+                      ) -> tuple[str, float] | None:
+    """(reason, retry_after_s) when a query arriving at ``now`` with ``deadline`` (of class
+    ``band``, ``scheduler.classes.call_band``) should be refused; None to admit it."""
     budget = (deadline - now) if deadline is not None else max_backlog_s
     if budget is None:
         return None
-    clear = backlog_clear_s(coordinator, now)
+    clear = backlog_clear_s(coordinator, now, band)
     if clear <= budget:
         return None
     what = "its SLO" if deadline is not None else "the backlog limit"
     return (f"overloaded: the instances need about {clear:.0f} s to clear the work already "
             f"admitted, more than {what} ({budget:.0f} s)",
             max(1.0, min(clear - budget, 3600.0)))
+
+
+WOULD_MISS_DEADLINE = "would_miss_deadline"
+
+
+def deadline_verdict(coordinator: Any, query: Any, now: float
+                     ) -> tuple[float, float] | None:
+    """(earliest feasible SLO seconds, expected finish after arrival) when ``query`` —
+    registered with the coordinator's time models but not yet admitted — cannot meet its
+    deadline at the current load; None when it can (or has no deadline).
+
+    Expected finish: the work ahead of it (``backlog_clear_s`` for its band) cleared,
+    then its own remaining critical path at expected lengths. Both are the coordinator's
+    own estimates, the ones its queue keys use."""
+    if query.deadline is None or query.run is None:
+        return None
+    coordinator._critical_paths(query, now)
+    path = float(query.path_cache.get(None, 0.0))
+    from agentflow.scheduler.classes import call_band
+
+    wait = backlog_clear_s(coordinator, now, call_band(coordinator, query))
+    finish = wait + path
+    if now + finish <= query.deadline:
+        return None
+    return float(math.ceil(finish)), finish
+
+
+
+class DeadlineRejected(QueryRejected):
+    """A query that would miss its deadline at the current load: ``reason`` starts with
+    ``would_miss_deadline`` (``code``); ``earliest_slo_s`` is the SLO that would be
+    feasible now, for the API's answer."""
+
+    code = WOULD_MISS_DEADLINE
+
+    def __init__(self, earliest_slo_s: float, finish_s: float, budget_s: float):
+        super().__init__(f"{WOULD_MISS_DEADLINE}: expected to finish in about {finish_s:.0f} s "
+                         f"at the current load, past its deadline ({budget_s:.0f} s); an SLO "
+                         f"of {earliest_slo_s:.0f} s would be feasible now",
+                         retry_after_s=max(1.0, min(finish_s - budget_s, 3600.0)))
+        self.earliest_slo_s = earliest_slo_s

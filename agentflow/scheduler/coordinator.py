@@ -20,9 +20,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
+from agentflow.scheduler.classes import (
+    DEADLINE_ADMISSION,
+    ClassLoad,
+    ClassRankedQueue,
+    arrival_band,
+    default_deadline,
+    engine_priority,
+    headroom_gate,
+    lowest_class,
+    shed_limit,
+    with_classes,
+)
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.decisions import Decision, FailCall, QueryRejected, StartCall
 from agentflow.scheduler.distribution import Distribution
+from agentflow.scheduler.fairness import TenantShares, rekey_tenants
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
 from agentflow.scheduler.lengths import LengthModel, make_length_model
 from agentflow.scheduler.observer import CoordinatorObserver, observed
@@ -30,7 +43,7 @@ from agentflow.scheduler.paths import WorkflowPaths
 from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.policies.base import BatchView
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
-from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass
+from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass, resolve_class
 from agentflow.workflow.clock import Clock
 
 __all__ = ["Coordinator", "CoordinatorObserver", "Decision", "StartCall", "FailCall",
@@ -48,7 +61,8 @@ class Coordinator(WorkflowPaths):
                  max_waiting_calls: int | None = None, max_active_queries: int | None = None,
                  max_attempts: int = 3, admit_by_backlog: bool = False,
                  max_backlog_s: float | None = None,
-                 slo_classes: Mapping[str, SloClass] | None = None, **queue_kwargs: Any):
+                 slo_classes: Mapping[str, SloClass] | None = None,
+                 deadline_admission: str | None = None, **queue_kwargs: Any):
         """``length_model``: the length model; None builds the one the policy name picks
         (``flowsage@oracle``; the learned length model by default)."""
         if not instances:
@@ -59,10 +73,27 @@ class Coordinator(WorkflowPaths):
         self.clock = clock
         self.policy_name = policy
         self.dispatch, queue_policy = resolve(policy, alpha=alpha, **queue_kwargs)
+        # class rank (and tenant shares) in front of the policy's keys (scheduler.classes)
+        queue_policy = with_classes(queue_policy)
         self._queue_policy = queue_policy
+        self.fairness = TenantShares()
+        self._fair = isinstance(queue_policy, ClassRankedQueue) and queue_policy.fair
+        if deadline_admission is not None and deadline_admission not in DEADLINE_ADMISSION:
+            raise ValueError(f"deadline_admission must be one of {DEADLINE_ADMISSION} or None")
+        # refuse (or move to the lowest class) a query that cannot meet its deadline
+        self.deadline_admission = deadline_admission
         self.loads = LoadBook(len(instances))
         self.queues = {s.name: InstanceQueue(s, queue_policy, self.loads, i)
                        for i, s in enumerate(instances)}
+        self._class_load: ClassLoad | None = None
+        if isinstance(queue_policy, ClassRankedQueue):  # waiting work by band, for dispatch
+            self._class_load = ClassLoad(self, len(instances))
+            for q in self.queues.values():
+                q.class_load = self._class_load
+        if self._fair:  # room kept for higher classes while they have queries in flight
+            gate = headroom_gate(self)
+            for q in self.queues.values():
+                q.gate = gate
         self._init_view(instances)
         self.length_model = length_model if length_model is not None \
             else make_length_model(parse_policy(policy).length_model)
@@ -94,28 +125,53 @@ class Coordinator(WorkflowPaths):
                          tenant: str | None = None) -> QueryState:
         """Admit a query or raise ``QueryRejected`` (bounded queues, never unbounded growth)."""
         now = self.clock.now()
-        if self.max_active_queries is not None and len(self.queries) >= self.max_active_queries:
+        cls = resolve_class(slo_class, self.slo_classes)
+        deadline = default_deadline(cls, now, deadline)
+        max_active = shed_limit(self.max_active_queries, cls, self.slo_classes)
+        if max_active is not None and len(self.queries) >= max_active:
             raise QueryRejected(
                 f"overloaded: {len(self.queries)} queries in progress (limit "
-                f"{self.max_active_queries})", retry_after_s=self._retry_after(now))
+                f"{max_active} for {cls.name})", retry_after_s=self._retry_after(now))
         waiting = self.waiting_calls
-        if self.max_waiting_calls is not None and waiting >= self.max_waiting_calls:
+        max_waiting = shed_limit(self.max_waiting_calls, cls, self.slo_classes)
+        if max_waiting is not None and waiting >= max_waiting:
             raise QueryRejected(f"overloaded: {waiting} LLM calls waiting (limit "
-                                f"{self.max_waiting_calls})", retry_after_s=self._retry_after(now))
+                                f"{max_waiting} for {cls.name})",
+                                retry_after_s=self._retry_after(now))
         if not self.up_instances:
             raise QueryRejected("no model instance is up", retry_after_s=5.0)
         if self.admit_by_backlog:
             from agentflow.scheduler.backlog import backlog_rejection
 
-            refused = backlog_rejection(self, now, deadline, self.max_backlog_s)
+            refused = backlog_rejection(self, now, deadline, self.max_backlog_s,
+                                        arrival_band(self, cls, tenant))
             if refused is not None:
                 raise QueryRejected(refused[0], retry_after_s=refused[1])
         query = QueryState(id=query_id, arrival=now if arrival is None else arrival,
                            deadline=deadline, key_text=key_text, run=run,
                            slo_class=slo_class, tenant=tenant)
+        if self.deadline_admission is not None:
+            self._admit_by_deadline(query, now)
         self.queries[query_id] = query
+        if self._fair:
+            rekey_tenants(self, self.fairness.arrive(query), now)
         self._refresh(query, now)
         return query
+
+    def _admit_by_deadline(self, query: QueryState, now: float) -> None:
+        """Refuse, or move to the lowest class, a query that would miss its deadline
+        (``scheduler.backlog.deadline_verdict``)."""
+        from agentflow.scheduler.backlog import DeadlineRejected, deadline_verdict
+
+        verdict = deadline_verdict(self, query, now)
+        if verdict is None:
+            return
+        self._forget_query(query.id)  # the predictions its paths cached
+        assert query.deadline is not None  # only a query with a deadline can miss it
+        if self.deadline_admission == "reject":
+            raise DeadlineRejected(verdict[0], verdict[1], query.deadline - now)
+        lowest = lowest_class(self.slo_classes)
+        query.slo_class, query.deadline = lowest.name, default_deadline(lowest, now, None)
 
     @observed
     def on_call_ready(self, query_id: str, *, stage: str, node_id: str, prompt_tokens: int,
@@ -264,7 +320,9 @@ class Coordinator(WorkflowPaths):
 
     @observed
     def on_query_done(self, query_id: str) -> None:
-        self.queries.pop(query_id, None)
+        query = self.queries.pop(query_id, None)
+        if query is not None and self._fair:
+            rekey_tenants(self, self.fairness.leave(query), self.clock.now())
         self._forget_query(query_id)
 
     @observed
@@ -344,8 +402,15 @@ class Coordinator(WorkflowPaths):
         return self._admit(queue, now)
 
     def _admit(self, queue: InstanceQueue, now: float) -> list[Decision]:
-        return [StartCall(c, queue.name, c.priority)
-                for c in queue.admit(now, self, self._kv_tokens)]
+        started = queue.admit(now, self, self._kv_tokens)
+        if self._fair and started:  # each tenant is charged the instance time it was given
+            flipped = [k for c in started
+                       for k in self.fairness.charge(c.query, self.expected_s(c, queue.name))]
+            rekey_tenants(self, flipped, now)
+        if isinstance(self._queue_policy, ClassRankedQueue):  # the backend ranks by class too
+            for c in started:
+                c.priority = engine_priority(self, c)
+        return [StartCall(c, queue.name, c.priority) for c in started]
 
     def _retry_after(self, now: float) -> float:
         """Seconds until the least loaded instance would drain its queue (>= 1)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,9 @@ class InstanceQueue:
         self._admitted = 0
         self._pending_prefill: set[ScheduledCall] = set()
         self.check_reference = False  # tests: assert the fast pick equals the O(n) scan
+        # (queue, best waiting call, its KV tokens) -> may it start now; None: capacity only
+        self.gate: Callable[[InstanceQueue, ScheduledCall, int], bool] | None = None
+        self.class_load: Any = None  # scheduler.classes.ClassLoad, under class ranking
 
     @property
     def name(self) -> str:
@@ -150,6 +154,8 @@ class InstanceQueue:
             budget = self.spec.kv_token_budget
             if budget is not None and self.running and self.kv_tokens_in_use + need > budget:
                 break  # wait for memory; an empty instance always admits one call
+            if self.gate is not None and self.running and not self.gate(self, call, need):
+                break  # room kept for a higher class (scheduler.classes.headroom_gate)
             self.remove(call)
             call.state = CallState.RUNNING
             call.started_at = now
@@ -157,6 +163,8 @@ class InstanceQueue:
             call.co_runners_at_start = len(self.running)
             self._admitted += 1
             self.running.add(call)
+            if self.class_load is not None:
+                self.class_load.running(self.index, call, +1)
             if call.attained_tokens == 0:
                 self._pending_prefill.add(call)
                 self.book.prefill_prompt[self.index] += call.tokens_on(self.name)
@@ -188,6 +196,8 @@ class InstanceQueue:
     def finish(self, call: ScheduledCall) -> None:
         if call in self.running:
             self.running.discard(call)
+            if self.class_load is not None:
+                self.class_load.running(self.index, call, -1)
             self._prefilled(call)
             self.book.finish(self.index, call, call.kv_reserved)
 
@@ -238,6 +248,8 @@ class InstanceQueue:
         book.n_wait[i] += sign
         book.wait_prompt[i] += sign * call.tokens_on(self.name)
         book.wait_output[i] += sign * call.mean_output
+        if self.class_load is not None:
+            self.class_load.account(i, call, sign, call.tokens_on(self.name))
 
 
 class LoadBook:

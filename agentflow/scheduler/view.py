@@ -91,7 +91,20 @@ class ClusterView:
         """(W, t, name rank) for ``instances``, aligned with that list: what every dispatch
         policy reads, in a few vector operations whatever the cluster size."""
         idx = [self._index[n] for n in instances]
-        return self.work_vector(now)[idx], self.time_vector(call)[idx], self._name_rank[idx]
+        work = self.work_vector(now)
+        behind = self._work_behind(call)
+        if behind is not None:
+            work = work - behind
+        return work[idx], self.time_vector(call)[idx], self._name_rank[idx]
+
+    def _work_behind(self, call: ScheduledCall) -> np.ndarray | None:
+        """Waiting work of worse bands per instance, which ``call`` would jump (None: none,
+        or the queue policy does not rank by class; ``scheduler.classes.ClassLoad``)."""
+        load = getattr(self, "_class_load", None)
+        if load is None:
+            return None
+        behind: np.ndarray | None = load.behind_s(call, self._coef_vectors())
+        return behind
 
     def batch_view(self, call: ScheduledCall, instances: list[str], now: float) -> BatchView:
         """How each of ``instances`` would take ``call`` now, as arrays aligned with the list:
@@ -99,7 +112,9 @@ class ClusterView:
         idx = [self._index[n] for n in instances]
         oh, pf, df = self._coef_vectors()
         book = self.loads
-        queued = (book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df)[idx]
+        queued_all = book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df
+        behind = self._work_behind(call)
+        queued = (queued_all if behind is None else queued_all - behind)[idx]
         prompt: float | np.ndarray = call.prompt_tokens
         if call.prompt_tokens_on:
             prompt = np.array([call.tokens_on(n) for n in instances], dtype=float)
@@ -113,7 +128,12 @@ class ClusterView:
                          room=room, slots=self._max_inflight[idx],
                          time_s=self.time_vector(call)[idx], prefill_s=prompt * pf[idx],
                          co_runner_decode_s=call.mean_output * slope[idx],
-                         co_runners_seen=seen[idx], name_rank=self._name_rank[idx])
+                         co_runners_seen=seen[idx], name_rank=self._name_rank[idx],
+                         n_peers=self._peers(call, idx))
+
+    def _peers(self, call: ScheduledCall, idx: list[int]) -> np.ndarray | None:
+        load = getattr(self, "_class_load", None)
+        return None if load is None else load.peers_running(call)[idx]
 
     def _batch_coefs(self) -> tuple[np.ndarray, np.ndarray]:
         """Per instance: decode seconds per output token that each co-runner adds (the

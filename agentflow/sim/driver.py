@@ -21,7 +21,7 @@ import copy
 import heapq
 import itertools
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from agentflow.sim.engine import SimInstance, engine_for
 from agentflow.sim.faults import Fault
 from agentflow.sim.replay import GrowingDag
 from agentflow.sim.workload import TraceNode, TraceQuery
+from agentflow.slo_classes import SloClass
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 
 # A tool step's expected duration before any step of its stage has finished (the pipelines'
@@ -54,12 +55,14 @@ async def _replayed(ctx):  # pragma: no cover - simulated stages are never execu
 class QueryRecord:
     id: str
     arrival: float
-    slo_s: float  # the deadline the scheduler was given, seconds after arrival
+    slo_s: float | None  # the deadline the scheduler was given, seconds after arrival
     idle_latency_s: float
     status: str = "pending"  # done | rejected | failed
     finish: float | None = None
     reason: str | None = None
     calls: int = 0
+    tenant: str | None = None  # who sent it (shared-cluster runs), None otherwise
+    slo_class: str | None = None  # its SLO class as admitted (admission may move it)
 
     @property
     def latency_s(self) -> float | None:
@@ -110,14 +113,20 @@ class Simulation:
                  admit_by_backlog: bool = False, max_backlog_s: float | None = None,
                  alpha_tuner: Any = None, cached_prefix: float | str = 0.0,
                  faults: Sequence[Fault] = (),
-                 on_stage: Callable[[StageTiming], None] | None = None):
+                 on_stage: Callable[[StageTiming], None] | None = None,
+                 slo_classes: Mapping[str, SloClass] | None = None,
+                 deadline_admission: str | None = None):
         """``on_stage`` is called with each stage's ``StageTiming`` as the stage finishes.
 
         ``cached_prefix``: a fixed fraction of every prompt served from a prefix cache (0:
         cold prompts, physical prefill; the vLLM latency measurements correspond to fully
         cached prompts), or ``"auto"``: each engine models vLLM's automatic prefix caching
         over the prompts' text (``SimInstance``), for the calls whose trace recorded their
-        prompt (agentflow traces); calls without text (HexGen-Flow traces) run cold."""
+        prompt (agentflow traces); calls without text (HexGen-Flow traces) run cold.
+
+        ``slo_classes`` (None: the defaults) and ``deadline_admission`` (None: off;
+        ``reject`` or ``batch``, ``agentflow.scheduler.backlog``) as serving's scheduler
+        settings."""
         self.prefix_cache = cached_prefix == "auto"
         if self.prefix_cache:
             cached_prefix = 0.0
@@ -140,6 +149,10 @@ class Simulation:
             instances, clock=self.clock, policy=policy, alpha=alpha, length_model=self.length_model,
             max_waiting_calls=max_waiting_calls, max_active_queries=max_active_queries,
             admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s)
+        if slo_classes is not None:
+            self.coordinator.slo_classes = slo_classes
+        if deadline_admission is not None:
+            self.coordinator.deadline_admission = deadline_admission
         self.alpha_tuner = alpha_tuner
         for fault in faults:
             if fault.instance not in self.instances:
@@ -158,12 +171,19 @@ class Simulation:
         self.events = 0
 
     # ------------------------------------------------------------------------------ public
-    def run(self, queries: list[TraceQuery], arrivals: list[float], slo_s: list[float],
-            idle_latency_s: list[float]) -> SimResult:
+    def run(self, queries: list[TraceQuery], arrivals: list[float],
+            slo_s: Sequence[float | None], idle_latency_s: list[float], *,
+            tenants: Sequence[str | None] | None = None,
+            classes: Sequence[str | None] | None = None) -> SimResult:
+        """``slo_s``: each query's deadline after arrival (None: its class's default);
+        ``tenants`` and ``classes``: who sent each query and its SLO class (shared-cluster
+        runs; None: every query anonymous and of the default class)."""
         records = []
         for i, (q, t, slo, idle) in enumerate(zip(queries, arrivals, slo_s, idle_latency_s)):
             record = QueryRecord(id=f"{i}:{q.id}", arrival=float(t), slo_s=slo,
-                                 idle_latency_s=idle)
+                                 idle_latency_s=idle,
+                                 tenant=tenants[i] if tenants is not None else None,
+                                 slo_class=classes[i] if classes is not None else None)
             records.append(record)
             self._push(float(t), "arrival", (q, record))
         for fault in self.faults:
@@ -251,13 +271,20 @@ class Simulation:
                               n.duration_s if n.kind == "tool" else None)
             for n in trace.nodes})
         try:
-            self.coordinator.on_query_arrival(record.id, arrival=now,
-                                              deadline=now + record.slo_s,
-                                              key_text=trace.question, run=run)
+            state = self.coordinator.on_query_arrival(
+                record.id, arrival=now,
+                deadline=None if record.slo_s is None else now + record.slo_s,
+                key_text=trace.question, run=run, slo_class=record.slo_class,
+                tenant=record.tenant)
         except QueryRejected as err:
             record.status, record.reason = "rejected", err.reason
             self.length_model.forget(record.id)
             return
+        if record.slo_s is None and state.deadline is not None:
+            record.slo_s = state.deadline - now  # its class's default deadline
+        # admission may have moved it to another class (batch); it is still judged by the
+        # deadline it was sent with
+        record.slo_class = state.slo_class
         self._runs[record.id] = (run, trace, record)
         self._trace_nodes[record.id] = {n.id: n for n in trace.nodes}
         self._dags[record.id] = dag

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ from agentflow.sim.driver import SimResult, Simulation
 from agentflow.sim.faults import Fault
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.summary import outcomes
-from agentflow.sim.workload import TraceQuery, arrival_times
+from agentflow.sim.workload import TenantSpec, TraceQuery, arrival_times
 
 # What deadline each query is given (``Workload.deadlines``):
 # * ``fixed`` (default): what serving gets — one ``slo_seconds`` per pipeline, the same for
@@ -35,9 +36,18 @@ class Workload:
     # queries in the whole trace (``reference_latencies``) — a property of the pipeline on
     # this cluster, the same for every query of it, never the query's own size.
     reference_s: list[float]
+    # Shared-cluster runs (``build_tenant_workload``): who sent each query, its SLO class and
+    # the deadline its tenant gives it (None: its class's default). None for one-tenant runs.
+    tenants: list[str] | None = None
+    classes: list[str | None] | None = None
+    tenant_slo_s: list[float | None] | None = None
 
-    def deadlines(self, slo_scale: float, deadline: str = DEFAULT_DEADLINE) -> list[float]:
-        """Seconds after arrival each query is given (see ``DEADLINES``)."""
+    def deadlines(self, slo_scale: float, deadline: str = DEFAULT_DEADLINE
+                  ) -> list[float | None]:
+        """Seconds after arrival each query is given (see ``DEADLINES``); a tenant's own
+        deadline where the workload has tenants (None: the class decides)."""
+        if self.tenant_slo_s is not None:
+            return list(self.tenant_slo_s)
         if deadline == "fixed":
             return [slo_scale * t for t in self.reference_s]
         if deadline == "idle-scaled":
@@ -83,15 +93,50 @@ def build_workload(trace: list[TraceQuery], cluster: SimClusterConfig, *, n: int
                     [reference[pipeline_of(q)] for q in queries])
 
 
+def tenant_seed(seed: int, name: str) -> int:
+    """A tenant's own seed, from the run's seed and the tenant's name: a tenant draws the
+    same queries at the same times whoever else shares the cluster, so "alone" and "beside
+    a flood" compare the same queries."""
+    return int(np.random.SeedSequence([seed, zlib.crc32(name.encode())]).generate_state(1)[0])
+
+
+def build_tenant_workload(trace: list[TraceQuery], cluster: SimClusterConfig,
+                          tenants: Sequence[TenantSpec], *, n: int, arrival: str = "poisson",
+                          seed: int = 0, idle: IdleLatency | None = None) -> Workload:
+    """``n`` queries per tenant (or the tenant's own ``queries``), each tenant drawing from
+    ``trace`` with its own arrivals at its own rate (``tenant_seed``), merged in arrival
+    order (ties: tenant order, then the tenant's own order)."""
+    names = [t.name for t in tenants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tenant names must be unique: {names}")
+    if not tenants:
+        raise ValueError("no tenants")
+    idle = idle or IdleLatency(cluster)
+    rows: list[tuple[float, int, int, TraceQuery, float, float, TenantSpec]] = []
+    for ti, spec in enumerate(tenants):
+        part = build_workload(trace, cluster, n=spec.queries or n, rate=spec.rate,
+                              arrival=arrival, seed=tenant_seed(seed, spec.name), idle=idle)
+        rows += [(t, ti, i, q, il, ref, spec) for i, (q, t, il, ref) in enumerate(
+            zip(part.queries, part.arrivals, part.idle_latency_s, part.reference_s))]
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    return Workload([r[3] for r in rows], [r[0] for r in rows], [r[4] for r in rows],
+                    [r[5] for r in rows], tenants=[r[6].name for r in rows],
+                    classes=[r[6].slo_class for r in rows],
+                    tenant_slo_s=[r[6].slo_s for r in rows])
+
+
 def run_policy(cluster: SimClusterConfig, workload: Workload, policy: str, *,
                slo_scale: float = 2.0, alpha: float | None = None, alpha_tuner: Any = None,
                embedder: str = "hashing", cached_prefix: float | str = 0.0,
-               faults: Sequence[Fault] = (), deadline: str = DEFAULT_DEADLINE) -> SimResult:
-    """``deadline``: how each query's deadline is set (``DEADLINES``)."""
+               faults: Sequence[Fault] = (), deadline: str = DEFAULT_DEADLINE,
+               **scheduler: Any) -> SimResult:
+    """``deadline``: how each query's deadline is set (``DEADLINES``); ``scheduler``: more
+    ``Simulation`` settings (admission, SLO classes)."""
     sim = Simulation(cluster, policy, alpha=alpha, alpha_tuner=alpha_tuner, embedder=embedder,
-                     cached_prefix=cached_prefix, faults=faults)
+                     cached_prefix=cached_prefix, faults=faults, **scheduler)
     return sim.run(workload.queries, workload.arrivals,
-                   workload.deadlines(slo_scale, deadline), workload.idle_latency_s)
+                   workload.deadlines(slo_scale, deadline), workload.idle_latency_s,
+                   tenants=workload.tenants, classes=workload.classes)
 
 
 def goodput(cluster: SimClusterConfig, trace: list[TraceQuery], policy: str, *, n: int,

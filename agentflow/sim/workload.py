@@ -196,6 +196,46 @@ def arrival_times(n: int, rate: float, process: str = "poisson", *, seed: int = 
                      "steps:RATE/SECONDS,...")
 
 
+@dataclass(frozen=True)
+class TenantSpec:
+    """One tenant of a simulated shared cluster (``--tenant NAME:RATE:SLO_SECONDS[:CLASS]``):
+    its own Poisson-or-other arrivals at ``rate``, its own deadline (None: the class's
+    default, which for ``batch`` is none) and SLO class. Several of them on one cluster is
+    what isolation and fairness are measured on."""
+
+    name: str
+    rate: float
+    slo_s: float | None
+    slo_class: str | None = None
+    queries: int | None = None  # its own count (benchmarks); None: the run's --queries
+
+    @classmethod
+    def parse(cls, text: str) -> TenantSpec:
+        """``NAME:RATE:SLO_SECONDS[:CLASS]``; SLO ``none`` (or empty) for no deadline of its
+        own. A clear error names what is wrong."""
+        parts = text.split(":")
+        if len(parts) not in (3, 4) or not parts[0]:
+            raise ValueError(f"bad tenant {text!r}: expected NAME:RATE:SLO_SECONDS[:CLASS]")
+        name, rate_s, slo_text = parts[:3]
+        try:
+            rate = float(rate_s)
+        except ValueError:
+            raise ValueError(f"bad tenant {text!r}: rate {rate_s!r} is not a number") from None
+        if not rate > 0:
+            raise ValueError(f"bad tenant {text!r}: rate must be positive")
+        slo: float | None = None
+        if slo_text.strip().lower() not in ("", "none", "-"):
+            try:
+                slo = float(slo_text)
+            except ValueError:
+                raise ValueError(f"bad tenant {text!r}: SLO {slo_text!r} is not a number "
+                                 "(or 'none')") from None
+            if not slo > 0:
+                raise ValueError(f"bad tenant {text!r}: SLO seconds must be positive")
+        slo_class = parts[3] if len(parts) == 4 and parts[3] else None
+        return cls(name, rate, slo, slo_class)
+
+
 def _positive(rate: float) -> float:
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")

@@ -40,6 +40,10 @@ class BatchView:
     co_runner_decode_s: np.ndarray
     co_runners_seen: np.ndarray
     name_rank: np.ndarray
+    # Under class ranking (``scheduler.classes``): per instance, the running calls of the
+    # call's band or a better one — the co-runners whose delay counts against admitting it;
+    # None: every running call counts.
+    n_peers: np.ndarray | None = None
 
 
 class SchedulerView(Protocol):

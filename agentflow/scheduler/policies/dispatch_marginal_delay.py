@@ -70,7 +70,9 @@ class MarginalDelayDispatch(DispatchPolicy):
         co = np.minimum(b.n_running, b.slots - 1.0)  # calls it will run beside
         d = b.co_runner_decode_s  # decode seconds one more co-runner adds to the call
         own = b.time_s + d * (co - b.co_runners_seen)
-        price = wait + own + co * (b.prefill_s + d)
+        # the delay inflicted counts on the co-runners it does not outrank (``n_peers``)
+        peers = co if b.n_peers is None else np.minimum(b.n_peers, b.slots - 1.0)
+        price = wait + own + peers * (b.prefill_s + d)
         return price - self.saved_s(call, instances, view, co), b.name_rank
 
     def saved_s(self, call: ScheduledCall, instances: list[str], view: SchedulerView,
