@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -128,6 +128,10 @@ class SchedulerConfig(BaseModel):
     # than its SLO to clear (or max_backlog_s without an SLO): agentflow.scheduler.backlog.
     admit_by_backlog: bool = True
     max_backlog_s: float | None = Field(600.0, gt=0)
+    # Answer at once a query whose remaining critical path cannot meet its deadline at the
+    # current load: "reject" (429 would_miss_deadline with the earliest feasible SLO) or
+    # "batch" (run it in the lowest class instead); None: off (agentflow.scheduler.backlog).
+    deadline_admission: Literal["reject", "batch"] | None = None
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the

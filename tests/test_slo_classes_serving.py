@@ -308,3 +308,34 @@ def test_serving_classes_benchmark_runs_and_prints_the_ratios(tmp_path: Path) ->
     assert phases["batch alone"]["batch"]["latencies"]
     assert phases["both"]["interactive"]["latencies"] and phases["both"]["batch"]["latencies"]
     assert not phases["interactive alone"]["batch"]["statuses"]  # no flood when alone
+
+
+# ------------------------------------------------------------------ deadline admission
+def test_deadline_admission_answers_429_with_the_earliest_feasible_slo() -> None:
+    """``scheduler.deadline_admission: reject``: a query whose predicted critical path is past
+    its deadline is answered at once with the SLO that would be feasible, and that SLO, asked
+    for, is admitted and answered (an idle cluster: nothing else moves the estimate)."""
+    config = AgentFlowConfig(fewshot=None, pipeline="single",
+                             scheduler={"deadline_admission": "reject",
+                                        "admit_by_backlog": False})  # this check alone
+    backend = ScriptedBackend(script, latency_s=0.01)
+    with AgentFlow(config, backends={"cpu-0": backend}) as af, \
+            LiveServer({}, {"api_keys": [KEYS["plain"]]}, agentflow=af) as live:
+        tight = ask(live, "plain", slo_seconds=0.001)
+        assert tight.status_code == 429, tight.text
+        err = error_of(tight)
+        assert err["code"] == "would_miss_deadline", err
+        assert err["earliest_slo_s"] > 0.001 and "would be feasible" in err["message"]
+        assert int(tight.headers["retry-after"]) >= 1
+        assert backend.calls == []  # refused before any call was made
+        view = httpx.get(f"{live.url}/v1/queries/{err['query_id']}",
+                         headers={"Authorization": f"Bearer {KEYS['plain']}"}).json()
+        assert view["status"] == "rejected"
+        roomy = ask(live, "plain", slo_seconds=max(1.0, 2 * err["earliest_slo_s"]))
+        assert roomy.status_code == 200 and roomy.json()["status"] == "done", roomy.text
+
+
+def test_deadline_admission_is_off_by_default() -> None:
+    assert AgentFlowConfig().scheduler.deadline_admission is None
+    with pytest.raises(ValueError, match="deadline_admission"):
+        AgentFlowConfig.model_validate({"scheduler": {"deadline_admission": "maybe"}})

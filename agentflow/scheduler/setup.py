@@ -29,7 +29,8 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
                       max_active_queries: int | None = None,
                       admit_by_backlog: bool = False,
                       max_backlog_s: float | None = None,
-                      slo_classes: Mapping[str, SloClass] | None = None) -> Coordinator:
+                      slo_classes: Mapping[str, SloClass] | None = None,
+                      deadline_admission: str | None = None) -> Coordinator:
     """``instances`` must be named (``expand_instances``); ``length_model`` defaults to the
     length model the policy name picks, with ``embedder``."""
     specs = [InstanceSpec.from_config(cfg) for cfg in instances]
@@ -39,7 +40,7 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
                        max_waiting_calls=max_waiting_calls,
                        max_active_queries=max_active_queries,
                        admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s,
-                       slo_classes=slo_classes)
+                       slo_classes=slo_classes, deadline_admission=deadline_admission)
 
 
 def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
@@ -49,4 +50,5 @@ def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
             "max_active_queries": scheduler.max_active_queries,
             "admit_by_backlog": scheduler.admit_by_backlog,
             "max_backlog_s": scheduler.max_backlog_s,
-            "slo_classes": dict(scheduler.slo_classes)}
+            "slo_classes": dict(scheduler.slo_classes),
+            "deadline_admission": scheduler.deadline_admission}

@@ -19,6 +19,7 @@ returns an ASGI app; ``create_app(agentflow=af)`` serves an engine the caller al
     429 overloaded            the scheduler's admission bound; Retry-After says when
     429 rate_limited / too_many_queries  the key's tenant is over its queries per minute
                               or in flight (agentflow.tenants); Retry-After
+    429 would_miss_deadline   scheduler.deadline_admission: reject; earliest_slo_s is feasible
     503 unavailable / shutting_down / too_many_connections  no instance up, draining, or
                               over the connection limit; Retry-After
     500 internal              a bug; the server log has the traceback
@@ -161,7 +162,13 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
             await service.wait_admitted(handle, settings.admission_wait_s)
         view = service.view(handle)
         if view.status == "rejected":
-            retry = (view.details or {}).get("retry_after_s")
+            details = view.details or {}
+            retry = details.get("retry_after_s")
+            if details.get("code") == "would_miss_deadline":
+                raise ApiError(429, "would_miss_deadline", view.error or "rejected",
+                               headers=retry_after_header(retry), retry_after_s=retry,
+                               earliest_slo_s=details.get("earliest_slo_s"),
+                               query_id=view.query_id)
             overloaded = (view.error or "").startswith("overloaded")
             raise ApiError(429 if overloaded else 503, "overloaded" if overloaded else
                            "unavailable", view.error or "rejected",
