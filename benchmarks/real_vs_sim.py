@@ -321,6 +321,11 @@ def tokenizer_of(backends: dict[str, Any], given: str | None) -> str:
 # --------------------------------------------------------------------------- calibration
 CAL_PROMPTS = (32, 256, 1024, 2048)
 CAL_OUTPUTS = (1, 24, 96)
+# Batched decode: B requests of one shape submitted together. Single requests cannot tell a
+# per-step cost from a per-sequence one (every step has one sequence), and on a CPU core
+# the per-sequence decode compute is what grows a batch's step (agentflow.step_time).
+CAL_BATCHES = (2, 4)
+CAL_BATCH_SHAPES = ((32, 64), (512, 64))
 
 
 def measure_single(backend: Any, maker: PromptMaker, repeats: int,
@@ -350,33 +355,80 @@ def measure_single(backend: Any, maker: PromptMaker, repeats: int,
     return rows
 
 
+def measure_batched(backend: Any, maker: PromptMaker, repeats: int,
+                    loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(batch, prompt, output, mean total_s) of ``batch`` equal requests sent at once."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int) -> tuple[int, float]:
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        return res.prompt_tokens, time.perf_counter() - t
+
+    async def all_rows() -> None:
+        for _ in range(repeats):
+            for b in CAL_BATCHES:
+                for p, o in CAL_BATCH_SHAPES:
+                    got = await asyncio.gather(*(one(p, o) for _ in range(b)))
+                    served = round(float(np.mean([g[0] for g in got])))
+                    rows.append((b, served, o, float(np.mean([g[1] for g in got]))))
+                    print(f"  batch {b} x prompt {served:5d} output {o:4d}: mean total "
+                          f"{rows[-1][3]:.3f} s", flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
 # The profile's efficiencies and overheads that single requests identify (prefill compute,
 # weight streaming, KV reads, per step, per request); an operator-level engine's prefill
 # attention efficiency too, where the profile has one.
-FIT_FIELDS = tuple(f for f in ("compute_efficiency", "bw_efficiency", "attn_bw_efficiency",
+FIT_FIELDS = tuple(f for f in ("compute_efficiency", "decode_compute_efficiency",
+                               "bw_efficiency", "attn_bw_efficiency",
                                "prefill_attn_efficiency", "step_overhead_s",
                                "request_overhead_s")
                    if f in hardware.GPUProfile.__dataclass_fields__)
+# Bandwidth fractions cannot pass 1; compute ones can (the profile's peak is fp32 FMA, and
+# llama.cpp's quantised dot products run on int8 VNNI).
+_UPPER = {"bw_efficiency": 1.0, "attn_bw_efficiency": 1.0}
+
+
+def sim_batch(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+              batch: int, prompt: int, output: int) -> tuple[float, float]:
+    """(first token, mean finish) of ``batch`` equal requests arriving together, in s."""
+    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      use_calibration=False)
+    for i in range(batch):
+        eng.add(f"x{i}", prompt, output, 0, 0.0)
+    ttft, ends = 0.0, []
+    while (t := eng.next_event_time()) is not None:
+        for ev in eng.step_until(t):
+            if ev.kind == "first_token" and not ttft:
+                ttft = ev.time
+            if ev.kind == "finished":
+                ends.append(ev.time)
+    return ttft, float(np.mean(ends))
 
 
 def sim_single(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
                prompt: int, output: int) -> tuple[float, float]:
-    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
-                      max_num_batched_tokens=limits.max_num_batched_tokens,
-                      use_calibration=False)
-    eng.add("x", prompt, output, 0, 0.0)
-    ttft = total = 0.0
-    while (t := eng.next_event_time()) is not None:
-        for ev in eng.step_until(t):
-            if ev.kind == "first_token":
-                ttft = ev.time
-            if ev.kind == "finished":
-                total = ev.time
-    return ttft, total
+    return sim_batch(gpu, model, limits, 1, prompt, output)
+
+
+def batch_residuals(g: hardware.GPUProfile, model: hardware.ModelProfile,
+                    limits: InstanceConfig, batched: list[tuple]) -> np.ndarray:
+    """Relative error of the simulated mean latency of each batched row."""
+    return np.asarray([(sim_batch(g, model, limits, b, p, o)[1] - total) / total
+                       for b, p, o, total in batched])
 
 
 def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.ModelProfile,
-                limits: InstanceConfig) -> hardware.GPUProfile:
+                limits: InstanceConfig, batched: list[tuple] = ()) -> hardware.GPUProfile:
+    """Least squares on the single rows (prefill and decode time) and, if given, the
+    batched rows' mean latency."""
     from scipy.optimize import least_squares
 
     def profile(x: np.ndarray) -> hardware.GPUProfile:
@@ -390,20 +442,21 @@ def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.Mo
             res.append((s_ttft - ttft) / ttft)
             if o > 1:
                 res.append(((s_total - s_ttft) - (total - ttft)) / (total - ttft))
-        return np.asarray(res)
+        return np.concatenate([np.asarray(res), batch_residuals(g, model, limits,
+                                                                list(batched))])
 
-    x0 = np.log([getattr(base, f) or 1e-3 for f in FIT_FIELDS])
-    fit = least_squares(residuals, x0, bounds=(np.log(1e-5), np.log(10.0)), x_scale=1.0,
-                        diff_step=1e-3)
+    upper = np.log([_UPPER.get(f, 10.0) for f in FIT_FIELDS])
+    x0 = np.minimum(np.log([getattr(base, f) or 1e-3 for f in FIT_FIELDS]), upper - 1e-3)
+    fit = least_squares(residuals, x0, bounds=(np.full(len(FIT_FIELDS), np.log(1e-5)), upper),
+                        x_scale=1.0, diff_step=1e-3)
     err = np.abs(residuals(fit.x))
     print(f"fit: median |rel err| {np.median(err) * 100:.1f}%, max {err.max() * 100:.1f}% "
-          f"over {len(err)} prefill/decode times")
+          f"over {len(err)} prefill/decode/batch times")
     return profile(fit.x)
 
 
-def calibrate(args: argparse.Namespace) -> None:
-    cluster = load_cluster(args.cluster)
-    name, cfg = cluster.expanded()[0]
+def measure_calibration(args: argparse.Namespace, name: str, cfg: InstanceConfig
+                        ) -> tuple[list[tuple], list[tuple]]:
     backends = start_backends(args.cluster)
     loop = asyncio.new_event_loop()
     try:
@@ -411,15 +464,46 @@ def calibrate(args: argparse.Namespace) -> None:
         maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
         print(f"# single requests on {name} ({cfg.gpu}, {cfg.model})")
         rows = measure_single(backend, maker, args.repeats, loop)
+        print(f"# batched decode on {name}")
+        batched = measure_batched(backend, maker, args.repeats, loop)
     finally:
         loop.run_until_complete(close_all(backends))
         loop.close()
+    return rows, batched
+
+
+def print_batch_check(label: str, g: hardware.GPUProfile, model: hardware.ModelProfile,
+                      limits: InstanceConfig, batched: list[tuple]) -> None:
+    err = batch_residuals(g, model, limits, batched)
+    cells = ", ".join(f"B{b}/p{p}: {e * 100:+.1f}%" for (b, p, _, _), e in zip(batched, err))
+    print(f"{label}: batched rows sim vs real {cells}; median |err| "
+          f"{np.median(np.abs(err)) * 100:.1f}%")
+
+
+def calibrate(args: argparse.Namespace) -> None:
+    cluster = load_cluster(args.cluster)
+    name, cfg = cluster.expanded()[0]
+    if args.refit:  # the rows of an earlier --calibrate --json, fitted again
+        saved = json.loads(Path(args.refit).read_text())
+        rows = [tuple(r) for r in saved["rows"]]
+        batched = [tuple(r) for r in saved.get("batched", [])]
+    else:
+        rows, batched = measure_calibration(args, name, cfg)
     model = engine_for(name, engine_limits(cfg)).model
-    fitted = fit_profile(rows, hardware.gpu(cfg.gpu), model, engine_limits(cfg))
+    limits = engine_limits(cfg)
+    if args.fit_batched and not batched:
+        raise SystemExit("--fit-batched: no batched rows to fit")
+    base = hardware.gpu(cfg.gpu)
+    print_batch_check("current profile", base, model, limits, batched)
+    single = fit_profile(rows, base, model, limits)
+    print_batch_check("fitted on single requests", single, model, limits, batched)
+    fitted = fit_profile(rows, base, model, limits, batched) if args.fit_batched else single
+    if args.fit_batched:
+        print_batch_check("fitted on single + batched", fitted, model, limits, batched)
     print("# fitted profile (paste into agentflow/hardware.py):")
     print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in FIT_FIELDS))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "fitted": {
+        Path(args.json).write_text(json.dumps({"rows": rows, "batched": batched, "fitted": {
             f: getattr(fitted, f) for f in FIT_FIELDS}}, indent=1))
 
 
@@ -502,6 +586,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calibrate", action="store_true",
                     help="fit the hardware profile from single requests instead")
     ap.add_argument("--repeats", type=int, default=2, help="--calibrate: rounds of the grid")
+    ap.add_argument("--refit", metavar="JSON",
+                    help="--calibrate: fit the rows an earlier --calibrate --json saved")
+    ap.add_argument("--fit-batched", action="store_true",
+                    help="--calibrate: fit on the batched-decode rows too (default: they "
+                    "only check the single-request fit)")
     args = ap.parse_args(argv)
     if args.calibrate:
         calibrate(args)

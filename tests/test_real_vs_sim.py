@@ -79,3 +79,30 @@ def test_simulated_replay_runs_every_call_after_its_parents():
                              max_prompt=None, max_output=None, assign="query")
     alone = replay_sim(alone_w, sim_engines(str(CLUSTER)))
     assert out.call_latency(b) > alone.call_latency("q0/b") * 1.05
+
+
+def test_batched_rows_identify_the_per_sequence_decode_compute():
+    """Rows timed by a known profile: fitted on single requests plus batched decode, the
+    fit recovers the decode-compute efficiency that single requests alone cannot pin."""
+    from dataclasses import replace
+
+    from real_vs_sim import fit_profile, sim_batch
+
+    from agentflow import hardware
+
+    limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
+                                          backend={"type": "llama_server", "parallel": 4}))
+    model = hardware.model("gemma-3-270m")
+    truth = replace(hardware.gpu("Xeon-core"), decode_compute_efficiency=0.05,
+                    compute_efficiency=0.3)
+    rows = []
+    for p in (32, 512):
+        for o in (1, 24):
+            ttft, total = sim_batch(truth, model, limits, 1, p, o)
+            rows.append((p, o, ttft, total))
+    batched = [(b, p, 32, sim_batch(truth, model, limits, b, p, 32)[1])
+               for b in (2, 4) for p in (32, 512)]
+    start = replace(truth, decode_compute_efficiency=0.2, compute_efficiency=0.2)
+    fitted = fit_profile(rows, start, model, limits, batched)
+    assert fitted.decode_compute_efficiency == pytest.approx(0.05, rel=0.1)
+    assert fitted.compute_efficiency == pytest.approx(0.3, rel=0.1)
