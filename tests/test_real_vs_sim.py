@@ -106,3 +106,19 @@ def test_batched_rows_identify_the_per_sequence_decode_compute():
     fitted = fit_profile(rows, start, model, limits, batched)
     assert fitted.decode_compute_efficiency == pytest.approx(0.05, rel=0.1)
     assert fitted.compute_efficiency == pytest.approx(0.3, rel=0.1)
+
+
+def test_busy_time_is_the_union_of_the_calls_in_flight():
+    from real_vs_sim import busy_seconds
+
+    assert busy_seconds([]) == 0.0
+    assert busy_seconds([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == pytest.approx(4.0)
+
+
+def test_calibration_rows_scaled_to_a_dedicated_core_by_their_share():
+    from real_vs_sim import dedicated
+
+    single = [(32, 24, 0.5, 2.0, 0.5), (256, 1, 1.0, 1.0)]  # the second saved without share
+    assert dedicated(single, slice(2, 4), True) == [(32, 24, 0.25, 1.0), (256, 1, 1.0, 1.0)]
+    assert dedicated(single, slice(2, 4), False) == [(32, 24, 0.5, 2.0), (256, 1, 1.0, 1.0)]
+    assert dedicated([(4, 32, 64, 10.0, 0.4)], slice(3, 4), True) == [(4, 32, 64, 4.0)]
