@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from real_vs_sim import (  # noqa: E402
     PromptMaker,
     close_all,
+    cpu_seconds,
     engine_limits,
     scaled,
     start_backends,
@@ -160,10 +162,20 @@ async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
         latencies.append(query.finished - query.arrival)
 
     wall = time.perf_counter()
+    cpu0 = {n: cpu_seconds(b) for n, b in backends.items()}
     await asyncio.gather(*(one(i) for i in range(len(workload.queries))))
+    wall = time.perf_counter() - wall
+    # CPU seconds each server used over the run's wall time: how much of its core it got
+    # (and needed) while the policy ran, so runs under different machine load can be told
+    # apart.
+    core_use = {}
+    for n, b in backends.items():
+        used, start = cpu_seconds(b), cpu0[n]
+        if used is not None and start is not None:
+            core_use[n] = round((used - start) / wall, 3)
     retried = sum(v for (kind, _), v in router.counts.items() if kind == "retried")
     return {**latency_stats(latencies), "failed": failed, "retried": retried,
-            "wall_s": time.perf_counter() - wall}
+            "wall_s": wall, "core_use": core_use}
 
 
 # ---------------------------------------------------------------------------------- main
@@ -247,8 +259,9 @@ def main(argv: list[str] | None = None) -> None:
                     real[p] = loop.run_until_complete(run_real(p, cluster, w, deadlines,
                                                                backends, maker))
                     print(f"  real {p}: P95 {real[p]['p95_s']:.1f} s, mean "
-                          f"{real[p]['mean_s']:.1f} s, {real[p]['wall_s']:.0f} s wall",
-                          flush=True)
+                          f"{real[p]['mean_s']:.1f} s, {real[p]['wall_s']:.0f} s wall, "
+                          f"core use {real[p]['core_use']}, load average "
+                          f"{os.getloadavg()[0]:.1f}", flush=True)
             print_rate(rate, real, sim, policies[-1])
             results["rates"][str(rate)] = {"real": real, "sim": sim}
     finally:

@@ -122,3 +122,17 @@ def test_calibration_rows_scaled_to_a_dedicated_core_by_their_share():
     assert dedicated(single, slice(2, 4), True) == [(32, 24, 0.25, 1.0), (256, 1, 1.0, 1.0)]
     assert dedicated(single, slice(2, 4), False) == [(32, 24, 0.5, 2.0), (256, 1, 1.0, 1.0)]
     assert dedicated([(4, 32, 64, 10.0, 0.4)], slice(3, 4), True) == [(4, 32, 64, 4.0)]
+
+
+def test_policy_comparison_runs_both_sides_on_the_same_scaled_workload():
+    """benchmarks/real_policies.py: the trace both sides replay is scaled once (calls'
+    tokens, tool durations), and the simulated cluster has llama-server's slot limits."""
+    from real_policies import scaled_trace, sim_cluster
+
+    (q,) = scaled_trace([query("q")], 0.1, None, 5)
+    by = {n.id: n for n in q.nodes}
+    assert (by["b"].prompt_tokens, by["b"].output_tokens) == (120, 5)  # 6 capped at 5
+    assert by["t"].duration_s == pytest.approx(0.05)
+    assert [n.parents for n in q.nodes] == [n.parents for n in query("q").nodes]
+    cluster = sim_cluster(str(CLUSTER))
+    assert {i.max_num_seqs for i in cluster.instances} == {4}
