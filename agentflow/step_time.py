@@ -33,9 +33,11 @@ dot products), an operator's two terms add instead of taking their maximum. That
 a CPU decode step grow with the batch: the weights are read once per step, but every
 sequence's dot products cost the core its own time, where a GPU hides a small batch's FLOPs
 under the weight read. There, too, a decode token's GEMM rows run at their own compute
-efficiency (``decode_compute_efficiency``): llama.cpp multiplies a few activation rows by
-the quantised weights as dot products that re-dequantise each weight block per row, where a
-prefill chunk's many rows share it. The GPU profiles keep the maximum (and ignore that class).
+efficiency (``decode_compute_efficiency``): a batch of a few decode rows runs llama.cpp's
+quantised matrix-vector path, which amortises each dequantised weight block over fewer rows
+than a prefill chunk's matrix-matrix path does (fitted on this build: 0.08 vs 0.21 of the
+core's fp32 peak, ``benchmarks/real_vs_sim.py --calibrate --fit-batched``). The GPU
+profiles keep the maximum (and ignore that class).
 
 Everything here works on Python floats and on numpy arrays alike with the same float
 operations in the same order, so a vectorised run of decode steps gives bit-identical times
@@ -197,8 +199,8 @@ class OperatorModel:
 
     def _compute_s(self, flops, rows, decode_rows):
         """Compute seconds of a serial (CPU) GEMM whose ``decode_rows`` of ``rows`` are
-        decode tokens: those run at the decode efficiency (a few activation rows cannot
-        amortise the dequantised weight tile the way a prefill chunk's many rows do)."""
+        decode tokens: those run at the decode efficiency, the others at the prefill one
+        (one kernel runs them all; the split prices a mixed step between the two)."""
         if not rows:
             return 0.0
         return flops * ((rows - decode_rows) / rows / self._f_lin
