@@ -20,7 +20,8 @@ duration times ``--scale``. Deadlines: one fixed SLO per pipeline, ``--slo-scale
 mean idle latency in the simulator (the simulator's default rule), the same on both sides.
 
 Output: per rate and policy, real and simulated P95 and mean end-to-end latency, and each
-policy's ratio to the last ``--policy`` (default vllm) on each side.
+policy's ratio to ``--base`` (default: the last ``--policy``, vllm) on each side. Policies
+run one after another on the real engines, in the order given.
 """
 
 from __future__ import annotations
@@ -214,6 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy", action="append", dest="policies",
                     help="repeatable; the last one is the ratios' base (default: "
                     f"{' '.join(DEFAULT_POLICIES)})")
+    ap.add_argument("--base", help="the policy ratios are taken to (default: the last "
+                    "--policy); policies run in the order given, so reversing it shows how "
+                    "much the machine's load drifting between runs moves a ratio")
     ap.add_argument("--queries", type=int, default=30)
     ap.add_argument("--scale", type=float, default=0.02)
     ap.add_argument("--max-prompt", type=int)
@@ -225,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", help="write the numbers here too")
     args = ap.parse_args(argv)
     policies = args.policies or list(DEFAULT_POLICIES)
+    base = args.base or policies[-1]
+    if base not in policies:
+        ap.error(f"--base {base} is not among the policies")
     if not 0 < args.scale <= 1 or args.queries < 1:
         ap.error("--scale must be in (0, 1] and --queries >= 1")
     cluster = sim_cluster(args.cluster)
@@ -262,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
                           f"{real[p]['mean_s']:.1f} s, {real[p]['wall_s']:.0f} s wall, "
                           f"core use {real[p]['core_use']}, load average "
                           f"{os.getloadavg()[0]:.1f}", flush=True)
-            print_rate(rate, real, sim, policies[-1])
+            print_rate(rate, real, sim, base)
             results["rates"][str(rate)] = {"real": real, "sim": sim}
     finally:
         if backends:
