@@ -154,17 +154,20 @@ MODELS: dict[str, ModelProfile] = {m.name: m for m in (
 # (``overlap_compute_memory``), and a decode token's GEMM rows have their own compute
 # efficiency (agentflow.step_time). The efficiencies and overheads are fitted to gemma-3-270m
 # Q4_K_M on this project's build machine (a Sapphire Rapids Xeon, 2 cores shared with other
-# work) by ``benchmarks/real_vs_sim.py --calibrate --fit-batched``: 24 single requests
-# (prompts 32-2048, outputs 1-96) and 8 batches of 2 and 4 equal requests, 2026-12-01
-# 11:15-11:21 UTC at load 2.7-4.4 (other processes shared both cores: the same request
-# took up to 2x longer in the grid's second round). Single requests alone cannot separate
-# the per-sequence decode compute from the per-step weight read (every step has one
-# sequence); fitted on them alone, the batched rows came out 14-58% short. Fit error over
-# all 48 times: median 22%, max 47%. ``mem_gb`` is the memory one instance may use.
+# work) by ``benchmarks/real_vs_sim.py --calibrate --cpu-share --fit-batched``: 24 single
+# requests (prompts 32-2048, outputs 1-96) and 8 batches of 2 and 4 equal requests,
+# 2026-12-01 11:56-12:02 UTC at load 4-6, each row's times scaled by the share of its core
+# the server process got (0.34-0.70, from /proc), so the profile is a dedicated core's.
+# Fit error over the 48 times: median 6.2%, max 30%; batched rows median 4.1%. Fitted on
+# single requests alone, the batched rows come out up to 44% long (single requests cannot
+# separate the per-sequence decode compute from the per-step weight read). Without the
+# share correction (same grid, 11:15-11:21, load 3-4) the fit was median 22%, max 47%, and
+# read a decode compute efficiency of 0.08: contention, not physics. ``mem_gb`` is the
+# memory one instance may use.
 GPUS["Xeon-core"] = GPUProfile(
-    "Xeon-core", peak_tflops=0.16, mem_bw_gbs=12.0, mem_gb=8, compute_efficiency=0.2128,
-    decode_compute_efficiency=0.08069, bw_efficiency=0.9651, attn_bw_efficiency=1.0,
-    prefill_attn_efficiency=0.4207, step_overhead_s=1.418e-05, request_overhead_s=0.1073,
+    "Xeon-core", peak_tflops=0.16, mem_bw_gbs=12.0, mem_gb=8, compute_efficiency=0.3415,
+    decode_compute_efficiency=0.312, bw_efficiency=0.6276, attn_bw_efficiency=0.8034,
+    prefill_attn_efficiency=0.6215, step_overhead_s=1.717e-05, request_overhead_s=1e-05,
     interconnect_gbs=0.0, overlap_compute_memory=False)
 
 

@@ -34,10 +34,11 @@ a CPU decode step grow with the batch: the weights are read once per step, but e
 sequence's dot products cost the core its own time, where a GPU hides a small batch's FLOPs
 under the weight read. There, too, a decode token's GEMM rows run at their own compute
 efficiency (``decode_compute_efficiency``): a batch of a few decode rows runs llama.cpp's
-quantised matrix-vector path, which amortises each dequantised weight block over fewer rows
-than a prefill chunk's matrix-matrix path does (fitted on this build: 0.08 vs 0.21 of the
-core's fp32 peak, ``benchmarks/real_vs_sim.py --calibrate --fit-batched``). The GPU
-profiles keep the maximum (and ignore that class).
+quantised matrix-vector path rather than a prefill chunk's matrix-matrix one (fitted on this
+build with contention taken out: 0.31 vs 0.34 of the core's fp32 peak, nearly equal — the
+serial roofline is what makes a batch's decode grow; ``benchmarks/real_vs_sim.py
+--calibrate --cpu-share --fit-batched``). The GPU profiles keep the maximum (and ignore
+that class).
 
 Everything here works on Python floats and on numpy arrays alike with the same float
 operations in the same order, so a vectorised run of decode steps gives bit-identical times
