@@ -76,6 +76,14 @@ class GPUProfile:
     # Fixed cost per request outside the GPU loop (HTTP, tokenisation, streaming).
     request_overhead_s: float = 0.0
     interconnect_gbs: float = 25.0  # per-direction GPU-GPU bandwidth (PCIe 4.0 x16 ~ 25)
+    # Whether an operator's compute and memory traffic overlap, so it takes the larger of
+    # the two (a GPU: thousands of warps hide loads under FLOPs), or add (one CPU core: the
+    # same thread streams the weights and runs the dequantising dot products, so each
+    # sequence of a decode batch costs its own compute on top of the shared weight read).
+    overlap_compute_memory: bool = True
+    # Where they do not overlap: fraction of peak FLOP/s a decode token's GEMM rows reach
+    # (matrix-vector dot products; agentflow.step_time). Unused where they overlap.
+    decode_compute_efficiency: float = _F["compute_efficiency"]
     comm_latency_s: float = 2e-5  # latency of one all-reduce
 
 
@@ -93,6 +101,7 @@ class ModelProfile:
     kv_bits: int = 16
     ffn_hidden: int = 0  # MLP intermediate size per token (MoE: active experts'); 0: 4*hidden
     vocab: int = 128256
+    head_bits: int = 16  # LM head weights (GGUF files often keep a tied embedding in 8 bits)
 
     @property
     def weight_bytes(self) -> float:
@@ -134,24 +143,32 @@ MODELS: dict[str, ModelProfile] = {m.name: m for m in (
     # The embedded default (llama.cpp on CPU): timed by measurement, not by a roofline.
     ModelProfile("gemma-3-270m", params_b=0.27, active_params_b=0.27, layers=18, hidden=640,
                  heads=4, kv_heads=1, head_dim=256, weight_bits=4, ffn_hidden=2048,
-                 vocab=262144),
+                 vocab=262144, head_bits=8),  # Q4_K_M's tied embedding is Q8_0
 )}
 
 
 # One CPU core running llama.cpp's llama-server (the llama_server backend, pinned with
 # ``cores``), for simulating CPU clusters and checking the simulator against a real batching
 # engine (benchmarks/real_vs_sim.py). Peak: AVX-512, 2 FMA ports x 16 fp32 lanes at ~2.5 GHz;
-# bandwidth: what one core streams. The efficiencies and overheads are fitted to single
-# requests of gemma-3-270m Q4_K_M on this project's build machine (a Sapphire Rapids Xeon)
-# by ``benchmarks/real_vs_sim.py --calibrate``; ``mem_gb`` is the memory one instance may use.
-# Fitted 2026-12-01 10:07 UTC on 12 requests (prompts 32-2048, outputs 1-96) with the two
-# cores lightly shared (load ~2.5): median error 7.7%, max 15.7%. (Fitted at load ~15 half an
-# hour earlier, the same grid gave compute 0.37 / bandwidth 0.12: what a core delivers moves
-# with what else runs on it.)
+# bandwidth: what one core streams. Compute and memory do not overlap on it
+# (``overlap_compute_memory``), and a decode token's GEMM rows have their own compute
+# efficiency (agentflow.step_time). The efficiencies and overheads are fitted to gemma-3-270m
+# Q4_K_M on this project's build machine (a Sapphire Rapids Xeon, 2 cores shared with other
+# work) by ``benchmarks/real_vs_sim.py --calibrate --cpu-share --fit-batched``: 24 single
+# requests (prompts 32-2048, outputs 1-96) and 8 batches of 2 and 4 equal requests,
+# 2026-12-01 11:56-12:02 UTC at load 4-6, each row's times scaled by the share of its core
+# the server process got (0.34-0.70, from /proc), so the profile is a dedicated core's.
+# Fit error over the 48 times: median 6.2%, max 30%; batched rows median 4.1%. Fitted on
+# single requests alone, the batched rows come out up to 44% long (single requests cannot
+# separate the per-sequence decode compute from the per-step weight read). Without the
+# share correction (same grid, 11:15-11:21, load 3-4) the fit was median 22%, max 47%, and
+# read a decode compute efficiency of 0.08: contention, not physics. ``mem_gb`` is the
+# memory one instance may use.
 GPUS["Xeon-core"] = GPUProfile(
-    "Xeon-core", peak_tflops=0.16, mem_bw_gbs=12.0, mem_gb=8, compute_efficiency=0.7261,
-    bw_efficiency=0.2512, attn_bw_efficiency=0.3171, step_overhead_s=0.003951,
-    request_overhead_s=0.09026, interconnect_gbs=0.0)
+    "Xeon-core", peak_tflops=0.16, mem_bw_gbs=12.0, mem_gb=8, compute_efficiency=0.3415,
+    decode_compute_efficiency=0.312, bw_efficiency=0.6276, attn_bw_efficiency=0.8034,
+    prefill_attn_efficiency=0.6215, step_overhead_s=1.717e-05, request_overhead_s=1e-05,
+    interconnect_gbs=0.0, overlap_compute_memory=False)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,19 @@ times the layers; plus, once per step, the LM head at ``S`` rows, the tensor-par
 all-reduces (``tp > 1``) and a fixed per-step overhead (scheduling, input preparation,
 sampling, launch).
 
+Where compute and memory do not overlap (``GPUProfile.overlap_compute_memory`` false: one CPU
+core running llama.cpp, whose one thread both streams the weights and does the dequantising
+dot products), an operator's two terms add instead of taking their maximum. That is what makes
+a CPU decode step grow with the batch: the weights are read once per step, but every
+sequence's dot products cost the core its own time, where a GPU hides a small batch's FLOPs
+under the weight read. There, too, a decode token's GEMM rows run at their own compute
+efficiency (``decode_compute_efficiency``): a batch of a few decode rows runs llama.cpp's
+quantised matrix-vector path rather than a prefill chunk's matrix-matrix one (fitted on this
+build with contention taken out: 0.31 vs 0.34 of the core's fp32 peak, nearly equal — the
+serial roofline is what makes a batch's decode grow; ``benchmarks/real_vs_sim.py
+--calibrate --cpu-share --fit-batched``). The GPU profiles keep the maximum (and ignore
+that class).
+
 Everything here works on Python floats and on numpy arrays alike with the same float
 operations in the same order, so a vectorised run of decode steps gives bit-identical times
 to steps computed one at a time.
@@ -35,6 +48,7 @@ to steps computed one at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +60,11 @@ def _max(a, b):
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.maximum(a, b)
     return a if a >= b else b
+
+
+def _add(a, b):
+    """The serial roofline: compute and memory time do not hide each other."""
+    return a + b
 
 
 @dataclass(frozen=True)
@@ -64,22 +83,31 @@ class StepShape:
     def of(cls, ns, contexts) -> StepShape:
         """Sequence ``i`` computes ``ns[i]`` tokens on top of ``contexts[i]`` cached ones; one
         token is a decode (a decode kernel attends to it), more a prefill chunk."""
-        T = S = B = dkv = pt = pp = pkv = 0
+        ns, contexts = [int(n) for n in ns], [int(c) for c in contexts]
         for n, c in zip(ns, contexts):
-            n, c = int(n), int(c)
             if n < 1 or c < 0:
                 raise ValueError(f"a sequence computes >= 1 token over >= 0 cached ones, got "
                                  f"{n} over {c}")
-            T += n
-            S += 1
-            if n == 1:
-                B += 1
-                dkv += c + 1
-            else:
-                pt += n
-                pp += n * c + n * (n + 1) // 2
-                pkv += c + n
-        return cls(T, S, B, dkv, pt, pp, pkv)
+        return cls(*step_sums(ns, contexts))
+
+
+def step_sums(ns, contexts) -> tuple[int, int, int, int, int, int, int]:
+    """``(T, S, B, decode_kv, prefill_tokens, prefill_pairs, prefill_kv)`` of a step, without
+    checks: the one place a step's shape is summed, shared by ``StepShape.of`` (which checks
+    first) and the simulated engine's scheduler (which builds the counts itself, once per
+    scheduling decision, where a dataclass and checks would cost it time)."""
+    T = S = B = dkv = pt = pp = pkv = 0
+    for n, c in zip(ns, contexts):
+        T += n
+        S += 1
+        if n == 1:
+            B += 1
+            dkv += c + 1
+        else:
+            pt += n
+            pp += n * c + n * (n + 1) // 2
+            pkv += c + n
+    return T, S, B, dkv, pt, pp, pkv
 
 
 class OperatorModel:
@@ -101,7 +129,11 @@ class OperatorModel:
         self.layers = m.layers
         peak = gpu.peak_tflops * 1e12  # one GPU: the work below is per GPU
         bw = gpu.mem_bw_gbs * 1e9
+        # max(compute, memory) where the two overlap (GPUs), their sum where they do not.
+        self._serial = not gpu.overlap_compute_memory
+        self._roof = _add if self._serial else _max
         self._f_lin = peak * gpu.compute_efficiency
+        self._f_dec = peak * gpu.decode_compute_efficiency
         self._b_lin = bw * gpu.bw_efficiency
         # GEMMs of one layer as (in, out) features.
         attn_params = m.hidden * (qd + 2 * kvd) + qd * m.hidden
@@ -137,10 +169,11 @@ class OperatorModel:
         self._lat_dec = gpu.decode_attn_latency_s
         self._f_pf = peak * gpu.prefill_attn_efficiency
         self._lat_pf = gpu.prefill_attn_latency_s
-        self._lm = (m.hidden, m.vocab / tp, m.hidden * m.vocab * 2 / tp)  # 16-bit head
+        self._lm = (m.hidden, m.vocab / tp, m.hidden * m.vocab * m.head_bits / 8 / tp)
         self._overhead = gpu.step_overhead_s
-        self._per_tok: dict[int, float] = {}  # T -> linear + element-wise seconds per layer
-        self._head: dict[int, float] = {}  # S -> LM head seconds
+        # T (serial: (T, B)) -> linear + element-wise seconds per layer; S (or (S, B)) -> head
+        self._per_tok: dict[Any, float] = {}
+        self._head: dict[Any, float] = {}
         self._comm = None
         if tp > 1:
             self._comm = (2 * m.layers * gpu.comm_latency_s,
@@ -157,13 +190,27 @@ class OperatorModel:
             w = w * expert * (1.0 - (1.0 - self._moe_rho) ** T)
         return 2.0 * k * n / self.tp * T, w + 2.0 * (k + n) / self.tp * T
 
-    def gemm(self, i: int, T):
+    def gemm(self, i: int, T, B=0):
+        """GEMM ``i`` at ``T`` tokens, ``B`` of them decode rows (they matter only where
+        compute and memory do not overlap: see ``_compute_s``)."""
         flops, nbytes = self.gemm_work(i, T)
+        if self._serial:
+            return self._lat_lin + self._compute_s(flops, T, B) + nbytes / self._b_lin
         return self._lat_lin + _max(flops / self._f_lin, nbytes / self._b_lin)
 
-    def linear(self, T):
-        """The layer's four GEMMs at ``T`` tokens."""
-        return self.gemm(0, T) + self.gemm(1, T) + self.gemm(2, T) + self.gemm(3, T)
+    def _compute_s(self, flops, rows, decode_rows):
+        """Compute seconds of a serial (CPU) GEMM whose ``decode_rows`` of ``rows`` are
+        decode tokens: those run at the decode efficiency, the others at the prefill one
+        (one kernel runs them all; the split prices a mixed step between the two)."""
+        if not rows:
+            return 0.0
+        return flops * ((rows - decode_rows) / rows / self._f_lin
+                        + decode_rows / rows / self._f_dec)
+
+    def linear(self, T, B=0):
+        """The layer's four GEMMs at ``T`` tokens (``B`` of them decodes)."""
+        return (self.gemm(0, T, B) + self.gemm(1, T, B) + self.gemm(2, T, B)
+                + self.gemm(3, T, B))
 
     def norms_act_bytes(self, T):
         return self._elem_tok * T
@@ -190,25 +237,28 @@ class OperatorModel:
         """One decode-attention kernel: ``B`` sequences attending to ``kv_tokens`` in all."""
         if not B:
             return 0.0
-        return self._lat_dec + _max(self._flop_pair * kv_tokens / self._f_pf,
-                                    (self._kv_tok * kv_tokens + self._q_tok * B) / self._b_dec)
+        return self._lat_dec + self._roof(self._flop_pair * kv_tokens / self._f_pf,
+                                          (self._kv_tok * kv_tokens + self._q_tok * B)
+                                          / self._b_dec)
 
     def prefill_attention(self, tokens, pairs, kv_tokens):
         """One prefill-attention kernel over chunks of ``tokens`` in all."""
         if not tokens:
             return 0.0
-        return self._lat_pf + _max(self._flop_pair * pairs / self._f_pf,
-                                   (self._kv_tok * kv_tokens + self._q_tok * tokens)
-                                   / self._b_dec)
+        return self._lat_pf + self._roof(self._flop_pair * pairs / self._f_pf,
+                                         (self._kv_tok * kv_tokens + self._q_tok * tokens)
+                                         / self._b_dec)
 
     # ------------------------------------------------------------------- once per step
     def lm_head_work(self, S):
-        """(FLOPs, bytes) of the LM head (16-bit) over ``S`` rows, on one GPU."""
+        """(FLOPs, bytes) of the LM head (``head_bits`` weights) over ``S`` rows, on one GPU."""
         k, n, w = self._lm
         return 2.0 * k * n * S, w + 2.0 * (k + n) * S
 
-    def lm_head(self, S):
+    def lm_head(self, S, B=0):
         flops, nbytes = self.lm_head_work(S)
+        if self._serial:
+            return self._lat_lin + self._compute_s(flops, S, B) + nbytes / self._b_lin
         return self._lat_lin + _max(flops / self._f_lin, nbytes / self._b_lin)
 
     def allreduce(self, T):
@@ -232,12 +282,14 @@ class OperatorModel:
 
     def step_parts(self, T, S, B, decode_kv, pf_tokens=0, pf_pairs=0, pf_kv=0):
         """``step`` on the sums directly; ``decode_kv`` may be an array (one step each)."""
-        per_tok = self._per_tok.get(T)
-        if per_tok is None:  # a simulation sees few distinct step sizes
-            per_tok = self._per_tok[T] = float(self.linear(T) + self.elementwise(T))
-        head = self._head.get(S)
+        # a simulation sees few distinct step sizes (and, serial, decode counts)
+        kt, ks = ((T, B), (S, B)) if self._serial else (T, S)
+        per_tok = self._per_tok.get(kt)
+        if per_tok is None:
+            per_tok = self._per_tok[kt] = float(self.linear(T, B) + self.elementwise(T))
+        head = self._head.get(ks)
         if head is None:
-            head = self._head[S] = float(self.lm_head(S))
+            head = self._head[ks] = float(self.lm_head(S, B))
         layer = (per_tok + self.decode_attention(B, decode_kv)
                  + self.prefill_attention(pf_tokens, pf_pairs, pf_kv))
         return layer * self.layers + head + self.fixed(T)
@@ -246,13 +298,13 @@ class OperatorModel:
         """Seconds per operator class over all layers, and the per-step terms."""
         L = self.layers
         out = {
-            "linear": float(self.linear(shape.tokens)) * L,
+            "linear": float(self.linear(shape.tokens, shape.decode_seqs)) * L,
             "elementwise": float(self.elementwise(shape.tokens)) * L,
             "decode_attention": float(self.decode_attention(shape.decode_seqs,
                                                             shape.decode_kv)) * L,
             "prefill_attention": float(self.prefill_attention(
                 shape.prefill_tokens, shape.prefill_pairs, shape.prefill_kv)) * L,
-            "lm_head": float(self.lm_head(shape.seqs)),
+            "lm_head": float(self.lm_head(shape.seqs, shape.decode_seqs)),
             "allreduce": float(self.allreduce(shape.tokens)),
             "overhead": self._overhead,
         }

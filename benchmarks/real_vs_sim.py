@@ -149,6 +149,9 @@ class Outcome:
     finish: dict[str, float] = field(default_factory=dict)
     prompt_tokens: dict[str, int] = field(default_factory=dict)  # as the engine counted
     wall_s: float = 0.0
+    # Real side: per instance, the share of a core its server got while it had work (CPU
+    # seconds of the process over the wall seconds with a call in flight).
+    cpu_share: dict[str, float] = field(default_factory=dict)
 
     def call_latency(self, cid: str) -> float:
         return self.finish[cid] - self.submit[cid]
@@ -276,10 +279,34 @@ async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, 
                                f"{c.output_tokens} (is ignore_eos reaching the server?)")
         done[c.id].set()
 
+    cpu0 = {n: cpu_seconds(b) for n, b in backends.items()}
     await asyncio.gather(*(run_call(c, w.arrivals[qi]) for qi, cs in enumerate(w.calls)
                            for c in cs))
     out.wall_s = time.perf_counter() - t0
+    for name, b in backends.items():
+        used, start = cpu_seconds(b), cpu0[name]
+        busy = busy_seconds([(out.submit[c.id], out.finish[c.id]) for cs in w.calls
+                             for c in cs if c.instance == name])
+        if used is not None and start is not None and busy > 0:
+            out.cpu_share[name] = min(1.0, (used - start) / busy)
     return out
+
+
+def cpu_seconds(backend: Any) -> float | None:
+    """CPU seconds the backend's server process has used, where it can say."""
+    read = getattr(backend, "cpu_seconds", None)
+    return read() if read is not None else None
+
+
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``intervals``."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
 
 
 def start_backends(cluster_path: str) -> dict[str, Any]:
@@ -321,6 +348,11 @@ def tokenizer_of(backends: dict[str, Any], given: str | None) -> str:
 # --------------------------------------------------------------------------- calibration
 CAL_PROMPTS = (32, 256, 1024, 2048)
 CAL_OUTPUTS = (1, 24, 96)
+# Batched decode: B requests of one shape submitted together. Single requests cannot tell a
+# per-step cost from a per-sequence one (every step has one sequence), and on a CPU core
+# the per-sequence decode compute is what grows a batch's step (agentflow.step_time).
+CAL_BATCHES = (2, 4)
+CAL_BATCH_SHAPES = ((32, 64), (512, 64))
 
 
 def measure_single(backend: Any, maker: PromptMaker, repeats: int,
@@ -333,9 +365,13 @@ def measure_single(backend: Any, maker: PromptMaker, repeats: int,
 
     async def one(p: int, o: int) -> tuple:
         req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        c0 = cpu_seconds(backend)
         t = time.perf_counter()
         res = await backend.generate(req)
-        return (res.prompt_tokens, o, res.ttft_s, time.perf_counter() - t)
+        elapsed = time.perf_counter() - t
+        c1 = cpu_seconds(backend)
+        share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and c1 is not None else 1.0
+        return (res.prompt_tokens, o, res.ttft_s, elapsed, share)
 
     async def all_rows() -> None:
         await one(16, 2)  # warm-up
@@ -344,7 +380,39 @@ def measure_single(backend: Any, maker: PromptMaker, repeats: int,
                 for o in CAL_OUTPUTS:
                     rows.append(await one(p, o))
                     print(f"  prompt {rows[-1][0]:5d} output {o:4d}: ttft {rows[-1][2]:.3f} s "
-                          f"total {rows[-1][3]:.3f} s", flush=True)
+                          f"total {rows[-1][3]:.3f} s, core share {rows[-1][4]:.2f}",
+                          flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
+def measure_batched(backend: Any, maker: PromptMaker, repeats: int,
+                    loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(batch, prompt, output, mean total_s) of ``batch`` equal requests sent at once."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int) -> tuple[int, float]:
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        return res.prompt_tokens, time.perf_counter() - t
+
+    async def all_rows() -> None:
+        for _ in range(repeats):
+            for b in CAL_BATCHES:
+                for p, o in CAL_BATCH_SHAPES:
+                    c0, t = cpu_seconds(backend), time.perf_counter()
+                    got = await asyncio.gather(*(one(p, o) for _ in range(b)))
+                    elapsed, c1 = time.perf_counter() - t, cpu_seconds(backend)
+                    share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and \
+                        c1 is not None else 1.0
+                    served = round(float(np.mean([g[0] for g in got])))
+                    rows.append((b, served, o, float(np.mean([g[1] for g in got])), share))
+                    print(f"  batch {b} x prompt {served:5d} output {o:4d}: mean total "
+                          f"{rows[-1][3]:.3f} s, core share {share:.2f}", flush=True)
 
     loop.run_until_complete(all_rows())
     return rows
@@ -353,30 +421,50 @@ def measure_single(backend: Any, maker: PromptMaker, repeats: int,
 # The profile's efficiencies and overheads that single requests identify (prefill compute,
 # weight streaming, KV reads, per step, per request); an operator-level engine's prefill
 # attention efficiency too, where the profile has one.
-FIT_FIELDS = tuple(f for f in ("compute_efficiency", "bw_efficiency", "attn_bw_efficiency",
+FIT_FIELDS = tuple(f for f in ("compute_efficiency", "decode_compute_efficiency",
+                               "bw_efficiency", "attn_bw_efficiency",
                                "prefill_attn_efficiency", "step_overhead_s",
                                "request_overhead_s")
                    if f in hardware.GPUProfile.__dataclass_fields__)
+# Bandwidth fractions cannot pass 1; compute ones can (the profile's peak is fp32 FMA, and
+# llama.cpp's quantised dot products run on int8 VNNI).
+_UPPER = {"bw_efficiency": 1.0, "attn_bw_efficiency": 1.0}
+
+
+def sim_batch(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+              batch: int, prompt: int, output: int) -> tuple[float, float]:
+    """(first token, mean finish) of ``batch`` equal requests arriving together, in s."""
+    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      use_calibration=False)
+    for i in range(batch):
+        eng.add(f"x{i}", prompt, output, 0, 0.0)
+    ttft, ends = 0.0, []
+    while (t := eng.next_event_time()) is not None:
+        for ev in eng.step_until(t):
+            if ev.kind == "first_token" and not ttft:
+                ttft = ev.time
+            if ev.kind == "finished":
+                ends.append(ev.time)
+    return ttft, float(np.mean(ends))
 
 
 def sim_single(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
                prompt: int, output: int) -> tuple[float, float]:
-    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
-                      max_num_batched_tokens=limits.max_num_batched_tokens,
-                      use_calibration=False)
-    eng.add("x", prompt, output, 0, 0.0)
-    ttft = total = 0.0
-    while (t := eng.next_event_time()) is not None:
-        for ev in eng.step_until(t):
-            if ev.kind == "first_token":
-                ttft = ev.time
-            if ev.kind == "finished":
-                total = ev.time
-    return ttft, total
+    return sim_batch(gpu, model, limits, 1, prompt, output)
+
+
+def batch_residuals(g: hardware.GPUProfile, model: hardware.ModelProfile,
+                    limits: InstanceConfig, batched: list[tuple]) -> np.ndarray:
+    """Relative error of the simulated mean latency of each batched row."""
+    return np.asarray([(sim_batch(g, model, limits, b, p, o)[1] - total) / total
+                       for b, p, o, total in batched])
 
 
 def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.ModelProfile,
-                limits: InstanceConfig) -> hardware.GPUProfile:
+                limits: InstanceConfig, batched: list[tuple] = ()) -> hardware.GPUProfile:
+    """Least squares on the single rows (prefill and decode time) and, if given, the
+    batched rows' mean latency."""
     from scipy.optimize import least_squares
 
     def profile(x: np.ndarray) -> hardware.GPUProfile:
@@ -390,20 +478,21 @@ def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.Mo
             res.append((s_ttft - ttft) / ttft)
             if o > 1:
                 res.append(((s_total - s_ttft) - (total - ttft)) / (total - ttft))
-        return np.asarray(res)
+        return np.concatenate([np.asarray(res), batch_residuals(g, model, limits,
+                                                                list(batched))])
 
-    x0 = np.log([getattr(base, f) or 1e-3 for f in FIT_FIELDS])
-    fit = least_squares(residuals, x0, bounds=(np.log(1e-5), np.log(10.0)), x_scale=1.0,
-                        diff_step=1e-3)
+    upper = np.log([_UPPER.get(f, 10.0) for f in FIT_FIELDS])
+    x0 = np.minimum(np.log([getattr(base, f) or 1e-3 for f in FIT_FIELDS]), upper - 1e-3)
+    fit = least_squares(residuals, x0, bounds=(np.full(len(FIT_FIELDS), np.log(1e-5)), upper),
+                        x_scale=1.0, diff_step=1e-3)
     err = np.abs(residuals(fit.x))
     print(f"fit: median |rel err| {np.median(err) * 100:.1f}%, max {err.max() * 100:.1f}% "
-          f"over {len(err)} prefill/decode times")
+          f"over {len(err)} prefill/decode/batch times")
     return profile(fit.x)
 
 
-def calibrate(args: argparse.Namespace) -> None:
-    cluster = load_cluster(args.cluster)
-    name, cfg = cluster.expanded()[0]
+def measure_calibration(args: argparse.Namespace, name: str, cfg: InstanceConfig
+                        ) -> tuple[list[tuple], list[tuple]]:
     backends = start_backends(args.cluster)
     loop = asyncio.new_event_loop()
     try:
@@ -411,15 +500,64 @@ def calibrate(args: argparse.Namespace) -> None:
         maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
         print(f"# single requests on {name} ({cfg.gpu}, {cfg.model})")
         rows = measure_single(backend, maker, args.repeats, loop)
+        print(f"# batched decode on {name}")
+        batched = measure_batched(backend, maker, args.repeats, loop)
     finally:
         loop.run_until_complete(close_all(backends))
         loop.close()
+    return rows, batched
+
+
+def dedicated(rows: list[tuple], times: slice, by_share: bool) -> list[tuple]:
+    """Rows without their last column, the share of the core the server got (rows saved
+    before shares were recorded have none: 1.0); with ``by_share`` the ``times`` columns
+    are scaled by it, to the seconds a dedicated core would have taken."""
+    out = []
+    for r in rows:
+        width = times.stop
+        share = r[width] if by_share and len(r) > width else 1.0
+        cols = list(r[:width])
+        cols[times] = [v * share for v in cols[times]]
+        out.append(tuple(cols))
+    return out
+
+
+def print_batch_check(label: str, g: hardware.GPUProfile, model: hardware.ModelProfile,
+                      limits: InstanceConfig, batched: list[tuple]) -> None:
+    err = batch_residuals(g, model, limits, batched)
+    cells = ", ".join(f"B{b}/p{p}: {e * 100:+.1f}%" for (b, p, _, _), e in zip(batched, err))
+    print(f"{label}: batched rows sim vs real {cells}; median |err| "
+          f"{np.median(np.abs(err)) * 100:.1f}%")
+
+
+def calibrate(args: argparse.Namespace) -> None:
+    cluster = load_cluster(args.cluster)
+    name, cfg = cluster.expanded()[0]
+    if args.refit:  # the rows of an earlier --calibrate --json, fitted again
+        saved = json.loads(Path(args.refit).read_text())
+        rows = [tuple(r) for r in saved["rows"]]
+        batched = [tuple(r) for r in saved.get("batched", [])]
+    else:
+        rows, batched = measure_calibration(args, name, cfg)
     model = engine_for(name, engine_limits(cfg)).model
-    fitted = fit_profile(rows, hardware.gpu(cfg.gpu), model, engine_limits(cfg))
+    limits = engine_limits(cfg)
+    if args.fit_batched and not batched:
+        raise SystemExit("--fit-batched: no batched rows to fit")
+    saved_rows, saved_batched = rows, batched
+    rows = dedicated(rows, slice(2, 4), args.cpu_share)  # prompt, output, ttft, total
+    batched = dedicated(batched, slice(3, 4), args.cpu_share)  # batch, prompt, output, total
+    base = hardware.gpu(cfg.gpu)
+    print_batch_check("current profile", base, model, limits, batched)
+    single = fit_profile(rows, base, model, limits)
+    print_batch_check("fitted on single requests", single, model, limits, batched)
+    fitted = fit_profile(rows, base, model, limits, batched) if args.fit_batched else single
+    if args.fit_batched:
+        print_batch_check("fitted on single + batched", fitted, model, limits, batched)
     print("# fitted profile (paste into agentflow/hardware.py):")
     print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in FIT_FIELDS))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "fitted": {
+        Path(args.json).write_text(json.dumps({"rows": saved_rows, "batched": saved_batched,
+                                               "cpu_share": args.cpu_share, "fitted": {
             f: getattr(fitted, f) for f in FIT_FIELDS}}, indent=1))
 
 
@@ -455,6 +593,15 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
     return {"median_call_error": median_call, "p95_query_error": p95_query,
             "call_real_s": r_call.tolist(), "call_sim_s": s_call.tolist(),
             "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy}
+
+
+def error_figures(w: Workload, real: Outcome, sim: Outcome) -> dict[str, float]:
+    ids = [c.id for cs in w.calls for c in cs]
+    call = [relative(sim.call_latency(i), real.call_latency(i)) for i in ids]
+    query = [relative(sim.query_latency(w, q), real.query_latency(w, q))
+             for q in range(len(w.calls))]
+    return {"median_call_error": float(np.median(call)),
+            "p95_query_error": float(np.percentile(query, 95))}
 
 
 def save_plot(path: Path, r_call, s_call, r_q, s_q) -> None:
@@ -502,6 +649,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calibrate", action="store_true",
                     help="fit the hardware profile from single requests instead")
     ap.add_argument("--repeats", type=int, default=2, help="--calibrate: rounds of the grid")
+    ap.add_argument("--refit", metavar="JSON",
+                    help="--calibrate: fit the rows an earlier --calibrate --json saved")
+    ap.add_argument("--cpu-share", action="store_true",
+                    help="--calibrate: fit dedicated-core times (each row's times x the "
+                    "share of its core the server process got, from /proc)")
+    ap.add_argument("--fit-batched", action="store_true",
+                    help="--calibrate: fit on the batched-decode rows too (default: they "
+                    "only check the single-request fit)")
     args = ap.parse_args(argv)
     if args.calibrate:
         calibrate(args)
@@ -542,6 +697,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"real replay: {real.wall_s:.1f} s wall; prompt tokens as served vs planned: "
           f"mean |diff| {np.mean(off):.2f}, max {max(off)}")
     result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
+    if real.cpu_share:
+        # The same replay with each simulated core slowed to the share of its core the
+        # real server got (measured by the OS, not fitted): what the engine physics gets
+        # wrong once contention from other processes is taken out.
+        print("share of its core each server got while busy: " + ", ".join(
+            f"{n} {v:.2f}" for n, v in real.cpu_share.items()))
+        shared = sim_engines(args.cluster)
+        for name, e in shared.items():
+            e.slowdown = 1.0 / real.cpu_share.get(name, 1.0)
+        corrected = error_figures(w, real, replay_sim(w, shared))
+        result["cpu_share"] = real.cpu_share
+        result["share_corrected"] = corrected
+        print(f"share-corrected: median per call {corrected['median_call_error']:.4f}, "
+              f"P95 per query {corrected['p95_query_error']:.4f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), **result}, indent=1))
     print(f"median |sim-real|/real per call: {result['median_call_error']:.4f}")

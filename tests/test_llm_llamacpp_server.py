@@ -181,6 +181,28 @@ def test_supervisor_restarts_then_marks_dead(tmp_path):
     assert not backend.process.alive
 
 
+def test_cpu_seconds_of_the_server_process(tmp_path):
+    """What real_vs_sim divides by busy time to get the share of a core a server got: the
+    process's own user + system time from /proc, None once it is gone."""
+    script = tmp_path / "fake-llama-server"
+    script.write_text(_STAND_IN.format(python=sys.executable))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    backend = LlamaServerBackend({"type": "llama_server", "binary": str(script),
+                                  "model": str(model), "log_file": str(tmp_path / "s.log")})
+    try:
+        used = backend.cpu_seconds()
+        assert used is not None and used > 0  # a Python interpreter started: CPU was used
+        pid = backend.process.pid
+        stat_fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(stat_fields[11]) + int(stat_fields[12])
+        assert backend.cpu_seconds() >= ticks / os.sysconf("SC_CLK_TCK") >= used
+    finally:
+        asyncio.run(backend.close())
+    assert backend.cpu_seconds() is None
+
+
 def test_missing_model_is_a_clear_error(tmp_path):
     with pytest.raises(BackendError, match="GGUF model not found"):
         LlamaServerBackend({"type": "llama_server", "binary": "/bin/true",

@@ -79,3 +79,60 @@ def test_simulated_replay_runs_every_call_after_its_parents():
                              max_prompt=None, max_output=None, assign="query")
     alone = replay_sim(alone_w, sim_engines(str(CLUSTER)))
     assert out.call_latency(b) > alone.call_latency("q0/b") * 1.05
+
+
+def test_batched_rows_identify_the_per_sequence_decode_compute():
+    """Rows timed by a known profile: fitted on single requests plus batched decode, the
+    fit recovers the decode-compute efficiency that single requests alone cannot pin."""
+    from dataclasses import replace
+
+    from real_vs_sim import fit_profile, sim_batch
+
+    from agentflow import hardware
+
+    limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
+                                          backend={"type": "llama_server", "parallel": 4}))
+    model = hardware.model("gemma-3-270m")
+    truth = replace(hardware.gpu("Xeon-core"), decode_compute_efficiency=0.05,
+                    compute_efficiency=0.3)
+    rows = []
+    for p in (32, 512):
+        for o in (1, 24):
+            ttft, total = sim_batch(truth, model, limits, 1, p, o)
+            rows.append((p, o, ttft, total))
+    batched = [(b, p, 32, sim_batch(truth, model, limits, b, p, 32)[1])
+               for b in (2, 4) for p in (32, 512)]
+    start = replace(truth, decode_compute_efficiency=0.2, compute_efficiency=0.2)
+    fitted = fit_profile(rows, start, model, limits, batched)
+    assert fitted.decode_compute_efficiency == pytest.approx(0.05, rel=0.1)
+    assert fitted.compute_efficiency == pytest.approx(0.3, rel=0.1)
+
+
+def test_busy_time_is_the_union_of_the_calls_in_flight():
+    from real_vs_sim import busy_seconds
+
+    assert busy_seconds([]) == 0.0
+    assert busy_seconds([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == pytest.approx(4.0)
+
+
+def test_calibration_rows_scaled_to_a_dedicated_core_by_their_share():
+    from real_vs_sim import dedicated
+
+    single = [(32, 24, 0.5, 2.0, 0.5), (256, 1, 1.0, 1.0)]  # the second saved without share
+    assert dedicated(single, slice(2, 4), True) == [(32, 24, 0.25, 1.0), (256, 1, 1.0, 1.0)]
+    assert dedicated(single, slice(2, 4), False) == [(32, 24, 0.5, 2.0), (256, 1, 1.0, 1.0)]
+    assert dedicated([(4, 32, 64, 10.0, 0.4)], slice(3, 4), True) == [(4, 32, 64, 4.0)]
+
+
+def test_policy_comparison_runs_both_sides_on_the_same_scaled_workload():
+    """benchmarks/real_policies.py: the trace both sides replay is scaled once (calls'
+    tokens, tool durations), and the simulated cluster has llama-server's slot limits."""
+    from real_policies import scaled_trace, sim_cluster
+
+    (q,) = scaled_trace([query("q")], 0.1, None, 5)
+    by = {n.id: n for n in q.nodes}
+    assert (by["b"].prompt_tokens, by["b"].output_tokens) == (120, 5)  # 6 capped at 5
+    assert by["t"].duration_s == pytest.approx(0.05)
+    assert [n.parents for n in q.nodes] == [n.parents for n in query("q").nodes]
+    cluster = sim_cluster(str(CLUSTER))
+    assert {i.max_num_seqs for i in cluster.instances} == {4}

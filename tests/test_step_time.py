@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from agentflow.cli.main import main as agentflow_main
 from agentflow.config import InstanceConfig
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.sim.engine import SimInstance, engine_for
-from agentflow.step_time import OperatorModel, StepShape
+from agentflow.step_time import OperatorModel, StepShape, step_sums
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = hardware.gpu("A100-80G")
@@ -208,3 +209,67 @@ def test_simulate_without_a_trace_still_asks_for_one(capsys):
         agentflow_main(["simulate"])
     assert exc.value.code == 2
     assert "--trace" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------- serial (CPU-core) operators
+XEON = hardware.gpu("Xeon-core")
+GEMMA = hardware.model("gemma-3-270m")
+
+
+def test_on_a_cpu_core_compute_and_memory_add_and_decode_rows_have_their_own_rate():
+    """A serial GEMM is latency + compute + bytes (not their max), with decode rows priced
+    at decode_compute_efficiency and prefill rows at compute_efficiency."""
+    ops = OperatorModel(XEON, GEMMA)
+    peak = XEON.peak_tflops * 1e12
+    for T, B in ((1, 1), (4, 4), (300, 0), (302, 2)):
+        flops, nbytes = ops.gemm_work(2, T)
+        want = (XEON.linear_latency_s + nbytes / (XEON.mem_bw_gbs * 1e9 * XEON.bw_efficiency)
+                + flops * B / T / (peak * XEON.decode_compute_efficiency)
+                + flops * (T - B) / T / (peak * XEON.compute_efficiency))
+        assert ops.gemm(2, T, B) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_cpu_decode_step_grows_by_each_sequences_compute_a_gpu_one_hides_it():
+    """The reason for the serial roofline: on one core every extra sequence of a decode
+    batch costs its own dot products on top of the shared weight read; the same profile
+    with compute and memory overlapping (a GPU's roofline) grows far less."""
+    serial = OperatorModel(XEON, GEMMA)
+    overlap = OperatorModel(replace(XEON, overlap_compute_memory=True), GEMMA)
+
+    def step(ops, b):
+        return ops.step(StepShape.of([1] * b, [100] * b))
+
+    per_seq = sum(serial.gemm_work(i, 1)[0] for i in range(4)) * GEMMA.layers
+    per_seq += serial.lm_head_work(1)[0]
+    per_seq /= XEON.peak_tflops * 1e12 * XEON.decode_compute_efficiency
+    growth = step(serial, 4) - step(serial, 1)
+    assert growth > 3 * per_seq  # plus three more sequences' attention and activations
+    assert growth < 3 * per_seq * 1.15
+    assert step(overlap, 4) - step(overlap, 1) < 0.5 * growth
+
+
+def test_gpu_profiles_overlap_and_ignore_the_decode_compute_class():
+    for g in hardware.GPUS.values():
+        if g.name != "Xeon-core":
+            assert g.overlap_compute_memory
+    shape = StepShape.of([1] * 8 + [512], [2048] * 8 + [0])
+    slower = replace(A100, decode_compute_efficiency=1e-4)
+    assert OperatorModel(slower, L8B).step(shape) == OperatorModel(A100, L8B).step(shape)
+
+
+def test_lm_head_bytes_follow_head_bits():
+    ops8 = OperatorModel(A100, replace(L8B, head_bits=8))
+    ops16 = OperatorModel(A100, L8B)
+    assert ops8.lm_head_work(1)[1] - 2 * (L8B.hidden + L8B.vocab) == pytest.approx(
+        (ops16.lm_head_work(1)[1] - 2 * (L8B.hidden + L8B.vocab)) / 2)
+    assert GEMMA.head_bits == 8  # the GGUF's tied embedding is Q8_0
+
+
+def test_step_sums_is_the_shape_the_engine_times():
+    """One builder of a step's sums: StepShape.of checks and uses it, and the simulated
+    engine's step for a mixed batch is the operator model's step of that shape."""
+    ns, ctx = [1, 1, 1, 700], [40, 900, 3000, 128]
+    assert StepShape.of(ns, ctx) == StepShape(*step_sums(ns, ctx))
+    eng = SimInstance(XEON, GEMMA, max_num_seqs=8)
+    assert eng.step_time(ns, ctx) == pytest.approx(
+        OperatorModel(XEON, GEMMA).step(StepShape.of(ns, ctx)) * eng.slowdown)

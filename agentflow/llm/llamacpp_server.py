@@ -230,6 +230,20 @@ class LlamaServerProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the server process has used (user + system, from ``/proc``), or None
+        where it cannot be read. Why: on a core shared with other work, wall time mixes the
+        engine's speed with its share of the core; CPU time over busy wall time is that
+        share (``benchmarks/real_vs_sim.py`` reports and corrects for it)."""
+        pid = self.pid
+        if pid is None:
+            return None
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     @property
     def alive(self) -> bool:
         """Running, healthy (not starting or restarting) and not given up on."""
@@ -446,6 +460,9 @@ class LlamaServerBackend(LLMBackend):
                 return super().count_tokens(text)
             return len(self._tokenizer.tokenize(text.encode("utf-8"), add_bos=False,
                                                 special=True))
+
+    def cpu_seconds(self) -> float | None:
+        return self.process.cpu_seconds()
 
     def metrics(self) -> dict[str, float]:
         """The server's ``/metrics``: ``requests_processing``, ``requests_deferred``,

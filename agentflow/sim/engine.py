@@ -97,7 +97,7 @@ import numpy as np
 
 from agentflow import hardware
 from agentflow.hardware import GPUProfile, ModelProfile
-from agentflow.step_time import OperatorModel, StepShape
+from agentflow.step_time import OperatorModel, StepShape, step_sums
 
 _WAITING, _PENDING, _RUNNING, _DONE, _ABORTED = range(5)
 
@@ -574,18 +574,7 @@ class SimInstance:
             return
         self.plans += 1
         nl = [ns[s] for s in sched]
-        T = sum(nl)
-        S = len(sched)
-        nd = dkv = pt = pp = pkv = 0  # decodes and their KV reads; prefill sums
-        for s, n in zip(sched, nl):
-            c = s.computed
-            if n == 1:
-                nd += 1
-                dkv += c + 1
-            else:
-                pt += n
-                pp += n * c + n * (n + 1) // 2
-                pkv += c + n
+        T, S, nd, dkv, pt, pp, pkv = step_sums(nl, [s.computed for s in sched])
         run = (self.jump_ahead and not preempted and T == len(sched) == len(running)
                and all(s.prompt + s.generated - s.computed == 1 for s in sched))
         if not run:
