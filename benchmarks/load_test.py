@@ -18,19 +18,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from served import percentile, serve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = "SELECT count(*) FROM stores"
@@ -62,15 +62,6 @@ def questions() -> list[str]:
     return [e.question for e in load_dataset("demo").examples]
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def start_server(args: argparse.Namespace, faults: dict[int, list[dict]] | None = None,
                  scheduler: dict | None = None) -> tuple[subprocess.Popen, str, Path]:
     """``faults``: scripted faults by instance index (see ``agentflow.llm.scripted.Fault``);
@@ -86,29 +77,7 @@ def start_server(args: argparse.Namespace, faults: dict[int, list[dict]] | None 
               "scheduler": {"policy": args.policy, "max_active_queries": args.max_active,
                             **(scheduler or {})},
               "server": {"drain_s": 5}}
-    path = Path(tempfile.mkdtemp(prefix="agentflow-load-")) / "serve.json"
-    path.write_text(json.dumps(config))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "AGENTFLOW_API_KEYS"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--config", str(path),
-                             "--port", str(port), "--log-level", "warning", "--no-access-log"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url, path
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the server did not start within 60 s")
+    return serve(config, prefix="agentflow-load-", start_timeout_s=60)
 
 
 async def client(http: httpx.AsyncClient, url: str, todo: asyncio.Queue, qs: list[str],

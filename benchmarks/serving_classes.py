@@ -33,12 +33,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from served import percentile, serve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = "SELECT count(*) AS n FROM stores"
@@ -78,13 +78,7 @@ def median(values: list[float]) -> float:
 
 
 def p95(values: list[float]) -> float:
-    """Linear-interpolated 95th percentile (numpy's default rule)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * 0.95
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+    return percentile(values, 0.95)
 
 
 def server_config(args: argparse.Namespace, policy: str) -> dict[str, Any]:
@@ -103,29 +97,8 @@ def server_config(args: argparse.Namespace, policy: str) -> dict[str, Any]:
 
 
 def start_server(args: argparse.Namespace, policy: str) -> tuple[subprocess.Popen, str]:
-    path = Path(tempfile.mkdtemp(prefix="agentflow-classes-")) / "serve.json"
-    path.write_text(json.dumps(server_config(args, policy)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTFLOW_")}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--config", str(path),
-                             "--port", str(port), "--log-level", "warning", "--no-access-log"],
-                            cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {proc.stdout.read() if proc.stdout else ''}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the server did not start within 90 s")
+    proc, url, _ = serve(server_config(args, policy), prefix="agentflow-classes-")
+    return proc, url
 
 
 async def ask(http: httpx.AsyncClient, url: str, key: str, i: int) -> tuple[str, float | None]:

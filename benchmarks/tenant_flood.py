@@ -21,13 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
-import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from served import percentile, serve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = "SELECT count(*) FROM stores"
@@ -49,15 +48,6 @@ class Phase:
     flood_s: float = 0.0
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def start_server(args: argparse.Namespace, limited: bool) -> tuple[subprocess.Popen, str]:
     instances = [{"name": f"scripted-{i}", "max_inflight": args.inflight,
                   "backend": {"type": "scripted", "name": f"scripted-{i}",
@@ -70,29 +60,8 @@ def start_server(args: argparse.Namespace, limited: bool) -> tuple[subprocess.Po
               "scheduler": {"max_active_queries": args.max_active},
               "server": {"drain_s": 2, "tenants": [{"name": "victim", "keys": [VICTIM_KEY]},
                                                    flooder]}}
-    path = Path(tempfile.mkdtemp(prefix="agentflow-flood-")) / "serve.json"
-    path.write_text(json.dumps(config))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTFLOW_")}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--config", str(path),
-                             "--port", str(port), "--log-level", "warning", "--no-access-log"],
-                            cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the server did not start within 60 s")
+    proc, url, _ = serve(config, prefix="agentflow-flood-", start_timeout_s=60)
+    return proc, url
 
 
 def body(i: int, wait: bool = True) -> dict:
