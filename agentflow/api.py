@@ -500,6 +500,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
         graph = await asyncio.to_thread(pipeline.build, query, env)
         run = WorkflowRun(query, graph)
         from agentflow.scheduler import QueryRejected
+        from agentflow.scheduler.backlog import rejection_details
 
         try:
             self.router.start_query(query, run)
@@ -510,8 +511,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
             return Answer(query_id=query.id, question=question, db=entry.db_id,
                           pipeline=pipeline.name, status="rejected", error=err.reason,
                           sql=None, slo_s=slo, conversation_id=handle.conversation_id,
-                          details={"retry_after_s": err.retry_after_s,
-                                   **_rejection_details(err)})
+                          details=rejection_details(err))
         state: dict[str, Any] = {}
         try:
             state = await execute(run, self.router, env, state, observer=handle._emit)
@@ -576,15 +576,3 @@ __all__ = ["AgentFlow", "AgentflowError", "Answer", "ConversationNotFoundError",
            "DatabaseNotFoundError", "InvalidRequest", "QueryHandle", "ShuttingDownError",
            "SqlError", "connect"]
 
-
-def _rejection_details(err: Exception) -> dict[str, Any]:
-    """What a deadline-aware refusal adds to a rejected answer: its code and the earliest SLO
-    that would be feasible now, so a client can resubmit with it instead of guessing."""
-    code = getattr(err, "code", None)
-    earliest = getattr(err, "earliest_slo_s", None)
-    out: dict[str, Any] = {}
-    if code is not None:
-        out["code"] = code
-    if earliest is not None:
-        out["earliest_slo_s"] = round(float(earliest), 3)
-    return out

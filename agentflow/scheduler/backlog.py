@@ -117,3 +117,13 @@ class DeadlineRejected(QueryRejected):
                          f"of {earliest_slo_s:.0f} s would be feasible now",
                          retry_after_s=max(1.0, min(finish_s - budget_s, 3600.0)))
         self.earliest_slo_s = earliest_slo_s
+
+
+def rejection_details(err: QueryRejected) -> dict[str, Any]:
+    """What a rejected answer carries for its client: when to retry, and for a deadline
+    refusal its code and the earliest SLO that would be feasible now, so the client can
+    resubmit with it instead of guessing."""
+    details: dict[str, Any] = {"retry_after_s": err.retry_after_s}
+    if isinstance(err, DeadlineRejected):
+        details.update(code=err.code, earliest_slo_s=round(err.earliest_slo_s, 3))
+    return details
