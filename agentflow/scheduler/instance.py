@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from agentflow.scheduler.ranking import (
     next_switch,
     segment_at,
 )
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.classes import ClassLoad
 
 
 class InstanceQueue:
@@ -51,7 +54,7 @@ class InstanceQueue:
         self.check_reference = False  # tests: assert the fast pick equals the O(n) scan
         # (queue, best waiting call, its KV tokens) -> may it start now; None: capacity only
         self.gate: Callable[[InstanceQueue, ScheduledCall, int], bool] | None = None
-        self.class_load: Any = None  # scheduler.classes.ClassLoad, under class ranking
+        self.class_load: ClassLoad | None = None  # under class ranking
 
     @property
     def name(self) -> str:
