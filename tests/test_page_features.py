@@ -214,9 +214,11 @@ def test_follow_up_question_uses_the_previous_turn(server, browser) -> None:
     assert views[1]["query_id"] == first_id and views[0]["query_id"] != first_id
     page.screenshot(path=str(ARTIFACTS / "page-follow-up-desktop.png"), full_page=True)
     at_phone_width(page)
-    bars = page.locator(".tl-bar")
-    assert bars.count() > 0 and all((bars.nth(i).bounding_box() or {}).get("width", 0) > 0
-                                    for i in range(bars.count()))
+    # measured in one script: the legend (also .tl-bar swatches) is rebuilt every 2 s, so a
+    # bar looked up and then measured in two round trips can be detached in between
+    widths = page.evaluate("() => Array.from(document.querySelectorAll('#timeline .tl-bar'))"
+                           ".map((b) => b.getBoundingClientRect().width)")
+    assert widths and all(w > 0 for w in widths), widths
     page.screenshot(path=str(ARTIFACTS / "page-follow-up-414.png"), full_page=True)
     assert not page.errors, page.errors
     page.close()
