@@ -9,7 +9,10 @@ scheduler resolves it here.
 Lower ``rank`` is served first and shed last; it is also the per-request ``priority`` sent to
 vLLM (whose priority scheduling handles lower values first). ``slo_seconds`` is the deadline a
 query of the class gets when its request names none (None: no deadline). ``weight`` is the
-class's share of instance time when classes of equal rank compete.
+class's share of instance time when classes of equal rank compete: each (class, tenant) is
+charged instance seconds over class weight x tenant weight (``scheduler.fairness``), so with
+one tenant each, classes of weights 2 and 1 at one rank get instance time 2 : 1 while both
+wait. Classes of different ranks never share: rank is strict.
 """
 
 from __future__ import annotations
