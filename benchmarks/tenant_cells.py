@@ -28,20 +28,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policy_suite import cluster_named, find_l1, tenant_scenarios, workloads  # noqa: E402
 
-from agentflow.sim.driver import StageTiming  # noqa: E402
-from agentflow.sim.experiment import (  # noqa: E402
-    build_tenant_workload,
-    reference_latencies,
-    run_policy,
-)
+from agentflow.sim.driver import Simulation, StageTiming  # noqa: E402
+from agentflow.sim.experiment import build_tenant_workload, reference_latencies  # noqa: E402
 from agentflow.sim.slo import IdleLatency  # noqa: E402
 from agentflow.sim.workload import TenantSpec  # noqa: E402
 
 SPAN = 80  # queries of a tenant at 1 x L1, as the full grid
 
 
-def tenant_figures(records: list[Any], busy: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """Per tenant: queries, completed, P95 and max latency, instance seconds."""
+def tenant_figures(records: list[Any], busy: dict[str, float],
+                   stages: list[StageTiming] | None = None) -> dict[str, dict[str, Any]]:
+    """Per tenant: queries, completed, P95 and max latency, instance seconds; with
+    ``stages``, where its LLM stages spent their time (mean queue and run seconds) and on
+    which instances."""
     out: dict[str, dict[str, Any]] = {}
     for name in sorted({r.tenant for r in records if r.tenant is not None}):
         mine = [r for r in records if r.tenant == name]
@@ -50,24 +49,41 @@ def tenant_figures(records: list[Any], busy: dict[str, float]) -> dict[str, dict
                      "p95": float(np.percentile(lat, 95)) if lat else None,
                      "max": max(lat) if lat else None,
                      "instance_s": busy.get(name, 0.0)}
+        if stages is not None:
+            ids = {r.id for r in mine}
+            llm = [st for st in stages if st.kind == "llm" and st.query_id in ids]
+            if llm:
+                out[name]["queue_s"] = float(np.mean([st.queue_s for st in llm]))
+                out[name]["run_s"] = float(np.mean([st.run_s for st in llm]))
+                where: dict[str, int] = {}
+                for st in llm:
+                    where[str(st.instance)] = where.get(str(st.instance), 0) + 1
+                out[name]["instances"] = dict(sorted(where.items()))
     return out
 
 
-def run_cell(cluster_name: str, scenario: list[TenantSpec], policy: str, seed: int
+def run_cell(cluster_name: str, scenario: list[TenantSpec], policy: str, seed: int,
+             quantum_s: float | None = None, detail: bool = False
              ) -> dict[str, dict[str, Any]]:
     cluster = cluster_named(cluster_name)
     idle = IdleLatency(cluster)
     wl = build_tenant_workload(workloads()["trace1"], cluster, scenario, n=SPAN, seed=seed,
                                idle=idle)
     stages: list[StageTiming] = []
-    result = run_policy(cluster, wl, policy, slo_scale=2.0, on_stage=stages.append)
+    sim = Simulation(cluster, policy, on_stage=stages.append)  # as run_policy builds it
+    if wl.tenant_weights:
+        sim.coordinator.fairness.set_weights(wl.tenant_weights)
+    if quantum_s is not None:
+        sim.coordinator.fairness.quantum_s = quantum_s
+    result = sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s,
+                     tenants=wl.tenants, classes=wl.classes)
     owner = {r.id: r.tenant for r in result.records}
     busy: dict[str, float] = {}
     for st in stages:
         name = owner.get(st.query_id)
         if st.kind == "llm" and name is not None:
             busy[name] = busy.get(name, 0.0) + st.run_s
-    return tenant_figures(result.records, busy)
+    return tenant_figures(result.records, busy, stages if detail else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--l1-from", type=Path, help="an earlier grid's tenants.json (its L1s)")
     p.add_argument("--weights", default="",
                    help="NAME=WEIGHT,... tenant weights to put on the scenarios' tenants")
+    p.add_argument("--quantum", type=float, help="fairness quantum_s (default: the module's)")
+    p.add_argument("--detail", action="store_true",
+                   help="also each tenant's mean queue / run seconds per LLM stage, instances")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
@@ -99,11 +118,13 @@ def main(argv: list[str] | None = None) -> int:
                                       weight=weights.get(t.name, 1.0)) for t in tenants]
             for policy in args.policies.split(","):
                 t0 = time.perf_counter()
-                figs = run_cell(name, tenants, policy, args.seed)
+                figs = run_cell(name, tenants, policy, args.seed, args.quantum, args.detail)
                 out[f"{name}/{sname}/{policy}"] = figs
                 print(f"{name:<11} {sname:<15} {policy:<10} " + "  ".join(
                     f"{t}: p95={f['p95']:.1f} max={f['max']:.1f} "
                     f"done={f['completed']}/{f['queries']} inst_s={f['instance_s']:.0f}"
+                    + (f" queue={f['queue_s']:.2f} run={f['run_s']:.2f} {f['instances']}"
+                       if "queue_s" in f else "")
                     for t, f in figs.items()) + f" ({time.perf_counter() - t0:.0f}s)",
                     flush=True)
     if args.json:
