@@ -139,3 +139,23 @@ def test_a_simulated_flood_of_two_tenants_shares_instance_time_by_weight() -> No
     assert 1.7 <= a / b <= 2.3, (a, b)
     a, b = _sim_shares(1.0)
     assert 0.85 <= a / b <= 1.15, (a, b)
+
+
+def test_served_tenants_weights_reach_the_scheduler() -> None:
+    from agentflow.api import AgentFlow
+    from agentflow.config import AgentFlowConfig
+    from agentflow.llm.scripted import ScriptedBackend
+    from agentflow.server.app import create_app
+    from agentflow.server.settings import ServerSettings
+
+    af = AgentFlow(AgentFlowConfig(fewshot=None),
+                   backends={"cpu-0": ScriptedBackend(lambda r: "SELECT 1")})
+    try:
+        create_app(settings=ServerSettings(tenants=[
+            {"name": "evalrun", "keys": ["k-eval-000001"], "slo_class": "batch", "weight": 3},
+            {"name": "page", "keys": ["k-page-000002"]}]), agentflow=af)
+        assert af.router.coordinator.fairness.weights == {"evalrun": 3.0}
+    finally:
+        af.close()
+    with pytest.raises(ValidationError, match="weight"):
+        ServerSettings(tenants=[{"name": "x", "keys": ["k-x-0000003"], "weight": 0}])
