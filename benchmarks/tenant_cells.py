@@ -37,7 +37,8 @@ SPAN = 80  # queries of a tenant at 1 x L1, as the full grid
 
 
 def tenant_figures(records: list[Any], busy: dict[str, float],
-                   stages: list[StageTiming] | None = None) -> dict[str, dict[str, Any]]:
+                   stages: list[StageTiming] | None = None,
+                   summary: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Per tenant: queries, completed, P95 and max latency, instance seconds; with
     ``stages``, where its LLM stages spent their time (mean queue and run seconds) and on
     which instances."""
@@ -49,6 +50,8 @@ def tenant_figures(records: list[Any], busy: dict[str, float],
                      "p95": float(np.percentile(lat, 95)) if lat else None,
                      "max": max(lat) if lat else None,
                      "instance_s": busy.get(name, 0.0)}
+        if summary is not None:  # the grid's own throughput figure (answers per second)
+            out[name]["qps"] = summary["tenants"][name]["throughput_qps"]
         if stages is not None:
             ids = {r.id for r in mine}
             llm = [st for st in stages if st.kind == "llm" and st.query_id in ids]
@@ -83,7 +86,7 @@ def run_cell(cluster_name: str, scenario: list[TenantSpec], policy: str, seed: i
         name = owner.get(st.query_id)
         if st.kind == "llm" and name is not None:
             busy[name] = busy.get(name, 0.0) + st.run_s
-    return tenant_figures(result.records, busy, stages if detail else None)
+    return tenant_figures(result.records, busy, stages if detail else None, result.summary())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                 out[f"{name}/{sname}/{policy}"] = figs
                 print(f"{name:<11} {sname:<15} {policy:<10} " + "  ".join(
                     f"{t}: p95={f['p95']:.1f} max={f['max']:.1f} "
-                    f"done={f['completed']}/{f['queries']} inst_s={f['instance_s']:.0f}"
+                    f"done={f['completed']}/{f['queries']} qps={f['qps']:.4g} "
+                    f"inst_s={f['instance_s']:.0f}"
                     + (f" queue={f['queue_s']:.2f} run={f['run_s']:.2f} {f['instances']}"
                        if "queue_s" in f else "")
                     for t, f in figs.items()) + f" ({time.perf_counter() - t0:.0f}s)",

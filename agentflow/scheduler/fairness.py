@@ -36,7 +36,13 @@ if TYPE_CHECKING:
     from agentflow.scheduler.call import QueryState
 
 # How far ahead (weighted instance seconds) a tenant may get before it yields: a few calls'
-# worth, so two equal tenants alternate in runs of calls rather than flip on every call.
+# worth, so two equal tenants alternate in runs of calls rather than flip on every call. The
+# lag between two tenants that both keep work waiting is at most this plus one call. It is
+# not what keeps a light tenant beside a flood above its time alone: on the tenant grid's
+# fairness cells (benchmarks/tenant_cells.py --quantum) 1e-6, 10, 30 s and one query's work
+# moved the light tenant's P95 / alone by up to 0.3 with no common direction; its LLM stages
+# wait only 0.02-0.56 s in queue against 0.2-1.8 s more run time (co-running in the flood's
+# batches, slower GPUs) than alone.
 QUANTUM_S = 10.0
 ANONYMOUS = ""  # queries that name no tenant are one tenant
 
