@@ -9,12 +9,17 @@ scheduler resolves it here.
 Lower ``rank`` is served first and shed last; it is also the per-request ``priority`` sent to
 vLLM (whose priority scheduling handles lower values first). ``slo_seconds`` is the deadline a
 query of the class gets when its request names none (None: no deadline). ``weight`` is the
-class's share of instance time when classes of equal rank compete.
+class's share of instance time when classes of equal rank compete: each (class, tenant) is
+charged instance seconds over class weight x tenant weight (``scheduler.fairness``), so with
+one tenant each, classes of weights 2 and 1 at one rank get instance time 2 : 1 while both
+wait. Classes of different ranks never share: rank is strict.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,3 +52,17 @@ def resolve_class(name: str | None, classes: Mapping[str, SloClass] | None = Non
     if key not in table:
         raise ValueError(f"unknown SLO class {key!r}; choose from {', '.join(sorted(table))}")
     return table[key]
+
+
+def check_weight(value: Any, what: str) -> float:
+    """A share weight as a float, or a clear error: a weight is a positive, finite number
+    (0 would mean "never served", which work-conservation contradicts; use a class rank)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{what}: weight {value!r} is not a number")
+    try:
+        w = float(value)
+    except ValueError:
+        raise ValueError(f"{what}: weight {value!r} is not a number") from None
+    if not (w > 0 and math.isfinite(w)):
+        raise ValueError(f"{what}: weight must be a positive number, got {value!r}")
+    return w

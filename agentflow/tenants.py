@@ -20,6 +20,8 @@ Two ways to configure them, both read by the HTTP server and the MCP server:
           rate_per_min: 60       # queries started per minute (token bucket, burst = 1 min)
           max_concurrent: 4      # queries in flight at once
           slo_class: interactive # carried with each of its queries
+          weight: 2              # share of instance time beside the other tenants of its
+                                 # class rank while both wait (default 1; > 0)
           db_roles: {shop: acme} # PostgreSQL: SET ROLE acme for its SQL on shop (RLS), or
                                  # a login of its own: {shop: {url: ..., password_env: ...}}
         - {name: ops, key_env: OPS_KEYS, admin: true}
@@ -75,6 +77,9 @@ class Tenant(BaseModel):
     burst: int | None = Field(None, ge=1)  # bucket size; default: one minute's worth
     max_concurrent: int | None = Field(None, ge=1)
     slo_class: str | None = Field(None, min_length=1, max_length=64)
+    # share of instance time among the tenants of its class rank (scheduler.fairness):
+    # weights 2 and 1, both with work waiting, get instance time 2 : 1
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False)
     # database id -> a role to SET on the shared pool, or a login of its own (PostgreSQL)
     db_roles: dict[str, str | DatabaseLogin] = Field(default_factory=dict)
 
@@ -226,6 +231,20 @@ def check_against_catalog(table: TenantTable, catalog: Any,
                                  f"PostgreSQL (it is {engine})")
 
 
+def share_weights(table: TenantTable) -> dict[str, float]:
+    """Tenant name -> its share weight, for the tenants whose weight is not 1."""
+    return {t.name: t.weight for t in table.tenants() if t.weight != 1.0}
+
+
+def apply_share_weights(table: TenantTable, router: Any) -> None:
+    """Give the scheduler the tenants' weights (``scheduler.fairness``); a router without a
+    scheduler (calls sent straight to one backend) has no shares to weigh."""
+    from agentflow.scheduler.serving import ScheduledRouter
+
+    if isinstance(router, ScheduledRouter):
+        router.coordinator.fairness.set_weights(share_weights(table))
+
+
 def env_keys(name: str) -> list[str]:
     return [k.strip() for k in os.environ.get(name, "").split(",") if k.strip()]
 
@@ -336,5 +355,6 @@ class TenantLimits:
 
 __all__ = ["ADMIN_KEYS_ENV", "API_KEYS_ENV", "DatabaseLogin", "LimitExceeded", "TENANTS_ENV",
            "Tenant",
-           "TenantEntry", "TenantLimits", "TenantTable", "as_tenant", "check_against_catalog",
+           "TenantEntry", "TenantLimits", "TenantTable", "apply_share_weights", "as_tenant",
+           "check_against_catalog",
            "env_keys", "key_of", "key_tenant_name", "load_tenants_file", "owner_of", "sees"]

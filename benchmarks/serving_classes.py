@@ -69,7 +69,8 @@ class ClassRun:
         rate = n / self.measured_s if self.measured_s else float("nan")
         other = {k: v for k, v in self.statuses.items() if k != "done"}
         return (f"  {label:<12} median {median(self.latencies):6.2f} s  P95 "
-                f"{p95(self.latencies):6.2f} s  {n:4d} answered ({rate:5.2f}/s)"
+                f"{p95(self.latencies):6.2f} s  max {max(self.latencies):6.2f} s  {n:4d} "
+                f"answered ({rate:5.2f}/s)"
                 + (f"  other: {dict(other)}" if other else ""))
 
 

@@ -219,6 +219,28 @@ def test_simulated_mode_from_a_trace_file_judges_it_afresh(real_run, tmp_path: P
     assert run["recorded_policy"] is None
 
 
+def test_simulated_mode_runs_its_queries_in_the_slo_class(real_run, tmp_path: Path) -> None:
+    out, _real = real_run
+    trace = out / "traces" / "single__flowsage.jsonl"
+
+    def replay(**kw):
+        name = kw.get("slo_class", "default")
+        summary = run_eval("demo", out=tmp_path / name, cluster="paper-4gpu", traces=trace,
+                           policies="flowsage", rate=1.0, progress=False, plots=False, **kw)
+        records = read_jsonl(tmp_path / name / "simulated-paper-4gpu" / "records" /
+                             "single__flowsage.jsonl")
+        return summary, records
+
+    summary, records = replay()  # batch by default, as in real mode
+    assert summary["settings"]["slo_class"] == "batch"
+    assert {r["slo_class"] for r in records} == {"batch"}  # as the scheduler admitted it
+    summary, records = replay(slo_class="interactive")
+    assert summary["settings"]["slo_class"] == "interactive"
+    assert {r["slo_class"] for r in records} == {"interactive"}
+    with pytest.raises(EvalError, match="--slo-class: unknown SLO class 'urgent'"):
+        replay(slo_class="urgent")
+
+
 def test_spider_layout_uses_spider_hardness(spider_dir: Path, tmp_path: Path) -> None:
     dataset = load_dataset(spider_dir)
     gold = {e.question: e.gold_sql for e in dataset.examples}

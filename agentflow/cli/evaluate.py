@@ -57,9 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo", type=float, default=None,
                    help="real mode: an end-to-end target in seconds given to every question")
     p.add_argument("--slo-class", default="batch",
-                   help="real mode: the SLO class of every question (default: batch, ranked "
-                        "and shed behind interactive users sharing the cluster; "
-                        "interactive measures what a person waiting would see)")
+                   help="the SLO class of every question (default: batch, ranked and shed "
+                        "behind interactive users sharing the cluster; interactive measures "
+                        "what a person waiting would see); a simulated replay runs its "
+                        "queries in it too and records it")
     p.add_argument("--eval-timeout", type=float, default=30.0,
                    help="seconds each predicted/gold query may run when judging")
     p.add_argument("--out", type=Path, default=None,

@@ -43,12 +43,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="number of queries to replay (default 200; the trace is cycled); "
                         "with --tenant, per tenant")
     p.add_argument("--tenant", action="append", default=[], type=_tenant,
-                   metavar="NAME:RATE:SLO_SECONDS[:CLASS]",
+                   metavar="NAME:RATE:SLO_SECONDS[:CLASS[:WEIGHT]]",
                    help="a tenant sharing the cluster (repeatable): its own arrivals at RATE "
                         "q/s (seed derived from --seed and NAME), deadline SLO_SECONDS "
                         "('none': its class's default) and SLO class (interactive, "
-                        "standard, batch); replaces --rate; per-tenant metrics in the JSON "
-                        "under policies[P].tenants")
+                        "standard, batch) and share WEIGHT among the tenants of its class "
+                        "rank (default 1; 2 gets twice the instance time of 1 while both "
+                        "wait); replaces --rate; per-tenant metrics in the JSON under "
+                        "policies[P].tenants")
     p.add_argument("--deadline-admission", choices=("off", "reject", "batch"), default="off",
                    help="refuse (reject: would_miss_deadline) or move to batch a query whose "
                         "remaining critical path cannot meet its deadline at the current "

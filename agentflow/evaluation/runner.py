@@ -63,10 +63,14 @@ def run_eval(dataset: str | None = None, *, out: str | Path,
     ``keep_distinct``: judge with DISTINCT kept, the official Spider evaluator's
     ``--keep_distinct``; by default it is stripped, as that evaluator does by default.
 
-    ``slo_class`` (real mode): the SLO class every question runs in, ``batch`` by default —
-    nobody waits on each one, so an evaluation beside interactive users on the same cluster
-    is ranked and shed behind them (``agentflow.slo_classes``). Give ``interactive`` to
-    measure the latency a person would see.
+    ``slo_class``: the SLO class every question runs in, ``batch`` by default — nobody waits
+    on each one, so an evaluation beside interactive users on the same cluster is ranked and
+    shed behind them (``agentflow.slo_classes``). Give ``interactive`` to measure the latency
+    a person would see. A simulated replay runs each query in the class too (the scheduler
+    sees it; each record says the class it was admitted in), with the deadline
+    ``slo_scale`` x idle latency as before: the replay holds only the evaluation's own
+    queries, all of one class, so the class decides nothing among them — it would beside
+    other tenants (``agentflow simulate --tenant``).
     """
     from rich.console import Console
 
@@ -109,7 +113,7 @@ def run_eval(dataset: str | None = None, *, out: str | Path,
                       limit=limit, seed=seed, rate=rate if rate is not None else 1.0,
                       arrival=arrival or "poisson", slo_scale=slo_scale,
                       eval_timeout_s=eval_timeout_s, plots=plots, progress=progress,
-                      console=console, keep_distinct=keep_distinct)
+                      console=console, keep_distinct=keep_distinct, slo_class=slo_class)
 
 
 # ------------------------------------------------------------------------------ checks
@@ -374,9 +378,16 @@ def _write_outputs(folder: Path, summary: dict[str, Any],
 def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipelines: list[str],
                policies: list[str], limit: int | None, seed: int, rate: float, arrival: str,
                slo_scale: float, eval_timeout_s: float, plots: bool, progress: bool,
-               console, keep_distinct: bool = False) -> dict[str, Any]:
+               console, keep_distinct: bool = False, slo_class: str = "batch"
+               ) -> dict[str, Any]:
     from agentflow.evaluation.simulated import load_source, simulate
     from agentflow.sim.cluster import load_cluster
+    from agentflow.slo_classes import resolve_class
+
+    try:  # the simulated cluster has the default classes (no config is read)
+        resolve_class(slo_class)
+    except ValueError as err:
+        raise EvalError(f"--slo-class: {err}") from None
 
     try:
         cluster_cfg = load_cluster(cluster)
@@ -465,7 +476,7 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
 
             results = simulate(source, cluster_name=cluster, policies=policies, rate=rate,
                                arrival=arrival, seed=seed, slo_scale=slo_scale,
-                               on_record=on_record)
+                               on_record=on_record, slo_class=slo_class)
             for policy, recs in results.items():
                 key = run_key(source.pipeline, policy)
                 path = sim_out / "records" / f"{key}.jsonl"
@@ -511,7 +522,8 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
         "settings": {"pipelines": [s.pipeline for s in sources], "policies": policies,
                      "limit": limit, "seed": seed, "rate": rate, "arrival": arrival,
                      "arrivals": f"{arrival} at {rate:g} q/s (simulated), seed {seed}",
-                     "slo_scale": slo_scale, "cluster": cluster_cfg.name, "instances": inst},
+                     "slo_scale": slo_scale, "slo_class": slo_class,
+                     "cluster": cluster_cfg.name, "instances": inst},
         "idle_latency": ("the simulator's estimate — the critical path of the query's DAG with "
                          "each LLM stage timed alone on an idle instance, averaged over the "
                          "cluster's GPU types (as HexGen-Flow defines it), and tool steps at "

@@ -118,8 +118,9 @@ KEEP = ("example_id", "db_id", "question", "difficulty", "difficulty_source", "s
 
 def simulate(source: SimSource, *, cluster_name: str, policies: list[str], rate: float,
              arrival: str, seed: int, slo_scale: float,
-             on_record=None) -> dict[str, list[dict[str, Any]]]:
-    """Per policy, one record per replayed query: the recorded answer, the simulated timing."""
+             on_record=None, slo_class: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Per policy, one record per replayed query: the recorded answer, the simulated timing;
+    every query runs in ``slo_class`` (None: the default class)."""
     from agentflow.sim.cluster import load_cluster
     from agentflow.sim.experiment import build_workload
     from agentflow.sim.slo import IdleLatency
@@ -133,7 +134,7 @@ def simulate(source: SimSource, *, cluster_name: str, policies: list[str], rate:
                               arrival=arrival, seed=seed, idle=idle)
     out: dict[str, list[dict[str, Any]]] = {}
     for policy in policies:
-        result, timelines = _run(cluster, workload, policy, slo_scale)
+        result, timelines = _run(cluster, workload, policy, slo_scale, slo_class)
         records = []
         for trace_query, sim in zip(workload.queries, result.records):
             base = source.base[trace_query.id]
@@ -146,7 +147,7 @@ def simulate(source: SimSource, *, cluster_name: str, policies: list[str], rate:
                 "status": status, "sim_reason": sim.reason,
                 "arrival_s": sim.arrival, "finish_s": sim.finish,
                 "latency_s": sim.latency_s, "idle_latency_s": sim.idle_latency_s,
-                "slo_s": sim.slo_s,
+                "slo_s": sim.slo_s, "slo_class": sim.slo_class,
                 "met_slo": met_slo(Outcome(status, sim.latency_s, slo_s=sim.slo_s)),
                 "queue_s": sum(r["queue_s"] for r in rows),
                 "run_s": sum(r["run_s"] for r in rows), "stages": rows})
@@ -157,7 +158,7 @@ def simulate(source: SimSource, *, cluster_name: str, policies: list[str], rate:
     return out
 
 
-def _run(cluster, workload, policy: str, slo_scale: float):
+def _run(cluster, workload, policy: str, slo_scale: float, slo_class: str | None = None):
     """``run_policy`` that also collects every stage's timing (by simulated query id)."""
     from agentflow.sim.driver import Simulation
 
@@ -165,7 +166,8 @@ def _run(cluster, workload, policy: str, slo_scale: float):
     sim = Simulation(cluster, policy,
                      on_stage=lambda t: timelines.setdefault(t.query_id, []).append(t))
     result = sim.run(workload.queries, workload.arrivals, workload.deadlines(slo_scale),
-                     workload.idle_latency_s)
+                     workload.idle_latency_s,
+                     classes=None if slo_class is None else [slo_class] * len(workload.queries))
     return result, timelines
 
 

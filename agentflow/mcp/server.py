@@ -35,6 +35,7 @@ from agentflow.tenants import (
     Tenant,
     TenantLimits,
     TenantTable,
+    apply_share_weights,
     check_against_catalog,
     key_of,
 )
@@ -274,6 +275,7 @@ def serve_http(af: AgentFlow, host: str, port: int, tenants: TenantTable | None 
 
     if tenants:
         check_against_catalog(tenants, af.catalog, af.config.scheduler.slo_classes)
+        apply_share_weights(tenants, af.router)
     server = build_server(af, tenants)
     app = server.streamable_http_app(host=host)
     if tenants:

@@ -76,7 +76,7 @@ class Coordinator(WorkflowPaths):
         # class rank (and tenant shares) in front of the policy's keys (scheduler.classes)
         queue_policy = with_classes(queue_policy)
         self._queue_policy = queue_policy
-        self.fairness = TenantShares()
+        self.fairness = TenantShares(classes=lambda: self.slo_classes)  # ranks, weights
         self._fair = isinstance(queue_policy, ClassRankedQueue) and queue_policy.fair
         if deadline_admission is not None and deadline_admission not in DEADLINE_ADMISSION:
             raise ValueError(f"deadline_admission must be one of {DEADLINE_ADMISSION} or None")

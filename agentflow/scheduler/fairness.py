@@ -6,13 +6,18 @@ those — they take the instances while a light tenant's fresh queries wait behi
 
 Each (class, tenant) keeps a virtual time: the instance seconds its calls were admitted
 with (the coordinator's own expected time on the chosen instance, what serving knows at
-admission), divided by the tenant's weight. Among the tenants of a class with queries in
-flight, one whose virtual time is more than ``quantum_s`` ahead of the least-served one is
-*over its share*: its calls go in the band behind the in-share tenants of the same class
-(``scheduler.classes``), with the policy's own order inside each band. Nothing is held back
-— an over-share tenant's calls run whenever no in-share call waits (work-conserving), and an
-idle cluster serves whoever asks. A tenant that comes back after being idle starts at the
-least-served active tenant's virtual time (start-time fair queueing), so idling banks no
+admission), divided by its weight — the tenant's ``weight`` (tenants config, ``--tenant
+...:WEIGHT``) times its class's ``weight`` (``scheduler.slo_classes``). Pairs compete with the
+other pairs of the same class *rank*: with the default classes (one per rank) that is within
+a class, and classes configured at an equal rank share it by their weights. Among the pairs of
+a rank with queries in flight, one whose virtual time is more than ``quantum_s`` ahead of the
+least-served one is *over its share*: its calls go in the band behind the in-share pairs of
+that rank (``scheduler.classes``), with the policy's own order inside each band. Nothing is
+held back — an over-share tenant's calls run whenever no in-share call waits
+(work-conserving), and an idle cluster serves whoever asks. So while all of them keep work
+waiting, pairs of weights 2 and 1 get instance time 2 : 1 (each is admitted while it is
+within a quantum of the least-served). A tenant that comes back after being idle starts at
+the least-served active pair's virtual time (start-time fair queueing), so idling banks no
 credit it could later flood with.
 
 Pure bookkeeping: the coordinator calls ``arrive``/``leave``/``charge`` and re-keys the
@@ -21,17 +26,23 @@ waiting calls of the tenants whose share flag flipped (``rekey_tenants``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentflow.slo_classes import DEFAULT_CLASS
+from agentflow.slo_classes import DEFAULT_CLASS, SloClass, check_weight
 
 if TYPE_CHECKING:
     from agentflow.scheduler.call import QueryState
 
 # How far ahead (weighted instance seconds) a tenant may get before it yields: a few calls'
-# worth, so two equal tenants alternate in runs of calls rather than flip on every call.
+# worth, so two equal tenants alternate in runs of calls rather than flip on every call. The
+# lag between two tenants that both keep work waiting is at most this plus one call. It is
+# not what keeps a light tenant beside a flood above its time alone: on the tenant grid's
+# fairness cells (benchmarks/tenant_cells.py --quantum) 1e-6, 10, 30 s and one query's work
+# moved the light tenant's P95 / alone by up to 0.3 with no common direction; its LLM stages
+# wait only 0.02-0.56 s in queue against 0.2-1.8 s more run time (co-running in the flood's
+# batches, slower GPUs) than alone.
 QUANTUM_S = 10.0
 ANONYMOUS = ""  # queries that name no tenant are one tenant
 
@@ -49,12 +60,34 @@ class TenantShares:
     """Per-(class, tenant) virtual time and the over-share flag derived from it."""
 
     def __init__(self, quantum_s: float = QUANTUM_S,
-                 weights: Mapping[str, float] | None = None):
+                 weights: Mapping[str, float] | None = None,
+                 classes: Callable[[], Mapping[str, SloClass]] | None = None):
+        """``weights``: tenant name -> weight (absent: 1); ``classes``: the SLO classes in
+        force (a callable: the coordinator's table may be replaced after it is built), for
+        their ranks and weights; None: every class is its own rank, of weight 1."""
         if not quantum_s > 0:
             raise ValueError("quantum_s must be positive")
         self.quantum_s = quantum_s
-        self.weights: dict[str, float] = dict(weights or {})
+        self.weights: dict[str, float] = {}
+        self.set_weights(weights or {})
+        self._classes = classes
         self._tenants: dict[TenantKey, _Tenant] = {}
+
+    def set_weights(self, weights: Mapping[str, Any]) -> None:
+        """Tenant weights (name -> weight; others 1), each checked (``check_weight``)."""
+        self.weights = {name: check_weight(w, f"tenant {name!r}") for name, w in
+                        weights.items()}
+
+    def group(self, cls: str) -> object:
+        """Who a class's tenants compete with: every class of the same rank."""
+        table = self._classes() if self._classes is not None else None
+        if table is not None and cls in table:
+            return ("rank", table[cls].rank)
+        return ("class", cls)
+
+    def class_weight(self, cls: str) -> float:
+        table = self._classes() if self._classes is not None else None
+        return table[cls].weight if table is not None and cls in table else 1.0
 
     @staticmethod
     def key(query: QueryState) -> TenantKey:
@@ -77,6 +110,9 @@ class TenantShares:
         t = self._tenants.get(key)
         return t is not None and t.over
 
+    def pair_weight(self, key: TenantKey) -> float:
+        return self.class_weight(key[0]) * self.weight(key[1])
+
     def active_classes(self) -> set[str]:
         """Classes with a query in flight."""
         return {k[0] for k, t in self._tenants.items() if t.active > 0}
@@ -87,11 +123,11 @@ class TenantShares:
         key = self.key(query)
         t = self._tenants.setdefault(key, _Tenant())
         if t.active == 0:
-            floor = self._least_active(key[0], exclude=key)
+            floor = self._least_active(self.group(key[0]), exclude=key)
             if floor is not None and floor > t.vt:
                 t.vt = floor  # no credit banked while idle
         t.active += 1
-        return self._reflag(key[0])
+        return self._reflag(self.group(key[0]))
 
     def leave(self, query: QueryState) -> list[TenantKey]:
         """A query of the tenant finished, failed or was cancelled."""
@@ -100,26 +136,26 @@ class TenantShares:
         if t is None or t.active == 0:
             return []
         t.active -= 1
-        return self._reflag(key[0])
+        return self._reflag(self.group(key[0]))
 
     def charge(self, query: QueryState, seconds: float) -> list[TenantKey]:
         """The tenant's call was admitted with ``seconds`` of expected instance time."""
         key = self.key(query)
         t = self._tenants.setdefault(key, _Tenant())
-        t.vt += max(0.0, seconds) / self.weight(key[1])
-        return self._reflag(key[0])
+        t.vt += max(0.0, seconds) / self.pair_weight(key)
+        return self._reflag(self.group(key[0]))
 
     # ---------------------------------------------------------------------------- internals
-    def _least_active(self, cls: str, exclude: TenantKey | None = None) -> float | None:
+    def _least_active(self, group: object, exclude: TenantKey | None = None) -> float | None:
         vts = [t.vt for k, t in self._tenants.items()
-               if k[0] == cls and t.active > 0 and k != exclude]
+               if t.active > 0 and k != exclude and self.group(k[0]) == group]
         return min(vts) if vts else None
 
-    def _reflag(self, cls: str) -> list[TenantKey]:
-        floor = self._least_active(cls)
+    def _reflag(self, group: object) -> list[TenantKey]:
+        floor = self._least_active(group)
         flipped = []
         for k, t in self._tenants.items():
-            if k[0] != cls:
+            if self.group(k[0]) != group:
                 continue
             over = floor is not None and t.active > 0 and t.vt - floor > self.quantum_s
             if over != t.over:

@@ -56,7 +56,7 @@ from agentflow.server.models import (
 from agentflow.server.prometheus import ServerMetrics
 from agentflow.server.service import QueryService
 from agentflow.server.settings import ServerSettings
-from agentflow.tenants import check_against_catalog
+from agentflow.tenants import apply_share_weights, check_against_catalog
 
 STATIC_DIR = Path(__file__).parent / "static"
 log = logging.getLogger("agentflow.server")
@@ -140,6 +140,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
     app.state.service = service
     app.state.tenants = settings.tenant_table()  # key -> tenant; empty: keys are off
     check_against_catalog(app.state.tenants, af.catalog, af.config.scheduler.slo_classes)
+    apply_share_weights(app.state.tenants, af.router)  # tenants' weights into fair shares
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s, on_error=metrics.error)
     errors.install(app, on_error=metrics.error)

@@ -41,6 +41,7 @@ class Workload:
     tenants: list[str] | None = None
     classes: list[str | None] | None = None
     tenant_slo_s: list[float | None] | None = None
+    tenant_weights: dict[str, float] | None = None  # share weights other than 1, by tenant
 
     def deadlines(self, slo_scale: float, deadline: str = DEFAULT_DEADLINE
                   ) -> list[float | None]:
@@ -122,7 +123,8 @@ def build_tenant_workload(trace: list[TraceQuery], cluster: SimClusterConfig,
     return Workload([r[3] for r in rows], [r[0] for r in rows], [r[4] for r in rows],
                     [r[5] for r in rows], tenants=[r[6].name for r in rows],
                     classes=[r[6].slo_class for r in rows],
-                    tenant_slo_s=[r[6].slo_s for r in rows])
+                    tenant_slo_s=[r[6].slo_s for r in rows],
+                    tenant_weights={t.name: t.weight for t in tenants if t.weight != 1.0})
 
 
 def run_policy(cluster: SimClusterConfig, workload: Workload, policy: str, *,
@@ -134,6 +136,8 @@ def run_policy(cluster: SimClusterConfig, workload: Workload, policy: str, *,
     ``Simulation`` settings (admission, SLO classes)."""
     sim = Simulation(cluster, policy, alpha=alpha, alpha_tuner=alpha_tuner, embedder=embedder,
                      cached_prefix=cached_prefix, faults=faults, **scheduler)
+    if workload.tenant_weights:
+        sim.coordinator.fairness.set_weights(workload.tenant_weights)
     return sim.run(workload.queries, workload.arrivals,
                    workload.deadlines(slo_scale, deadline), workload.idle_latency_s,
                    tenants=workload.tenants, classes=workload.classes)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agentflow.slo_classes import check_weight
+
 PARALLEL_STEPS = ("generate_candidate_llama-agent", "evaluate")
 # Stages of HexGen-Flow's CHESS that its pipeline always runs, the same number of times: in
 # the shared trace1/trace2 (186 queries) every query has 4 ``Information Retriever`` calls, 2
@@ -198,24 +200,31 @@ def arrival_times(n: int, rate: float, process: str = "poisson", *, seed: int = 
 
 @dataclass(frozen=True)
 class TenantSpec:
-    """One tenant of a simulated shared cluster (``--tenant NAME:RATE:SLO_SECONDS[:CLASS]``):
-    its own Poisson-or-other arrivals at ``rate``, its own deadline (None: the class's
-    default, which for ``batch`` is none) and SLO class. Several of them on one cluster is
-    what isolation and fairness are measured on."""
+    """One tenant of a simulated shared cluster
+    (``--tenant NAME:RATE:SLO_SECONDS[:CLASS[:WEIGHT]]``): its own Poisson-or-other arrivals
+    at ``rate``, its own deadline (None: the class's default, which for ``batch`` is none),
+    SLO class and share weight (``scheduler.fairness``: tenants of weights 2 and 1 that both
+    keep work waiting get instance time 2 : 1). Several of them on one cluster is what
+    isolation and fairness are measured on."""
 
     name: str
     rate: float
     slo_s: float | None
     slo_class: str | None = None
     queries: int | None = None  # its own count (benchmarks); None: the run's --queries
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weight", check_weight(self.weight, f"tenant {self.name!r}"))
 
     @classmethod
     def parse(cls, text: str) -> TenantSpec:
-        """``NAME:RATE:SLO_SECONDS[:CLASS]``; SLO ``none`` (or empty) for no deadline of its
-        own. A clear error names what is wrong."""
+        """``NAME:RATE:SLO_SECONDS[:CLASS[:WEIGHT]]``; SLO ``none`` (or empty) for no deadline
+        of its own, CLASS empty for the default class. A clear error names what is wrong."""
         parts = text.split(":")
-        if len(parts) not in (3, 4) or not parts[0]:
-            raise ValueError(f"bad tenant {text!r}: expected NAME:RATE:SLO_SECONDS[:CLASS]")
+        if len(parts) not in (3, 4, 5) or not parts[0]:
+            raise ValueError(f"bad tenant {text!r}: expected "
+                             "NAME:RATE:SLO_SECONDS[:CLASS[:WEIGHT]]")
         name, rate_s, slo_text = parts[:3]
         try:
             rate = float(rate_s)
@@ -232,8 +241,11 @@ class TenantSpec:
                                  "(or 'none')") from None
             if not slo > 0:
                 raise ValueError(f"bad tenant {text!r}: SLO seconds must be positive")
-        slo_class = parts[3] if len(parts) == 4 and parts[3] else None
-        return cls(name, rate, slo, slo_class)
+        slo_class = parts[3] if len(parts) >= 4 and parts[3] else None
+        weight = 1.0
+        if len(parts) == 5:
+            weight = check_weight(parts[4], f"bad tenant {text!r}")
+        return cls(name, rate, slo, slo_class, weight=weight)
 
 
 def _positive(rate: float) -> float:

@@ -16,8 +16,16 @@ events. Least laxity (``D - now - R``) is the special case of equal spreads; Hex
 urgency splits the slack per stage instead and ignores the spread.
 
 Every call of a query shares the key (the query finishes with its slowest branch, so its
-calls are not ranked against each other). Queries without a deadline go after, least
-remaining work first.
+calls are not ranked against each other).
+
+Queries without a deadline go after, by ``arrival + work left`` (expected instance seconds
+of their unfinished LLM stages): the finish tag of fair queueing, with the query as the
+packet. Least remaining work first alone (SRPT) starves: in a batch flood a query that has
+not started always has more left than those already under way, and waits while fresh short
+ones overtake it. With the tag, a query is overtaken only by queries that arrive before its
+own tag (``arrival + work``), so its wait is bounded by its own size plus the work that
+arrived ahead of it; between queries that arrive close together (within their size
+difference) the short one still goes first, as SRPT would.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ class FlowSageQueue(QueuePolicy):
         remaining = view.remaining_s(query, now)
         if query.deadline is None:
             work = query.work_left if query.run is not None else remaining
-            return (Segment(_NEG_INF, 1, work, 0.0),)
+            return (Segment(_NEG_INF, 1, query.arrival + work, 0.0),)
         lo, hi = (query.path_lo, query.path_hi) if query.run is not None else (remaining,
                                                                                remaining)
         sigma = max((hi - lo) / (2 * _Z90), _MIN_REL_SPREAD * remaining, 1e-6)
