@@ -79,7 +79,7 @@ def test_ask_on_the_demo_database_shows_timeline_sql_and_rows(server, browser) -
     assert sql.locator(".sql-kw").count() >= 2  # highlighted
     rows = page.locator(".tl-row")
     assert rows.count() >= 8
-    assert page.locator("#timeline .tl-bar.run").count() >= 4  # one per LLM call, in instance colours
+    assert page.locator("#timeline .tl-bar.run").count() >= 4  # one per LLM call, in colour
     info = " ".join(page.locator(".tl-info").all_inner_texts())
     assert "a100-0" in info and "queue" in info
     assert page.locator("#timeline .tl-bar.queue").count() >= 1  # not the legend's swatch
