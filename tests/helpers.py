@@ -98,10 +98,11 @@ def error_of(response) -> dict:
 
 @contextmanager
 def serve_process(config: Path, *, ready: str = "/healthz",
-                  timeout_s: float = 30.0) -> Iterator[tuple[subprocess.Popen, str]]:
+                  timeout_s: float = 90.0) -> Iterator[tuple[subprocess.Popen, str]]:
     """``serve.py --config config`` in a subprocess on a free loopback port, without API
     keys; yields ``(process, base url)`` once ``ready`` answers 200, and kills the process
-    on the way out if it is still running (its output: ``process.stdout``)."""
+    on the way out if it is still running (its output: ``process.stdout``). ``timeout_s`` is
+    only a ceiling: a loaded 2-core machine has taken over 30 s to import and start."""
     import httpx
 
     from agentflow.server.settings import API_KEYS_ENV
