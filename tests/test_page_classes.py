@@ -21,7 +21,7 @@ from agentflow.config import AgentFlowConfig  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
 from agentflow.server.testing import LiveServer  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # a ceiling; a loaded machine starts Chromium slowly
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,11 @@ def test_recent_list_shows_each_querys_class(server) -> None:
         page.click("#ask-button")
         page.wait_for_function("() => document.querySelector('#status-badge').textContent "
                                "=== 'done'", timeout=60_000)
-        page.wait_for_function("() => document.querySelectorAll('#recent li[data-id]')"
-                               ".length === 3", timeout=30_000)
+        # the list may have been drawn while the page's query still ran: wait for all done
+        page.wait_for_function("() => { const li = document.querySelectorAll("
+                               "'#recent li[data-id] .rmeta'); return li.length === 3 && "
+                               "[...li].every(m => m.textContent.includes('· done')); }",
+                               timeout=30_000)
         shown = page.evaluate("() => [...document.querySelectorAll('#recent li[data-id]')]"
                               ".map(li => [li.dataset.id, li.querySelector('.rmeta')"
                               ".textContent])")
