@@ -28,6 +28,11 @@ start, or starts beside running calls of a worse class:
 * **Bounded**: a call is stopped at most ``MAX_PREEMPTIONS`` times; after that it runs to
   the end wherever it is admitted (no livelock, no starvation of the lower class).
 
+Dispatch sees the cluster as it will be for the call: with preemption on, an instance's
+stoppable worse-class calls (under the bound) count neither as co-runners nor as pending
+prefill, and their slots as room (``ClusterView._stoppable``), so a better-class call is not
+sent to a slower GPU to avoid batch work that would make way for it.
+
 A victim goes back through dispatch with its admission sequence number, so within its class
 it keeps its place (arrival order) in whichever queue takes it; its query sees nothing but
 time. The runtime aborts the attempt (``decisions.PreemptCall``): the simulator frees its KV
@@ -49,6 +54,8 @@ if TYPE_CHECKING:
 PREEMPTION_MODES = ("off", "class")
 SLOWDOWN = 0.1  # share of a call's alone time it may lose to worse-class co-runners
 MAX_PREEMPTIONS = 2  # per call
+# Stop only calls still waiting for their first token (the cheapest to redo, and the ones
+# whose prefill chunks slow a decode most). Measured as a variant (not the default rule).
 PREFILL_ONLY = False
 
 
