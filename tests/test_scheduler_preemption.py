@@ -140,7 +140,7 @@ def _sim_run(preemption: str | None, classes: list[str | None] | None):
     short = TraceQuery(id="short", question="a short page question",
                        nodes=[TraceNode("g", "generate", "llm", (), 500, 40)])
     sim = Simulation(cluster, "flowsage", preemption=preemption)
-    result = sim.run([long_call, short], [0.0, 2.0], [None, None], [1.0, 1.0],
+    result = sim.run([long_call, short], [0.0, 0.5], [None, None], [1.0, 1.0],
                      tenants=["evalrun", "page"] if classes else None, classes=classes)
     return sim, {r.id.split(":")[1]: r for r in result.records}, result
 
@@ -155,7 +155,7 @@ def test_the_simulator_aborts_the_batch_attempt_and_redoes_it_from_its_prompt() 
     # with it: the page question runs at once, as fast as it runs behind nothing ...
     assert on["short"].finish < on["long"].finish
     assert on["short"].latency_s < off["short"].latency_s / 3
-    # ... and the batch call starts over once it is done: its 2 s of tokens are lost
+    # ... and the batch call starts over once it is done: its 0.5 s of tokens are lost
     # (recompute), so it ends a whole alone-run after the page question, not earlier
     long_alone = alone["long"].latency_s
     assert on["long"].finish >= on["short"].finish + 0.99 * long_alone
@@ -212,3 +212,12 @@ def test_serving_cancels_the_held_batch_call_runs_the_page_call_then_reruns_the_
     assert not any(c.get("failed_attempts") for s in answer.stages for c in s["llm_calls"])
     assert sum(BATCH_Q in r.prompt for r in backend.calls) == 2  # stopped once, run again
     assert router.counts["retried", "cpu-0"] == 0 and router.counts["error", "cpu-0"] == 0
+
+
+def test_a_call_that_would_lose_more_than_it_saves_is_left_to_finish() -> None:
+    c = coordinator("flowsage", {"b": 100, "i": 10}, preemption="class")
+    batch, _ = _ready(c, "batch", "batch", "b")
+    c.clock.advance_to(60.0)
+    c.on_call_progress(batch, 60)  # 60 s to redo > the 40 s its stop would save
+    inter, decisions = _ready(c, "inter", "interactive", "i")
+    assert decisions == [] and inter.state == CallState.WAITING

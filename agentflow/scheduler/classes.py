@@ -253,23 +253,16 @@ class ClassLoad:
         self.wait_prompt = np.zeros((1, n_instances))
         self.wait_output = np.zeros((1, n_instances))
         self.n_run = np.zeros((1, n_instances))
-        # Of the running calls, those preemption may still stop (``stoppable``), and their
-        # admitted prompt tokens not yet prefilled; None: preemption is off.
-        self.max_preemptions: int | None = None
-        self.n_stop = np.zeros((1, n_instances))
-        self.prefill = np.zeros((1, n_instances))
         self._waiting: dict[ScheduledCall, tuple[int, int, int]] = {}  # (band, index, prompt)
         self._running: dict[ScheduledCall, tuple[int, int]] = {}  # (band, index)
-        self._stoppable: set[ScheduledCall] = set()
 
     def band(self, call: ScheduledCall) -> int:
         b = call_band(self._coordinator, call.query)
         if b >= self.n_wait.shape[0]:  # a band seen for the first time
             pad = np.zeros((b + 1 - self.n_wait.shape[0], self.n_wait.shape[1]))
-            (self.n_wait, self.wait_prompt, self.wait_output, self.n_run, self.n_stop,
-             self.prefill) = (np.vstack([a, pad]) for a in (
-                 self.n_wait, self.wait_prompt, self.wait_output, self.n_run, self.n_stop,
-                 self.prefill))
+            self.n_wait, self.wait_prompt, self.wait_output, self.n_run = (
+                np.vstack([a, pad]) for a in (self.n_wait, self.wait_prompt, self.wait_output,
+                                              self.n_run))
         return b
 
     def running(self, index: int, call: ScheduledCall, sign: int) -> None:
@@ -282,31 +275,6 @@ class ClassLoad:
                 return
             band, index = entry
         self.n_run[band, index] += sign
-        limit = self.max_preemptions
-        if limit is None:
-            return
-        if sign > 0 and call.preemptions < limit:
-            self._stoppable.add(call)
-        elif sign > 0 or call not in self._stoppable:
-            return
-        else:
-            self._stoppable.discard(call)
-        self.n_stop[band, index] += sign
-
-    def prefilling(self, index: int, call: ScheduledCall, tokens: int) -> None:
-        """A stoppable running call's prompt starts (``tokens`` > 0) or ends (< 0) waiting
-        for prefill, counted in the band it was admitted in."""
-        entry = self._running.get(call)
-        if entry is not None and call in self._stoppable:
-            self.prefill[entry[0], index] += tokens
-
-    def worse_class(self, call: ScheduledCall) -> tuple[np.ndarray, np.ndarray] | None:
-        """Per instance, the running calls of a class worse than ``call``'s that preemption
-        may still stop, and their prompt tokens still to prefill (None: none anywhere)."""
-        first = (self.band(call) // 2 + 1) * 2
-        if first >= self.n_stop.shape[0] or not self.n_stop[first:].any():
-            return None
-        return self.n_stop[first:].sum(axis=0), self.prefill[first:].sum(axis=0)
 
     def account(self, index: int, call: ScheduledCall, sign: int, prompt_tokens: int) -> None:
         if sign > 0:

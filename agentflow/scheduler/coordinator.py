@@ -48,7 +48,7 @@ from agentflow.scheduler.observer import CoordinatorObserver, observed
 from agentflow.scheduler.paths import WorkflowPaths
 from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.policies.base import BatchView
-from agentflow.scheduler.preemption import preemption_limit, preemption_mode, victims
+from agentflow.scheduler.preemption import preemption_mode, victims
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
 from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass, resolve_class
 from agentflow.workflow.clock import Clock
@@ -109,8 +109,6 @@ class Coordinator(WorkflowPaths):
         # it made way for.
         self.preemption = preemption_mode(preemption)
         self.preempted_calls = 0  # calls stopped so far (each also counts on the call)
-        if self._class_load is not None and self._preempts():
-            self._class_load.max_preemptions = preemption_limit()
         self._init_view(instances)
         self.length_model = length_model if length_model is not None \
             else make_length_model(parse_policy(policy).length_model)
@@ -440,13 +438,6 @@ class Coordinator(WorkflowPaths):
 
     def _preempts(self) -> bool:
         return self.preemption is not None and self._fair
-
-    def _stoppable(self, call: ScheduledCall) -> tuple[Any, Any] | None:
-        """Dispatch prices an instance as the call will find it once preemption has stopped
-        the worse-class calls there: neither their slots nor their pending prefill count."""
-        if not self._preempts() or self._class_load is None:
-            return None
-        return self._class_load.worse_class(call)
 
     def _preempt(self, queue: InstanceQueue, stop: list[ScheduledCall], now: float
                  ) -> list[Decision]:

@@ -171,8 +171,6 @@ class InstanceQueue:
             if call.attained_tokens == 0:
                 self._pending_prefill.add(call)
                 self.book.prefill_prompt[self.index] += call.tokens_on(self.name)
-                if self.class_load is not None:
-                    self.class_load.prefilling(self.index, call, call.tokens_on(self.name))
             call.kv_reserved = need
             self.book.start(self.index, call, now + view.expected_s(call, self.name), need)
             started.append(call)
@@ -185,8 +183,6 @@ class InstanceQueue:
         if call in self._pending_prefill:
             self._pending_prefill.discard(call)
             self.book.prefill_prompt[self.index] -= call.tokens_on(self.name)
-            if self.class_load is not None:
-                self.class_load.prefilling(self.index, call, -call.tokens_on(self.name))
 
     def pending_prefill(self) -> int:
         """Admitted calls that have not produced a token yet."""
@@ -203,9 +199,9 @@ class InstanceQueue:
     def finish(self, call: ScheduledCall) -> None:
         if call in self.running:
             self.running.discard(call)
-            self._prefilled(call)  # first: its band's prefill count needs it still running
             if self.class_load is not None:
                 self.class_load.running(self.index, call, -1)
+            self._prefilled(call)
             self.book.finish(self.index, call, call.kv_reserved)
 
     # ---------------------------------------------------------------------------- internals

@@ -25,13 +25,15 @@ start, or starts beside running calls of a worse class:
   plus the decode tokens it loses (recompute; no partial output is kept, as vLLM's
   preemption by recomputation), latest admitted first among equals. So the victims are
   mostly calls still in prefill, whose prefill chunks are also what slows a decode most.
+* **Worth it**: a victim is stopped only if its redo costs less than what stopping it saves
+  the better call (``NET_SAVING``) — its expected remainder, which the better call would
+  wait, or the delay it adds as a co-runner; a call nearly done is left to finish.
 * **Bounded**: a call is stopped at most ``MAX_PREEMPTIONS`` times; after that it runs to
   the end wherever it is admitted (no livelock, no starvation of the lower class).
 
-Dispatch sees the cluster as it will be for the call: with preemption on, an instance's
-stoppable worse-class calls (under the bound) count neither as co-runners nor as pending
-prefill, and their slots as room (``ClusterView._stoppable``), so a better-class call is not
-sent to a slower GPU to avoid batch work that would make way for it.
+Dispatch is unchanged: it prices instances with the worse-class calls on them. Pricing them
+as already stopped (their slots free, their prefill gone) was measured and dropped: with
+``NET_SAVING`` most are not stopped, and better-class calls sent to them co-ran with them.
 
 A victim goes back through dispatch with its admission sequence number, so within its class
 it keeps its place (arrival order) in whichever queue takes it; its query sees nothing but
@@ -57,6 +59,9 @@ MAX_PREEMPTIONS = 2  # per call
 # Stop only calls still waiting for their first token (the cheapest to redo, and the ones
 # whose prefill chunks slow a decode most). Measured as a variant (not the default rule).
 PREFILL_ONLY = False
+# Stop a call only when what it loses (``redo_s``) is less than what stopping it saves the
+# better call: the wait for its remainder, or the decode delay it adds as a co-runner.
+NET_SAVING = True
 
 
 def preemption_mode(value: str | None) -> str | None:
@@ -67,12 +72,6 @@ def preemption_mode(value: str | None) -> str | None:
         raise ValueError(f"preemption must be one of {', '.join(PREEMPTION_MODES)}; "
                          f"got {value!r}")
     return value
-
-
-def preemption_limit() -> int:
-    """``MAX_PREEMPTIONS``, read when a coordinator is built (dispatch counts only the calls
-    still under it as stoppable)."""
-    return MAX_PREEMPTIONS
 
 
 def position(coordinator: Any, call: ScheduledCall) -> int:
@@ -120,12 +119,17 @@ def victims(coordinator: Any, queue: InstanceQueue, call: ScheduledCall, now: fl
         slope, _ = coordinator._batch_coefs()
         per = call.mean_output * float(slope[coordinator._index[queue.name]])
         keep = len(worse) if per <= 0 else math.floor(budget / per)
+        if NET_SAVING:  # only a victim whose redo costs less than the delay it causes
+            stoppable = [c for c in stoppable if redo_s(coordinator, c, queue.name) < per]
         return stoppable[:max(0, len(worse) - keep)]
     # waiting: for the earliest running call to end, unless room is made
     ends = [c.expected_finish for c in queue.running if c.expected_finish is not None]
     wait = max(0.0, min(ends) - now) if ends else math.inf
     if wait <= budget:
         return []
+    if NET_SAVING:  # only a victim whose redo costs less than the wait its stop saves
+        stoppable = [c for c in stoppable if c.expected_finish is not None
+                     and redo_s(coordinator, c, queue.name) < c.expected_finish - now]
     spec = queue.spec
     need = coordinator._kv_tokens(call)
     slots, kv = len(queue.running), queue.kv_tokens_in_use

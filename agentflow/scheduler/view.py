@@ -123,23 +123,13 @@ class ClusterView:
         room = (n_run < self._max_inflight[idx]) & (
             (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
         slope, seen = self._batch_coefs()
-        prefilling = book.prefill_prompt[idx]
-        stoppable = self._stoppable(call)  # what preemption would stop for it (or None)
-        if stoppable is not None:
-            n_run, prefilling = n_run - stoppable[0][idx], prefilling - stoppable[1][idx]
-            room = room | (stoppable[0][idx] > 0)
-        return BatchView(queued_s=queued, prefilling_s=prefilling * pf[idx],
+        return BatchView(queued_s=queued, prefilling_s=book.prefill_prompt[idx] * pf[idx],
                          running_s=book.running(now)[idx], n_running=n_run,
                          room=room, slots=self._max_inflight[idx],
                          time_s=self.time_vector(call)[idx], prefill_s=prompt * pf[idx],
                          co_runner_decode_s=call.mean_output * slope[idx],
                          co_runners_seen=seen[idx], name_rank=self._name_rank[idx],
                          n_peers=self._peers(call, idx))
-
-    def _stoppable(self, call: ScheduledCall) -> tuple[np.ndarray, np.ndarray] | None:
-        """Per instance, running calls the coordinator would stop for ``call`` and their
-        prompt tokens still to prefill (``scheduler.preemption``); None: preemption is off."""
-        return None
 
     def _peers(self, call: ScheduledCall, idx: list[int]) -> np.ndarray | None:
         load = getattr(self, "_class_load", None)
