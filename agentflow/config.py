@@ -132,6 +132,9 @@ class SchedulerConfig(BaseModel):
     # current load: "reject" (429 would_miss_deadline with the earliest feasible SLO) or
     # "batch" (run it in the lowest class instead); None: off (agentflow.scheduler.backlog).
     deadline_admission: Literal["reject", "batch"] | None = None
+    # Stop running lower-class calls for a better class's call ("class"), or never ("off"):
+    # agentflow.scheduler.preemption.
+    preemption: Literal["off", "class"] = "off"
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the

@@ -36,8 +36,10 @@ Nothing here is fitted to these traces.
 ``trace1`` at its L1, an ``interactive`` tenant at 0.5 x L1 (deadline 2 x the pipeline's
 idle latency) beside a ``batch`` flood (no deadline) at 1.5 x and 2 x L1; two ``standard``
 tenants at 2 x L1 and 0.3 x L1 (deadline 2 x idle); each also alone; and flowsage with
-deadline-aware admission off / reject / move-to-batch under that overload. Each tenant's
-query count is proportional to its rate, so the tenants overlap over the same span.
+deadline-aware admission off / reject / move-to-batch under that overload; and, on the
+isolation cells, flowsage with preemption of running lower-class calls
+(``scheduler.preemption: class``) as ``flowsage+preempt``. Each tenant's query count is
+proportional to its rate, so the tenants overlap over the same span.
 """
 
 from __future__ import annotations
@@ -285,6 +287,7 @@ def plots(results: dict, policies: list[str], cells: list[Cell], out: Path) -> N
 
 # ---------------------------------------------------------------------------- tenant grid
 TENANT_POLICIES = ("vllm", "hexgen-flow", "sagesched", "llf", "flowsage")
+PREEMPT = "+preempt"  # the label suffix of a run with scheduler.preemption: class
 BASELINES = ("vllm", "hexgen-flow", "sagesched", "llf")
 # hetero-64's L1 search and runs (>= 512 queries on 64 instances per run) do not fit a
 # shared two-core machine; ``hetero-8`` is the same five-generation 8B fleet, one eighth.
@@ -343,30 +346,34 @@ def tenant_grid(args: argparse.Namespace, out: Path) -> None:
             store.write_text(json.dumps(results, indent=1))
         l1 = results["l1"][lkey]
         slo = 2.0 * float(np.mean(list(reference_latencies(trace, idle).values())))
-        runs: list[tuple[str, list[TenantSpec], list[str], dict]] = []
+        # (scenario, tenants, policies, Simulation settings, label suffix)
+        runs: list[tuple[str, list[TenantSpec], list[str], dict, str]] = []
+        flowsage = ["flowsage"] if "flowsage" in policies else []
         for scen, tenants in tenant_scenarios(l1, slo, span).items():
             pols = ["flowsage"] if scen.endswith("alone") and not args.all_alone else policies
-            runs.append((scen, tenants, [p for p in pols if p in policies], {}))
+            runs.append((scen, tenants, [p for p in pols if p in policies], {}, ""))
+            if scen.startswith("isolation"):
+                runs.append((scen, tenants, flowsage, {"preemption": "class"}, PREEMPT))
         heavy = tenant_scenarios(l1, slo, span)["fairness"]
         for mode in ("reject", "batch"):
-            runs.append((f"admission-{mode}", heavy, ["flowsage"] if "flowsage" in policies
-                         else [], {"deadline_admission": mode}))
-        for scen, tenants, pols, options in runs:
+            runs.append((f"admission-{mode}", heavy, flowsage, {"deadline_admission": mode},
+                         ""))
+        for scen, tenants, pols, options, suffix in runs:
             key = f"{name}/{scen}"
             entry = results["cells"].setdefault(key, {"l1": l1, "slo_s": slo, "tenants": [
                 vars(t) for t in tenants], "policies": {}})
-            todo = [p for p in pols if p not in entry["policies"]]
+            todo = [p for p in pols if p + suffix not in entry["policies"]]
             if not todo:
                 continue
             wl = build_tenant_workload(trace, cluster, tenants, n=span, seed=args.seed,
                                        idle=idle)
 
             def done(i: int, summary: dict, entry: dict = entry, todo: list[str] = todo,
-                     key: str = key) -> None:
-                entry["policies"][todo[i]] = {
+                     key: str = key, suffix: str = suffix) -> None:
+                entry["policies"][todo[i] + suffix] = {
                     "tenants": summary["tenants"], "wall_s": summary["wall_s"],
                     "goodput": _deadline_goodput(summary)}
-                print(f"{key:<34} {todo[i]:<12} " + "  ".join(
+                print(f"{key:<34} {todo[i] + suffix:<16} " + "  ".join(
                     f"{n}: p95={t['p95']:.0f} done={t['completed']}/{t['queries']}"
                     for n, t in summary["tenants"].items()) + f" ({summary['wall_s']}s)",
                     flush=True)
@@ -408,20 +415,29 @@ def tenant_report(results: dict, clusters: list[str]) -> str:
                 ui, b = e["tenants"]["interactive"], e["tenants"]["batch"]
                 lines.append(f"| {p} | {ui['p95']:.1f} | {b['completed']}/{b['queries']} | "
                              f"{b['throughput_qps']:.4f} |")
-            if "flowsage" in per:
-                fs = per["flowsage"]["tenants"]
-                base = {p: per[p]["tenants"] for p in BASELINES if p in per}
-                best_ui = min((v["interactive"]["p95"] for v in base.values()), default=math.nan)
-                best_b = max((v["batch"]["throughput_qps"] for v in base.values()),
-                             default=math.nan)
-                lines += ["", f"- interactive P95 / alone ({alone['p95']:.1f} s): "
-                              f"{fs['interactive']['p95'] / alone['p95']:.3f} (target <= 1.2)",
+            base = {p: per[p]["tenants"] for p in BASELINES if p in per}
+            best_ui = min((v["interactive"]["p95"] for v in base.values()), default=math.nan)
+            best_b = max((v["batch"]["throughput_qps"] for v in base.values()),
+                         default=math.nan)
+            lines.append("")
+            for label in ("flowsage", "flowsage" + PREEMPT):
+                if label not in per:
+                    continue
+                fs = per[label]["tenants"]
+                stopped = fs["batch"].get("preempted_calls")
+                lines += [f"{label}:",
+                          f"- interactive P95 / alone ({alone['p95']:.1f} s): "
+                          f"{fs['interactive']['p95'] / alone['p95']:.3f} (target <= 1.2)",
                           f"- interactive P95 / best baseline: "
                           f"{fs['interactive']['p95'] / best_ui:.3f} (target <= 0.8)",
                           "- batch completed: "
                           f"{fs['batch']['completed'] / fs['batch']['queries']:.3f}"
                           f" (target >= 0.95); batch throughput / best baseline: "
-                          f"{fs['batch']['throughput_qps'] / best_b:.3f} (target >= 0.9)", ""]
+                          f"{fs['batch']['throughput_qps'] / best_b:.3f} (target >= 0.9)"]
+                if stopped is not None:
+                    lines.append(f"- batch calls preempted per batch query: "
+                                 f"{stopped / fs['batch']['queries']:.2f}")
+            lines.append("")
         light_alone = get(c, "light-alone", "flowsage", "light")
         per = cells.get(f"{c}/fairness", {}).get("policies", {})
         if per and light_alone is not None:

@@ -1,6 +1,7 @@
 """An evaluation run beside page users on one served cluster: latency per SLO class.
 
     python benchmarks/serving_classes.py [--policies flowsage,vllm] [--phase-s 30]
+        [--preemption off,class]
 
 Issue 22's serving measurement, on loopback. For each policy it starts ``serve.py`` in a
 subprocess (a free loopback port) with two API keys of different classes — ``page``
@@ -23,6 +24,11 @@ counted. Printed per policy and class: median and P95, answers per second, refus
 the ratios that matter — interactive P95 with the flood over alone, and each policy's
 interactive P95 under the flood over the first policy's. Ratios, not absolute claims: the
 instances are scripted and the machine is shared.
+
+``--preemption off,class`` runs each policy once per mode (``scheduler.preemption``; a run
+with it on is labelled ``POLICY+preempt``): with single-slot instances the page user's wait
+under the flood is the remainder of whichever batch call holds the slot, which only stopping
+that call can shorten.
 
 Before the scheduler ranks by class (issue 22 §1-2, sched22's half) every call is ranked
 alike and this measures today's behaviour; afterwards the same command shows the effect.
@@ -82,7 +88,8 @@ def p95(values: list[float]) -> float:
     return percentile(values, 0.95)
 
 
-def server_config(args: argparse.Namespace, policy: str) -> dict[str, Any]:
+def server_config(args: argparse.Namespace, policy: str, preemption: str = "off"
+                  ) -> dict[str, Any]:
     instances = [{"name": f"scripted-{i}", "max_inflight": args.inflight,
                   "backend": {"type": "scripted", "name": f"scripted-{i}", "default": SQL,
                               "latency_s": args.latency, "per_token_s": args.per_token}}
@@ -91,14 +98,15 @@ def server_config(args: argparse.Namespace, policy: str) -> dict[str, Any]:
     if args.interactive_slo is not None:
         classes["interactive"] = {"slo_seconds": args.interactive_slo}
     return {"fewshot": None, "pipeline": args.pipeline, "instances": instances,
-            "scheduler": {"policy": policy, "slo_classes": classes},
+            "scheduler": {"policy": policy, "slo_classes": classes, "preemption": preemption},
             "server": {"drain_s": 2, "tenants": [
                 {"name": "page", "keys": [PAGE_KEY], "slo_class": "interactive"},
                 {"name": "evalrun", "keys": [EVAL_KEY], "slo_class": "batch"}]}}
 
 
-def start_server(args: argparse.Namespace, policy: str) -> tuple[subprocess.Popen, str]:
-    proc, url, _ = serve(server_config(args, policy), prefix="agentflow-classes-")
+def start_server(args: argparse.Namespace, policy: str, preemption: str = "off"
+                 ) -> tuple[subprocess.Popen, str]:
+    proc, url, _ = serve(server_config(args, policy, preemption), prefix="agentflow-classes-")
     return proc, url
 
 
@@ -162,8 +170,9 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, dict[str, Cla
             "both": await phase(url, args, True, True)}
 
 
-def run_policy(args: argparse.Namespace, policy: str) -> dict[str, dict[str, ClassRun]]:
-    proc, url = start_server(args, policy)
+def run_policy(args: argparse.Namespace, policy: str, preemption: str = "off"
+               ) -> dict[str, dict[str, ClassRun]]:
+    proc, url = start_server(args, policy, preemption)
     try:
         return asyncio.run(measure(url, args))
     finally:
@@ -236,8 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-s", type=float, default=30.0, help="seconds per phase")
     p.add_argument("--warmup-s", type=float, default=4.0,
                    help="answers to questions asked in a phase's first seconds are not counted")
+    p.add_argument("--preemption", default="off",
+                   help="comma-separated scheduler.preemption modes (off, class), each policy "
+                        "run once per mode")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
+    modes = [x.strip() for x in args.preemption.split(",") if x.strip()]
+    if not modes or any(m not in ("off", "class") for m in modes):
+        p.error(f"--preemption takes off and/or class, got {args.preemption!r}")
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     if not policies or args.phase_s <= args.warmup_s:
         p.error("give at least one policy, and --phase-s longer than --warmup-s")
@@ -248,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
           f"questions in flight; {args.phase_s:g} s phases", flush=True)
     results = {}
     for policy in policies:
-        results[policy] = run_policy(args, policy)
-        print("\n".join(report({policy: results[policy]})), flush=True)
+        for mode in modes:
+            label = policy if mode == "off" else f"{policy}+preempt"
+            results[label] = run_policy(args, policy, mode)
+            print("\n".join(report({label: results[label]})), flush=True)
     if len(results) > 1:
         print("# all policies")
         print("\n".join(report(results)))

@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="refuse (reject: would_miss_deadline) or move to batch a query whose "
                         "remaining critical path cannot meet its deadline at the current "
                         "load (default off)")
+    p.add_argument("--preemption", choices=("off", "class"), default="off",
+                   help="stop running lower-class calls for a better class's call "
+                        "(scheduler.preemption; default off)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed for arrivals and sampling; same seed, same result (default 0)")
     p.add_argument("--slo-scale", type=float, default=2.0,
@@ -179,6 +182,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out["config"]["deadline_admission"] = args.deadline_admission
     elif args.deadline_admission != "off":
         out["config"]["deadline_admission"] = args.deadline_admission
+    if args.preemption != "off":
+        out["config"]["preemption"] = args.preemption
     print_table(table_console(140), out)
     if args.tenant:
         print_tenant_table(table_console(140), out)
@@ -214,7 +219,7 @@ class PolicyCellInputs:
 def _cell_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("slo_scale", "alpha", "tune_alpha", "cached_prefix",
                                           "goodput", "queries", "arrival", "seed",
-                                          "deadline", "deadline_admission")}
+                                          "deadline", "deadline_admission", "preemption")}
 
 
 def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
@@ -247,7 +252,10 @@ def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
 def _scheduler_options(o: dict[str, Any]) -> dict[str, Any]:
     """``Simulation`` settings beyond the defaults (none unless asked: unchanged runs)."""
     mode = o.get("deadline_admission", "off")
-    return {} if mode == "off" else {"deadline_admission": mode}
+    out = {} if mode == "off" else {"deadline_admission": mode}
+    if o.get("preemption", "off") != "off":
+        out["preemption"] = o["preemption"]
+    return out
 
 
 def print_tenant_table(console: Console, out: dict) -> None:

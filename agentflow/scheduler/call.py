@@ -73,6 +73,7 @@ class ScheduledCall:
     finished_at: float | None = None
     priority: int = 0
     attempts: int = 0
+    preemptions: int = 0  # times it was stopped for a better class (scheduler.preemption)
     co_runners_at_start: int = 0  # calls its instance was running when it was admitted
     kv_reserved: int = 0  # KV tokens its instance holds for it (grows if it outgrows that)
     excluded: set[str] = field(default_factory=set)  # instances that failed this call

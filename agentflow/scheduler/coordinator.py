@@ -33,7 +33,13 @@ from agentflow.scheduler.classes import (
     with_classes,
 )
 from agentflow.scheduler.cluster import InstanceSpec
-from agentflow.scheduler.decisions import Decision, FailCall, QueryRejected, StartCall
+from agentflow.scheduler.decisions import (
+    Decision,
+    FailCall,
+    PreemptCall,
+    QueryRejected,
+    StartCall,
+)
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.fairness import TenantShares, rekey_tenants
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
@@ -42,12 +48,13 @@ from agentflow.scheduler.observer import CoordinatorObserver, observed
 from agentflow.scheduler.paths import WorkflowPaths
 from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.policies.base import BatchView
+from agentflow.scheduler.preemption import preemption_mode, victims
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
 from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass, resolve_class
 from agentflow.workflow.clock import Clock
 
 __all__ = ["Coordinator", "CoordinatorObserver", "Decision", "StartCall", "FailCall",
-           "QueryRejected", "BatchView"]
+           "PreemptCall", "QueryRejected", "BatchView"]
 
 
 class Coordinator(WorkflowPaths):
@@ -62,9 +69,12 @@ class Coordinator(WorkflowPaths):
                  max_attempts: int = 3, admit_by_backlog: bool = False,
                  max_backlog_s: float | None = None,
                  slo_classes: Mapping[str, SloClass] | None = None,
-                 deadline_admission: str | None = None, **queue_kwargs: Any):
+                 deadline_admission: str | None = None, preemption: str | None = None,
+                 **queue_kwargs: Any):
         """``length_model``: the length model; None builds the one the policy name picks
-        (``flowsage@oracle``; the learned length model by default)."""
+        (``flowsage@oracle``; the learned length model by default). ``preemption``: ``off``
+        (None) or ``class`` (``scheduler.preemption``; acts only under a queue policy that
+        keeps room for better classes, flowsage)."""
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         names = [s.name for s in instances]
@@ -94,6 +104,11 @@ class Coordinator(WorkflowPaths):
             gate = headroom_gate(self)
             for q in self.queues.values():
                 q.gate = gate
+        # Stop running lower-class calls for a better class (scheduler.preemption). Only
+        # where the headroom gate keeps a stopped call from starting again beside the call
+        # it made way for.
+        self.preemption = preemption_mode(preemption)
+        self.preempted_calls = 0  # calls stopped so far (each also counts on the call)
         self._init_view(instances)
         self.length_model = length_model if length_model is not None \
             else make_length_model(parse_policy(policy).length_model)
@@ -399,7 +414,10 @@ class Coordinator(WorkflowPaths):
             self.prefix_index.record(instance, call.prefix_hashes)
         queue = self.queues[instance]
         queue.enqueue(call, now, self)
-        return self._admit(queue, now)
+        decisions = self._admit(queue, now)
+        if call.state == CallState.WAITING and self._preempts():
+            decisions += self._preempt(queue, victims(self, queue, call, now), now)
+        return decisions
 
     def _admit(self, queue: InstanceQueue, now: float) -> list[Decision]:
         started = queue.admit(now, self, self._kv_tokens)
@@ -410,7 +428,40 @@ class Coordinator(WorkflowPaths):
         if isinstance(self._queue_policy, ClassRankedQueue):  # the backend ranks by class too
             for c in started:
                 c.priority = engine_priority(self, c)
-        return [StartCall(c, queue.name, c.priority) for c in started]
+        decisions: list[Decision] = [StartCall(c, queue.name, c.priority, c.preemptions)
+                                       for c in started]
+        if started and self._preempts():
+            for c in started:
+                if c.state == CallState.RUNNING:  # not itself stopped by an earlier one
+                    decisions += self._preempt(queue, victims(self, queue, c, now), now)
+        return decisions
+
+    def _preempts(self) -> bool:
+        return self.preemption is not None and self._fair
+
+    def _preempt(self, queue: InstanceQueue, stop: list[ScheduledCall], now: float
+                 ) -> list[Decision]:
+        """Stop ``stop`` on ``queue`` (``scheduler.preemption``), re-queue each through
+        dispatch with its sequence number (its place within its class), then admit into the
+        room made. Progress is lost: the call runs again from its prompt."""
+        if not stop:
+            return []
+        decisions: list[Decision] = []
+        for victim in stop:
+            queue.finish(victim)
+            victim.state = CallState.WAITING
+            victim.attained_tokens = 0
+            victim.started_at = None
+            decisions.append(PreemptCall(victim, queue.name, victim.preemptions))
+            victim.preemptions += 1
+            self.preempted_calls += 1
+        decisions += self._admit(queue, now)
+        for victim in stop:
+            if victim.state != CallState.WAITING or victim in queue.waiting:
+                continue  # already admitted again by an earlier victim's dispatch
+            victim.query.calls_version += 1  # attained service went back to 0
+            decisions += self._dispatch(victim, now)
+        return decisions
 
     def _retry_after(self, now: float) -> float:
         """Seconds until the least loaded instance would drain its queue (>= 1)."""

@@ -10,7 +10,9 @@ keeps failing stops getting work and is probed with one tiny call before it gets
 again (first after ``probe_after_s``, backing off up to ``revive_after_s``; None: never).
 A backend that watches its own process (a Ray actor, ``agentflow.distributed``) offers
 ``watch_health(listener)``: a death it notices between calls takes the instance out at once.
-A query's cancellation removes its calls everywhere.
+A query's cancellation removes its calls everywhere. A call the coordinator stops for a
+better class (``scheduler.preemption``) has its backend request cancelled and waits for its
+next admission; that attempt's late reports are dropped, and its query sees only the delay.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ from agentflow.llm.base import (
 )
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.call_deadline import CallDeadlines
-from agentflow.scheduler.coordinator import Coordinator, Decision, FailCall, StartCall
+from agentflow.scheduler.coordinator import (
+    Coordinator,
+    Decision,
+    FailCall,
+    PreemptCall,
+    StartCall,
+)
 from agentflow.scheduler.health import HealthSettings, HealthState, HealthTracker, Transition
 from agentflow.slo_classes import DEFAULT_CLASS
 from agentflow.workflow.graph import WorkflowRun
@@ -76,7 +84,8 @@ class ScheduledRouter:
         self.down_reasons: dict[str, str] = {}
         self.attempt_listeners: list[AttemptListener] = []
         # attempts by outcome and instance since start (for /metrics): timeout, stalled,
-        # error, retried (re-dispatched after any of those)
+        # error, retried (re-dispatched after any of those), preempted (stopped for a
+        # better class, re-queued; not a failure)
         self.counts: Counter[tuple[str, str]] = Counter()
         for name, backend in backends.items():
             watch = getattr(backend, "watch_health", None)
@@ -128,14 +137,18 @@ class ScheduledRouter:
         failed: list[dict[str, str]] = []  # attempts given up on, for the answer's timeline
         while True:
             try:
-                instance, priority = await sc.payload
+                instance, priority, attempt = await sc.payload
             except asyncio.CancelledError:
                 self._apply(self.coordinator.on_call_cancelled(sc))
                 raise
+            if attempt != sc.preemptions:
+                continue  # that run was stopped before it began: wait for the next start
             started = self.clock.now()
             request = replace(call.request, priority=priority, slo_rank=rank)
 
-            def progress(tokens: int, sc: ScheduledCall = sc) -> None:
+            def progress(tokens: int, sc: ScheduledCall = sc, attempt: int = attempt) -> None:
+                if sc.preemptions != attempt:
+                    return  # a stopped run still reporting
                 self._progress_at[sc] = self.clock.now()
                 self._apply(self.coordinator.on_call_progress(sc, tokens))
                 if on_progress:
@@ -147,6 +160,9 @@ class ScheduledRouter:
                 result = await self._watch(sc, instance, task, started)
             except asyncio.CancelledError:
                 self._forget(sc)
+                if sc.preemptions > attempt and not _outer_cancelled():
+                    self._moved.discard(sc)
+                    continue  # stopped for a better class: wait for the next admission
                 if sc in self._moved and not _outer_cancelled():
                     self._moved.discard(sc)
                     sc.payload = loop.create_future()
@@ -163,6 +179,8 @@ class ScheduledRouter:
                 raise
             except CallTimedOut as err:
                 self._forget(sc)
+                if sc.preemptions > attempt:
+                    continue  # that run was stopped anyway; the call is queued again
                 sc.payload = loop.create_future()
                 for listener in self.attempt_listeners:
                     listener(request, instance, err)
@@ -174,6 +192,8 @@ class ScheduledRouter:
                 continue
             except BackendError as err:
                 self._forget(sc)
+                if sc.preemptions > attempt:
+                    continue
                 sc.payload = loop.create_future()
                 self.counts["error", instance] += 1
                 failed.append({"instance": instance, "error": str(err)})
@@ -186,6 +206,8 @@ class ScheduledRouter:
                 self._apply(decisions)
                 continue
             self._forget(sc)
+            if sc.preemptions > attempt:
+                continue  # it finished as it was being stopped: the redo's answer counts
             self._health(self.health.on_success(instance, self.clock.now()))
             self._apply(self.coordinator.on_call_done(
                 sc, output_tokens=result.completion_tokens, ttft_s=result.ttft_s,
@@ -246,13 +268,27 @@ class ScheduledRouter:
 
     def _apply(self, decisions: list[Decision]) -> None:
         for d in decisions:
+            if isinstance(d, PreemptCall):
+                self._stop(d)
+                continue
             future = d.call.payload
             if future is None or future.done():
                 continue
             if isinstance(d, StartCall):
-                future.set_result((d.instance, d.priority))
+                future.set_result((d.instance, d.priority, d.attempt))
             elif isinstance(d, FailCall):
                 future.set_exception(BackendError(d.reason, retryable=False))
+
+    def _stop(self, d: PreemptCall) -> None:
+        """Cancel the stopped run's backend request (an HTTP request to vLLM or
+        llama-server is aborted with it); the call's next admission resolves a fresh
+        future, which ``submit`` waits on once that run has unwound."""
+        sc = d.call
+        sc.payload = asyncio.get_running_loop().create_future()
+        self.counts["preempted", d.instance] += 1
+        task = self._inflight.get(sc)
+        if task is not None and not task.done():
+            task.cancel()
 
     def _health(self, transition: Transition | None) -> None:
         """Act on a health change: out of service (waiting calls move; when down, running

@@ -30,7 +30,8 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
                       admit_by_backlog: bool = False,
                       max_backlog_s: float | None = None,
                       slo_classes: Mapping[str, SloClass] | None = None,
-                      deadline_admission: str | None = None) -> Coordinator:
+                      deadline_admission: str | None = None,
+                      preemption: str | None = None) -> Coordinator:
     """``instances`` must be named (``expand_instances``); ``length_model`` defaults to the
     length model the policy name picks, with ``embedder``."""
     specs = [InstanceSpec.from_config(cfg) for cfg in instances]
@@ -40,7 +41,8 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
                        max_waiting_calls=max_waiting_calls,
                        max_active_queries=max_active_queries,
                        admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s,
-                       slo_classes=slo_classes, deadline_admission=deadline_admission)
+                       slo_classes=slo_classes, deadline_admission=deadline_admission,
+                       preemption=preemption)
 
 
 def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
@@ -51,4 +53,5 @@ def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
             "admit_by_backlog": scheduler.admit_by_backlog,
             "max_backlog_s": scheduler.max_backlog_s,
             "slo_classes": dict(scheduler.slo_classes),
-            "deadline_admission": scheduler.deadline_admission}
+            "deadline_admission": scheduler.deadline_admission,
+            "preemption": scheduler.preemption}

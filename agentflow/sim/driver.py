@@ -27,6 +27,7 @@ from typing import Any
 
 from agentflow.metrics import SLO_SCALES
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
+from agentflow.scheduler.decisions import PreemptCall
 from agentflow.scheduler.lengths import TrueLengths, make_length_model
 from agentflow.scheduler.policies import parse_policy
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS
@@ -63,6 +64,7 @@ class QueryRecord:
     calls: int = 0
     tenant: str | None = None  # who sent it (shared-cluster runs), None otherwise
     slo_class: str | None = None  # its SLO class as admitted (admission may move it)
+    preemptions: int | None = None  # its calls stopped for a better class (None: off)
 
     @property
     def latency_s(self) -> float | None:
@@ -115,7 +117,7 @@ class Simulation:
                  faults: Sequence[Fault] = (),
                  on_stage: Callable[[StageTiming], None] | None = None,
                  slo_classes: Mapping[str, SloClass] | None = None,
-                 deadline_admission: str | None = None):
+                 deadline_admission: str | None = None, preemption: str | None = None):
         """``on_stage`` is called with each stage's ``StageTiming`` as the stage finishes.
 
         ``cached_prefix``: a fixed fraction of every prompt served from a prefix cache (0:
@@ -126,7 +128,10 @@ class Simulation:
 
         ``slo_classes`` (None: the defaults) and ``deadline_admission`` (None: off;
         ``reject`` or ``batch``, ``agentflow.scheduler.backlog``) as serving's scheduler
-        settings."""
+        settings; ``preemption`` (None or ``off``; ``class``) too: a stopped call is aborted on
+        its engine (KV freed, its prompt's prefix blocks left in the cache) and runs again from
+        its prompt when the scheduler admits it again — its generated tokens are lost
+        (recompute), as in vLLM's preemption."""
         self.prefix_cache = cached_prefix == "auto"
         if self.prefix_cache:
             cached_prefix = 0.0
@@ -148,7 +153,8 @@ class Simulation:
         self.coordinator = build_coordinator(
             instances, clock=self.clock, policy=policy, alpha=alpha, length_model=self.length_model,
             max_waiting_calls=max_waiting_calls, max_active_queries=max_active_queries,
-            admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s)
+            admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s,
+            preemption=preemption)
         if slo_classes is not None:
             self.coordinator.slo_classes = slo_classes
         if deadline_admission is not None:
@@ -184,6 +190,8 @@ class Simulation:
                                  idle_latency_s=idle,
                                  tenant=tenants[i] if tenants is not None else None,
                                  slo_class=classes[i] if classes is not None else None)
+            if self.coordinator.preemption is not None:
+                record.preemptions = 0
             records.append(record)
             self._push(float(t), "arrival", (q, record))
         for fault in self.faults:
@@ -358,11 +366,12 @@ class Simulation:
         engine = self.instances[name]
         now = self.clock.now()
         for ev in engine.step_until(now):
-            call = self._calls.get(ev.seq_id)
-            if call is None or call.instance != name or call.state != CallState.RUNNING:
-                continue  # an aborted call, or one that moved to another instance
+            call = self._calls.get(ev.seq_id.partition(_ATTEMPT)[0])
+            if call is None or call.instance != name or call.state != CallState.RUNNING \
+                    or ev.seq_id != _engine_id(call):
+                continue  # an aborted call or attempt, or one that moved to another instance
             if ev.kind == "finished":
-                del self._calls[ev.seq_id]
+                del self._calls[call.id]
                 self._apply(self.coordinator.on_call_done(
                     call, output_tokens=ev.output_tokens, ttft_s=ev.ttft_s or 0.0,
                     total_s=ev.total_s or 0.0))
@@ -384,7 +393,7 @@ class Simulation:
                     per_block = call.prompt_tokens * BLOCK_TOKENS / call.prefix_pseudo_tokens
                 try:
                     self.instances[d.instance].add(
-                        call.id, call.prompt_tokens,
+                        _engine_id(call, d.attempt), call.prompt_tokens,
                         max(1, self._trace_nodes[query_id][node_id].output_tokens),
                         d.priority, now, cached_tokens=int(self.cached_prefix *
                                                            call.prompt_tokens),
@@ -394,6 +403,12 @@ class Simulation:
                                                                 retryable=True))
                     continue
                 touched.add(d.instance)
+            elif isinstance(d, PreemptCall):  # already back in a queue: abort this attempt
+                self.instances[d.instance].abort(_engine_id(d.call, d.attempt), now)
+                touched.add(d.instance)
+                entry = self._runs.get(d.call.payload[0])
+                if entry is not None and entry[2].preemptions is not None:
+                    entry[2].preemptions += 1
             elif isinstance(d, FailCall):
                 query_id = d.call.payload[0]
                 entry = self._runs.get(query_id)
@@ -405,7 +420,7 @@ class Simulation:
                     running, more = self.coordinator.cancel_query(query_id)
                     for call in running:  # siblings still running: the engines drop them
                         assert call.instance is not None  # running calls were dispatched
-                        if self.instances[call.instance].abort(call.id, now):
+                        if self.instances[call.instance].abort(_engine_id(call), now):
                             touched.add(call.instance)
                     for call_id in [i for i, c in self._calls.items()
                                     if c.payload[0] == query_id]:
@@ -426,7 +441,7 @@ class Simulation:
                               if c.instance == name and c.state == CallState.RUNNING),
                              key=lambda c: c.seq)
             for call in victims:
-                engine.abort(call.id, now)
+                engine.abort(_engine_id(call), now)
             self._apply(self.coordinator.on_instance_down(name))
             for call in victims:  # as serving does: each comes back as a retryable failure
                 self._apply(self.coordinator.on_call_failed(
@@ -451,3 +466,13 @@ class Simulation:
 
     def _push(self, t: float, kind: str, payload: Any) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
+
+
+_ATTEMPT = "~"  # engine sequence ids: the call's id, then ~n for its n-th run after a preemption
+
+
+def _engine_id(call: Any, preemptions: int | None = None) -> str:
+    """The engine's id for the call's current attempt (``preemptions``: another attempt), so
+    an event the engine still reports for an aborted attempt is told apart from the redo."""
+    n = call.preemptions if preemptions is None else preemptions
+    return call.id if n == 0 else f"{call.id}{_ATTEMPT}{n}"

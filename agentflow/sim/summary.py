@@ -36,7 +36,14 @@ def summarize_records(records: Sequence[Any], scales=SLO_SCALES) -> dict[str, An
         "makespan": makespan,
         "throughput_qps": qps or 0.0,
         "slo_attainment": attainment_table(outs, scales),
+        **_preempted(records),
     }
+
+
+def _preempted(records: Sequence[Any]) -> dict[str, int]:
+    """Calls stopped for a better class (``scheduler.preemption``), only when it was on."""
+    counts = [r.preemptions for r in records if getattr(r, "preemptions", None) is not None]
+    return {"preempted_calls": sum(counts)} if counts else {}
 
 
 def summarize(result, scales=SLO_SCALES) -> dict[str, Any]:
