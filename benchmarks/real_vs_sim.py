@@ -61,6 +61,17 @@ from agentflow.sim.cluster import load_cluster  # noqa: E402
 from agentflow.sim.engine import SimInstance, engine_for  # noqa: E402
 from agentflow.sim.workload import TraceQuery, arrival_times, load_trace  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rvs_attribution import (  # noqa: E402
+    Split,
+    breakdown,
+    in_flight_at_submit,
+    per_call_records,
+    print_breakdown,
+    real_split,
+    sim_split,
+)
+
 _WORDS = ("time year people way day man thing woman life child world school state family "
           "student group country problem hand part place case week company system program "
           "question work government number night point home water room mother area money "
@@ -148,6 +159,10 @@ class Outcome:
     submit: dict[str, float] = field(default_factory=dict)
     finish: dict[str, float] = field(default_factory=dict)
     prompt_tokens: dict[str, int] = field(default_factory=dict)  # as the engine counted
+    # queue / prefill / decode of each call (rvs_attribution): the simulator's events, or
+    # the caller's clock with the engine's own timings
+    split: dict[str, Split] = field(default_factory=dict)
+    engine_timings: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     wall_s: float = 0.0
     # Real side: per instance, the share of a core its server got while it had work (CPU
     # seconds of the process over the wall seconds with a call in flight).
@@ -210,6 +225,8 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance]) -> Outcome:
             if ev.kind != "finished":
                 continue
             out.finish[ev.seq_id] = ev.time
+            out.split[ev.seq_id] = sim_split(ev.queue_s or 0.0, ev.ttft_s or 0.0,
+                                             ev.total_s or 0.0)
             for child in children.get(ev.seq_id, ()):
                 missing[child.id] -= 1
                 if missing[child.id] == 0:
@@ -274,6 +291,9 @@ async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, 
         result = await backends[c.instance].generate(request)
         out.finish[c.id] = time.perf_counter() - t0
         out.prompt_tokens[c.id] = result.prompt_tokens
+        out.engine_timings[c.id] = result.engine_timings
+        out.split[c.id] = real_split(out.finish[c.id] - out.submit[c.id], result.ttft_s,
+                                     result.engine_timings)
         if result.completion_tokens != c.output_tokens:
             raise RuntimeError(f"{c.id}: {result.completion_tokens} output tokens, asked for "
                                f"{c.output_tokens} (is ignore_eos reaching the server?)")
@@ -588,11 +608,17 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
     if plot is not None:
         save_plot(plot, r_call, s_call, r_q, s_q)
         print(f"plot: {plot}")
+    conc = in_flight_at_submit(real.submit, real.finish,
+                               {c.id: c.instance for cs in w.calls for c in cs})
+    table = breakdown(real.split, sim.split, conc)
+    print_breakdown(table)
     median_call = float(np.median(call_err))
     p95_query = float(np.percentile(q_err, 95))
     return {"median_call_error": median_call, "p95_query_error": p95_query,
             "call_real_s": r_call.tolist(), "call_sim_s": s_call.tolist(),
-            "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy}
+            "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy,
+            "attribution": table,
+            "calls": per_call_records(ids, real.split, sim.split, conc, real.engine_timings)}
 
 
 def error_figures(w: Workload, real: Outcome, sim: Outcome) -> dict[str, float]:

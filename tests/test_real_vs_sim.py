@@ -136,3 +136,39 @@ def test_policy_comparison_runs_both_sides_on_the_same_scaled_workload():
     assert [n.parents for n in q.nodes] == [n.parents for n in query("q").nodes]
     cluster = sim_cluster(str(CLUSTER))
     assert {i.max_num_seqs for i in cluster.instances} == {4}
+
+
+def test_attribution_splits_each_call_and_names_the_phase_that_is_off():
+    from rvs_attribution import Split, breakdown, in_flight_at_submit, real_split, sim_split
+
+    # llama-server's own timings: 2 s of prompt, 3 s of decode in a 6 s call -> 1 s queued
+    assert real_split(6.0, 2.5, {"prompt_ms": 2000, "predicted_ms": 3000}) == \
+        Split(1.0, 2.0, 3.0)
+    # without them the first token splits the call (no queue can be told apart)
+    assert real_split(6.0, 2.5, None) == Split(0.0, 2.5, 3.5)
+    assert sim_split(0.5, 2.0, 5.0) == Split(0.5, 2.0, 3.0)
+    # a alone; b and c overlap on i0 (c submitted while b runs); d alone on i1
+    submit = {"a": 0.0, "b": 10.0, "c": 11.0, "d": 10.5}
+    finish = {"a": 5.0, "b": 20.0, "c": 18.0, "d": 12.0}
+    conc = in_flight_at_submit(submit, finish, {"a": "i0", "b": "i0", "c": "i0", "d": "i1"})
+    assert conc == {"a": 1, "b": 1, "c": 2, "d": 1}
+    real = {"a": Split(0, 2, 3), "b": Split(0, 4, 6), "c": Split(3, 2, 2), "d": Split(0, 1, 1)}
+    sim = {"a": Split(0, 2, 3), "b": Split(0, 4, 6), "c": Split(0, 2, 2), "d": Split(0, 1, 1)}
+    table = breakdown(real, sim, conc)
+    assert table["1"]["calls"] == 3 and table["1"]["median_call_error"] == 0.0
+    # all of the error is c's queue, which only the overlapping bin has
+    assert table["2"]["queue"] == {"real_s": 3.0, "sim_s": 0.0, "abs_err_s": 3.0,
+                                   "error_share": 1.0}
+    assert table["all"]["queue"]["error_share"] == 1.0
+    assert table["all"]["decode"]["error_share"] == 0.0
+
+
+def test_the_simulated_replay_records_each_calls_phases():
+    engines = sim_engines(str(CLUSTER))
+    w = build_workload([query("x")], list(engines), rate=1.0, seed=0, scale=1.0,
+                       max_prompt=None, max_output=None, assign="query")
+    out = replay_sim(w, engines)
+    for c in w.calls[0]:
+        split = out.split[c.id]
+        assert split.prefill > 0 and split.total == pytest.approx(out.call_latency(c.id))
+        assert (split.decode > 0) == (c.output_tokens > 1)
