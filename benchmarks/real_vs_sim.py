@@ -71,6 +71,7 @@ from rvs_attribution import (  # noqa: E402
     real_split,
     sim_split,
 )
+from rvs_environment import Quietness  # noqa: E402
 
 _WORDS = ("time year people way day man thing woman life child world school state family "
           "student group country problem hand part place case week company system program "
@@ -163,6 +164,8 @@ class Outcome:
     # the caller's clock with the engine's own timings
     split: dict[str, Split] = field(default_factory=dict)
     engine_timings: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    environment: dict[str, float] = field(default_factory=dict)  # rvs_environment
+    environment_line: str = ""
     wall_s: float = 0.0
     # Real side: per instance, the share of a core its server got while it had work (CPU
     # seconds of the process over the wall seconds with a call in flight).
@@ -300,9 +303,26 @@ async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, 
         done[c.id].set()
 
     cpu0 = {n: cpu_seconds(b) for n, b in backends.items()}
-    await asyncio.gather(*(run_call(c, w.arrivals[qi]) for qi, cs in enumerate(w.calls)
-                           for c in cs))
+    quiet = Quietness()
+    quiet.begin()
+
+    async def sample_load() -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            quiet.sample()
+
+    sampler = asyncio.ensure_future(sample_load())
+    try:
+        await asyncio.gather(*(run_call(c, w.arrivals[qi]) for qi, cs in enumerate(w.calls)
+                               for c in cs))
+    finally:
+        sampler.cancel()
     out.wall_s = time.perf_counter() - t0
+    used_now = {n: cpu_seconds(b) for n, b in backends.items()}
+    engines = None if any(v is None for v in (*used_now.values(), *cpu0.values())) else \
+        sum(used_now[n] - cpu0[n] for n in backends)  # type: ignore[operator]
+    out.environment = quiet.end(engines)
+    out.environment_line = quiet.line()
     for name, b in backends.items():
         used, start = cpu_seconds(b), cpu0[name]
         busy = busy_seconds([(out.submit[c.id], out.finish[c.id]) for cs in w.calls
@@ -723,6 +743,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"real replay: {real.wall_s:.1f} s wall; prompt tokens as served vs planned: "
           f"mean |diff| {np.mean(off):.2f}, max {max(off)}")
     result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
+    print(real.environment_line)
+    result["environment"] = real.environment
     if real.cpu_share:
         # The same replay with each simulated core slowed to the share of its core the
         # real server got (measured by the OS, not fitted): what the engine physics gets

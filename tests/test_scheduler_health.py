@@ -116,7 +116,8 @@ def test_a_call_deadline_is_a_high_quantile_times_a_safety_factor_bounded_by_the
     assert d.expected_quantile_s(call, "a") == pytest.approx(4 * q90, rel=0.1)
     # each failed attempt doubles the limit (a re-dispatched call is not cut short again)
     call.attempts = 1
-    assert d.limit_s(call, "a", 0.0) == pytest.approx(2 * 3 * d.expected_quantile_s(call, "a"))
+    assert d.limit_s(call, "a", 0.0) == pytest.approx(
+        2 * 3 * d.expected_quantile_s(call, "a") * d.speed_factor("a"))
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -190,3 +191,49 @@ def test_a_stalled_stream_is_cut_and_rerun_elsewhere() -> None:
         assert ask_many(af, 4) == {"done": 4}
         assert af.router.counts["stalled", "staller"] >= 1
         assert af.router.health.state("staller") != HealthState.HEALTHY
+
+
+def test_deadlines_stretch_with_how_far_an_instances_healthy_calls_run_over() -> None:
+    """A scripted slow instance, counted not timed: one call in five shares its engine
+    with others and runs 8x its profile-priced time (a loaded CPU host batching four
+    calls), the rest 1x. Priced at the mean speed alone, the slow-but-healthy ones overrun
+    their deadline and would be retried; scaled by the instance's observed spread, none
+    does, while a hung call (1,000x) is still cut."""
+    spread = (1.0, 1.0, 1.0, 1.0, 8.0)
+
+    def run(settings: HealthSettings) -> tuple[int, int, bool]:
+        clock = ManualClock()
+        c = Coordinator([InstanceSpec("cpu", gpu="Xeon-core", model="gemma-3-270m",
+                                      max_inflight=4)], clock=clock, policy="vllm")
+        d = CallDeadlines(c, settings)
+        base = c.time_models["cpu"]
+        solo_ttft = base.prefill_s(500)
+        solo_total = solo_ttft + 19 * base.decode_s_per_token
+        overran = 0
+        for i in range(100):
+            qid = f"q{i}"
+            c.on_query_arrival(qid, deadline=None)
+            call, started = c.on_call_ready(qid, stage="extract_keywords", node_id="n",
+                                            prompt_tokens=500)
+            assert [s.instance for s in started] == ["cpu"]
+            factor = spread[i % len(spread)]
+            took = solo_total * factor
+            if i >= 50:  # the first 50 teach the models; count over the next 50
+                overran += took > d.limit_s(call, "cpu", clock.now())
+            clock.advance(took)
+            c.on_call_done(call, output_tokens=20, ttft_s=solo_ttft * factor, total_s=took)
+            c.on_query_done(qid)
+        c.on_query_arrival("hung", deadline=None)
+        hung, _ = c.on_call_ready("hung", stage="extract_keywords", node_id="n",
+                                  prompt_tokens=500)
+        return overran, int(d.speed_factor("cpu")), \
+            1000 * solo_total > d.limit_s(hung, "cpu", clock.now())
+
+    plain = HealthSettings(deadline_min_s=0.01, deadline_speed_quantile=None)
+    overran, factor, hung_cut = run(plain)
+    assert overran == 10 and factor == 1 and hung_cut  # every 8x call of the 50 overran
+    overran, factor, hung_cut = run(HealthSettings(deadline_min_s=0.01))
+    assert overran == 0 and factor >= 2 and hung_cut
+    # the cap bounds how far a merely slow instance can stretch its own deadlines
+    _, factor, _ = run(HealthSettings(deadline_min_s=0.01, deadline_speed_cap=1.5))
+    assert factor == 1  # int(1.5)

@@ -11,11 +11,19 @@ An instance that has never finished a call (it hung from the start, or just join
 uncorrected time model; for it the correction ratios of its peers (same GPU and model) that
 have finished calls stand in, so a hung instance is found as fast as a slow one would be.
 
+The time model's ratios correct the *mean* speed; calls on a batching engine spread around
+it (a call alone runs at the mean or faster, one sharing every step with three others and
+a newcomer's prompt runs several times longer). Measured on two llama-server instances on a
+CPU: 3-8 healthy calls of 582 overran a deadline priced at the mean and were retried. So
+the limit is also scaled by the instance's observed spread: a high quantile of observed /
+expected time over its last finished calls (``HealthSettings.deadline_speed_quantile``).
+
 Pure functions of the coordinator's state and ``now``: no clock reads, no sleeping.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -48,6 +56,24 @@ class CallDeadlines:
         return replace(model, prefill_ratio=max(p.prefill_ratio for p in peers),
                        decode_ratio=max(p.decode_ratio for p in peers))
 
+    def speed_factor(self, instance: str) -> float:
+        """How far this instance's healthy calls run over their priced time: the settings'
+        quantile of its recent observed / expected ratios, within [1, cap]; its peers'
+        (same GPU and model, the largest) while it has finished nothing."""
+        q = self.settings.deadline_speed_quantile
+        if q is None:
+            return 1.0
+        models = self.coordinator.time_models
+        ratios = list(models[instance].call_ratios)
+        if not ratios:
+            spec = self.coordinator.queues[instance].spec
+            peers = [sorted(models[n].call_ratios) for n, qu in self.coordinator.queues.items()
+                     if n != instance and models[n].call_ratios
+                     and (qu.spec.gpu, qu.spec.model) == (spec.gpu, spec.model)]
+            return max((_clamp(_quantile(r, q), self.settings.deadline_speed_cap)
+                        for r in peers), default=1.0)
+        return _clamp(_quantile(sorted(ratios), q), self.settings.deadline_speed_cap)
+
     def expected_quantile_s(self, call: ScheduledCall, instance: str) -> float:
         """The quantile of the call's time there: time is increasing in the output length,
         so it is the time of the output length's quantile."""
@@ -60,7 +86,7 @@ class CallDeadlines:
         handed to the backend). Each earlier attempt doubles it, so a call re-dispatched
         after a timeout is not cut short again by the same too-tight estimate."""
         s = self.settings
-        quantile = self.expected_quantile_s(call, instance)
+        quantile = self.expected_quantile_s(call, instance) * self.speed_factor(instance)
         limit: float = s.deadline_safety * quantile
         deadline = call.query.deadline
         if deadline is not None:
@@ -70,3 +96,12 @@ class CallDeadlines:
         if s.deadline_max_s is not None:
             limit = min(limit, s.deadline_max_s)
         return limit
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """The lower empirical quantile (a value that was observed; no interpolation)."""
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def _clamp(value: float, cap: float) -> float:
+    return min(max(value, 1.0), cap)
