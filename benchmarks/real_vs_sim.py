@@ -197,11 +197,24 @@ def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
     return cfg
 
 
-def replay_sim(w: Workload, engines: dict[str, SimInstance]) -> Outcome:
+# Calls that become ready together reach a server one after another: the real side is one
+# client sending each on its own loopback connection (a few ms apart), and llama-server
+# starts a step as soon as the first is in, so the rest wait for that step (measured: of
+# four 96-token evaluations sent at once, one ran its first chunk alone, 0.45 s, the other
+# three joined the next step). The simulated engine batches requests that arrive at the same
+# instant, so the replay sends them this far apart, in the real side's order.
+SEND_GAP_S = 0.002
+
+
+def replay_sim(w: Workload, engines: dict[str, SimInstance],
+               send_gap_s: float = SEND_GAP_S) -> Outcome:
     """Event-driven DAG replay in virtual time: a call is added to its engine when its last
-    parent finishes; engines advance to the earliest pending event across all of them."""
+    parent finishes (at least ``send_gap_s`` after the previous call sent to that engine);
+    engines advance to the earliest pending event across all of them."""
     t_start = time.perf_counter()
     out = Outcome()
+    last_sent: dict[str, float] = {}
+    sent_late: dict[str, float] = {}  # the send gap, counted as queue
     children: dict[str, list[Call]] = {}
     missing: dict[str, int] = {}
     ready: list[tuple[float, int, Call]] = []
@@ -213,13 +226,19 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance]) -> Outcome:
                 children.setdefault(p, []).append(c)
             if not c.parents:
                 heapq.heappush(ready, (w.arrivals[qi], order, c))
+                out.submit[c.id] = w.arrivals[qi]
                 order += 1
     while True:
         t_engine, name = min(((e.next_event_time(), n) for n, e in engines.items()
                               if e.next_event_time() is not None), default=(None, None))
         if ready and (t_engine is None or ready[0][0] < t_engine):
-            t, _, c = heapq.heappop(ready)
-            out.submit[c.id] = t
+            t, n, c = heapq.heappop(ready)
+            earliest = last_sent.get(c.instance, float("-inf")) + send_gap_s
+            if t < earliest:
+                heapq.heappush(ready, (earliest, n, c))
+                continue
+            last_sent[c.instance] = t
+            sent_late[c.id] = t - out.submit[c.id]
             engines[c.instance].add(c.id, c.prompt_tokens, c.output_tokens, 0, t)
             continue
         if t_engine is None:
@@ -228,12 +247,13 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance]) -> Outcome:
             if ev.kind != "finished":
                 continue
             out.finish[ev.seq_id] = ev.time
-            out.split[ev.seq_id] = sim_split(ev.queue_s or 0.0, ev.ttft_s or 0.0,
-                                             ev.total_s or 0.0)
+            out.split[ev.seq_id] = sim_split((ev.queue_s or 0.0) + sent_late[ev.seq_id],
+                                             ev.ttft_s or 0.0, ev.total_s or 0.0)
             for child in children.get(ev.seq_id, ()):
                 missing[child.id] -= 1
                 if missing[child.id] == 0:
                     heapq.heappush(ready, (ev.time, order, child))
+                    out.submit[child.id] = ev.time
                     order += 1
     out.wall_s = time.perf_counter() - t_start
     return out
@@ -477,6 +497,10 @@ def sim_batch(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: In
     eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
                       max_num_batched_tokens=limits.max_num_batched_tokens,
                       use_calibration=False)
+    if limits.backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import prompt_breaks
+
+        eng.prompt_breaks = prompt_breaks(limits.backend, model)
     for i in range(batch):
         eng.add(f"x{i}", prompt, output, 0, 0.0)
     ttft, ends = 0.0, []

@@ -172,3 +172,61 @@ def test_the_simulated_replay_records_each_calls_phases():
         split = out.split[c.id]
         assert split.prefill > 0 and split.total == pytest.approx(out.call_latency(c.id))
         assert (split.decode > 0) == (c.output_tokens > 1)
+
+
+def test_llama_server_breaks_prompts_where_it_checkpoints_a_sliding_window_model():
+    from agentflow import hardware
+    from agentflow.llm.llamacpp_server import prompt_breaks
+
+    gemma = hardware.model("gemma-3-270m")
+    server = {"type": "llama_server"}
+    assert prompt_breaks(server, gemma) == (516, 4)  # 4 + n_ubatch, then 4
+    assert prompt_breaks({**server, "batch": 256, "ubatch": 512}, gemma) == (256, 4)
+    assert prompt_breaks({**server, "extra_args": ["--swa-full"]}, gemma) == ()
+    assert prompt_breaks({**server, "extra_args": ["--ctx-checkpoints", "0"]}, gemma) == ()
+    assert prompt_breaks(server, hardware.model("Llama-3.1-8B")) == ()  # no window
+
+
+def test_a_prompt_shares_its_last_chunks_with_a_newcomers_prompt():
+    """llama-server's case, measured: an 804-token prompt runs as 288 + 512 + 4 tokens, and
+    a 1191-token prompt arriving during the first chunk rides in the next two steps, so the
+    first prompt's first token waits for the newcomer's chunk (8.8 s real; one whole chunk
+    would give 3.3 s)."""
+    def first_tokens(breaks: bool) -> tuple[dict[str, float], int]:
+        engine = sim_engines(str(CLUSTER))["cpu-0"]
+        if not breaks:
+            engine.prompt_breaks = ()
+        engine.add("a", 804, 44, 0, 0.0)
+        engine.add("b", 1191, 66, 0, 0.5)
+        firsts = {}
+        while (t := engine.next_event_time()) is not None:
+            for ev in engine.step_until(t):
+                if ev.kind == "first_token":
+                    firsts[ev.seq_id] = ev.time
+        return firsts, engine.plans
+
+    assert sim_engines(str(CLUSTER))["cpu-0"].prompt_breaks == (516, 4)
+    split, split_plans = first_tokens(True)
+    whole, whole_plans = first_tokens(False)
+    assert split["a"] > 1.5 * whole["a"]  # a's last chunks carry b's prompt
+    assert split["b"] == pytest.approx(whole["b"], rel=0.1)  # the work is the same
+    assert split_plans > whole_plans
+
+
+def test_calls_ready_together_reach_the_engine_one_after_another():
+    """Four evaluations ready at once: the first sent runs its first chunk alone and the
+    other three wait for that step, then share the next one, as measured on llama-server
+    (0.45 s queued behind the first); sent at the same instant they would share one step."""
+    fan = TraceQuery("f", [TraceNode("a", "extract_keywords", "llm", (), 30, 1)] + [
+        TraceNode(f"e{i}", "evaluate", "llm", ("a",), 96, 2) for i in range(4)])
+
+    def queued(gap: float) -> list[float]:
+        engines = sim_engines(str(CLUSTER))
+        w = build_workload([fan], list(engines), rate=1.0, seed=0, scale=1.0,
+                           max_prompt=None, max_output=None, assign="query")
+        out = replay_sim(w, engines, send_gap_s=gap)
+        return [out.split[f"q0/e{i}"].queue for i in range(4)]
+
+    assert max(queued(0.0)) < 1e-3
+    first, *rest = queued(0.002)
+    assert first < 0.01 and min(rest) > 0.3  # a step of 92 prompt tokens ahead of them
