@@ -665,6 +665,30 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
             "calls": per_call_records(ids, real.split, sim.split, conc, real.engine_timings)}
 
 
+def resimulate(path: str, w: Workload, sim: Outcome) -> None:
+    """The saved real latencies (per call in workload order, per query) against ``sim``."""
+    saved = json.loads(Path(path).read_text())
+    ids = [c.id for cs in w.calls for c in cs]
+    r_call, r_q = np.asarray(saved["call_real_s"]), np.asarray(saved["query_real_s"])
+    if len(r_call) != len(ids) or len(r_q) != len(w.calls):
+        raise SystemExit(f"{path}: {len(r_call)} calls / {len(r_q)} queries saved, the "
+                         f"workload has {len(ids)} / {len(w.calls)}")
+    s_call = np.asarray([sim.call_latency(i) for i in ids])
+    s_q = np.asarray([sim.query_latency(w, q) for q in range(len(w.calls))])
+    call_err, q_err = np.abs(s_call - r_call) / r_call, np.abs(s_q - r_q) / r_q
+    print(f"re-simulated against {path} (real side as measured then; its machine: "
+          f"{saved.get('environment', 'not recorded')})")
+    print(f"per call ({len(ids)}): median {np.median(call_err) * 100:.1f}%, sim/real of the "
+          f"sums {s_call.sum() / r_call.sum():.3f}; per query: median "
+          f"{np.median(q_err) * 100:.1f}%, mean sim/real {np.mean(s_q / r_q):.3f}")
+    if "calls" in saved:
+        real_splits = {c["id"]: Split(**c["real"]) for c in saved["calls"]}
+        conc = {c["id"]: c["in_flight"] for c in saved["calls"]}
+        print_breakdown(breakdown(real_splits, sim.split, conc))
+    print(f"median |sim-real|/real per call: {np.median(call_err):.4f}")
+    print(f"P95 error per query: {np.percentile(q_err, 95):.4f}")
+
+
 def error_figures(w: Workload, real: Outcome, sim: Outcome) -> dict[str, float]:
     ids = [c.id for cs in w.calls for c in cs]
     call = [relative(sim.call_latency(i), real.call_latency(i)) for i in ids]
@@ -716,6 +740,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="real_vs_sim.png", help="where to save the plot")
     ap.add_argument("--json", help="also write the numbers to this file")
+    ap.add_argument("--resim", metavar="JSON",
+                    help="no real engines: the current simulator against the real side of "
+                    "an earlier run's --json (same workload); checks a simulator change "
+                    "on measurements already taken")
     ap.add_argument("--calibrate", action="store_true",
                     help="fit the hardware profile from single requests instead")
     ap.add_argument("--repeats", type=int, default=2, help="--calibrate: rounds of the grid")
@@ -728,6 +756,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="--calibrate: fit on the batched-decode rows too (default: they "
                     "only check the single-request fit)")
     args = ap.parse_args(argv)
+    if args.resim:  # the workload is the saved run's own
+        saved_args = json.loads(Path(args.resim).read_text())["args"]
+        for key in ("trace", "rate", "quick", "queries", "skip", "scale", "max_prompt",
+                    "max_output", "assign", "seed"):
+            setattr(args, key, saved_args[key])
     if args.calibrate:
         calibrate(args)
         return
@@ -751,6 +784,9 @@ def main(argv: list[str] | None = None) -> None:
               f"token budget {e.max_num_batched_tokens}")
     sim = replay_sim(w, engines)
     print(f"simulated in {sim.wall_s:.2f} s wall")
+    if args.resim:
+        resimulate(args.resim, w, sim)
+        return
     backends = start_backends(args.cluster)
     loop = asyncio.new_event_loop()
     try:

@@ -230,3 +230,35 @@ def test_calls_ready_together_reach_the_engine_one_after_another():
     assert max(queued(0.0)) < 1e-3
     first, *rest = queued(0.002)
     assert first < 0.01 and min(rest) > 0.3  # a step of 92 prompt tokens ahead of them
+
+
+def test_resim_checks_the_current_simulator_against_a_saved_real_side(tmp_path, capsys):
+    """--resim reads an earlier run's --json and compares without real engines: a saved
+    "real" side that is the simulator's own replay gives zero error; one twice as slow
+    gives 50% per call."""
+    import json
+
+    import real_vs_sim
+
+    trace = ROOT.parent / "shared" / "traces" / "hexgen-flow" / "trace1.json"
+    if not trace.is_file():
+        pytest.skip("the shared HexGen-Flow trace is not here")
+    from agentflow.sim.workload import load_trace
+
+    args = {"trace": str(trace), "rate": 0.5, "quick": False, "queries": 2, "skip": 0,
+            "scale": 0.02, "max_prompt": None, "max_output": None, "assign": "query",
+            "seed": 0}
+    engines = sim_engines(str(CLUSTER))
+    w = build_workload(load_trace(str(trace))[:2], list(engines), rate=0.5, seed=0,
+                       scale=0.02, max_prompt=None, max_output=None, assign="query")
+    sim = replay_sim(w, engines)
+    ids = [c.id for cs in w.calls for c in cs]
+    for factor, expected in ((1.0, "0.0000"), (2.0, "0.5000")):
+        saved = tmp_path / f"run{factor}.json"
+        saved.write_text(json.dumps({"args": args, "call_real_s": [
+            factor * sim.call_latency(i) for i in ids], "query_real_s": [
+            factor * sim.query_latency(w, q) for q in range(len(w.calls))]}))
+        real_vs_sim.main(["--cluster", str(CLUSTER), "--resim", str(saved)])
+        last = capsys.readouterr().out.strip().splitlines()
+        assert last[-2] == f"median |sim-real|/real per call: {expected}"
+        assert last[-1] == f"P95 error per query: {expected}"
