@@ -72,6 +72,7 @@ from rvs_attribution import (  # noqa: E402
     sim_split,
 )
 from rvs_environment import Quietness  # noqa: E402
+from rvs_probe import probe  # noqa: E402
 
 _WORDS = ("time year people way day man thing woman life child world school state family "
           "student group country problem hand part place case week company system program "
@@ -744,6 +745,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="no real engines: the current simulator against the real side of "
                     "an earlier run's --json (same workload); checks a simulator change "
                     "on measurements already taken")
+    ap.add_argument("--no-probe", dest="probe", action="store_false",
+                    help="skip the single-request probes before and after the replay")
     ap.add_argument("--calibrate", action="store_true",
                     help="fit the hardware profile from single requests instead")
     ap.add_argument("--repeats", type=int, default=2, help="--calibrate: rounds of the grid")
@@ -792,10 +795,19 @@ def main(argv: list[str] | None = None) -> None:
     try:
         maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
         prompts = {c.id: maker.make(c.prompt_tokens) for cs in w.calls for c in cs}
-        maker.close()
+
+        def fresh(name: str) -> SimInstance:
+            return sim_engines(args.cluster)[name]
+
+        probes = {}
+        if args.probe:
+            probes["before"] = loop.run_until_complete(probe(backends, maker.make, fresh))
         real = loop.run_until_complete(replay_real(w, backends, prompts))
         busy = {name: b.metrics().get("n_busy_slots_per_decode", float("nan"))
                 for name, b in backends.items() if hasattr(b, "metrics")}
+        if args.probe:
+            probes["after"] = loop.run_until_complete(probe(backends, maker.make, fresh))
+        maker.close()
     finally:
         loop.run_until_complete(close_all(backends))
         loop.close()
@@ -805,6 +817,20 @@ def main(argv: list[str] | None = None) -> None:
     result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
     print(real.environment_line)
     result["environment"] = real.environment
+    if probes:
+        # Not fitted to the replay: single requests before and after it say how fast each
+        # engine was against its profile; the simulated replay with each core slowed by the
+        # mean of the two shows what is left once the machine's speed at the time is out.
+        print("single-request probes, real/sim (before, after the replay): " + ", ".join(
+            f"{n} {probes['before'][n]:.3f} / {probes['after'][n]:.3f}" for n in engines))
+        slowed = sim_engines(args.cluster)
+        for name, e in slowed.items():
+            e.slowdown = (probes["before"][name] + probes["after"][name]) / 2
+        corrected = error_figures(w, real, replay_sim(w, slowed))
+        result["probes"] = probes
+        result["probe_corrected"] = corrected
+        print(f"probe-corrected: median per call {corrected['median_call_error']:.4f}, "
+              f"P95 per query {corrected['p95_query_error']:.4f}")
     if real.cpu_share:
         # The same replay with each simulated core slowed to the share of its core the
         # real server got (measured by the OS, not fitted): what the engine physics gets

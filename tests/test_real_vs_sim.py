@@ -262,3 +262,16 @@ def test_resim_checks_the_current_simulator_against_a_saved_real_side(tmp_path, 
         last = capsys.readouterr().out.strip().splitlines()
         assert last[-2] == f"median |sim-real|/real per call: {expected}"
         assert last[-1] == f"P95 error per query: {expected}"
+
+
+def test_the_probe_prices_a_single_request_as_the_replay_would():
+    from rvs_probe import PROBE_SHAPES, simulated_alone
+
+    alone = TraceQuery("p", [TraceNode("a", "revise", "llm", (), *PROBE_SHAPES[1])])
+    engines = sim_engines(str(CLUSTER))
+    w = build_workload([alone], list(engines), rate=1.0, seed=0, scale=1.0, max_prompt=None,
+                       max_output=None, assign="query")
+    replayed = replay_sim(w, engines).call_latency("q0/a")
+    assert simulated_alone(sim_engines(str(CLUSTER))["cpu-0"], *PROBE_SHAPES[1]) == \
+        pytest.approx(replayed)
+    assert simulated_alone(sim_engines(str(CLUSTER))["cpu-0"], *PROBE_SHAPES[0]) < replayed
