@@ -108,6 +108,19 @@ async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
     coordinator = build_coordinator([cfg for _, cfg in cluster.expanded()], clock=clock,
                                     policy=policy)
     router = ScheduledRouter(coordinator, backends, health=health)
+    timeouts: list[dict[str, Any]] = []
+
+    def heard(request: Any, instance: str, err: Exception) -> None:
+        """Why calls were cut: the limit, the instance's speed factor, the query's slack."""
+        if "no answer within" not in str(err):
+            return
+        query = coordinator.queries.get(request.query_id)
+        deadline = getattr(query, "deadline", None)
+        timeouts.append({"t": clock.now() - t0, "instance": instance, "error": str(err),
+                         "speed_factor": router.deadlines.speed_factor(instance),
+                         "query_late": deadline is not None and clock.now() > deadline})
+
+    router.attempt_listeners.append(heard)
     # Fresh prompts for this run, made before the clock starts.
     prompts = [{n.id: maker.make(n.prompt_tokens) for n in q.nodes if n.kind == "llm"}
                for q in workload.queries]
@@ -177,9 +190,11 @@ async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
         if used is not None and start is not None:
             core_use[n] = round((used - start) / wall, 3)
     retried = sum(v for (kind, _), v in router.counts.items() if kind == "retried")
-    timeouts = sum(v for (kind, _), v in router.counts.items() if kind == "timeout")
+    for t in timeouts[:12]:
+        print(f"    timeout at {t['t']:.1f} s on {t['instance']}: {t['error']}; speed factor "
+              f"{t['speed_factor']:.2f}, query past its deadline: {t['query_late']}")
     return {**latency_stats(latencies), "failed": failed, "retried": retried,
-            "timeouts": timeouts,
+            "timeouts": len(timeouts), "timeout_details": timeouts,
             "wall_s": wall, "core_use": core_use}
 
 

@@ -28,6 +28,16 @@ Errors: per call, ``|sim - real| / real`` of the call's latency (submit to last 
 the caller sees it); per query, of its end-to-end latency (arrival to last call done). The
 last two lines are ``median |sim-real|/real per call: X`` and ``P95 error per query: Y``.
 
+Where the error lives (``rvs_attribution``): each call split into queue / prefill / decode on
+both sides (llama-server's own ``timings`` on the real side), summed by how many calls were
+in flight on its instance, printed and kept per call in ``--json``. How quiet the machine was
+(``rvs_environment``: CPU used by other processes, load range) and how fast each engine was
+against its profile just before and after the replay (``rvs_probe``: a few single requests;
+they also warm the servers) are printed with every run, with a *probe-corrected* figure
+beside the raw ones (``--no-probe`` skips them). ``--resim JSON`` runs only the simulator
+against the real side an earlier ``--json`` saved, to check a simulator change on
+measurements already taken.
+
 ``--calibrate`` runs single requests (one at a time, on the first instance) over a grid of
 prompt and output lengths and fits the hardware profile's efficiencies and overheads by least
 squares of the simulator's single-request latency (prefill and decode time, relative error),

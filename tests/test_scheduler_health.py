@@ -105,7 +105,9 @@ def test_a_call_deadline_is_a_high_quantile_times_a_safety_factor_bounded_by_the
     c.on_query_arrival("late", deadline=0.0)
     late, _ = c.on_call_ready("late", stage="generate_candidate", node_id="n",
                               prompt_tokens=4000)
-    assert d.limit_s(late, "a", 0.0) == pytest.approx(q90)
+    # (plus the prompts still being processed beside it: the two calls dispatched before)
+    ahead = d.prefill_ahead_s(late, "a", 0.0)
+    assert ahead > 0 and d.limit_s(late, "a", 0.0) == pytest.approx(q90 + ahead)
     # an instance that never finished a call is judged like its observed peers: b is 4x
     # slower than modelled, so is a (same GPU and model) until it finishes calls itself
     b = c.time_models["b"]
@@ -237,3 +239,33 @@ def test_deadlines_stretch_with_how_far_an_instances_healthy_calls_run_over() ->
     # the cap bounds how far a merely slow instance can stretch its own deadlines
     _, factor, _ = run(HealthSettings(deadline_min_s=0.01, deadline_speed_cap=1.5))
     assert factor == 1  # int(1.5)
+
+
+def test_a_call_started_beside_unfinished_prompts_is_given_their_prefill_time() -> None:
+    """A small call that starts while a neighbour's long prompt is still being processed
+    finishes only after it on a CPU engine: its limit adds that prompt's time, and keeps it
+    once the neighbour's first token is out (a running limit never shrinks)."""
+    clock = ManualClock()
+    c = Coordinator([InstanceSpec("cpu", gpu="Xeon-core", model="gemma-3-270m",
+                                  max_inflight=4)], clock=clock, policy="vllm")
+    d = CallDeadlines(c, HealthSettings(deadline_min_s=0.01))
+    model = c.time_models["cpu"]
+    c.on_query_arrival("big", deadline=None)
+    big, _ = c.on_call_ready("big", stage="generate_candidate", node_id="n",
+                             prompt_tokens=2000)
+    c.on_query_arrival("small", deadline=None)
+    small, _ = c.on_call_ready("small", stage="extract_keywords", node_id="n",
+                               prompt_tokens=30)
+    alone = 3 * d.expected_quantile_s(small, "cpu")
+    limit = d.limit_s(small, "cpu", 0.0)
+    assert limit == pytest.approx(alone + 3 * model.prefill_s(2000))
+    assert model.prefill_s(2000) > 5 * model.prefill_s(30)
+    c.on_call_progress(big, 1)  # its prompt is done
+    assert d.limit_s(small, "cpu", 0.0) == pytest.approx(limit)
+    # a call that starts now has nothing ahead of it
+    c.on_query_arrival("later", deadline=None)
+    later, _ = c.on_call_ready("later", stage="extract_keywords", node_id="n",
+                               prompt_tokens=30)
+    clock.advance(1.0)
+    assert d.prefill_ahead_s(later, "cpu", clock.now()) == pytest.approx(
+        model.prefill_s(30))  # only "small", still in its prompt

@@ -18,12 +18,22 @@ CPU: 3-8 healthy calls of 582 overran a deadline priced at the mean and were ret
 the limit is also scaled by the instance's observed spread: a high quantile of observed /
 expected time over its last finished calls (``HealthSettings.deadline_speed_quantile``).
 
-Pure functions of the coordinator's state and ``now``: no clock reads, no sleeping.
+A call also shares its engine: on a CPU (compute-bound, one core) a step costs about the sum
+of its tokens, so a call that starts while other calls' prompts are still being processed
+finishes only after their prompt tokens (measured on llama-server instances at tokens
+x0.02: every deadline timeout was a sub-second call cut at the 1 s floor while a neighbour's
+prompt chunk ran). So the priced time adds the prefill of the calls running beside it that
+have not produced a token yet, as they stood when the call started (a later re-evaluation
+keeps that figure: their prompts finishing must not shorten a limit already running).
+
+Functions of the coordinator's state and ``now``: no clock reads, no sleeping (the one
+memory is that figure, per attempt).
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -39,6 +49,21 @@ class CallDeadlines:
     def __init__(self, coordinator: Coordinator, settings: HealthSettings | None = None):
         self.coordinator = coordinator
         self.settings = settings or HealthSettings()
+        # (call, instance, started) -> prefill seconds of its neighbours at its start
+        self._ahead: OrderedDict[tuple[ScheduledCall, str, float], float] = OrderedDict()
+
+    def prefill_ahead_s(self, call: ScheduledCall, instance: str, started: float) -> float:
+        """Prompt time of the calls running beside ``call`` on ``instance`` that had not
+        produced a token when it started (fixed at its first evaluation)."""
+        key = (call, instance, started)
+        if key not in self._ahead:
+            model = self.time_model(instance)
+            queue = self.coordinator.queues[instance]
+            self._ahead[key] = sum(model.prefill_s(c.tokens_on(instance)) for c in queue.running
+                                   if c is not call and c.attained_tokens == 0)
+            while len(self._ahead) > 4096:
+                self._ahead.popitem(last=False)
+        return self._ahead[key]
 
     def time_model(self, instance: str) -> InstanceTimeModel:
         """The instance's own model once it has observations, else one corrected like its
@@ -86,7 +111,8 @@ class CallDeadlines:
         handed to the backend). Each earlier attempt doubles it, so a call re-dispatched
         after a timeout is not cut short again by the same too-tight estimate."""
         s = self.settings
-        quantile = self.expected_quantile_s(call, instance) * self.speed_factor(instance)
+        quantile = (self.expected_quantile_s(call, instance)
+                    + self.prefill_ahead_s(call, instance, started)) * self.speed_factor(instance)
         limit: float = s.deadline_safety * quantile
         deadline = call.query.deadline
         if deadline is not None:
