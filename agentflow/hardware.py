@@ -102,6 +102,9 @@ class ModelProfile:
     ffn_hidden: int = 0  # MLP intermediate size per token (MoE: active experts'); 0: 4*hidden
     vocab: int = 128256
     head_bits: int = 16  # LM head weights (GGUF files often keep a tied embedding in 8 bits)
+    # Sliding-window attention (tokens; 0: none). llama-server checkpoints such a model's
+    # window state near each prompt's end, which changes how it chunks prompts.
+    sliding_window: int = 0
 
     @property
     def weight_bytes(self) -> float:
@@ -143,7 +146,8 @@ MODELS: dict[str, ModelProfile] = {m.name: m for m in (
     # The embedded default (llama.cpp on CPU): timed by measurement, not by a roofline.
     ModelProfile("gemma-3-270m", params_b=0.27, active_params_b=0.27, layers=18, hidden=640,
                  heads=4, kv_heads=1, head_dim=256, weight_bits=4, ffn_hidden=2048,
-                 vocab=262144, head_bits=8),  # Q4_K_M's tied embedding is Q8_0
+                 vocab=262144, head_bits=8,  # Q4_K_M's tied embedding is Q8_0
+                 sliding_window=512),  # the GGUF's gemma3.attention.sliding_window
 )}
 
 

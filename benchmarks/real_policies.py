@@ -53,6 +53,7 @@ from real_vs_sim import (  # noqa: E402
 
 from agentflow.llm.base import SamplingParams  # noqa: E402
 from agentflow.scheduler import QueryRejected  # noqa: E402
+from agentflow.scheduler.health import HealthSettings  # noqa: E402
 from agentflow.scheduler.serving import ScheduledRouter  # noqa: E402
 from agentflow.scheduler.setup import build_coordinator  # noqa: E402
 from agentflow.sim.cluster import SimClusterConfig, load_cluster  # noqa: E402
@@ -99,13 +100,27 @@ def latency_stats(latencies: list[float]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------- real
 async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
                    deadlines: list[float], backends: dict[str, Any],
-                   maker: PromptMaker) -> dict[str, Any]:
+                   maker: PromptMaker, health: HealthSettings | None = None
+                   ) -> dict[str, Any]:
     """One policy on the real engines: the serving router and coordinator, queries started
     at their arrival offsets, each query's graph grown as it was recorded."""
     clock = MonotonicClock()
     coordinator = build_coordinator([cfg for _, cfg in cluster.expanded()], clock=clock,
                                     policy=policy)
-    router = ScheduledRouter(coordinator, backends)
+    router = ScheduledRouter(coordinator, backends, health=health)
+    timeouts: list[dict[str, Any]] = []
+
+    def heard(request: Any, instance: str, err: Exception) -> None:
+        """Why calls were cut: the limit, the instance's speed factor, the query's slack."""
+        if "no answer within" not in str(err):
+            return
+        query = coordinator.queries.get(request.query_id)
+        deadline = getattr(query, "deadline", None)
+        timeouts.append({"t": clock.now() - t0, "instance": instance, "error": str(err),
+                         "speed_factor": router.deadlines.speed_factor(instance),
+                         "query_late": deadline is not None and clock.now() > deadline})
+
+    router.attempt_listeners.append(heard)
     # Fresh prompts for this run, made before the clock starts.
     prompts = [{n.id: maker.make(n.prompt_tokens) for n in q.nodes if n.kind == "llm"}
                for q in workload.queries]
@@ -175,7 +190,11 @@ async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
         if used is not None and start is not None:
             core_use[n] = round((used - start) / wall, 3)
     retried = sum(v for (kind, _), v in router.counts.items() if kind == "retried")
+    for t in timeouts[:12]:
+        print(f"    timeout at {t['t']:.1f} s on {t['instance']}: {t['error']}; speed factor "
+              f"{t['speed_factor']:.2f}, query past its deadline: {t['query_late']}")
     return {**latency_stats(latencies), "failed": failed, "retried": retried,
+            "timeouts": len(timeouts), "timeout_details": timeouts,
             "wall_s": wall, "core_use": core_use}
 
 
@@ -203,6 +222,7 @@ def print_rate(rate: float, real: dict[str, Any] | None, sim: dict[str, Any], ba
               f"{p95 + format(s_ratio[p]['p95'], '.3f'):>17} "
               f"{mean + format(s_ratio[p]['mean'], '.3f'):>17}"
               + (f"  ({len(r['failed'])} failed, {r['retried']} retried, "
+                 f"{r.get('timeouts', 0)} deadline timeouts, "
                  f"{r['wall_s']:.0f} s wall)" if r else ""))
 
 
@@ -225,6 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slo-scale", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sim-only", action="store_true", help="skip the real engines")
+    ap.add_argument("--deadline-speed-quantile", default="0.9",
+                    help="scheduler.health.deadline_speed_quantile for the real runs "
+                    "('off': call deadlines priced at the time model's mean speed alone)")
     ap.add_argument("--tokenizer", help="as in real_vs_sim.py")
     ap.add_argument("--json", help="write the numbers here too")
     args = ap.parse_args(argv)
@@ -245,6 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     loop = asyncio.new_event_loop()
     try:
         maker = None
+        q = args.deadline_speed_quantile
+        health = HealthSettings(deadline_speed_quantile=None if q == "off" else float(q))
         if not args.sim_only:
             backends = start_backends(args.cluster)
             maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
@@ -264,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
                 real = {}
                 for p in policies:
                     real[p] = loop.run_until_complete(run_real(p, cluster, w, deadlines,
-                                                               backends, maker))
+                                                               backends, maker, health))
                     print(f"  real {p}: P95 {real[p]['p95_s']:.1f} s, mean "
                           f"{real[p]['mean_s']:.1f} s, {real[p]['wall_s']:.0f} s wall, "
                           f"core use {real[p]['core_use']}, load average "

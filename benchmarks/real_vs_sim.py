@@ -28,6 +28,16 @@ Errors: per call, ``|sim - real| / real`` of the call's latency (submit to last 
 the caller sees it); per query, of its end-to-end latency (arrival to last call done). The
 last two lines are ``median |sim-real|/real per call: X`` and ``P95 error per query: Y``.
 
+Where the error lives (``rvs_attribution``): each call split into queue / prefill / decode on
+both sides (llama-server's own ``timings`` on the real side), summed by how many calls were
+in flight on its instance, printed and kept per call in ``--json``. How quiet the machine was
+(``rvs_environment``: CPU used by other processes, load range) and how fast each engine was
+against its profile just before and after the replay (``rvs_probe``: a few single requests;
+they also warm the servers) are printed with every run, with a *probe-corrected* figure
+beside the raw ones (``--no-probe`` skips them). ``--resim JSON`` runs only the simulator
+against the real side an earlier ``--json`` saved, to check a simulator change on
+measurements already taken.
+
 ``--calibrate`` runs single requests (one at a time, on the first instance) over a grid of
 prompt and output lengths and fits the hardware profile's efficiencies and overheads by least
 squares of the simulator's single-request latency (prefill and decode time, relative error),
@@ -60,6 +70,19 @@ from agentflow.config import InstanceConfig  # noqa: E402
 from agentflow.sim.cluster import load_cluster  # noqa: E402
 from agentflow.sim.engine import SimInstance, engine_for  # noqa: E402
 from agentflow.sim.workload import TraceQuery, arrival_times, load_trace  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rvs_attribution import (  # noqa: E402
+    Split,
+    breakdown,
+    in_flight_at_submit,
+    per_call_records,
+    print_breakdown,
+    real_split,
+    sim_split,
+)
+from rvs_environment import Quietness  # noqa: E402
+from rvs_probe import probe  # noqa: E402
 
 _WORDS = ("time year people way day man thing woman life child world school state family "
           "student group country problem hand part place case week company system program "
@@ -148,6 +171,12 @@ class Outcome:
     submit: dict[str, float] = field(default_factory=dict)
     finish: dict[str, float] = field(default_factory=dict)
     prompt_tokens: dict[str, int] = field(default_factory=dict)  # as the engine counted
+    # queue / prefill / decode of each call (rvs_attribution): the simulator's events, or
+    # the caller's clock with the engine's own timings
+    split: dict[str, Split] = field(default_factory=dict)
+    engine_timings: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    environment: dict[str, float] = field(default_factory=dict)  # rvs_environment
+    environment_line: str = ""
     wall_s: float = 0.0
     # Real side: per instance, the share of a core its server got while it had work (CPU
     # seconds of the process over the wall seconds with a call in flight).
@@ -179,11 +208,24 @@ def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
     return cfg
 
 
-def replay_sim(w: Workload, engines: dict[str, SimInstance]) -> Outcome:
+# Calls that become ready together reach a server one after another: the real side is one
+# client sending each on its own loopback connection (a few ms apart), and llama-server
+# starts a step as soon as the first is in, so the rest wait for that step (measured: of
+# four 96-token evaluations sent at once, one ran its first chunk alone, 0.45 s, the other
+# three joined the next step). The simulated engine batches requests that arrive at the same
+# instant, so the replay sends them this far apart, in the real side's order.
+SEND_GAP_S = 0.002
+
+
+def replay_sim(w: Workload, engines: dict[str, SimInstance],
+               send_gap_s: float = SEND_GAP_S) -> Outcome:
     """Event-driven DAG replay in virtual time: a call is added to its engine when its last
-    parent finishes; engines advance to the earliest pending event across all of them."""
+    parent finishes (at least ``send_gap_s`` after the previous call sent to that engine);
+    engines advance to the earliest pending event across all of them."""
     t_start = time.perf_counter()
     out = Outcome()
+    last_sent: dict[str, float] = {}
+    sent_late: dict[str, float] = {}  # the send gap, counted as queue
     children: dict[str, list[Call]] = {}
     missing: dict[str, int] = {}
     ready: list[tuple[float, int, Call]] = []
@@ -195,13 +237,19 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance]) -> Outcome:
                 children.setdefault(p, []).append(c)
             if not c.parents:
                 heapq.heappush(ready, (w.arrivals[qi], order, c))
+                out.submit[c.id] = w.arrivals[qi]
                 order += 1
     while True:
         t_engine, name = min(((e.next_event_time(), n) for n, e in engines.items()
                               if e.next_event_time() is not None), default=(None, None))
         if ready and (t_engine is None or ready[0][0] < t_engine):
-            t, _, c = heapq.heappop(ready)
-            out.submit[c.id] = t
+            t, n, c = heapq.heappop(ready)
+            earliest = last_sent.get(c.instance, float("-inf")) + send_gap_s
+            if t < earliest:
+                heapq.heappush(ready, (earliest, n, c))
+                continue
+            last_sent[c.instance] = t
+            sent_late[c.id] = t - out.submit[c.id]
             engines[c.instance].add(c.id, c.prompt_tokens, c.output_tokens, 0, t)
             continue
         if t_engine is None:
@@ -210,10 +258,13 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance]) -> Outcome:
             if ev.kind != "finished":
                 continue
             out.finish[ev.seq_id] = ev.time
+            out.split[ev.seq_id] = sim_split((ev.queue_s or 0.0) + sent_late[ev.seq_id],
+                                             ev.ttft_s or 0.0, ev.total_s or 0.0)
             for child in children.get(ev.seq_id, ()):
                 missing[child.id] -= 1
                 if missing[child.id] == 0:
                     heapq.heappush(ready, (ev.time, order, child))
+                    out.submit[child.id] = ev.time
                     order += 1
     out.wall_s = time.perf_counter() - t_start
     return out
@@ -274,15 +325,35 @@ async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, 
         result = await backends[c.instance].generate(request)
         out.finish[c.id] = time.perf_counter() - t0
         out.prompt_tokens[c.id] = result.prompt_tokens
+        out.engine_timings[c.id] = result.engine_timings
+        out.split[c.id] = real_split(out.finish[c.id] - out.submit[c.id], result.ttft_s,
+                                     result.engine_timings)
         if result.completion_tokens != c.output_tokens:
             raise RuntimeError(f"{c.id}: {result.completion_tokens} output tokens, asked for "
                                f"{c.output_tokens} (is ignore_eos reaching the server?)")
         done[c.id].set()
 
     cpu0 = {n: cpu_seconds(b) for n, b in backends.items()}
-    await asyncio.gather(*(run_call(c, w.arrivals[qi]) for qi, cs in enumerate(w.calls)
-                           for c in cs))
+    quiet = Quietness()
+    quiet.begin()
+
+    async def sample_load() -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            quiet.sample()
+
+    sampler = asyncio.ensure_future(sample_load())
+    try:
+        await asyncio.gather(*(run_call(c, w.arrivals[qi]) for qi, cs in enumerate(w.calls)
+                               for c in cs))
+    finally:
+        sampler.cancel()
     out.wall_s = time.perf_counter() - t0
+    used_now = {n: cpu_seconds(b) for n, b in backends.items()}
+    engines = None if any(v is None for v in (*used_now.values(), *cpu0.values())) else \
+        sum(used_now[n] - cpu0[n] for n in backends)  # type: ignore[operator]
+    out.environment = quiet.end(engines)
+    out.environment_line = quiet.line()
     for name, b in backends.items():
         used, start = cpu_seconds(b), cpu0[name]
         busy = busy_seconds([(out.submit[c.id], out.finish[c.id]) for cs in w.calls
@@ -437,6 +508,10 @@ def sim_batch(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: In
     eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
                       max_num_batched_tokens=limits.max_num_batched_tokens,
                       use_calibration=False)
+    if limits.backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import prompt_breaks
+
+        eng.prompt_breaks = prompt_breaks(limits.backend, model)
     for i in range(batch):
         eng.add(f"x{i}", prompt, output, 0, 0.0)
     ttft, ends = 0.0, []
@@ -588,11 +663,41 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
     if plot is not None:
         save_plot(plot, r_call, s_call, r_q, s_q)
         print(f"plot: {plot}")
+    conc = in_flight_at_submit(real.submit, real.finish,
+                               {c.id: c.instance for cs in w.calls for c in cs})
+    table = breakdown(real.split, sim.split, conc)
+    print_breakdown(table)
     median_call = float(np.median(call_err))
     p95_query = float(np.percentile(q_err, 95))
     return {"median_call_error": median_call, "p95_query_error": p95_query,
             "call_real_s": r_call.tolist(), "call_sim_s": s_call.tolist(),
-            "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy}
+            "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy,
+            "attribution": table,
+            "calls": per_call_records(ids, real.split, sim.split, conc, real.engine_timings)}
+
+
+def resimulate(path: str, w: Workload, sim: Outcome) -> None:
+    """The saved real latencies (per call in workload order, per query) against ``sim``."""
+    saved = json.loads(Path(path).read_text())
+    ids = [c.id for cs in w.calls for c in cs]
+    r_call, r_q = np.asarray(saved["call_real_s"]), np.asarray(saved["query_real_s"])
+    if len(r_call) != len(ids) or len(r_q) != len(w.calls):
+        raise SystemExit(f"{path}: {len(r_call)} calls / {len(r_q)} queries saved, the "
+                         f"workload has {len(ids)} / {len(w.calls)}")
+    s_call = np.asarray([sim.call_latency(i) for i in ids])
+    s_q = np.asarray([sim.query_latency(w, q) for q in range(len(w.calls))])
+    call_err, q_err = np.abs(s_call - r_call) / r_call, np.abs(s_q - r_q) / r_q
+    print(f"re-simulated against {path} (real side as measured then; its machine: "
+          f"{saved.get('environment', 'not recorded')})")
+    print(f"per call ({len(ids)}): median {np.median(call_err) * 100:.1f}%, sim/real of the "
+          f"sums {s_call.sum() / r_call.sum():.3f}; per query: median "
+          f"{np.median(q_err) * 100:.1f}%, mean sim/real {np.mean(s_q / r_q):.3f}")
+    if "calls" in saved:
+        real_splits = {c["id"]: Split(**c["real"]) for c in saved["calls"]}
+        conc = {c["id"]: c["in_flight"] for c in saved["calls"]}
+        print_breakdown(breakdown(real_splits, sim.split, conc))
+    print(f"median |sim-real|/real per call: {np.median(call_err):.4f}")
+    print(f"P95 error per query: {np.percentile(q_err, 95):.4f}")
 
 
 def error_figures(w: Workload, real: Outcome, sim: Outcome) -> dict[str, float]:
@@ -646,6 +751,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="real_vs_sim.png", help="where to save the plot")
     ap.add_argument("--json", help="also write the numbers to this file")
+    ap.add_argument("--resim", metavar="JSON",
+                    help="no real engines: the current simulator against the real side of "
+                    "an earlier run's --json (same workload); checks a simulator change "
+                    "on measurements already taken")
+    ap.add_argument("--no-probe", dest="probe", action="store_false",
+                    help="skip the single-request probes before and after the replay")
     ap.add_argument("--calibrate", action="store_true",
                     help="fit the hardware profile from single requests instead")
     ap.add_argument("--repeats", type=int, default=2, help="--calibrate: rounds of the grid")
@@ -658,6 +769,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="--calibrate: fit on the batched-decode rows too (default: they "
                     "only check the single-request fit)")
     args = ap.parse_args(argv)
+    if args.resim:  # the workload is the saved run's own
+        saved_args = json.loads(Path(args.resim).read_text())["args"]
+        for key in ("trace", "rate", "quick", "queries", "skip", "scale", "max_prompt",
+                    "max_output", "assign", "seed"):
+            setattr(args, key, saved_args[key])
     if args.calibrate:
         calibrate(args)
         return
@@ -681,15 +797,27 @@ def main(argv: list[str] | None = None) -> None:
               f"token budget {e.max_num_batched_tokens}")
     sim = replay_sim(w, engines)
     print(f"simulated in {sim.wall_s:.2f} s wall")
+    if args.resim:
+        resimulate(args.resim, w, sim)
+        return
     backends = start_backends(args.cluster)
     loop = asyncio.new_event_loop()
     try:
         maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
         prompts = {c.id: maker.make(c.prompt_tokens) for cs in w.calls for c in cs}
-        maker.close()
+
+        def fresh(name: str) -> SimInstance:
+            return sim_engines(args.cluster)[name]
+
+        probes = {}
+        if args.probe:
+            probes["before"] = loop.run_until_complete(probe(backends, maker.make, fresh))
         real = loop.run_until_complete(replay_real(w, backends, prompts))
         busy = {name: b.metrics().get("n_busy_slots_per_decode", float("nan"))
                 for name, b in backends.items() if hasattr(b, "metrics")}
+        if args.probe:
+            probes["after"] = loop.run_until_complete(probe(backends, maker.make, fresh))
+        maker.close()
     finally:
         loop.run_until_complete(close_all(backends))
         loop.close()
@@ -697,6 +825,22 @@ def main(argv: list[str] | None = None) -> None:
     print(f"real replay: {real.wall_s:.1f} s wall; prompt tokens as served vs planned: "
           f"mean |diff| {np.mean(off):.2f}, max {max(off)}")
     result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
+    print(real.environment_line)
+    result["environment"] = real.environment
+    if probes:
+        # Not fitted to the replay: single requests before and after it say how fast each
+        # engine was against its profile; the simulated replay with each core slowed by the
+        # mean of the two shows what is left once the machine's speed at the time is out.
+        print("single-request probes, real/sim (before, after the replay): " + ", ".join(
+            f"{n} {probes['before'][n]:.3f} / {probes['after'][n]:.3f}" for n in engines))
+        slowed = sim_engines(args.cluster)
+        for name, e in slowed.items():
+            e.slowdown = (probes["before"][name] + probes["after"][name]) / 2
+        corrected = error_figures(w, real, replay_sim(w, slowed))
+        result["probes"] = probes
+        result["probe_corrected"] = corrected
+        print(f"probe-corrected: median per call {corrected['median_call_error']:.4f}, "
+              f"P95 per query {corrected['p95_query_error']:.4f}")
     if real.cpu_share:
         # The same replay with each simulated core slowed to the share of its core the
         # real server got (measured by the OS, not fitted): what the engine physics gets

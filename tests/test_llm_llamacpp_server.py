@@ -250,7 +250,7 @@ def test_real_vs_sim_prints_its_two_figures(tmp_path):
          "examples/cluster-llama-server-2cpu.yaml", "--trace",
          str(ROOT.parent / "shared" / "traces" / "hexgen-flow" / "trace1.json"),
          "--rate", "0.5", "--queries", "2", "--scale", "0.02",
-         "--plot", str(tmp_path / "p.png")],
+         "--plot", str(tmp_path / "p.png"), "--json", str(tmp_path / "r.json")],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-3000:]
@@ -258,3 +258,63 @@ def test_real_vs_sim_prints_its_two_figures(tmp_path):
     assert last[0].startswith("median |sim-real|/real per call: ")
     assert last[1].startswith("P95 error per query: ")
     assert float(last[0].rsplit(" ", 1)[1]) >= 0 and (tmp_path / "p.png").stat().st_size > 0
+    import json
+
+    saved = json.loads((tmp_path / "r.json").read_text())
+    # every call carries llama-server's own account of it, and the error is attributed
+    assert all(c["engine_timings"]["prompt_n"] >= 1 for c in saved["calls"])
+    assert {"queue", "prefill", "decode", "calls"} <= set(saved["attribution"]["all"])
+
+
+def test_the_engines_own_timings_reach_the_result():
+    """llama-server puts ``timings`` (prompt_n/ms, predicted_n/ms, cache_n) on the last
+    streamed chunk; the OpenAI client keeps unknown fields, and real_vs_sim attributes a
+    call's time with them. A loopback HTTP server streams chunks in that shape."""
+    import http.server
+    import json
+    import threading
+
+    from agentflow.llm.openai_compat import OpenAIBackend
+
+    timings = {"cache_n": 0, "prompt_n": 12, "prompt_ms": 61.5, "predicted_n": 3,
+               "predicted_ms": 90.25}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            base = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
+            for i, text in enumerate(("a", "b", "c")):
+                last = i == 2
+                chunk = {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                              "finish_reason": "length" if last else None}]}
+                if last:
+                    chunk["timings"] = timings
+                    chunk["usage"] = {"completion_tokens": 3, "prompt_tokens": 12,
+                                      "total_tokens": 15}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        backend = OpenAIBackend(f"http://127.0.0.1:{server.server_port}/v1", "m")
+
+        async def call():
+            try:
+                return await backend.generate(LLMRequest(prompt="x"))
+            finally:
+                await backend.close()
+
+        result = asyncio.run(call())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.text == "abc" and result.prompt_tokens == 12
+    assert result.engine_timings == timings

@@ -136,3 +136,142 @@ def test_policy_comparison_runs_both_sides_on_the_same_scaled_workload():
     assert [n.parents for n in q.nodes] == [n.parents for n in query("q").nodes]
     cluster = sim_cluster(str(CLUSTER))
     assert {i.max_num_seqs for i in cluster.instances} == {4}
+
+
+def test_attribution_splits_each_call_and_names_the_phase_that_is_off():
+    from rvs_attribution import Split, breakdown, in_flight_at_submit, real_split, sim_split
+
+    # llama-server's own timings: 2 s of prompt, 3 s of decode in a 6 s call -> 1 s queued
+    assert real_split(6.0, 2.5, {"prompt_ms": 2000, "predicted_ms": 3000}) == \
+        Split(1.0, 2.0, 3.0)
+    # without them the first token splits the call (no queue can be told apart)
+    assert real_split(6.0, 2.5, None) == Split(0.0, 2.5, 3.5)
+    assert sim_split(0.5, 2.0, 5.0) == Split(0.5, 2.0, 3.0)
+    # a alone; b and c overlap on i0 (c submitted while b runs); d alone on i1
+    submit = {"a": 0.0, "b": 10.0, "c": 11.0, "d": 10.5}
+    finish = {"a": 5.0, "b": 20.0, "c": 18.0, "d": 12.0}
+    conc = in_flight_at_submit(submit, finish, {"a": "i0", "b": "i0", "c": "i0", "d": "i1"})
+    assert conc == {"a": 1, "b": 1, "c": 2, "d": 1}
+    real = {"a": Split(0, 2, 3), "b": Split(0, 4, 6), "c": Split(3, 2, 2), "d": Split(0, 1, 1)}
+    sim = {"a": Split(0, 2, 3), "b": Split(0, 4, 6), "c": Split(0, 2, 2), "d": Split(0, 1, 1)}
+    table = breakdown(real, sim, conc)
+    assert table["1"]["calls"] == 3 and table["1"]["median_call_error"] == 0.0
+    # all of the error is c's queue, which only the overlapping bin has
+    assert table["2"]["queue"] == {"real_s": 3.0, "sim_s": 0.0, "abs_err_s": 3.0,
+                                   "error_share": 1.0}
+    assert table["all"]["queue"]["error_share"] == 1.0
+    assert table["all"]["decode"]["error_share"] == 0.0
+
+
+def test_the_simulated_replay_records_each_calls_phases():
+    engines = sim_engines(str(CLUSTER))
+    w = build_workload([query("x")], list(engines), rate=1.0, seed=0, scale=1.0,
+                       max_prompt=None, max_output=None, assign="query")
+    out = replay_sim(w, engines)
+    for c in w.calls[0]:
+        split = out.split[c.id]
+        assert split.prefill > 0 and split.total == pytest.approx(out.call_latency(c.id))
+        assert (split.decode > 0) == (c.output_tokens > 1)
+
+
+def test_llama_server_breaks_prompts_where_it_checkpoints_a_sliding_window_model():
+    from agentflow import hardware
+    from agentflow.llm.llamacpp_server import prompt_breaks
+
+    gemma = hardware.model("gemma-3-270m")
+    server = {"type": "llama_server"}
+    assert prompt_breaks(server, gemma) == (516, 4)  # 4 + n_ubatch, then 4
+    assert prompt_breaks({**server, "batch": 256, "ubatch": 512}, gemma) == (256, 4)
+    assert prompt_breaks({**server, "extra_args": ["--swa-full"]}, gemma) == ()
+    assert prompt_breaks({**server, "extra_args": ["--ctx-checkpoints", "0"]}, gemma) == ()
+    assert prompt_breaks(server, hardware.model("Llama-3.1-8B")) == ()  # no window
+
+
+def test_a_prompt_shares_its_last_chunks_with_a_newcomers_prompt():
+    """llama-server's case, measured: an 804-token prompt runs as 288 + 512 + 4 tokens, and
+    a 1191-token prompt arriving during the first chunk rides in the next two steps, so the
+    first prompt's first token waits for the newcomer's chunk (8.8 s real; one whole chunk
+    would give 3.3 s)."""
+    def first_tokens(breaks: bool) -> tuple[dict[str, float], int]:
+        engine = sim_engines(str(CLUSTER))["cpu-0"]
+        if not breaks:
+            engine.prompt_breaks = ()
+        engine.add("a", 804, 44, 0, 0.0)
+        engine.add("b", 1191, 66, 0, 0.5)
+        firsts = {}
+        while (t := engine.next_event_time()) is not None:
+            for ev in engine.step_until(t):
+                if ev.kind == "first_token":
+                    firsts[ev.seq_id] = ev.time
+        return firsts, engine.plans
+
+    assert sim_engines(str(CLUSTER))["cpu-0"].prompt_breaks == (516, 4)
+    split, split_plans = first_tokens(True)
+    whole, whole_plans = first_tokens(False)
+    assert split["a"] > 1.5 * whole["a"]  # a's last chunks carry b's prompt
+    assert split["b"] == pytest.approx(whole["b"], rel=0.1)  # the work is the same
+    assert split_plans > whole_plans
+
+
+def test_calls_ready_together_reach_the_engine_one_after_another():
+    """Four evaluations ready at once: the first sent runs its first chunk alone and the
+    other three wait for that step, then share the next one, as measured on llama-server
+    (0.45 s queued behind the first); sent at the same instant they would share one step."""
+    fan = TraceQuery("f", [TraceNode("a", "extract_keywords", "llm", (), 30, 1)] + [
+        TraceNode(f"e{i}", "evaluate", "llm", ("a",), 96, 2) for i in range(4)])
+
+    def queued(gap: float) -> list[float]:
+        engines = sim_engines(str(CLUSTER))
+        w = build_workload([fan], list(engines), rate=1.0, seed=0, scale=1.0,
+                           max_prompt=None, max_output=None, assign="query")
+        out = replay_sim(w, engines, send_gap_s=gap)
+        return [out.split[f"q0/e{i}"].queue for i in range(4)]
+
+    assert max(queued(0.0)) < 1e-3
+    first, *rest = queued(0.002)
+    assert first < 0.01 and min(rest) > 0.3  # a step of 92 prompt tokens ahead of them
+
+
+def test_resim_checks_the_current_simulator_against_a_saved_real_side(tmp_path, capsys):
+    """--resim reads an earlier run's --json and compares without real engines: a saved
+    "real" side that is the simulator's own replay gives zero error; one twice as slow
+    gives 50% per call."""
+    import json
+
+    import real_vs_sim
+
+    trace = ROOT.parent / "shared" / "traces" / "hexgen-flow" / "trace1.json"
+    if not trace.is_file():
+        pytest.skip("the shared HexGen-Flow trace is not here")
+    from agentflow.sim.workload import load_trace
+
+    args = {"trace": str(trace), "rate": 0.5, "quick": False, "queries": 2, "skip": 0,
+            "scale": 0.02, "max_prompt": None, "max_output": None, "assign": "query",
+            "seed": 0}
+    engines = sim_engines(str(CLUSTER))
+    w = build_workload(load_trace(str(trace))[:2], list(engines), rate=0.5, seed=0,
+                       scale=0.02, max_prompt=None, max_output=None, assign="query")
+    sim = replay_sim(w, engines)
+    ids = [c.id for cs in w.calls for c in cs]
+    for factor, expected in ((1.0, "0.0000"), (2.0, "0.5000")):
+        saved = tmp_path / f"run{factor}.json"
+        saved.write_text(json.dumps({"args": args, "call_real_s": [
+            factor * sim.call_latency(i) for i in ids], "query_real_s": [
+            factor * sim.query_latency(w, q) for q in range(len(w.calls))]}))
+        real_vs_sim.main(["--cluster", str(CLUSTER), "--resim", str(saved)])
+        last = capsys.readouterr().out.strip().splitlines()
+        assert last[-2] == f"median |sim-real|/real per call: {expected}"
+        assert last[-1] == f"P95 error per query: {expected}"
+
+
+def test_the_probe_prices_a_single_request_as_the_replay_would():
+    from rvs_probe import PROBE_SHAPES, simulated_alone
+
+    alone = TraceQuery("p", [TraceNode("a", "revise", "llm", (), *PROBE_SHAPES[1])])
+    engines = sim_engines(str(CLUSTER))
+    w = build_workload([alone], list(engines), rate=1.0, seed=0, scale=1.0, max_prompt=None,
+                       max_output=None, assign="query")
+    replayed = replay_sim(w, engines).call_latency("q0/a")
+    assert simulated_alone(sim_engines(str(CLUSTER))["cpu-0"], *PROBE_SHAPES[1]) == \
+        pytest.approx(replayed)
+    assert simulated_alone(sim_engines(str(CLUSTER))["cpu-0"], *PROBE_SHAPES[0]) < replayed

@@ -105,7 +105,9 @@ def test_a_call_deadline_is_a_high_quantile_times_a_safety_factor_bounded_by_the
     c.on_query_arrival("late", deadline=0.0)
     late, _ = c.on_call_ready("late", stage="generate_candidate", node_id="n",
                               prompt_tokens=4000)
-    assert d.limit_s(late, "a", 0.0) == pytest.approx(q90)
+    # (plus the prompts still being processed beside it: the two calls dispatched before)
+    ahead = d.prefill_ahead_s(late, "a", 0.0)
+    assert ahead > 0 and d.limit_s(late, "a", 0.0) == pytest.approx(q90 + ahead)
     # an instance that never finished a call is judged like its observed peers: b is 4x
     # slower than modelled, so is a (same GPU and model) until it finishes calls itself
     b = c.time_models["b"]
@@ -116,7 +118,8 @@ def test_a_call_deadline_is_a_high_quantile_times_a_safety_factor_bounded_by_the
     assert d.expected_quantile_s(call, "a") == pytest.approx(4 * q90, rel=0.1)
     # each failed attempt doubles the limit (a re-dispatched call is not cut short again)
     call.attempts = 1
-    assert d.limit_s(call, "a", 0.0) == pytest.approx(2 * 3 * d.expected_quantile_s(call, "a"))
+    assert d.limit_s(call, "a", 0.0) == pytest.approx(
+        2 * 3 * d.expected_quantile_s(call, "a") * d.speed_factor("a"))
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -190,3 +193,79 @@ def test_a_stalled_stream_is_cut_and_rerun_elsewhere() -> None:
         assert ask_many(af, 4) == {"done": 4}
         assert af.router.counts["stalled", "staller"] >= 1
         assert af.router.health.state("staller") != HealthState.HEALTHY
+
+
+def test_deadlines_stretch_with_how_far_an_instances_healthy_calls_run_over() -> None:
+    """A scripted slow instance, counted not timed: one call in five shares its engine
+    with others and runs 8x its profile-priced time (a loaded CPU host batching four
+    calls), the rest 1x. Priced at the mean speed alone, the slow-but-healthy ones overrun
+    their deadline and would be retried; scaled by the instance's observed spread, none
+    does, while a hung call (1,000x) is still cut."""
+    spread = (1.0, 1.0, 1.0, 1.0, 8.0)
+
+    def run(settings: HealthSettings) -> tuple[int, int, bool]:
+        clock = ManualClock()
+        c = Coordinator([InstanceSpec("cpu", gpu="Xeon-core", model="gemma-3-270m",
+                                      max_inflight=4)], clock=clock, policy="vllm")
+        d = CallDeadlines(c, settings)
+        base = c.time_models["cpu"]
+        solo_ttft = base.prefill_s(500)
+        solo_total = solo_ttft + 19 * base.decode_s_per_token
+        overran = 0
+        for i in range(100):
+            qid = f"q{i}"
+            c.on_query_arrival(qid, deadline=None)
+            call, started = c.on_call_ready(qid, stage="extract_keywords", node_id="n",
+                                            prompt_tokens=500)
+            assert [s.instance for s in started] == ["cpu"]
+            factor = spread[i % len(spread)]
+            took = solo_total * factor
+            if i >= 50:  # the first 50 teach the models; count over the next 50
+                overran += took > d.limit_s(call, "cpu", clock.now())
+            clock.advance(took)
+            c.on_call_done(call, output_tokens=20, ttft_s=solo_ttft * factor, total_s=took)
+            c.on_query_done(qid)
+        c.on_query_arrival("hung", deadline=None)
+        hung, _ = c.on_call_ready("hung", stage="extract_keywords", node_id="n",
+                                  prompt_tokens=500)
+        return overran, int(d.speed_factor("cpu")), \
+            1000 * solo_total > d.limit_s(hung, "cpu", clock.now())
+
+    plain = HealthSettings(deadline_min_s=0.01, deadline_speed_quantile=None)
+    overran, factor, hung_cut = run(plain)
+    assert overran == 10 and factor == 1 and hung_cut  # every 8x call of the 50 overran
+    overran, factor, hung_cut = run(HealthSettings(deadline_min_s=0.01))
+    assert overran == 0 and factor >= 2 and hung_cut
+    # the cap bounds how far a merely slow instance can stretch its own deadlines
+    _, factor, _ = run(HealthSettings(deadline_min_s=0.01, deadline_speed_cap=1.5))
+    assert factor == 1  # int(1.5)
+
+
+def test_a_call_started_beside_unfinished_prompts_is_given_their_prefill_time() -> None:
+    """A small call that starts while a neighbour's long prompt is still being processed
+    finishes only after it on a CPU engine: its limit adds that prompt's time, and keeps it
+    once the neighbour's first token is out (a running limit never shrinks)."""
+    clock = ManualClock()
+    c = Coordinator([InstanceSpec("cpu", gpu="Xeon-core", model="gemma-3-270m",
+                                  max_inflight=4)], clock=clock, policy="vllm")
+    d = CallDeadlines(c, HealthSettings(deadline_min_s=0.01))
+    model = c.time_models["cpu"]
+    c.on_query_arrival("big", deadline=None)
+    big, _ = c.on_call_ready("big", stage="generate_candidate", node_id="n",
+                             prompt_tokens=2000)
+    c.on_query_arrival("small", deadline=None)
+    small, _ = c.on_call_ready("small", stage="extract_keywords", node_id="n",
+                               prompt_tokens=30)
+    alone = 3 * d.expected_quantile_s(small, "cpu")
+    limit = d.limit_s(small, "cpu", 0.0)
+    assert limit == pytest.approx(alone + 3 * model.prefill_s(2000))
+    assert model.prefill_s(2000) > 5 * model.prefill_s(30)
+    c.on_call_progress(big, 1)  # its prompt is done
+    assert d.limit_s(small, "cpu", 0.0) == pytest.approx(limit)
+    # a call that starts now has nothing ahead of it
+    c.on_query_arrival("later", deadline=None)
+    later, _ = c.on_call_ready("later", stage="extract_keywords", node_id="n",
+                               prompt_tokens=30)
+    clock.advance(1.0)
+    assert d.prefill_ahead_s(later, "cpu", clock.now()) == pytest.approx(
+        model.prefill_s(30))  # only "small", still in its prompt

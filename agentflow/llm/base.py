@@ -63,6 +63,9 @@ class LLMResult:
     cached_prompt_tokens: int = 0  # prompt tokens whose KV was reused, when the backend knows
     backend: str = ""
     node: str = ""  # where the call ran when not in this process (e.g. a Ray node)
+    # The engine's own account of the call where it gives one (llama-server's ``timings``:
+    # prompt_n, prompt_ms, predicted_n, predicted_ms, cache_n), for attributing its time.
+    engine_timings: dict[str, float] | None = None
 
 
 # Called with the number of output tokens produced so far (streaming progress).

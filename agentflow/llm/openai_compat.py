@@ -138,6 +138,9 @@ class OpenAIBackend(LLMBackend):
             async for chunk in stream:
                 if getattr(chunk, "usage", None) is not None:
                     state.usage = chunk.usage
+                timings = (getattr(chunk, "model_extra", None) or {}).get("timings")
+                if isinstance(timings, dict):  # llama-server's, on the last chunk
+                    state.timings = timings
                 for choice in chunk.choices or ():
                     piece = (choice.delta.content if self.chat else choice.text) or ""
                     if choice.finish_reason:
@@ -175,7 +178,7 @@ class OpenAIBackend(LLMBackend):
             completion_tokens=completion_tokens if completion_tokens is not None else n_chunks,
             finish_reason="length" if finish == "length" else "stop",
             queue_s=0.0, ttft_s=state.ttft, total_s=time.perf_counter() - state.start,
-            cached_prompt_tokens=cached, backend=self.name)
+            cached_prompt_tokens=cached, backend=self.name, engine_timings=state.timings)
 
     async def close(self) -> None:
         await self._client.close()
@@ -188,6 +191,7 @@ class _StreamState:
     ttft: float = 0.0
     finish: str | None = None
     usage: Any = None
+    timings: dict[str, float] | None = None
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

@@ -11,11 +11,29 @@ An instance that has never finished a call (it hung from the start, or just join
 uncorrected time model; for it the correction ratios of its peers (same GPU and model) that
 have finished calls stand in, so a hung instance is found as fast as a slow one would be.
 
-Pure functions of the coordinator's state and ``now``: no clock reads, no sleeping.
+The time model's ratios correct the *mean* speed; calls on a batching engine spread around
+it (a call alone runs at the mean or faster, one sharing every step with three others and
+a newcomer's prompt runs several times longer). Measured on two llama-server instances on a
+CPU: 3-8 healthy calls of 582 overran a deadline priced at the mean and were retried. So
+the limit is also scaled by the instance's observed spread: a high quantile of observed /
+expected time over its last finished calls (``HealthSettings.deadline_speed_quantile``).
+
+A call also shares its engine: on a CPU (compute-bound, one core) a step costs about the sum
+of its tokens, so a call that starts while other calls' prompts are still being processed
+finishes only after their prompt tokens (measured on llama-server instances at tokens
+x0.02: every deadline timeout was a sub-second call cut at the 1 s floor while a neighbour's
+prompt chunk ran). So the priced time adds the prefill of the calls running beside it that
+have not produced a token yet, as they stood when the call started (a later re-evaluation
+keeps that figure: their prompts finishing must not shorten a limit already running).
+
+Functions of the coordinator's state and ``now``: no clock reads, no sleeping (the one
+memory is that figure, per attempt).
 """
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -31,6 +49,21 @@ class CallDeadlines:
     def __init__(self, coordinator: Coordinator, settings: HealthSettings | None = None):
         self.coordinator = coordinator
         self.settings = settings or HealthSettings()
+        # (call, instance, started) -> prefill seconds of its neighbours at its start
+        self._ahead: OrderedDict[tuple[ScheduledCall, str, float], float] = OrderedDict()
+
+    def prefill_ahead_s(self, call: ScheduledCall, instance: str, started: float) -> float:
+        """Prompt time of the calls running beside ``call`` on ``instance`` that had not
+        produced a token when it started (fixed at its first evaluation)."""
+        key = (call, instance, started)
+        if key not in self._ahead:
+            model = self.time_model(instance)
+            queue = self.coordinator.queues[instance]
+            self._ahead[key] = sum(model.prefill_s(c.tokens_on(instance)) for c in queue.running
+                                   if c is not call and c.attained_tokens == 0)
+            while len(self._ahead) > 4096:
+                self._ahead.popitem(last=False)
+        return self._ahead[key]
 
     def time_model(self, instance: str) -> InstanceTimeModel:
         """The instance's own model once it has observations, else one corrected like its
@@ -48,6 +81,24 @@ class CallDeadlines:
         return replace(model, prefill_ratio=max(p.prefill_ratio for p in peers),
                        decode_ratio=max(p.decode_ratio for p in peers))
 
+    def speed_factor(self, instance: str) -> float:
+        """How far this instance's healthy calls run over their priced time: the settings'
+        quantile of its recent observed / expected ratios, within [1, cap]; its peers'
+        (same GPU and model, the largest) while it has finished nothing."""
+        q = self.settings.deadline_speed_quantile
+        if q is None:
+            return 1.0
+        models = self.coordinator.time_models
+        ratios = list(models[instance].call_ratios)
+        if not ratios:
+            spec = self.coordinator.queues[instance].spec
+            peers = [sorted(models[n].call_ratios) for n, qu in self.coordinator.queues.items()
+                     if n != instance and models[n].call_ratios
+                     and (qu.spec.gpu, qu.spec.model) == (spec.gpu, spec.model)]
+            return max((_clamp(_quantile(r, q), self.settings.deadline_speed_cap)
+                        for r in peers), default=1.0)
+        return _clamp(_quantile(sorted(ratios), q), self.settings.deadline_speed_cap)
+
     def expected_quantile_s(self, call: ScheduledCall, instance: str) -> float:
         """The quantile of the call's time there: time is increasing in the output length,
         so it is the time of the output length's quantile."""
@@ -60,7 +111,8 @@ class CallDeadlines:
         handed to the backend). Each earlier attempt doubles it, so a call re-dispatched
         after a timeout is not cut short again by the same too-tight estimate."""
         s = self.settings
-        quantile = self.expected_quantile_s(call, instance)
+        quantile = (self.expected_quantile_s(call, instance)
+                    + self.prefill_ahead_s(call, instance, started)) * self.speed_factor(instance)
         limit: float = s.deadline_safety * quantile
         deadline = call.query.deadline
         if deadline is not None:
@@ -70,3 +122,12 @@ class CallDeadlines:
         if s.deadline_max_s is not None:
             limit = min(limit, s.deadline_max_s)
         return limit
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """The lower empirical quantile (a value that was observed; no interpolation)."""
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def _clamp(value: float, cap: float) -> float:
+    return min(max(value, 1.0), cap)

@@ -48,6 +48,14 @@ class HealthSettings(BaseModel):
     deadline_safety: float = Field(3.0, ge=1)
     deadline_min_s: float = Field(1.0, gt=0)
     deadline_max_s: float | None = Field(3600.0, gt=0)
+    # ... times how far the instance's healthy calls have been running over their priced
+    # time: the ``deadline_speed_quantile`` of observed / expected over its last finished
+    # calls (at least 1, at most ``deadline_speed_cap``; None: off). On a loaded CPU host
+    # a call sharing its engine's step with three others runs several times its priced
+    # time and is still healthy; a hung instance finishes nothing, so it cannot widen its
+    # own deadlines (and the cap bounds a merely slow one).
+    deadline_speed_quantile: float | None = Field(0.9, gt=0, le=1)
+    deadline_speed_cap: float = Field(8.0, ge=1)
     # A call that has streamed tokens and then produces none for this long has stalled.
     stall_s: float | None = Field(30.0, gt=0)
     # Circuit breaker: consecutive failed calls, or a failure ratio over the last

@@ -18,6 +18,7 @@ where nothing ever ran side by side (a CPU instance) or the data show no trend.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from agentflow.hardware import GPUProfile, ModelProfile, calibrated
@@ -45,6 +46,10 @@ class InstanceTimeModel:
     batch_window: int = 100  # calls: the memory of the co-runner regression
     # decayed sums over (co-runners x, decode ratio y): weight, x, y, xx, xy
     _batch_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
+    # observed / expected time of the last finished calls, each priced by the model as it
+    # stood when the call finished (call deadlines read how far healthy calls run over:
+    # agentflow.scheduler.call_deadline)
+    call_ratios: deque[float] = field(default_factory=lambda: deque(maxlen=64), repr=False)
 
     @classmethod
     def from_profile(cls, gpu: GPUProfile, model: ModelProfile,
@@ -84,6 +89,9 @@ class InstanceTimeModel:
         ``co_runner_slope``)."""
         a = self.smoothing
         uncached = max(0, prompt_tokens - cached_tokens)
+        priced = self.expected_s(uncached, output_tokens)
+        if priced > 1e-9 and total_s > 0:
+            self.call_ratios.append(total_s / priced)
         predicted_prefill = uncached * self.prefill_s_per_token
         if predicted_prefill > 1e-6 and ttft_s > 0:
             ratio = max(ttft_s - self.overhead_s, 1e-6) / predicted_prefill

@@ -249,6 +249,10 @@ class SimInstance:
         self.chunked_prefill = chunked_prefill
         self.jump_ahead = jump_ahead
         self.request_overhead_s = gpu.request_overhead_s
+        # Token counts before a prompt's end at which a prefill chunk must stop, so the
+        # engine can checkpoint there (llama-server on a sliding-window model:
+        # agentflow.llm.llamacpp_server.prompt_breaks). () for vLLM.
+        self.prompt_breaks: tuple[int, ...] = ()
 
         self.kv_blocks_total = hardware.kv_cache_blocks(
             gpu, model, tensor_parallel, max_num_seqs=max_num_seqs,
@@ -488,6 +492,14 @@ class SimInstance:
                 return
             self._finish_plan(p, events)
 
+    def _cut_at_breaks(self, s: _Seq, computed: int, n: int) -> int:
+        """``n`` prompt tokens from ``computed`` on, stopped at the first break passed."""
+        for back in self.prompt_breaks:
+            stop = s.prompt - back
+            if computed < stop < computed + n:
+                n = stop - computed
+        return n
+
     def _build_plan(self, tb: float) -> None:
         self._t_bound = tb
         pend = self._pending
@@ -505,7 +517,7 @@ class SimInstance:
         while i < len(running) and budget > 0:
             s = running[i]
             n = s.prompt + s.generated - s.computed
-            n = min(n, budget)
+            n = self._cut_at_breaks(s, s.computed, min(n, budget))
             need = -(-(s.computed + n) // B) - s.blocks
             if need > self._free:
                 while need > self._free:
@@ -550,6 +562,7 @@ class SimInstance:
                         break
                 else:
                     n = unc
+                n = self._cut_at_breaks(s, comp, n)
                 need = -(-(comp + n) // B)
                 if need > self._free:
                     break
@@ -765,7 +778,13 @@ def engine_for(name: str, cfg) -> SimInstance:
     model = hardware.model(cfg.model)
     if (cfg.weight_bits, cfg.kv_bits) != (16, 16):
         model = model.quantized(cfg.weight_bits, cfg.kv_bits)
-    return SimInstance(gpu=hardware.gpu(cfg.gpu), model=model,
-                       tensor_parallel=cfg.tensor_parallel, max_num_seqs=cfg.max_num_seqs,
-                       max_num_batched_tokens=cfg.max_num_batched_tokens,
-                       gpu_memory_utilization=cfg.gpu_memory_utilization, name=name)
+    engine = SimInstance(gpu=hardware.gpu(cfg.gpu), model=model,
+                         tensor_parallel=cfg.tensor_parallel, max_num_seqs=cfg.max_num_seqs,
+                         max_num_batched_tokens=cfg.max_num_batched_tokens,
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, name=name)
+    backend = getattr(cfg, "backend", None) or {}
+    if backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import prompt_breaks
+
+        engine.prompt_breaks = prompt_breaks(backend, model)
+    return engine
