@@ -269,3 +269,21 @@ def test_a_call_started_beside_unfinished_prompts_is_given_their_prefill_time() 
     clock.advance(1.0)
     assert d.prefill_ahead_s(later, "cpu", clock.now()) == pytest.approx(
         model.prefill_s(30))  # only "small", still in its prompt
+
+
+def test_a_running_limit_keeps_the_speed_factor_it_started_under() -> None:
+    """The speed factor follows the instance's recent calls; fast calls finishing while a
+    call runs must not shorten that call's limit (it was priced at the slower speed)."""
+    c = Coordinator([InstanceSpec("cpu", gpu="Xeon-core", model="gemma-3-270m",
+                                  max_inflight=4)], clock=ManualClock(), policy="vllm")
+    d = CallDeadlines(c, HealthSettings(deadline_min_s=0.01))
+    model = c.time_models["cpu"]
+    model.call_ratios.extend([4.0] * 64)  # recent calls ran 4x their priced time
+    c.on_query_arrival("q", deadline=None)
+    call, _ = c.on_call_ready("q", stage="extract_keywords", node_id="n", prompt_tokens=30)
+    slow = d.limit_s(call, "cpu", 0.0)
+    assert d.speed_factor("cpu") == 4.0
+    model.call_ratios.extend([1.0] * 64)  # then 64 calls at the priced speed
+    assert d.speed_factor("cpu") == 1.0
+    assert d.limit_s(call, "cpu", 0.0) == pytest.approx(slow)  # kept
+    assert d.limit_s(call, "cpu", 5.0) == pytest.approx(slow / 4)  # a new attempt: today's

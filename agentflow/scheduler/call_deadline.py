@@ -24,7 +24,8 @@ finishes only after their prompt tokens (measured on llama-server instances at t
 x0.02: every deadline timeout was a sub-second call cut at the 1 s floor while a neighbour's
 prompt chunk ran). So the priced time adds the prefill of the calls running beside it that
 have not produced a token yet, as they stood when the call started (a later re-evaluation
-keeps that figure: their prompts finishing must not shorten a limit already running).
+keeps that figure: their prompts finishing must not shorten a limit already running; the
+speed factor likewise never falls below its value at the call's start).
 
 Functions of the coordinator's state and ``now``: no clock reads, no sleeping (the one
 memory is that figure, per attempt).
@@ -49,21 +50,28 @@ class CallDeadlines:
     def __init__(self, coordinator: Coordinator, settings: HealthSettings | None = None):
         self.coordinator = coordinator
         self.settings = settings or HealthSettings()
-        # (call, instance, started) -> prefill seconds of its neighbours at its start
-        self._ahead: OrderedDict[tuple[ScheduledCall, str, float], float] = OrderedDict()
+        # (call id, instance, started) -> (prefill seconds of its neighbours, speed factor),
+        # both as they stood at the attempt's first evaluation; keyed by id so the memory
+        # holds no finished call (and its query) alive
+        self._at_start: OrderedDict[tuple[str, str, float], tuple[float, float]] = OrderedDict()
+
+    def _start_figures(self, call: ScheduledCall, instance: str,
+                       started: float) -> tuple[float, float]:
+        key = (call.id, instance, started)
+        if key not in self._at_start:
+            model = self.time_model(instance)
+            queue = self.coordinator.queues[instance]
+            ahead = sum(model.prefill_s(c.tokens_on(instance)) for c in queue.running
+                        if c is not call and c.attained_tokens == 0)
+            self._at_start[key] = (ahead, self.speed_factor(instance))
+            while len(self._at_start) > 4096:
+                self._at_start.popitem(last=False)
+        return self._at_start[key]
 
     def prefill_ahead_s(self, call: ScheduledCall, instance: str, started: float) -> float:
         """Prompt time of the calls running beside ``call`` on ``instance`` that had not
         produced a token when it started (fixed at its first evaluation)."""
-        key = (call, instance, started)
-        if key not in self._ahead:
-            model = self.time_model(instance)
-            queue = self.coordinator.queues[instance]
-            self._ahead[key] = sum(model.prefill_s(c.tokens_on(instance)) for c in queue.running
-                                   if c is not call and c.attained_tokens == 0)
-            while len(self._ahead) > 4096:
-                self._ahead.popitem(last=False)
-        return self._ahead[key]
+        return self._start_figures(call, instance, started)[0]
 
     def time_model(self, instance: str) -> InstanceTimeModel:
         """The instance's own model once it has observations, else one corrected like its
@@ -111,8 +119,11 @@ class CallDeadlines:
         handed to the backend). Each earlier attempt doubles it, so a call re-dispatched
         after a timeout is not cut short again by the same too-tight estimate."""
         s = self.settings
-        quantile = (self.expected_quantile_s(call, instance)
-                    + self.prefill_ahead_s(call, instance, started)) * self.speed_factor(instance)
+        ahead, factor_at_start = self._start_figures(call, instance, started)
+        # the speed factor may grow while the call runs, never shrink: fast calls finishing
+        # meanwhile must not cut one that was priced at the slower speed it started under
+        factor = max(factor_at_start, self.speed_factor(instance))
+        quantile = (self.expected_quantile_s(call, instance) + ahead) * factor
         limit: float = s.deadline_safety * quantile
         deadline = call.query.deadline
         if deadline is not None:
