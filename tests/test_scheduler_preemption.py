@@ -63,6 +63,19 @@ def test_no_preemption_when_the_wait_fits_the_budget_off_or_without_room_kept() 
         assert decisions == [], (policy, mode)
 
 
+def test_a_call_below_the_best_class_in_flight_stops_nothing() -> None:
+    """The headroom gate admits only the best class in flight; stopping batch work for a
+    standard call while an interactive query runs would free a slot it still may not take."""
+    c = coordinator("flowsage", {"b": 100, "i": 10, "s": 10}, preemption="class",
+                    max_inflight=2)
+    _ready(c, "batch", "batch", "b")
+    c.clock.advance_to(1.0)
+    _ready(c, "inter", "interactive", "i")  # takes the second slot
+    c.clock.advance_to(2.0)
+    _, decisions = _ready(c, "std", "standard", "s")
+    assert decisions == [] and c.preempted_calls == 0
+
+
 def test_the_victim_is_the_call_with_least_to_redo_and_only_as_many_as_make_room() -> None:
     c = coordinator("flowsage", {"b": 100, "i": 10}, preemption="class", max_inflight=2)
     far, _ = _ready(c, "far", "batch", "b")

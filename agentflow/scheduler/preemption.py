@@ -58,7 +58,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from agentflow.scheduler.call import CallState, ScheduledCall
-from agentflow.scheduler.classes import class_of, class_positions
+from agentflow.scheduler.classes import best_active_band, call_band, class_of, class_positions
 
 if TYPE_CHECKING:
     from agentflow.scheduler.instance import InstanceQueue
@@ -132,7 +132,12 @@ def victims(coordinator: Any, queue: InstanceQueue, call: ScheduledCall, now: fl
         if NET_SAVING:  # only a victim whose redo costs less than the delay it causes
             stoppable = [c for c in stoppable if redo_s(coordinator, c, queue.name) < per]
         return stoppable[:max(0, len(worse) - keep)]
-    # waiting: for the earliest running call to end, unless room is made
+    # waiting: the headroom gate admits a waiting call only in the best band with queries in
+    # flight, so stopping work for one in any other band would free a slot it may not take
+    best = best_active_band(coordinator)
+    if best is not None and call_band(coordinator, call.query) > best:
+        return []
+    # for the earliest running call to end, unless room is made
     ends = [c.expected_finish for c in queue.running if c.expected_finish is not None]
     wait = max(0.0, min(ends) - now) if ends else math.inf
     if wait <= budget:
