@@ -32,7 +32,8 @@ class SloClass(BaseModel):
     name: str = Field(min_length=1, max_length=64)
     rank: int = Field(0, ge=0, le=100, description="lower is served first and shed last")
     slo_seconds: float | None = Field(None, gt=0, description="default deadline; None: none")
-    weight: float = Field(1.0, gt=0, description="share of instance time among equal ranks")
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False,
+                          description="share of instance time among equal ranks")
 
 
 DEFAULT_CLASS = "standard"

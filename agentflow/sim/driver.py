@@ -387,6 +387,8 @@ class Simulation:
         for d in decisions:
             if isinstance(d, StartCall):
                 call = d.call
+                if d.attempt != call.preemptions:
+                    continue  # a start for a run that was stopped since: stale
                 query_id, node_id = call.payload
                 hashes, per_block = call.prefix_hashes, 0.0
                 if hashes:  # trace tokens per hashed block of pseudo-tokens
