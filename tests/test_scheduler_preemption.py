@@ -49,8 +49,9 @@ def test_an_interactive_call_stops_the_batch_call_holding_the_only_slot() -> Non
 
 def test_no_preemption_when_the_wait_fits_the_budget_off_or_without_room_kept() -> None:
     c = coordinator("flowsage", {"b": 100, "i": 10}, preemption="class")
-    _ready(c, "batch", "batch", "b")
-    c.clock.advance_to(99.5)  # 0.5 s left on the batch call < the 1 s budget: wait for it
+    batch, _ = _ready(c, "batch", "batch", "b")
+    c.clock.advance_to(99.5)
+    c.on_call_progress(batch, 99)  # 1 s left on the batch call, within the 1 s budget: wait
     _, decisions = _ready(c, "inter", "interactive", "i")
     assert decisions == [] and c.preempted_calls == 0
     for policy, mode in (("flowsage", None), ("flowsage", "off"), ("vllm", "class")):
@@ -234,3 +235,29 @@ def test_a_call_that_would_lose_more_than_it_saves_is_left_to_finish() -> None:
     c.on_call_progress(batch, 60)  # 60 s to redo > the 40 s its stop would save
     inter, decisions = _ready(c, "inter", "interactive", "i")
     assert decisions == [] and inter.state == CallState.WAITING
+
+
+def test_a_call_past_its_mean_with_a_long_tail_ahead_is_stopped() -> None:
+    """The batch stage writes 10 tokens (80%) or 1000 (20%): mean 208 s. At 210 s it has
+    written 210 tokens, so it is in the long mode: 790 s left, more than its 210 s redo.
+    Priced by its admission-time finish (208 s) it looked done and was never stopped."""
+    from agentflow.scheduler.distribution import Distribution
+    from agentflow.scheduler.preemption import remaining_s
+
+    tail = Distribution([10, 1000], [0.8, 0.2])
+    c = coordinator("flowsage", {"b": tail, "i": 10}, preemption="class")
+    batch, _ = _ready(c, "batch", "batch", "b")
+    c.clock.advance_to(210.0)
+    c.on_call_progress(batch, 210)
+    assert remaining_s(c, batch, "fast", 210.0) == pytest.approx(790.0)
+    inter, decisions = _ready(c, "inter", "interactive", "i")
+    assert _kinds(decisions) == [("PreemptCall", "batch"), ("StartCall", "inter")]
+    # past every length it may have (over-run): as much again as written (Gittins' rule),
+    # which never beats its redo, so such a call is left to finish
+    c = coordinator("flowsage", {"b": tail, "i": 10}, preemption="class")
+    batch, _ = _ready(c, "batch", "batch", "b")
+    c.clock.advance_to(1100.0)
+    c.on_call_progress(batch, 1100)
+    assert remaining_s(c, batch, "fast", 1100.0) == pytest.approx(1100.0)
+    _, decisions = _ready(c, "inter", "interactive", "i")
+    assert decisions == []
