@@ -261,3 +261,20 @@ def test_a_call_past_its_mean_with_a_long_tail_ahead_is_stopped() -> None:
     assert remaining_s(c, batch, "fast", 1100.0) == pytest.approx(1100.0)
     _, decisions = _ready(c, "inter", "interactive", "i")
     assert decisions == []
+
+
+def test_a_stopped_call_is_charged_to_its_tenant_once_for_the_work() -> None:
+    """Fair shares charge a call's expected instance time at admission (100 s here). The
+    stopped batch call is admitted twice for one run's work; it must cost its tenant 100 s,
+    not 200, or preemption would push the tenant behind its share a second time."""
+    c = coordinator("flowsage", {"b": 100, "i": 10}, preemption="class")
+    batch, _ = _ready(c, "batch", "batch", "b")
+    assert c.fairness.virtual_time(batch.query) == pytest.approx(100.0)
+    c.clock.advance_to(5.0)
+    inter, decisions = _ready(c, "inter", "interactive", "i")
+    assert ("PreemptCall", "batch") in _kinds(decisions)
+    assert c.fairness.virtual_time(batch.query) == 0.0  # refunded while it waits
+    assert c.fairness.virtual_time(inter.query) == pytest.approx(10.0)
+    c.clock.advance_to(15.0)
+    assert _kinds(c.on_call_done(inter, output_tokens=10)) == [("StartCall", "batch")]
+    assert c.fairness.virtual_time(batch.query) == pytest.approx(100.0)  # once, not twice

@@ -423,7 +423,7 @@ class Coordinator(WorkflowPaths):
         started = queue.admit(now, self, self._kv_tokens)
         if self._fair and started:  # each tenant is charged the instance time it was given
             flipped = [k for c in started
-                       for k in self.fairness.charge(c.query, self.expected_s(c, queue.name))]
+                       for k in self.fairness.charge_call(c, self.expected_s(c, queue.name))]
             rekey_tenants(self, flipped, now)
         if isinstance(self._queue_policy, ClassRankedQueue):  # the backend ranks by class too
             for c in started:
@@ -448,6 +448,8 @@ class Coordinator(WorkflowPaths):
             return []
         decisions: list[Decision] = []
         for victim in stop:
+            # its admission charge back: it is charged again when admitted again
+            rekey_tenants(self, self.fairness.refund(victim), now)
             queue.finish(victim)
             victim.state = CallState.WAITING
             victim.attained_tokens = 0
