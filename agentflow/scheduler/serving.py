@@ -63,6 +63,12 @@ class _Redispatch(Exception):
     """Internal: a running call must move because its instance went down."""
 
 
+class _Stopped(Exception):
+    """Internal: the attempt was stopped for a better class (``scheduler.preemption``);
+    whatever its backend task does next (finish, fail, linger past its deadline) is not
+    this call's outcome, and no timeout, stall or failure of the instance."""
+
+
 class ScheduledRouter:
     def __init__(self, coordinator: Coordinator, backends: dict[str, LLMBackend], *,
                  revive_after_s: float | None = 30.0, health: HealthSettings | None = None):
@@ -87,6 +93,8 @@ class ScheduledRouter:
         # error, retried (re-dispatched after any of those), preempted (stopped for a
         # better class, re-queued; not a failure)
         self.counts: Counter[tuple[str, str]] = Counter()
+        # attempts stopped for a better class, by (instance, SLO class of the stopped call)
+        self.preempted: Counter[tuple[str, str]] = Counter()
         for name, backend in backends.items():
             watch = getattr(backend, "watch_health", None)
             if watch is not None:
@@ -157,7 +165,11 @@ class ScheduledRouter:
             task = asyncio.ensure_future(self.backends[instance].generate(request, progress))
             self._inflight[sc] = task
             try:
-                result = await self._watch(sc, instance, task, started)
+                result = await self._watch(sc, instance, task, started, attempt)
+            except _Stopped:
+                self._forget(sc)
+                self._moved.discard(sc)
+                continue  # stopped for a better class: wait for the next admission
             except asyncio.CancelledError:
                 self._forget(sc)
                 if sc.preemptions > attempt and not _outer_cancelled():
@@ -219,14 +231,19 @@ class ScheduledRouter:
                                failed_attempts=tuple(failed))
 
     async def _watch(self, sc: ScheduledCall, instance: str, task: asyncio.Task[LLMResult],
-                     started: float) -> LLMResult:
+                     started: float, attempt: int) -> LLMResult:
         """The backend's result, or ``CallTimedOut`` once the call is past its deadline or
         its stream has stalled (the backend task is then cancelled). The limit is
         re-evaluated as the time models learn, so a call sent to an instance before anyone
-        knew it hangs is caught as soon as its peers show what "late" means."""
+        knew it hangs is caught as soon as its peers show what "late" means. ``_Stopped``
+        as soon as it sees the attempt stopped (``_stop`` cancelled its task, which may
+        take its time to end): its deadline and stream are no longer watched."""
         stall_s = self.health_settings.stall_s
         try:
             while True:
+                if sc.preemptions != attempt:
+                    task.add_done_callback(_swallow)
+                    raise _Stopped()
                 now = self.clock.now()
                 limit = self.deadlines.limit_s(sc, instance, started)
                 left = started + limit - now
@@ -243,7 +260,7 @@ class ScheduledRouter:
                 if stall_s is not None and last is not None:
                     wait = min(wait, max(0.01, last + stall_s - now))
                 done, _ = await asyncio.wait({task}, timeout=wait)
-                if done:
+                if done and sc.preemptions == attempt:
                     return task.result()
         except asyncio.CancelledError:
             task.cancel()  # the query was cancelled: stop the backend's work too
@@ -286,6 +303,7 @@ class ScheduledRouter:
         sc = d.call
         sc.payload = asyncio.get_running_loop().create_future()
         self.counts["preempted", d.instance] += 1
+        self.preempted[d.instance, sc.query.slo_class or DEFAULT_CLASS] += 1
         task = self._inflight.get(sc)
         if task is not None and not task.done():
             task.cancel()
