@@ -6,6 +6,8 @@ the batch call's backend request is cancelled while held, and re-run after)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agentflow.config import AgentFlowConfig
@@ -47,21 +49,19 @@ def test_an_interactive_call_stops_the_batch_call_holding_the_only_slot() -> Non
     assert isinstance(again[0], StartCall) and again[0].attempt == 1
 
 
-def test_no_preemption_when_the_wait_fits_the_budget_off_or_without_room_kept() -> None:
+def test_no_preemption_when_the_wait_fits_the_budget_or_off() -> None:
     c = coordinator("flowsage", {"b": 100, "i": 10}, preemption="class")
     batch, _ = _ready(c, "batch", "batch", "b")
     c.clock.advance_to(99.5)
     c.on_call_progress(batch, 99)  # 1 s left on the batch call, within the 1 s budget: wait
     _, decisions = _ready(c, "inter", "interactive", "i")
     assert decisions == [] and c.preempted_calls == 0
-    for policy, mode in (("flowsage", None), ("flowsage", "off"), ("vllm", "class")):
-        # off; or vllm's queue, which keeps no room for a better class (a stopped call would
-        # be admitted again beside the call it made way for)
-        c = coordinator(policy, {"b": 100, "i": 10}, preemption=mode)
+    for mode in (None, "off"):
+        c = coordinator("flowsage", {"b": 100, "i": 10}, preemption=mode)
         _ready(c, "batch", "batch", "b")
         c.clock.advance_to(5.0)
         _, decisions = _ready(c, "inter", "interactive", "i")
-        assert decisions == [], (policy, mode)
+        assert decisions == [], mode
 
 
 def test_a_call_below_the_best_class_in_flight_stops_nothing() -> None:
@@ -139,6 +139,42 @@ def test_a_bad_preemption_setting_is_refused_clearly() -> None:
     assert AgentFlowConfig().scheduler.preemption == "off"
     assert AgentFlowConfig.model_validate(
         {"scheduler": {"preemption": "class"}}).scheduler.preemption == "class"
+
+
+@pytest.mark.parametrize("policy", ["vllm", "hexgen-flow", "sagesched", "llf",
+                                    "least_loaded+fcfs", "least_loaded+edf"])
+def test_preemption_under_a_queue_that_keeps_no_room_is_an_error_naming_the_policy(
+        policy: str) -> None:
+    """Only flowsage's queue keeps room for a better class; under any other a stopped call
+    would be admitted again beside the call it made way for, so the setting would stop
+    calls for nothing (before: silently inert). Refused at config load and by the
+    coordinator the simulator builds, naming the policy; off is fine with every policy."""
+    named = re.escape(f"policy '{policy}' does not")
+    with pytest.raises(ValueError, match=named):
+        AgentFlowConfig.model_validate({"scheduler": {"policy": policy,
+                                                      "preemption": "class"}})
+    with pytest.raises(ValueError, match=named):
+        coordinator(policy, {"i": 10}, preemption="class")
+    assert AgentFlowConfig.model_validate(
+        {"scheduler": {"policy": policy, "preemption": "off"}}).scheduler.preemption == "off"
+    for ok in ("flowsage", "least_loaded+flowsage", "marginal_delay+flowsage"):
+        assert AgentFlowConfig.model_validate(
+            {"scheduler": {"policy": ok, "preemption": "class"}}).scheduler.preemption == "class"
+
+
+def test_simulate_refuses_preemption_with_a_policy_it_cannot_act_under(tmp_path, capsys
+                                                                       ) -> None:
+    import json
+
+    from agentflow.cli.main import main
+
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps([{"Text2SQLRequest": [
+        {"step": "extract_keywords", "input_length": 650, "output_length": 20}]}] * 2))
+    args = ["simulate", "--trace", str(trace), "--queries", "2", "--preemption", "class"]
+    assert main([*args, "--policy", "flowsage,vllm"]) == 2  # before any simulation runs
+    assert "policy 'vllm' does not" in capsys.readouterr().err
+    assert main([*args, "--policy", "flowsage"]) == 0
 
 
 # ------------------------------------------------------------------------------ simulator

@@ -87,6 +87,30 @@ def preemption_mode(value: str | None) -> str | None:
     return value
 
 
+def check_preemption(value: str | None, policy: str, *, fair: bool | None = None
+                     ) -> str | None:
+    """``preemption_mode(value)``, refused where it could not act: preemption needs the
+    queue to keep room for better classes (flowsage's headroom gate, ``scheduler.classes``),
+    or a stopped call would start again at once beside the call it made way for — losing
+    its progress for nothing. A ValueError naming ``policy`` rather than a silent no-op.
+    ``fair``: whether the coordinator's queue shares by class and tenant (else from the
+    policy's name)."""
+    mode = preemption_mode(value)
+    if mode is None:
+        return None
+    if fair is None:
+        from agentflow.scheduler.classes import CLASS_RANKED
+        from agentflow.scheduler.policies import parse_policy
+
+        fair = CLASS_RANKED.get(parse_policy(policy).queue, False)
+    if not fair:
+        raise ValueError(f"preemption {mode!r} acts only under the flowsage queue (the "
+                         f"flowsage preset, or DISPATCH+flowsage), which keeps room for "
+                         f"better classes; policy {policy!r} does not: use preemption 'off' "
+                         f"with it")
+    return mode
+
+
 def position(coordinator: Any, call: ScheduledCall) -> int:
     """The class position of the call's query (0: the best class)."""
     classes = coordinator.slo_classes
