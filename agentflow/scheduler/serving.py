@@ -18,7 +18,6 @@ next admission; that attempt's late reports are dropped, and its query sees only
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -168,25 +167,21 @@ class ScheduledRouter:
                 result = await self._watch(sc, instance, task, started, attempt)
             except _Stopped:
                 self._forget(sc)
-                self._moved.discard(sc)
                 continue  # stopped for a better class: wait for the next admission
-            except asyncio.CancelledError:
+            except _Redispatch:
                 self._forget(sc)
-                if sc.preemptions > attempt and not _outer_cancelled():
-                    self._moved.discard(sc)
-                    continue  # stopped for a better class: wait for the next admission
-                if sc in self._moved and not _outer_cancelled():
-                    self._moved.discard(sc)
-                    sc.payload = loop.create_future()
-                    moved = BackendError(f"instance {instance} went down: "
-                                         f"{self.down_reasons.get(instance, '')}")
-                    for listener in self.attempt_listeners:  # the answer's retries show it
-                        listener(request, instance, moved)
-                    failed.append({"instance": instance, "error": str(moved)})
-                    self.counts["retried", instance] += 1
-                    self._apply(self.coordinator.on_call_failed(
-                        sc, f"instance {instance} went down", retryable=True))
-                    continue
+                sc.payload = loop.create_future()
+                moved = BackendError(f"instance {instance} went down: "
+                                     f"{self.down_reasons.get(instance, '')}")
+                for listener in self.attempt_listeners:  # the answer's retries show it
+                    listener(request, instance, moved)
+                failed.append({"instance": instance, "error": str(moved)})
+                self.counts["retried", instance] += 1
+                self._apply(self.coordinator.on_call_failed(
+                    sc, f"instance {instance} went down", retryable=True))
+                continue
+            except asyncio.CancelledError:  # this task was cancelled: its query is gone
+                self._forget(sc)
                 self._apply(self.coordinator.on_call_cancelled(sc))
                 raise
             except CallTimedOut as err:
@@ -237,13 +232,20 @@ class ScheduledRouter:
         re-evaluated as the time models learn, so a call sent to an instance before anyone
         knew it hangs is caught as soon as its peers show what "late" means. ``_Stopped``
         as soon as it sees the attempt stopped (``_stop`` cancelled its task, which may
-        take its time to end): its deadline and stream are no longer watched."""
+        take its time to end): its deadline and stream are no longer watched;
+        ``_Redispatch`` once its instance went down. So the router's own cancels of a
+        backend task never reach the caller as ``CancelledError``: that is raised only
+        when this task itself is cancelled (its query is), on every Python (no
+        ``Task.cancelling()``, which 3.10 lacks)."""
         stall_s = self.health_settings.stall_s
         try:
             while True:
                 if sc.preemptions != attempt:
                     task.add_done_callback(_swallow)
                     raise _Stopped()
+                if sc in self._moved:  # its instance went down (``_health``)
+                    task.add_done_callback(_swallow)
+                    raise _Redispatch()
                 now = self.clock.now()
                 limit = self.deadlines.limit_s(sc, instance, started)
                 left = started + limit - now
@@ -260,7 +262,9 @@ class ScheduledRouter:
                 if stall_s is not None and last is not None:
                     wait = min(wait, max(0.01, last + stall_s - now))
                 done, _ = await asyncio.wait({task}, timeout=wait)
-                if done and sc.preemptions == attempt:
+                if done:
+                    if sc.preemptions != attempt or (task.cancelled() and sc in self._moved):
+                        continue  # stopped, or cut off its dead instance: see the top
                     return task.result()
         except asyncio.CancelledError:
             task.cancel()  # the query was cancelled: stop the backend's work too
@@ -269,6 +273,7 @@ class ScheduledRouter:
     def _forget(self, sc: ScheduledCall) -> None:
         self._inflight.pop(sc, None)
         self._progress_at.pop(sc, None)
+        self._moved.discard(sc)
 
     # ------------------------------------------------------------------ internals
     def _count_tokens(self, text: str) -> dict[str, int]:
@@ -371,10 +376,3 @@ def _give_up(task: asyncio.Task[Any], reason: str) -> CallTimedOut:
 def _swallow(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def _outer_cancelled() -> bool:
-    task = asyncio.current_task()
-    if task is None or sys.version_info < (3, 11):
-        return False  # Task.cancelling() is 3.11+; on 3.10 an outer cancel is not told apart
-    return task.cancelling() > 0
