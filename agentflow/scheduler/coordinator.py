@@ -458,9 +458,7 @@ class Coordinator(WorkflowPaths):
             victim.preemptions += 1
             self.preempted_calls += 1
         decisions += self._admit(queue, now)
-        for victim in stop:
-            if victim.state != CallState.WAITING or victim in queue.waiting:
-                continue  # already admitted again by an earlier victim's dispatch
+        for victim in stop:  # in no queue until dispatched, so nothing admitted one meanwhile
             victim.query.calls_version += 1  # attained service went back to 0
             decisions += self._dispatch(victim, now)
         return decisions

@@ -163,7 +163,8 @@ class ScheduledRouter:
 
             task = asyncio.ensure_future(self.backends[instance].generate(request, progress))
             self._inflight[sc] = task
-            try:
+            try:  # a stopped attempt ends here whatever its task did (``_watch``): every
+                # outcome below is the current attempt's
                 result = await self._watch(sc, instance, task, started, attempt)
             except _Stopped:
                 self._forget(sc)
@@ -186,8 +187,6 @@ class ScheduledRouter:
                 raise
             except CallTimedOut as err:
                 self._forget(sc)
-                if sc.preemptions > attempt:
-                    continue  # that run was stopped anyway; the call is queued again
                 sc.payload = loop.create_future()
                 for listener in self.attempt_listeners:
                     listener(request, instance, err)
@@ -199,8 +198,6 @@ class ScheduledRouter:
                 continue
             except BackendError as err:
                 self._forget(sc)
-                if sc.preemptions > attempt:
-                    continue
                 sc.payload = loop.create_future()
                 self.counts["error", instance] += 1
                 failed.append({"instance": instance, "error": str(err)})
@@ -213,8 +210,6 @@ class ScheduledRouter:
                 self._apply(decisions)
                 continue
             self._forget(sc)
-            if sc.preemptions > attempt:
-                continue  # it finished as it was being stopped: the redo's answer counts
             self._health(self.health.on_success(instance, self.clock.now()))
             self._apply(self.coordinator.on_call_done(
                 sc, output_tokens=result.completion_tokens, ttft_s=result.ttft_s,
