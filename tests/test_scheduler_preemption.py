@@ -216,6 +216,11 @@ def test_the_simulator_aborts_the_batch_attempt_and_redoes_it_from_its_prompt() 
     assert summary["tenants"]["evalrun"]["preempted_calls"] == 1
     assert sim.instances["a100-80g-0"].preemptions == 0  # the engine's own (KV) never fired
     assert sim.instances["a100-80g-0"].idle
+    # the batch tenant's fair share paid for one run of its call, not the stopped one too
+    # (two admissions of ~the same expected time: ~2x the off run's before the refund)
+    paid_off = _sim_run(None, classes)[0].coordinator.fairness.virtual_times()
+    paid_on = sim.coordinator.fairness.virtual_times()
+    assert paid_on[("batch", "evalrun")] < 1.2 * paid_off[("batch", "evalrun")]
 
 
 def test_without_classes_preemption_changes_nothing_to_the_digit() -> None:

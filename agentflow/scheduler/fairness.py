@@ -114,6 +114,10 @@ class TenantShares:
         t = self._tenants.get(key)
         return t is not None and t.over
 
+    def virtual_times(self) -> dict[TenantKey, float]:
+        """Every (class, tenant) pair's virtual time so far (inspection, benchmarks)."""
+        return {k: t.vt for k, t in self._tenants.items()}
+
     def pair_weight(self, key: TenantKey) -> float:
         return self.class_weight(key[0]) * self.weight(key[1])
 
