@@ -163,6 +163,15 @@ class SchedulerConfig(BaseModel):
                              "needs every call's true length in advance")
         return value
 
+    @model_validator(mode="after")
+    def _preemption_needs_flowsage(self) -> SchedulerConfig:
+        """Preemption under a queue that keeps no room for better classes would stop calls
+        for nothing: refused at load, naming the policy (``check_preemption``)."""
+        from agentflow.scheduler.preemption import check_preemption
+
+        check_preemption(self.preemption, self.policy)
+        return self
+
 
 class FewShotConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")

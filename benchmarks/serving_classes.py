@@ -26,7 +26,8 @@ interactive P95 under the flood over the first policy's. Ratios, not absolute cl
 instances are scripted and the machine is shared.
 
 ``--preemption off,class`` runs each policy once per mode (``scheduler.preemption``; a run
-with it on is labelled ``POLICY+preempt``): with single-slot instances the page user's wait
+with it on is labelled ``POLICY+preempt``; a policy without the flowsage queue, where it
+cannot act, says so and runs off only): with single-slot instances the page user's wait
 under the flood is the remainder of whichever batch call holds the slot, which only stopping
 that call can shorten.
 
@@ -52,6 +53,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from served import percentile, serve  # noqa: E402
+
+from agentflow.scheduler.preemption import check_preemption  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = "SELECT count(*) AS n FROM stores"
@@ -264,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for policy in policies:
         for mode in modes:
+            try:
+                check_preemption(mode, policy)
+            except ValueError as err:  # said, not skipped silently: the off run stands
+                print(f"# {policy}: no preemption run ({err})", flush=True)
+                continue
             label = policy if mode == "off" else f"{policy}+preempt"
             results[label] = run_policy(args, policy, mode)
             print("\n".join(report({label: results[label]})), flush=True)

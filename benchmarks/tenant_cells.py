@@ -52,6 +52,7 @@ def tenant_figures(records: list[Any], busy: dict[str, float],
                      "instance_s": busy.get(name, 0.0)}
         if summary is not None:  # the grid's own throughput figure (answers per second)
             out[name]["qps"] = summary["tenants"][name]["throughput_qps"]
+            out[name]["preempted_calls"] = summary["tenants"][name].get("preempted_calls")
         if stages is not None:
             ids = {r.id for r in mine}
             llm = [st for st in stages if st.kind == "llm" and st.query_id in ids]
@@ -66,14 +67,15 @@ def tenant_figures(records: list[Any], busy: dict[str, float],
 
 
 def run_cell(cluster_name: str, scenario: list[TenantSpec], policy: str, seed: int,
-             quantum_s: float | None = None, detail: bool = False
-             ) -> dict[str, dict[str, Any]]:
+             quantum_s: float | None = None, detail: bool = False,
+             preemption: str | None = None) -> dict[str, dict[str, Any]]:
     cluster = cluster_named(cluster_name)
     idle = IdleLatency(cluster)
     wl = build_tenant_workload(workloads()["trace1"], cluster, scenario, n=SPAN, seed=seed,
                                idle=idle)
     stages: list[StageTiming] = []
-    sim = Simulation(cluster, policy, on_stage=stages.append)  # as run_policy builds it
+    sim = Simulation(cluster, policy, on_stage=stages.append,  # as run_policy builds it
+                     preemption=preemption)
     if wl.tenant_weights:
         sim.coordinator.fairness.set_weights(wl.tenant_weights)
     if quantum_s is not None:
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quantum", type=float, help="fairness quantum_s (default: the module's)")
     p.add_argument("--detail", action="store_true",
                    help="also each tenant's mean queue / run seconds per LLM stage, instances")
+    p.add_argument("--preemption", default="off", help="scheduler.preemption: off | class")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                                       weight=weights.get(t.name, 1.0)) for t in tenants]
             for policy in args.policies.split(","):
                 t0 = time.perf_counter()
-                figs = run_cell(name, tenants, policy, args.seed, args.quantum, args.detail)
+                figs = run_cell(name, tenants, policy, args.seed, args.quantum, args.detail,
+                                args.preemption)
                 out[f"{name}/{sname}/{policy}"] = figs
                 print(f"{name:<11} {sname:<15} {policy:<10} " + "  ".join(
                     f"{t}: p95={f['p95']:.1f} max={f['max']:.1f} "

@@ -6,6 +6,8 @@ the batch call's backend request is cancelled while held, and re-run after)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agentflow.config import AgentFlowConfig
@@ -47,20 +49,19 @@ def test_an_interactive_call_stops_the_batch_call_holding_the_only_slot() -> Non
     assert isinstance(again[0], StartCall) and again[0].attempt == 1
 
 
-def test_no_preemption_when_the_wait_fits_the_budget_off_or_without_room_kept() -> None:
+def test_no_preemption_when_the_wait_fits_the_budget_or_off() -> None:
     c = coordinator("flowsage", {"b": 100, "i": 10}, preemption="class")
-    _ready(c, "batch", "batch", "b")
-    c.clock.advance_to(99.5)  # 0.5 s left on the batch call < the 1 s budget: wait for it
+    batch, _ = _ready(c, "batch", "batch", "b")
+    c.clock.advance_to(99.5)
+    c.on_call_progress(batch, 99)  # 1 s left on the batch call, within the 1 s budget: wait
     _, decisions = _ready(c, "inter", "interactive", "i")
     assert decisions == [] and c.preempted_calls == 0
-    for policy, mode in (("flowsage", None), ("flowsage", "off"), ("vllm", "class")):
-        # off; or vllm's queue, which keeps no room for a better class (a stopped call would
-        # be admitted again beside the call it made way for)
-        c = coordinator(policy, {"b": 100, "i": 10}, preemption=mode)
+    for mode in (None, "off"):
+        c = coordinator("flowsage", {"b": 100, "i": 10}, preemption=mode)
         _ready(c, "batch", "batch", "b")
         c.clock.advance_to(5.0)
         _, decisions = _ready(c, "inter", "interactive", "i")
-        assert decisions == [], (policy, mode)
+        assert decisions == [], mode
 
 
 def test_a_call_below_the_best_class_in_flight_stops_nothing() -> None:
@@ -140,6 +141,42 @@ def test_a_bad_preemption_setting_is_refused_clearly() -> None:
         {"scheduler": {"preemption": "class"}}).scheduler.preemption == "class"
 
 
+@pytest.mark.parametrize("policy", ["vllm", "hexgen-flow", "sagesched", "llf",
+                                    "least_loaded+fcfs", "least_loaded+edf"])
+def test_preemption_under_a_queue_that_keeps_no_room_is_an_error_naming_the_policy(
+        policy: str) -> None:
+    """Only flowsage's queue keeps room for a better class; under any other a stopped call
+    would be admitted again beside the call it made way for, so the setting would stop
+    calls for nothing (before: silently inert). Refused at config load and by the
+    coordinator the simulator builds, naming the policy; off is fine with every policy."""
+    named = re.escape(f"policy '{policy}' does not")
+    with pytest.raises(ValueError, match=named):
+        AgentFlowConfig.model_validate({"scheduler": {"policy": policy,
+                                                      "preemption": "class"}})
+    with pytest.raises(ValueError, match=named):
+        coordinator(policy, {"i": 10}, preemption="class")
+    assert AgentFlowConfig.model_validate(
+        {"scheduler": {"policy": policy, "preemption": "off"}}).scheduler.preemption == "off"
+    for ok in ("flowsage", "least_loaded+flowsage", "marginal_delay+flowsage"):
+        assert AgentFlowConfig.model_validate(
+            {"scheduler": {"policy": ok, "preemption": "class"}}).scheduler.preemption == "class"
+
+
+def test_simulate_refuses_preemption_with_a_policy_it_cannot_act_under(tmp_path, capsys
+                                                                       ) -> None:
+    import json
+
+    from agentflow.cli.main import main
+
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps([{"Text2SQLRequest": [
+        {"step": "extract_keywords", "input_length": 650, "output_length": 20}]}] * 2))
+    args = ["simulate", "--trace", str(trace), "--queries", "2", "--preemption", "class"]
+    assert main([*args, "--policy", "flowsage,vllm"]) == 2  # before any simulation runs
+    assert "policy 'vllm' does not" in capsys.readouterr().err
+    assert main([*args, "--policy", "flowsage"]) == 0
+
+
 # ------------------------------------------------------------------------------ simulator
 def _sim_run(preemption: str | None, classes: list[str | None] | None):
     from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
@@ -179,6 +216,11 @@ def test_the_simulator_aborts_the_batch_attempt_and_redoes_it_from_its_prompt() 
     assert summary["tenants"]["evalrun"]["preempted_calls"] == 1
     assert sim.instances["a100-80g-0"].preemptions == 0  # the engine's own (KV) never fired
     assert sim.instances["a100-80g-0"].idle
+    # the batch tenant's fair share paid for one run of its call, not the stopped one too
+    # (two admissions of ~the same expected time: ~2x the off run's before the refund)
+    paid_off = _sim_run(None, classes)[0].coordinator.fairness.virtual_times()
+    paid_on = sim.coordinator.fairness.virtual_times()
+    assert paid_on[("batch", "evalrun")] < 1.2 * paid_off[("batch", "evalrun")]
 
 
 def test_without_classes_preemption_changes_nothing_to_the_digit() -> None:
@@ -234,3 +276,46 @@ def test_a_call_that_would_lose_more_than_it_saves_is_left_to_finish() -> None:
     c.on_call_progress(batch, 60)  # 60 s to redo > the 40 s its stop would save
     inter, decisions = _ready(c, "inter", "interactive", "i")
     assert decisions == [] and inter.state == CallState.WAITING
+
+
+def test_a_call_past_its_mean_with_a_long_tail_ahead_is_stopped() -> None:
+    """The batch stage writes 10 tokens (80%) or 1000 (20%): mean 208 s. At 210 s it has
+    written 210 tokens, so it is in the long mode: 790 s left, more than its 210 s redo.
+    Priced by its admission-time finish (208 s) it looked done and was never stopped."""
+    from agentflow.scheduler.distribution import Distribution
+    from agentflow.scheduler.preemption import remaining_s
+
+    tail = Distribution([10, 1000], [0.8, 0.2])
+    c = coordinator("flowsage", {"b": tail, "i": 10}, preemption="class")
+    batch, _ = _ready(c, "batch", "batch", "b")
+    c.clock.advance_to(210.0)
+    c.on_call_progress(batch, 210)
+    assert remaining_s(c, batch, "fast", 210.0) == pytest.approx(790.0)
+    inter, decisions = _ready(c, "inter", "interactive", "i")
+    assert _kinds(decisions) == [("PreemptCall", "batch"), ("StartCall", "inter")]
+    # past every length it may have (over-run): as much again as written (Gittins' rule),
+    # which never beats its redo, so such a call is left to finish
+    c = coordinator("flowsage", {"b": tail, "i": 10}, preemption="class")
+    batch, _ = _ready(c, "batch", "batch", "b")
+    c.clock.advance_to(1100.0)
+    c.on_call_progress(batch, 1100)
+    assert remaining_s(c, batch, "fast", 1100.0) == pytest.approx(1100.0)
+    _, decisions = _ready(c, "inter", "interactive", "i")
+    assert decisions == []
+
+
+def test_a_stopped_call_is_charged_to_its_tenant_once_for_the_work() -> None:
+    """Fair shares charge a call's expected instance time at admission (100 s here). The
+    stopped batch call is admitted twice for one run's work; it must cost its tenant 100 s,
+    not 200, or preemption would push the tenant behind its share a second time."""
+    c = coordinator("flowsage", {"b": 100, "i": 10}, preemption="class")
+    batch, _ = _ready(c, "batch", "batch", "b")
+    assert c.fairness.virtual_time(batch.query) == pytest.approx(100.0)
+    c.clock.advance_to(5.0)
+    inter, decisions = _ready(c, "inter", "interactive", "i")
+    assert ("PreemptCall", "batch") in _kinds(decisions)
+    assert c.fairness.virtual_time(batch.query) == 0.0  # refunded while it waits
+    assert c.fairness.virtual_time(inter.query) == pytest.approx(10.0)
+    c.clock.advance_to(15.0)
+    assert _kinds(c.on_call_done(inter, output_tokens=10)) == [("StartCall", "batch")]
+    assert c.fairness.virtual_time(batch.query) == pytest.approx(100.0)  # once, not twice

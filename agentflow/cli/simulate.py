@@ -144,8 +144,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     policies = [with_length_model(p.strip(), args.length_model)
                 for p in args.policy.split(",") if p.strip()]
+    from agentflow.scheduler.preemption import check_preemption
+
     for policy in policies:
         parse_policy(policy)  # a bad name fails before any simulation runs
+        check_preemption(args.preemption, policy)  # and preemption where it cannot act
     idle = IdleLatency(cluster, cached_prefix=args.cached_prefix)
     if args.tenant:
         from agentflow.sim.experiment import build_tenant_workload

@@ -105,7 +105,7 @@ class Hold:
                 else:
                     try:
                         await asyncio.wait_for(event.wait(), self.poll_s)
-                    except TimeoutError:
+                    except asyncio.TimeoutError:  # builtin TimeoutError only from 3.11
                         pass
         finally:
             with self._cond:

@@ -48,7 +48,7 @@ from agentflow.scheduler.observer import CoordinatorObserver, observed
 from agentflow.scheduler.paths import WorkflowPaths
 from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.policies.base import BatchView
-from agentflow.scheduler.preemption import preemption_mode, victims
+from agentflow.scheduler.preemption import check_preemption, victims
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS, PrefixIndex, block_hashes, pseudo_tokens
 from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass, resolve_class
 from agentflow.workflow.clock import Clock
@@ -73,8 +73,8 @@ class Coordinator(WorkflowPaths):
                  **queue_kwargs: Any):
         """``length_model``: the length model; None builds the one the policy name picks
         (``flowsage@oracle``; the learned length model by default). ``preemption``: ``off``
-        (None) or ``class`` (``scheduler.preemption``; acts only under a queue policy that
-        keeps room for better classes, flowsage)."""
+        (None) or ``class`` (``scheduler.preemption``; only under a queue policy that keeps
+        room for better classes, flowsage: with any other, a ValueError naming it)."""
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         names = [s.name for s in instances]
@@ -106,8 +106,8 @@ class Coordinator(WorkflowPaths):
                 q.gate = gate
         # Stop running lower-class calls for a better class (scheduler.preemption). Only
         # where the headroom gate keeps a stopped call from starting again beside the call
-        # it made way for.
-        self.preemption = preemption_mode(preemption)
+        # it made way for: elsewhere a clear error, not a silent no-op.
+        self.preemption = check_preemption(preemption, policy, fair=self._fair)
         self.preempted_calls = 0  # calls stopped so far (each also counts on the call)
         self._init_view(instances)
         self.length_model = length_model if length_model is not None \
@@ -423,7 +423,7 @@ class Coordinator(WorkflowPaths):
         started = queue.admit(now, self, self._kv_tokens)
         if self._fair and started:  # each tenant is charged the instance time it was given
             flipped = [k for c in started
-                       for k in self.fairness.charge(c.query, self.expected_s(c, queue.name))]
+                       for k in self.fairness.charge_call(c, self.expected_s(c, queue.name))]
             rekey_tenants(self, flipped, now)
         if isinstance(self._queue_policy, ClassRankedQueue):  # the backend ranks by class too
             for c in started:
@@ -448,6 +448,8 @@ class Coordinator(WorkflowPaths):
             return []
         decisions: list[Decision] = []
         for victim in stop:
+            # its admission charge back: it is charged again when admitted again
+            rekey_tenants(self, self.fairness.refund(victim), now)
             queue.finish(victim)
             victim.state = CallState.WAITING
             victim.attained_tokens = 0
@@ -456,9 +458,7 @@ class Coordinator(WorkflowPaths):
             victim.preemptions += 1
             self.preempted_calls += 1
         decisions += self._admit(queue, now)
-        for victim in stop:
-            if victim.state != CallState.WAITING or victim in queue.waiting:
-                continue  # already admitted again by an earlier victim's dispatch
+        for victim in stop:  # in no queue until dispatched, so nothing admitted one meanwhile
             victim.query.calls_version += 1  # attained service went back to 0
             decisions += self._dispatch(victim, now)
         return decisions

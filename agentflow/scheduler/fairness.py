@@ -20,6 +20,10 @@ within a quantum of the least-served). A tenant that comes back after being idle
 the least-served active pair's virtual time (start-time fair queueing), so idling banks no
 credit it could later flood with.
 
+A call stopped for a better class (``scheduler.preemption``) gets its admission charge back
+(``refund``): it is charged again when it is admitted again, so its tenant pays once for the
+work, in the simulator and in serving alike (both stop calls through the coordinator).
+
 Pure bookkeeping: the coordinator calls ``arrive``/``leave``/``charge`` and re-keys the
 waiting calls of the tenants whose share flag flipped (``rekey_tenants``).
 """
@@ -33,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from agentflow.slo_classes import DEFAULT_CLASS, SloClass, check_weight
 
 if TYPE_CHECKING:
-    from agentflow.scheduler.call import QueryState
+    from agentflow.scheduler.call import QueryState, ScheduledCall
 
 # How far ahead (weighted instance seconds) a tenant may get before it yields: a few calls'
 # worth, so two equal tenants alternate in runs of calls rather than flip on every call. The
@@ -110,6 +114,10 @@ class TenantShares:
         t = self._tenants.get(key)
         return t is not None and t.over
 
+    def virtual_times(self) -> dict[TenantKey, float]:
+        """Every (class, tenant) pair's virtual time so far (inspection, benchmarks)."""
+        return {k: t.vt for k, t in self._tenants.items()}
+
     def pair_weight(self, key: TenantKey) -> float:
         return self.class_weight(key[0]) * self.weight(key[1])
 
@@ -140,12 +148,28 @@ class TenantShares:
 
     def charge(self, query: QueryState, seconds: float) -> list[TenantKey]:
         """The tenant's call was admitted with ``seconds`` of expected instance time."""
-        key = self.key(query)
-        t = self._tenants.setdefault(key, _Tenant())
-        t.vt += max(0.0, seconds) / self.pair_weight(key)
-        return self._reflag(self.group(key[0]))
+        return self._add(self.key(query), max(0.0, seconds) / self.pair_weight(self.key(query)))
+
+    def charge_call(self, call: ScheduledCall, seconds: float) -> list[TenantKey]:
+        """``charge`` for an admitted call, remembered on it so that ``refund`` can take
+        back exactly this charge (weights may have changed since)."""
+        key = self.key(call.query)
+        call.share_charge = max(0.0, seconds) / self.pair_weight(key)
+        return self._add(key, call.share_charge)
+
+    def refund(self, call: ScheduledCall) -> list[TenantKey]:
+        """The call's run was stopped for a better class (``scheduler.preemption``) and
+        will be admitted, and charged, again from its prompt: without this its tenant
+        would pay twice for one unit of work, and fall behind its share for being preempted."""
+        charge, call.share_charge = call.share_charge, 0.0
+        return self._add(self.key(call.query), -charge) if charge else []
 
     # ---------------------------------------------------------------------------- internals
+    def _add(self, key: TenantKey, vt: float) -> list[TenantKey]:
+        t = self._tenants.setdefault(key, _Tenant())
+        t.vt += vt
+        return self._reflag(self.group(key[0]))
+
     def _least_active(self, group: object, exclude: TenantKey | None = None) -> float | None:
         vts = [t.vt for k, t in self._tenants.items()
                if t.active > 0 and k != exclude and self.group(k[0]) == group]

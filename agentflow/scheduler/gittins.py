@@ -49,8 +49,7 @@ def _index_and_quantum(dist: Distribution, attained: float) -> tuple[float, floa
     values = dist.values
     start = int(np.searchsorted(values, attained, side="right"))
     if start >= values.size:
-        residual = max(attained, float(values[-1]), _TINY)
-        return 1.0 / residual, math.inf
+        return 1.0 / _overrun_residual(dist, attained), math.inf
     p = dist.probs[start:]
     r = values[start:] - attained  # candidate quanta d, all > 0
     # Unnormalised: the common factor P(C > a) cancels between numerator and denominator.
@@ -61,6 +60,23 @@ def _index_and_quantum(dist: Distribution, attained: float) -> tuple[float, floa
     ratios = done / service
     k = int(np.argmax(ratios))
     return float(ratios[k]), float(r[k])
+
+
+def _overrun_residual(dist: Distribution, attained: float) -> float:
+    """The over-run rule's expected remaining service: about as much again as attained."""
+    return max(attained, float(dist.values[-1]), _TINY)
+
+
+def expected_residual(dist: Distribution, attained: float = 0.0) -> float:
+    """``E[C - a | C > a]``: the service a job still needs, given that it has had ``a``;
+    once past every size ``dist`` allows, the over-run rule's (module docstring). Why here:
+    whoever prices a running job's remainder (preemption) must condition on its progress
+    the way its index does, or a job past its mean looks finished while its tail is long."""
+    if attained < 0 or not math.isfinite(attained):
+        raise ValueError(f"attained service must be finite and non-negative, got {attained}")
+    if dist.survival(attained) <= 0:
+        return _overrun_residual(dist, attained)
+    return float(dist.conditional_above(attained).mean()) - attained
 
 
 def gittins_index(dist: Distribution, attained: float = 0.0) -> float:

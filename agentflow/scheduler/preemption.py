@@ -27,7 +27,9 @@ start, or starts beside running calls of a worse class:
   mostly calls still in prefill, whose prefill chunks are also what slows a decode most.
 * **Worth it**: a victim is stopped only if its redo costs less than what stopping it saves
   the better call (``NET_SAVING``) — its expected remainder, which the better call would
-  wait, or the delay it adds as a co-runner; a call nearly done is left to finish.
+  wait, or the delay it adds as a co-runner; a call nearly done is left to finish. The
+  remainder is priced from the output-length distribution given the tokens written so far
+  (``remaining_s``), so a call past its mean with a long tail ahead is a candidate.
 * **Bounded**: a call is stopped at most ``MAX_PREEMPTIONS`` times; after that it runs to
   the end wherever it is admitted (no livelock, no starvation of the lower class).
 
@@ -59,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.classes import best_active_band, call_band, class_of, class_positions
+from agentflow.scheduler.gittins import expected_residual
 
 if TYPE_CHECKING:
     from agentflow.scheduler.instance import InstanceQueue
@@ -84,6 +87,30 @@ def preemption_mode(value: str | None) -> str | None:
     return value
 
 
+def check_preemption(value: str | None, policy: str, *, fair: bool | None = None
+                     ) -> str | None:
+    """``preemption_mode(value)``, refused where it could not act: preemption needs the
+    queue to keep room for better classes (flowsage's headroom gate, ``scheduler.classes``),
+    or a stopped call would start again at once beside the call it made way for — losing
+    its progress for nothing. A ValueError naming ``policy`` rather than a silent no-op.
+    ``fair``: whether the coordinator's queue shares by class and tenant (else from the
+    policy's name)."""
+    mode = preemption_mode(value)
+    if mode is None:
+        return None
+    if fair is None:
+        from agentflow.scheduler.classes import CLASS_RANKED
+        from agentflow.scheduler.policies import parse_policy
+
+        fair = CLASS_RANKED.get(parse_policy(policy).queue, False)
+    if not fair:
+        raise ValueError(f"preemption {mode!r} acts only under the flowsage queue (the "
+                         f"flowsage preset, or DISPATCH+flowsage), which keeps room for "
+                         f"better classes; policy {policy!r} does not: use preemption 'off' "
+                         f"with it")
+    return mode
+
+
 def position(coordinator: Any, call: ScheduledCall) -> int:
     """The class position of the call's query (0: the best class)."""
     classes = coordinator.slo_classes
@@ -95,6 +122,20 @@ def redo_s(coordinator: Any, call: ScheduledCall, instance: str) -> float:
     model = coordinator.time_models[instance]
     return float(model.prefill_s(call.tokens_on(instance))
                  + model.decode_s(call.attained_tokens))
+
+
+def remaining_s(coordinator: Any, call: ScheduledCall, instance: str, now: float) -> float:
+    """Expected seconds ``call`` still runs on ``instance``: what is left of its prefill
+    while it has written nothing, then the decode of the output its length distribution
+    still expects given the tokens it has reported (``expected_residual``: the Gittins
+    conditioning and over-run rule). Why not its admission-time finish estimate: that hits
+    0 once the call runs past its mean, and such a call (likely in its distribution's long
+    tail) is the one with the most left."""
+    model = coordinator.time_models[instance]
+    left = model.decode_s(expected_residual(call.output, call.attained_tokens))
+    if call.attained_tokens == 0 and call.started_at is not None:
+        left += max(0.0, model.prefill_s(call.tokens_on(instance)) - (now - call.started_at))
+    return float(left)
 
 
 def budget_s(coordinator: Any, call: ScheduledCall, alone_s: float, now: float) -> float:
@@ -138,13 +179,12 @@ def victims(coordinator: Any, queue: InstanceQueue, call: ScheduledCall, now: fl
     if best is not None and call_band(coordinator, call.query) > best:
         return []
     # for the earliest running call to end, unless room is made
-    ends = [c.expected_finish for c in queue.running if c.expected_finish is not None]
-    wait = max(0.0, min(ends) - now) if ends else math.inf
+    left = {c: remaining_s(coordinator, c, queue.name, now) for c in queue.running}
+    wait = min(left.values()) if left else math.inf
     if wait <= budget:
         return []
     if NET_SAVING:  # only a victim whose redo costs less than the wait its stop saves
-        stoppable = [c for c in stoppable if c.expected_finish is not None
-                     and redo_s(coordinator, c, queue.name) < c.expected_finish - now]
+        stoppable = [c for c in stoppable if redo_s(coordinator, c, queue.name) < left[c]]
     spec = queue.spec
     need = coordinator._kv_tokens(call)
     slots, kv = len(queue.running), queue.kv_tokens_in_use

@@ -18,7 +18,6 @@ next admission; that attempt's late reports are dropped, and its query sees only
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -63,6 +62,12 @@ class _Redispatch(Exception):
     """Internal: a running call must move because its instance went down."""
 
 
+class _Stopped(Exception):
+    """Internal: the attempt was stopped for a better class (``scheduler.preemption``);
+    whatever its backend task does next (finish, fail, linger past its deadline) is not
+    this call's outcome, and no timeout, stall or failure of the instance."""
+
+
 class ScheduledRouter:
     def __init__(self, coordinator: Coordinator, backends: dict[str, LLMBackend], *,
                  revive_after_s: float | None = 30.0, health: HealthSettings | None = None):
@@ -87,6 +92,8 @@ class ScheduledRouter:
         # error, retried (re-dispatched after any of those), preempted (stopped for a
         # better class, re-queued; not a failure)
         self.counts: Counter[tuple[str, str]] = Counter()
+        # attempts stopped for a better class, by (instance, SLO class of the stopped call)
+        self.preempted: Counter[tuple[str, str]] = Counter()
         for name, backend in backends.items():
             watch = getattr(backend, "watch_health", None)
             if watch is not None:
@@ -156,31 +163,30 @@ class ScheduledRouter:
 
             task = asyncio.ensure_future(self.backends[instance].generate(request, progress))
             self._inflight[sc] = task
-            try:
-                result = await self._watch(sc, instance, task, started)
-            except asyncio.CancelledError:
+            try:  # a stopped attempt ends here whatever its task did (``_watch``): every
+                # outcome below is the current attempt's
+                result = await self._watch(sc, instance, task, started, attempt)
+            except _Stopped:
                 self._forget(sc)
-                if sc.preemptions > attempt and not _outer_cancelled():
-                    self._moved.discard(sc)
-                    continue  # stopped for a better class: wait for the next admission
-                if sc in self._moved and not _outer_cancelled():
-                    self._moved.discard(sc)
-                    sc.payload = loop.create_future()
-                    moved = BackendError(f"instance {instance} went down: "
-                                         f"{self.down_reasons.get(instance, '')}")
-                    for listener in self.attempt_listeners:  # the answer's retries show it
-                        listener(request, instance, moved)
-                    failed.append({"instance": instance, "error": str(moved)})
-                    self.counts["retried", instance] += 1
-                    self._apply(self.coordinator.on_call_failed(
-                        sc, f"instance {instance} went down", retryable=True))
-                    continue
+                continue  # stopped for a better class: wait for the next admission
+            except _Redispatch:
+                self._forget(sc)
+                sc.payload = loop.create_future()
+                moved = BackendError(f"instance {instance} went down: "
+                                     f"{self.down_reasons.get(instance, '')}")
+                for listener in self.attempt_listeners:  # the answer's retries show it
+                    listener(request, instance, moved)
+                failed.append({"instance": instance, "error": str(moved)})
+                self.counts["retried", instance] += 1
+                self._apply(self.coordinator.on_call_failed(
+                    sc, f"instance {instance} went down", retryable=True))
+                continue
+            except asyncio.CancelledError:  # this task was cancelled: its query is gone
+                self._forget(sc)
                 self._apply(self.coordinator.on_call_cancelled(sc))
                 raise
             except CallTimedOut as err:
                 self._forget(sc)
-                if sc.preemptions > attempt:
-                    continue  # that run was stopped anyway; the call is queued again
                 sc.payload = loop.create_future()
                 for listener in self.attempt_listeners:
                     listener(request, instance, err)
@@ -192,8 +198,6 @@ class ScheduledRouter:
                 continue
             except BackendError as err:
                 self._forget(sc)
-                if sc.preemptions > attempt:
-                    continue
                 sc.payload = loop.create_future()
                 self.counts["error", instance] += 1
                 failed.append({"instance": instance, "error": str(err)})
@@ -206,8 +210,6 @@ class ScheduledRouter:
                 self._apply(decisions)
                 continue
             self._forget(sc)
-            if sc.preemptions > attempt:
-                continue  # it finished as it was being stopped: the redo's answer counts
             self._health(self.health.on_success(instance, self.clock.now()))
             self._apply(self.coordinator.on_call_done(
                 sc, output_tokens=result.completion_tokens, ttft_s=result.ttft_s,
@@ -219,14 +221,26 @@ class ScheduledRouter:
                                failed_attempts=tuple(failed))
 
     async def _watch(self, sc: ScheduledCall, instance: str, task: asyncio.Task[LLMResult],
-                     started: float) -> LLMResult:
+                     started: float, attempt: int) -> LLMResult:
         """The backend's result, or ``CallTimedOut`` once the call is past its deadline or
         its stream has stalled (the backend task is then cancelled). The limit is
         re-evaluated as the time models learn, so a call sent to an instance before anyone
-        knew it hangs is caught as soon as its peers show what "late" means."""
+        knew it hangs is caught as soon as its peers show what "late" means. ``_Stopped``
+        as soon as it sees the attempt stopped (``_stop`` cancelled its task, which may
+        take its time to end): its deadline and stream are no longer watched;
+        ``_Redispatch`` once its instance went down. So the router's own cancels of a
+        backend task never reach the caller as ``CancelledError``: that is raised only
+        when this task itself is cancelled (its query is), on every Python (no
+        ``Task.cancelling()``, which 3.10 lacks)."""
         stall_s = self.health_settings.stall_s
         try:
             while True:
+                if sc.preemptions != attempt:
+                    task.add_done_callback(_swallow)
+                    raise _Stopped()
+                if sc in self._moved:  # its instance went down (``_health``)
+                    task.add_done_callback(_swallow)
+                    raise _Redispatch()
                 now = self.clock.now()
                 limit = self.deadlines.limit_s(sc, instance, started)
                 left = started + limit - now
@@ -244,6 +258,8 @@ class ScheduledRouter:
                     wait = min(wait, max(0.01, last + stall_s - now))
                 done, _ = await asyncio.wait({task}, timeout=wait)
                 if done:
+                    if sc.preemptions != attempt or (task.cancelled() and sc in self._moved):
+                        continue  # stopped, or cut off its dead instance: see the top
                     return task.result()
         except asyncio.CancelledError:
             task.cancel()  # the query was cancelled: stop the backend's work too
@@ -252,6 +268,7 @@ class ScheduledRouter:
     def _forget(self, sc: ScheduledCall) -> None:
         self._inflight.pop(sc, None)
         self._progress_at.pop(sc, None)
+        self._moved.discard(sc)
 
     # ------------------------------------------------------------------ internals
     def _count_tokens(self, text: str) -> dict[str, int]:
@@ -286,6 +303,7 @@ class ScheduledRouter:
         sc = d.call
         sc.payload = asyncio.get_running_loop().create_future()
         self.counts["preempted", d.instance] += 1
+        self.preempted[d.instance, sc.query.slo_class or DEFAULT_CLASS] += 1
         task = self._inflight.get(sc)
         if task is not None and not task.done():
             task.cancel()
@@ -353,10 +371,3 @@ def _give_up(task: asyncio.Task[Any], reason: str) -> CallTimedOut:
 def _swallow(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def _outer_cancelled() -> bool:
-    task = asyncio.current_task()
-    if task is None or sys.version_info < (3, 11):
-        return False  # Task.cancelling() is 3.11+; on 3.10 an outer cancel is not told apart
-    return task.cancelling() > 0

@@ -166,8 +166,18 @@ class _ClusterCollector:
         retries = CounterMetricFamily("agentflow_llm_call_retries", "LLM calls re-dispatched "
                                       "after failing, timing out or being moved off the "
                                       "instance", labels=["instance"])
+        preempted = CounterMetricFamily("agentflow_llm_call_preemptions", "LLM call attempts "
+                                        "stopped on the instance for a better class "
+                                        "(scheduler.preemption) and re-queued, by the stopped "
+                                        "call's SLO class; not failures, timeouts or retries",
+                                        labels=["instance", "slo_class"])
+        stopped: dict[tuple[str, str], int] = dict(getattr(router, "preempted", {}))
+        coord = getattr(router, "coordinator", None)
+        classes = sorted({*getattr(coord, "slo_classes", {}), *(k[1] for k in stopped)})
         for name in tracker.instances:
             timeouts.add_metric([name, "deadline"], router.counts["timeout", name])
             timeouts.add_metric([name, "stalled"], router.counts["stalled", name])
             retries.add_metric([name], router.counts["retried", name])
-        yield from (state, opened, probes, timeouts, retries)
+            for cls in classes:
+                preempted.add_metric([name, cls], stopped.get((name, cls), 0))
+        yield from (state, opened, probes, timeouts, retries, preempted)
