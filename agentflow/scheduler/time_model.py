@@ -14,12 +14,28 @@ learns, from the same finished calls, how the observed decode ratio grows with t
 calls running beside it (``co_runner_slope``): a weighted least-squares line over the last
 ``batch_window`` or so calls — measured, so it holds for any engine, model or GPU, and is 0
 where nothing ever ran side by side (a CPU instance) or the data show no trend.
+
+The prefill side follows the same principle: an instance is slow only if it is slow alone.
+Time-to-first-token on a busy engine also holds the prompts admitted before the call and
+not yet prefilled (their chunks share its steps) and its co-runners' decode tokens in those
+steps. Folding that into the prefill rate made a busy fast GPU look like a slow one in every
+term dispatch derives from it — its own time, the prompts ahead, the stall it inflicts —
+counting contention twice (the dispatch prices the wait explicitly) and remembering it after
+the load had gone. So the prefill ratio is the intrinsic one: the first coefficient of a
+weighted least-squares fit of TTFT against (own uncached prompt, prompt tokens pending on
+the instance when the call was admitted, co-runners then), each priced at the model's base
+rates; the contention coefficients are kept >= 0 and the fit is over the last
+``prefill_window`` or so calls. Each call is weighted by the inverse of the prefill work it
+could have waited for, so with no contention the ratio is total observed over total priced
+prefill — a short prompt whose first token waited for one shared step cannot swing it.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from agentflow.hardware import GPUProfile, ModelProfile, calibrated
 from agentflow.hardware import gpu as gpu_profile
@@ -39,13 +55,22 @@ class InstanceTimeModel:
     prefill_s_per_token: float
     decode_s_per_token: float
     overhead_s: float = 0.0
-    smoothing: float = 0.2  # weight of a new observation in the correction ratios
+    smoothing: float = 0.2  # weight of a new observation in the decode ratio
     prefill_ratio: float = 1.0
     decode_ratio: float = 1.0
     observations: int = 0
     batch_window: int = 100  # calls: the memory of the co-runner regression
     # decayed sums over (co-runners x, decode ratio y): weight, x, y, xx, xy
     _batch_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
+    prefill_window: int = 20  # calls: the memory of the prefill fit
+    # what contention added to TTFT in the fit: seconds per base-priced second of prompts
+    # pending at admission, and per co-runner decode step
+    prefill_ahead_coef: float = 0.0
+    prefill_co_runner_coef: float = 0.0
+    # decayed weighted sums of the prefill fit: X'WX (3 x 3), X'Wy (3), y'Wy
+    _prefill_xx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)), repr=False)
+    _prefill_xy: np.ndarray = field(default_factory=lambda: np.zeros(3), repr=False)
+    _prefill_yy: float = field(default=0.0, repr=False)
     # observed / expected time of the last finished calls, each priced by the model as it
     # stood when the call finished (call deadlines read how far healthy calls run over:
     # agentflow.scheduler.call_deadline)
@@ -83,10 +108,13 @@ class InstanceTimeModel:
         return self.prefill_s(prompt_tokens) + self.decode_s(output_tokens)
 
     def observe(self, prompt_tokens: int, output_tokens: int, ttft_s: float, total_s: float,
-                cached_tokens: int = 0, co_runners: float | None = None) -> None:
+                cached_tokens: int = 0, co_runners: float | None = None,
+                prefill_ahead_tokens: float = 0.0, co_runners_at_start: float = 0.0) -> None:
         """Fold in one finished call: time-to-first-token against prefill, the rest against
         decode; ``co_runners``: how many calls ran beside it on average (feeds
-        ``co_runner_slope``)."""
+        ``co_runner_slope``); ``prefill_ahead_tokens`` and ``co_runners_at_start``: the
+        prompt tokens admitted on the instance and not yet prefilled, and the calls running
+        there, when this call was admitted (the contention its TTFT is fitted against)."""
         a = self.smoothing
         uncached = max(0, prompt_tokens - cached_tokens)
         priced = self.expected_s(uncached, output_tokens)
@@ -94,8 +122,9 @@ class InstanceTimeModel:
             self.call_ratios.append(total_s / priced)
         predicted_prefill = uncached * self.prefill_s_per_token
         if predicted_prefill > 1e-6 and ttft_s > 0:
-            ratio = max(ttft_s - self.overhead_s, 1e-6) / predicted_prefill
-            self.prefill_ratio = (1 - a) * self.prefill_ratio + a * min(max(ratio, 0.05), 20)
+            self._fit_prefill(max(ttft_s - self.overhead_s, 1e-6), predicted_prefill,
+                              max(prefill_ahead_tokens, 0.0) * self.prefill_s_per_token,
+                              max(co_runners_at_start, 0.0) * self.decode_s_per_token)
         if output_tokens > 1 and total_s > ttft_s:
             ratio = (total_s - ttft_s) / ((output_tokens - 1) * self.decode_s_per_token)
             ratio = min(max(ratio, 0.05), 20)
@@ -107,6 +136,38 @@ class InstanceTimeModel:
                                        co_runners * ratio)):
                     sums[i] = keep * sums[i] + v
         self.observations += 1
+
+    def _fit_prefill(self, y: float, own: float, ahead: float, co_runners: float) -> None:
+        """One TTFT (less overhead) ``y`` against its base-priced own prefill, pending
+        prompts and co-runner steps; refits ``prefill_ratio`` and the contention terms."""
+        keep = 1.0 - 1.0 / self.prefill_window
+        x = np.array([own, ahead, co_runners])
+        w = 1.0 / float(x.sum())
+        self._prefill_xx = keep * self._prefill_xx + w * np.outer(x, x)
+        self._prefill_xy = keep * self._prefill_xy + w * y * x
+        self._prefill_yy = keep * self._prefill_yy + w * y * y
+        xx, xy = self._prefill_xx, self._prefill_xy
+        best: tuple[float, np.ndarray] | None = None
+        # least squares with the contention coefficients >= 0: the best of the fits on the
+        # own-prefill term plus each subset of the contention terms whose result is feasible
+        for extra in ((), (1,), (2,), (1, 2)):
+            cols = [0, *extra]
+            sub = xx[np.ix_(cols, cols)]
+            if np.linalg.cond(sub) > 1e8:
+                continue  # a contention term never varied: it cannot be told apart
+            coef = np.linalg.solve(sub, xy[cols])
+            if coef[0] <= 0 or (coef[1:] < 0).any():
+                continue
+            loss = float(self._prefill_yy - 2 * coef @ xy[cols] + coef @ sub @ coef)
+            if best is None or loss < best[0]:
+                full = np.zeros(3)
+                full[cols] = coef
+                best = (loss, full)
+        if best is None:
+            return
+        self.prefill_ratio = min(max(float(best[1][0]), 0.05), 20.0)
+        self.prefill_ahead_coef, self.prefill_co_runner_coef = (float(best[1][1]),
+                                                                float(best[1][2]))
 
     def co_runner_slope(self) -> tuple[float, float]:
         """(slope, mean co-runners): how much the decode ratio rises per call running
