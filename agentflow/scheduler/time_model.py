@@ -35,8 +35,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from agentflow.hardware import GPUProfile, ModelProfile, calibrated
 from agentflow.hardware import gpu as gpu_profile
 from agentflow.hardware import model as model_profile
@@ -68,8 +66,9 @@ class InstanceTimeModel:
     prefill_ahead_coef: float = 0.0
     prefill_co_runner_coef: float = 0.0
     # decayed weighted sums of the prefill fit: X'WX (3 x 3), X'Wy (3), y'Wy
-    _prefill_xx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)), repr=False)
-    _prefill_xy: np.ndarray = field(default_factory=lambda: np.zeros(3), repr=False)
+    _prefill_xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)],
+                                           repr=False)
+    _prefill_xy: list[float] = field(default_factory=lambda: [0.0] * 3, repr=False)
     _prefill_yy: float = field(default=0.0, repr=False)
     # observed / expected time of the last finished calls, each priced by the model as it
     # stood when the call finished (call deadlines read how far healthy calls run over:
@@ -141,33 +140,32 @@ class InstanceTimeModel:
         """One TTFT (less overhead) ``y`` against its base-priced own prefill, pending
         prompts and co-runner steps; refits ``prefill_ratio`` and the contention terms."""
         keep = 1.0 - 1.0 / self.prefill_window
-        x = np.array([own, ahead, co_runners])
-        w = 1.0 / float(x.sum())
-        self._prefill_xx = keep * self._prefill_xx + w * np.outer(x, x)
-        self._prefill_xy = keep * self._prefill_xy + w * y * x
-        self._prefill_yy = keep * self._prefill_yy + w * y * y
+        x = (own, ahead, co_runners)
+        w = 1.0 / (own + ahead + co_runners)
         xx, xy = self._prefill_xx, self._prefill_xy
-        best: tuple[float, np.ndarray] | None = None
+        for i in range(3):
+            xy[i] = keep * xy[i] + w * y * x[i]
+            for j in range(3):
+                xx[i][j] = keep * xx[i][j] + w * x[i] * x[j]
+        self._prefill_yy = keep * self._prefill_yy + w * y * y
+        best: tuple[float, list[float]] | None = None
         # least squares with the contention coefficients >= 0: the best of the fits on the
         # own-prefill term plus each subset of the contention terms whose result is feasible
-        for extra in ((), (1,), (2,), (1, 2)):
-            cols = [0, *extra]
-            sub = xx[np.ix_(cols, cols)]
-            if np.linalg.cond(sub) > 1e8:
-                continue  # a contention term never varied: it cannot be told apart
-            coef = np.linalg.solve(sub, xy[cols])
-            if coef[0] <= 0 or (coef[1:] < 0).any():
-                continue
-            loss = float(self._prefill_yy - 2 * coef @ xy[cols] + coef @ sub @ coef)
-            if best is None or loss < best[0]:
-                full = np.zeros(3)
-                full[cols] = coef
+        for cols in ((0,), (0, 1), (0, 2), (0, 1, 2)):
+            coef = _solve([[xx[i][j] for j in cols] for i in cols], [xy[i] for i in cols])
+            if coef is None or coef[0] <= 0 or min(coef[1:], default=0.0) < 0:
+                continue  # a term that never varied cannot be told apart; or infeasible
+            fit = sum(c * xy[i] for c, i in zip(coef, cols))
+            loss = self._prefill_yy - fit  # at the normal equations' solution
+            if best is None or loss < best[0] - 1e-12 * self._prefill_yy:
+                full = [0.0, 0.0, 0.0]
+                for c, i in zip(coef, cols):
+                    full[i] = c
                 best = (loss, full)
         if best is None:
             return
-        self.prefill_ratio = min(max(float(best[1][0]), 0.05), 20.0)
-        self.prefill_ahead_coef, self.prefill_co_runner_coef = (float(best[1][1]),
-                                                                float(best[1][2]))
+        self.prefill_ratio = min(max(best[1][0], 0.05), 20.0)
+        self.prefill_ahead_coef, self.prefill_co_runner_coef = best[1][1], best[1][2]
 
     def co_runner_slope(self) -> tuple[float, float]:
         """(slope, mean co-runners): how much the decode ratio rises per call running
@@ -182,3 +180,31 @@ class InstanceTimeModel:
             return 0.0, mean_x
         slope = (xy / w - mean_x * y / w) / var
         return max(0.0, slope), mean_x
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """``a x = b`` for a symmetric positive semi-definite system of 1 to 3 unknowns, by
+    Cramer's rule (observe runs at every finished call: numpy's overhead dominates at this
+    size); None when ``a`` is singular to working precision."""
+    n = len(b)
+    if n == 1:
+        return [b[0] / a[0][0]] if a[0][0] > 0 else None
+    det = _det(a)
+    scale = 1.0
+    for i in range(n):
+        scale *= a[i][i]
+    if scale <= 0 or det <= 1e-9 * scale:
+        return None
+    out = []
+    for k in range(n):
+        m = [row[:k] + [b[i]] + row[k + 1:] for i, row in enumerate(a)]
+        out.append(_det(m) / det)
+    return out
+
+
+def _det(m: list[list[float]]) -> float:
+    if len(m) == 2:
+        return m[0][0] * m[1][1] - m[0][1] * m[1][0]
+    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
