@@ -4,8 +4,9 @@ A call's time is prefill (linear in uncached prompt tokens) plus decode (linear 
 tokens). Starting points come from the hardware profile, through the simulator's operator
 step model (``agentflow.step_time``: per token of a 2048-token prefill chunk, one decode step
 of a lone sequence at a 1k context) or, for CPU instances, from measurements; both are
-corrected online by an exponentially weighted ratio of observed to predicted times, so a slow
-or contended instance is seen as such within a few calls. With an output-length distribution
+corrected online from finished calls — decode by an exponentially weighted ratio of observed
+to predicted times, prefill by the fit below — so a slow instance is seen as such within a
+few calls. With an output-length distribution
 the time is a distribution too (the map is monotone in the length).
 
 A batching engine decodes slower the more sequences share a step (the step reads every
