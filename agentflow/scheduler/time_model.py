@@ -6,8 +6,8 @@ step model (``agentflow.step_time``: per token of a 2048-token prefill chunk, on
 of a lone sequence at a 1k context) or, for CPU instances, from measurements; both are
 corrected online from finished calls — decode by an exponentially weighted ratio of observed
 to predicted times, prefill by the fit below — so a slow instance is seen as such within a
-few calls. With an output-length distribution
-the time is a distribution too (the map is monotone in the length).
+few calls. With an output-length distribution the time is a distribution too (the map is
+monotone in the length).
 
 A batching engine decodes slower the more sequences share a step (the step reads every
 sequence's KV cache; a mixture-of-experts model touches more experts). So the model also
