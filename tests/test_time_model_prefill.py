@@ -8,10 +8,14 @@ simulator's engine, flooded, beside one that is really slower than its model say
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
+from agentflow.scheduler.call import ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.decisions import Decision
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
 from agentflow.sim.driver import Simulation
@@ -97,14 +101,14 @@ def _flood(rate: float, n: int) -> tuple[Simulation, list[float]]:
     learned: list[tuple[float, int]] = []
     done = coordinator.on_call_done
 
-    def record(call, **kw):  # type: ignore[no-untyped-def]
+    def record(call: ScheduledCall, **kw: Any) -> list[Decision]:
         decisions = done(call, **kw)
         if call.instance == "a100":
             learned.append((coordinator.time_models["a100"].prefill_ratio,
                             call.co_runners_at_start))
         return decisions
 
-    coordinator.on_call_done = record  # type: ignore[method-assign]
+    coordinator.on_call_done = record  # type: ignore[method-assign]  # watch, then pass on
     result = sim.run(queries, [i / rate for i in range(n)], [None] * n, [1.0] * n)
     assert all(r.status == "done" for r in result.records)
     return sim, learned[20:]
