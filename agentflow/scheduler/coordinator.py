@@ -262,9 +262,10 @@ class Coordinator(WorkflowPaths):
                                call.prompt_tokens)
         self._stage_prediction.get(call.query.id, {}).pop(call.stage, None)
         if total_s > 0:
-            self.time_models[call.instance].observe(call.tokens_on(call.instance),
-                                                    output_tokens, ttft_s, total_s,
-                                                    cached_tokens, co_runners=co_runners)
+            self.time_models[call.instance].observe(
+                call.tokens_on(call.instance), output_tokens, ttft_s, total_s, cached_tokens,
+                co_runners=co_runners, prefill_ahead_tokens=call.prefill_ahead_at_start,
+                co_runners_at_start=call.co_runners_at_start)
             self._models_epoch += 1
         if call.query.id in self.queries:
             self._refresh(call.query, now)

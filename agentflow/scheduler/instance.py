@@ -164,6 +164,7 @@ class InstanceQueue:
             call.started_at = now
             call.priority = self._admitted
             call.co_runners_at_start = len(self.running)
+            call.prefill_ahead_at_start = float(self.book.prefill_prompt[self.index])
             self._admitted += 1
             self.running.add(call)
             if self.class_load is not None:

@@ -4,9 +4,10 @@ A call's time is prefill (linear in uncached prompt tokens) plus decode (linear 
 tokens). Starting points come from the hardware profile, through the simulator's operator
 step model (``agentflow.step_time``: per token of a 2048-token prefill chunk, one decode step
 of a lone sequence at a 1k context) or, for CPU instances, from measurements; both are
-corrected online by an exponentially weighted ratio of observed to predicted times, so a slow
-or contended instance is seen as such within a few calls. With an output-length distribution
-the time is a distribution too (the map is monotone in the length).
+corrected online from finished calls — decode by an exponentially weighted ratio of observed
+to predicted times, prefill by the fit below — so a slow instance is seen as such within a
+few calls. With an output-length distribution the time is a distribution too (the map is
+monotone in the length).
 
 A batching engine decodes slower the more sequences share a step (the step reads every
 sequence's KV cache; a mixture-of-experts model touches more experts). So the model also
@@ -14,6 +15,20 @@ learns, from the same finished calls, how the observed decode ratio grows with t
 calls running beside it (``co_runner_slope``): a weighted least-squares line over the last
 ``batch_window`` or so calls — measured, so it holds for any engine, model or GPU, and is 0
 where nothing ever ran side by side (a CPU instance) or the data show no trend.
+
+The prefill side follows the same principle: an instance is slow only if it is slow alone.
+Time-to-first-token on a busy engine also holds the prompts admitted before the call and
+not yet prefilled (their chunks share its steps) and its co-runners' decode tokens in those
+steps. Folding that into the prefill rate made a busy fast GPU look like a slow one in every
+term dispatch derives from it — its own time, the prompts ahead, the stall it inflicts —
+counting contention twice (the dispatch prices the wait explicitly) and remembering it after
+the load had gone. So the prefill ratio is the intrinsic one: the first coefficient of a
+weighted least-squares fit of TTFT against (own uncached prompt, prompt tokens pending on
+the instance when the call was admitted, co-runners then), each priced at the model's base
+rates; the contention coefficients are kept >= 0 and the fit is over the last
+``prefill_window`` or so calls. Each call is weighted by the inverse of the prefill work it
+could have waited for, so with no contention the ratio is total observed over total priced
+prefill — a short prompt whose first token waited for one shared step cannot swing it.
 """
 
 from __future__ import annotations
@@ -39,13 +54,23 @@ class InstanceTimeModel:
     prefill_s_per_token: float
     decode_s_per_token: float
     overhead_s: float = 0.0
-    smoothing: float = 0.2  # weight of a new observation in the correction ratios
+    smoothing: float = 0.2  # weight of a new observation in the decode ratio
     prefill_ratio: float = 1.0
     decode_ratio: float = 1.0
     observations: int = 0
     batch_window: int = 100  # calls: the memory of the co-runner regression
     # decayed sums over (co-runners x, decode ratio y): weight, x, y, xx, xy
     _batch_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
+    prefill_window: int = 20  # calls: the memory of the prefill fit
+    # what contention added to TTFT in the fit: seconds per base-priced second of prompts
+    # pending at admission, and per co-runner decode step
+    prefill_ahead_coef: float = 0.0
+    prefill_co_runner_coef: float = 0.0
+    # decayed weighted sums of the prefill fit: X'WX (3 x 3), X'Wy (3), y'Wy
+    _prefill_xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)],
+                                           repr=False)
+    _prefill_xy: list[float] = field(default_factory=lambda: [0.0] * 3, repr=False)
+    _prefill_yy: float = field(default=0.0, repr=False)
     # observed / expected time of the last finished calls, each priced by the model as it
     # stood when the call finished (call deadlines read how far healthy calls run over:
     # agentflow.scheduler.call_deadline)
@@ -83,10 +108,13 @@ class InstanceTimeModel:
         return self.prefill_s(prompt_tokens) + self.decode_s(output_tokens)
 
     def observe(self, prompt_tokens: int, output_tokens: int, ttft_s: float, total_s: float,
-                cached_tokens: int = 0, co_runners: float | None = None) -> None:
+                cached_tokens: int = 0, co_runners: float | None = None,
+                prefill_ahead_tokens: float = 0.0, co_runners_at_start: float = 0.0) -> None:
         """Fold in one finished call: time-to-first-token against prefill, the rest against
         decode; ``co_runners``: how many calls ran beside it on average (feeds
-        ``co_runner_slope``)."""
+        ``co_runner_slope``); ``prefill_ahead_tokens`` and ``co_runners_at_start``: the
+        prompt tokens admitted on the instance and not yet prefilled, and the calls running
+        there, when this call was admitted (the contention its TTFT is fitted against)."""
         a = self.smoothing
         uncached = max(0, prompt_tokens - cached_tokens)
         priced = self.expected_s(uncached, output_tokens)
@@ -94,8 +122,9 @@ class InstanceTimeModel:
             self.call_ratios.append(total_s / priced)
         predicted_prefill = uncached * self.prefill_s_per_token
         if predicted_prefill > 1e-6 and ttft_s > 0:
-            ratio = max(ttft_s - self.overhead_s, 1e-6) / predicted_prefill
-            self.prefill_ratio = (1 - a) * self.prefill_ratio + a * min(max(ratio, 0.05), 20)
+            self._fit_prefill(max(ttft_s - self.overhead_s, 1e-6), predicted_prefill,
+                              max(prefill_ahead_tokens, 0.0) * self.prefill_s_per_token,
+                              max(co_runners_at_start, 0.0) * self.decode_s_per_token)
         if output_tokens > 1 and total_s > ttft_s:
             ratio = (total_s - ttft_s) / ((output_tokens - 1) * self.decode_s_per_token)
             ratio = min(max(ratio, 0.05), 20)
@@ -107,6 +136,37 @@ class InstanceTimeModel:
                                        co_runners * ratio)):
                     sums[i] = keep * sums[i] + v
         self.observations += 1
+
+    def _fit_prefill(self, y: float, own: float, ahead: float, co_runners: float) -> None:
+        """One TTFT (less overhead) ``y`` against its base-priced own prefill, pending
+        prompts and co-runner steps; refits ``prefill_ratio`` and the contention terms."""
+        keep = 1.0 - 1.0 / self.prefill_window
+        x = (own, ahead, co_runners)
+        w = 1.0 / (own + ahead + co_runners)
+        xx, xy = self._prefill_xx, self._prefill_xy
+        for i in range(3):
+            xy[i] = keep * xy[i] + w * y * x[i]
+            for j in range(3):
+                xx[i][j] = keep * xx[i][j] + w * x[i] * x[j]
+        self._prefill_yy = keep * self._prefill_yy + w * y * y
+        best: tuple[float, list[float]] | None = None
+        # least squares with the contention coefficients >= 0: the best of the fits on the
+        # own-prefill term plus each subset of the contention terms whose result is feasible
+        for cols in ((0,), (0, 1), (0, 2), (0, 1, 2)):
+            coef = _solve([[xx[i][j] for j in cols] for i in cols], [xy[i] for i in cols])
+            if coef is None or coef[0] <= 0 or min(coef[1:], default=0.0) < 0:
+                continue  # a term that never varied cannot be told apart; or infeasible
+            fit = sum(c * xy[i] for c, i in zip(coef, cols))
+            loss = self._prefill_yy - fit  # at the normal equations' solution
+            if best is None or loss < best[0] - 1e-12 * self._prefill_yy:
+                full = [0.0, 0.0, 0.0]
+                for c, i in zip(coef, cols):
+                    full[i] = c
+                best = (loss, full)
+        if best is None:
+            return
+        self.prefill_ratio = min(max(best[1][0], 0.05), 20.0)
+        self.prefill_ahead_coef, self.prefill_co_runner_coef = best[1][1], best[1][2]
 
     def co_runner_slope(self) -> tuple[float, float]:
         """(slope, mean co-runners): how much the decode ratio rises per call running
@@ -121,3 +181,31 @@ class InstanceTimeModel:
             return 0.0, mean_x
         slope = (xy / w - mean_x * y / w) / var
         return max(0.0, slope), mean_x
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """``a x = b`` for a symmetric positive semi-definite system of 1 to 3 unknowns, by
+    Cramer's rule (observe runs at every finished call: numpy's overhead dominates at this
+    size); None when ``a`` is singular to working precision."""
+    n = len(b)
+    if n == 1:
+        return [b[0] / a[0][0]] if a[0][0] > 0 else None
+    det = _det(a)
+    scale = 1.0
+    for i in range(n):
+        scale *= a[i][i]
+    if scale <= 0 or det <= 1e-9 * scale:
+        return None
+    out = []
+    for k in range(n):
+        m = [row[:k] + [b[i]] + row[k + 1:] for i, row in enumerate(a)]
+        out.append(_det(m) / det)
+    return out
+
+
+def _det(m: list[list[float]]) -> float:
+    if len(m) == 2:
+        return m[0][0] * m[1][1] - m[0][1] * m[1][0]
+    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
