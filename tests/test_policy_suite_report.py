@@ -40,3 +40,14 @@ def test_a_policy_at_zero_goodput_in_a_cell_does_not_leave_that_cell_out_of_its_
     assert float(rows["flowsage"][0]) == pytest.approx((240 * 99) ** 0.5, abs=0.05)
     assert "best other (sagesched): 0.938" in text
     assert "worst cell ratio to the best other policy in that cell: 1.100" in text
+
+
+def test_a_workload_with_no_load_level_is_named_in_the_report_and_its_cells_left_out() -> None:
+    a = Cell("trace1")
+    results = {"cells": {a.name: {"rate": 1.0, "policies": {
+        "vllm": entry(400, 0.5, 0.02), "sagesched": entry(300, 0.8, 0.04),
+        "flowsage": entry(240, 0.9, 0.05), "oracle": entry(250, 0.9, 0.05)}}},
+        "no_l1": {"mixed/hetero-64": "vllm's P95 never doubled with 512 queries"}}
+    text = report(results, POLICIES, [a, Cell("mixed", cluster="hetero-64")])
+    assert "Skipped `mixed/hetero-64`: no load level L1 (vllm's P95 never doubled" in text
+    assert "best other (sagesched): 0.800" in text  # the skipped cell is in no mean
