@@ -33,6 +33,7 @@ prefill — a short prompt whose first token waited for one shared step cannot s
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -47,6 +48,7 @@ CPU_PREFILL_S_PER_TOKEN = 0.0019
 PRIOR_CHUNK = 2048  # tokens of the prefill step a GPU prior is read at
 PRIOR_CONTEXT = 1024  # context of the decode step it is read at
 CPU_DECODE_S_PER_TOKEN = 0.027
+RATIO_FLOOR, RATIO_CEILING = 0.05, 20.0  # bounds of a learned observed/priced ratio
 
 
 @dataclass
@@ -140,33 +142,26 @@ class InstanceTimeModel:
     def _fit_prefill(self, y: float, own: float, ahead: float, co_runners: float) -> None:
         """One TTFT (less overhead) ``y`` against its base-priced own prefill, pending
         prompts and co-runner steps; refits ``prefill_ratio`` and the contention terms."""
+        if not all(math.isfinite(v) for v in (y, own, ahead, co_runners)):
+            return  # one inf would never decay out of the sums, one NaN would poison them
+        total = own + ahead + co_runners
+        # as the per-call ratio always was: no single call says the instance is more than
+        # 20x slower (or faster) than its whole priced TTFT, however odd its timing
+        y = min(max(y, RATIO_FLOOR * total), RATIO_CEILING * total)
         keep = 1.0 - 1.0 / self.prefill_window
         x = (own, ahead, co_runners)
-        w = 1.0 / (own + ahead + co_runners)
+        w = 1.0 / total
         xx, xy = self._prefill_xx, self._prefill_xy
         for i in range(3):
             xy[i] = keep * xy[i] + w * y * x[i]
             for j in range(3):
                 xx[i][j] = keep * xx[i][j] + w * x[i] * x[j]
         self._prefill_yy = keep * self._prefill_yy + w * y * y
-        best: tuple[float, list[float]] | None = None
-        # least squares with the contention coefficients >= 0: the best of the fits on the
-        # own-prefill term plus each subset of the contention terms whose result is feasible
-        for cols in ((0,), (0, 1), (0, 2), (0, 1, 2)):
-            coef = _solve([[xx[i][j] for j in cols] for i in cols], [xy[i] for i in cols])
-            if coef is None or coef[0] <= 0 or min(coef[1:], default=0.0) < 0:
-                continue  # a term that never varied cannot be told apart; or infeasible
-            fit = sum(c * xy[i] for c, i in zip(coef, cols))
-            loss = self._prefill_yy - fit  # at the normal equations' solution
-            if best is None or loss < best[0] - 1e-12 * self._prefill_yy:
-                full = [0.0, 0.0, 0.0]
-                for c, i in zip(coef, cols):
-                    full[i] = c
-                best = (loss, full)
+        best = _bounded_least_squares(xx, xy, self._prefill_yy)
         if best is None:
             return
-        self.prefill_ratio = min(max(best[1][0], 0.05), 20.0)
-        self.prefill_ahead_coef, self.prefill_co_runner_coef = best[1][1], best[1][2]
+        self.prefill_ratio = min(max(best[0], RATIO_FLOOR), RATIO_CEILING)
+        self.prefill_ahead_coef, self.prefill_co_runner_coef = best[1], best[2]
 
     def co_runner_slope(self) -> tuple[float, float]:
         """(slope, mean co-runners): how much the decode ratio rises per call running
@@ -181,6 +176,37 @@ class InstanceTimeModel:
             return 0.0, mean_x
         slope = (xy / w - mean_x * y / w) / var
         return max(0.0, slope), mean_x
+
+
+def _bounded_least_squares(xx: list[list[float]], xy: list[float],
+                           yy: float) -> list[float] | None:
+    """Weighted least squares ``min |y - X b|`` from its sums (X'WX, X'Wy, y'Wy) with
+    ``b[0] >= RATIO_FLOOR`` (the instance's own speed) and ``b[1], b[2] >= 0`` (contention
+    only adds time): the problem is convex, so its optimum is the unconstrained optimum on
+    one face of the box; each face is tried (each bound active or not, 8 at most) and the
+    feasible one of least loss kept. None while no face is determined (nothing varied)."""
+    best: tuple[float, list[float]] | None = None
+    for own_at_floor in (False, True):
+        for contention in ((), (1,), (2,), (1, 2)):
+            b = [RATIO_FLOOR if own_at_floor else 0.0, 0.0, 0.0]
+            free = list(contention) if own_at_floor else [0, *contention]
+            if not free:
+                coef: list[float] | None = []
+            else:
+                fixed = [j for j in range(3) if j not in free]
+                rhs = [xy[i] - sum(xx[i][j] * b[j] for j in fixed) for i in free]
+                coef = _solve([[xx[i][j] for j in free] for i in free], rhs)
+            if coef is None:
+                continue  # a term that never varied cannot be told apart
+            for c, i in zip(coef, free):
+                b[i] = c
+            if b[0] < RATIO_FLOOR - 1e-12 or b[1] < 0 or b[2] < 0:
+                continue  # off the feasible box: another face holds the optimum
+            loss = yy - 2 * sum(b[i] * xy[i] for i in range(3)) + sum(
+                b[i] * b[j] * xx[i][j] for i in range(3) for j in range(3))
+            if best is None or loss < best[0] - 1e-12 * abs(yy):
+                best = (loss, b)
+    return None if best is None else best[1]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
