@@ -82,6 +82,7 @@ from rvs_attribution import (  # noqa: E402
     sim_split,
 )
 from rvs_environment import Quietness  # noqa: E402
+from rvs_normalise import instance_slowdowns, lone_calls, machine_factors  # noqa: E402
 from rvs_probe import probe  # noqa: E402
 
 _WORDS = ("time year people way day man thing woman life child world school state family "
@@ -460,30 +461,46 @@ def measure_single(backend: Any, maker: PromptMaker, repeats: int,
 
 def measure_batched(backend: Any, maker: PromptMaker, repeats: int,
                     loop: asyncio.AbstractEventLoop) -> list[tuple]:
-    """(batch, prompt, output, mean total_s) of ``batch`` equal requests sent at once."""
+    """(batch, prompt, output, mean total_s, core share, lone total_s, lone core share) of
+    ``batch`` equal requests sent at once, each batch between two lone requests of the same
+    shape on the same server (their mean is the lone time). The VM's speed drifts 1.0-1.4x
+    within an hour, which a batch row alone cannot tell from batching physics; its ratio to
+    lone requests taken in the same minute can, since the machine factor cancels."""
     from agentflow.llm.base import LLMRequest, SamplingParams
 
     rows = []
 
-    async def one(p: int, o: int) -> tuple[int, float]:
+    async def one(p: int, o: int) -> tuple[int, float, float]:
         req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
         t = time.perf_counter()
         res = await backend.generate(req)
-        return res.prompt_tokens, time.perf_counter() - t
+        per_tok = (res.engine_timings or {}).get("predicted_per_token_ms", float("nan"))
+        return res.prompt_tokens, time.perf_counter() - t, float(per_tok)
+
+    async def timed(b: int, p: int, o: int) -> tuple[list, float, float]:
+        c0, t = cpu_seconds(backend), time.perf_counter()
+        got = await asyncio.gather(*(one(p, o) for _ in range(b)))
+        elapsed, c1 = time.perf_counter() - t, cpu_seconds(backend)
+        share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and c1 is not None else 1.0
+        return got, float(np.mean([g[1] for g in got])), share
 
     async def all_rows() -> None:
         for _ in range(repeats):
             for b in CAL_BATCHES:
                 for p, o in CAL_BATCH_SHAPES:
-                    c0, t = cpu_seconds(backend), time.perf_counter()
-                    got = await asyncio.gather(*(one(p, o) for _ in range(b)))
-                    elapsed, c1 = time.perf_counter() - t, cpu_seconds(backend)
-                    share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and \
-                        c1 is not None else 1.0
+                    before, t_before, s_before = await timed(1, p, o)
+                    got, total, share = await timed(b, p, o)
+                    after, t_after, s_after = await timed(1, p, o)
                     served = round(float(np.mean([g[0] for g in got])))
-                    rows.append((b, served, o, float(np.mean([g[1] for g in got])), share))
+                    lone = (t_before + t_after) / 2
+                    rows.append((b, served, o, total, share, lone, (s_before + s_after) / 2))
+                    lone_tok = (before[0][2] + after[0][2]) / 2
+                    batch_tok = float(np.mean([g[2] for g in got]))
                     print(f"  batch {b} x prompt {served:5d} output {o:4d}: mean total "
-                          f"{rows[-1][3]:.3f} s, core share {share:.2f}", flush=True)
+                          f"{total:.3f} s (lone, same minute: {lone:.3f} s; ratio "
+                          f"{total / lone:.3f}); decode ms/token {batch_tok:.1f} vs lone "
+                          f"{lone_tok:.1f} ({batch_tok / lone_tok:.3f}); core share "
+                          f"{share:.2f}", flush=True)
 
     loop.run_until_complete(all_rows())
     return rows
@@ -531,9 +548,32 @@ def sim_single(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: I
 
 def batch_residuals(g: hardware.GPUProfile, model: hardware.ModelProfile,
                     limits: InstanceConfig, batched: list[tuple]) -> np.ndarray:
-    """Relative error of the simulated mean latency of each batched row."""
-    return np.asarray([(sim_batch(g, model, limits, b, p, o)[1] - total) / total
-                       for b, p, o, total in batched])
+    """Relative error of each batched row: of its batch/lone latency ratio where the row has
+    a lone time taken in the same minute (``(batch, prompt, output, total, lone)``), else of
+    its simulated mean latency (``(batch, prompt, output, total)``, rows saved before)."""
+    out = []
+    for row in batched:
+        b, p, o, total = row[:4]
+        s_total = sim_batch(g, model, limits, b, p, o)[1]
+        if len(row) > 4:
+            s_ratio = s_total / sim_single(g, model, limits, p, o)[1]
+            out.append(s_ratio / (total / row[4]) - 1.0)
+        else:
+            out.append((s_total - total) / total)
+    return np.asarray(out)
+
+
+def batched_rows(saved: list[tuple], by_share: bool) -> list[tuple]:
+    """``(batch, prompt, output, total[, lone])`` from saved batched rows, with each time x
+    its core share under ``by_share`` (older rows: no share or no lone time)."""
+    out = []
+    for r in saved:
+        share = r[4] if by_share and len(r) > 4 else 1.0
+        row: tuple = (r[0], r[1], r[2], r[3] * share)
+        if len(r) > 6:
+            row += (r[5] * (r[6] if by_share else 1.0),)
+        out.append(row)
+    return out
 
 
 def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.ModelProfile,
@@ -600,8 +640,9 @@ def dedicated(rows: list[tuple], times: slice, by_share: bool) -> list[tuple]:
 def print_batch_check(label: str, g: hardware.GPUProfile, model: hardware.ModelProfile,
                       limits: InstanceConfig, batched: list[tuple]) -> None:
     err = batch_residuals(g, model, limits, batched)
-    cells = ", ".join(f"B{b}/p{p}: {e * 100:+.1f}%" for (b, p, _, _), e in zip(batched, err))
-    print(f"{label}: batched rows sim vs real {cells}; median |err| "
+    cells = ", ".join(f"B{r[0]}/p{r[1]}: {e * 100:+.1f}%" for r, e in zip(batched, err))
+    what = "batch/lone ratio" if batched and len(batched[0]) > 4 else "batched rows"
+    print(f"{label}: {what} sim vs real {cells}; median |err| "
           f"{np.median(np.abs(err)) * 100:.1f}%")
 
 
@@ -620,7 +661,7 @@ def calibrate(args: argparse.Namespace) -> None:
         raise SystemExit("--fit-batched: no batched rows to fit")
     saved_rows, saved_batched = rows, batched
     rows = dedicated(rows, slice(2, 4), args.cpu_share)  # prompt, output, ttft, total
-    batched = dedicated(batched, slice(3, 4), args.cpu_share)  # batch, prompt, output, total
+    batched = batched_rows(batched, args.cpu_share)  # batch, prompt, output, total[, lone]
     base = hardware.gpu(cfg.gpu)
     print_batch_check("current profile", base, model, limits, batched)
     single = fit_profile(rows, base, model, limits)
@@ -672,6 +713,8 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
     return {"median_call_error": median_call, "p95_query_error": p95_query,
             "call_real_s": r_call.tolist(), "call_sim_s": s_call.tolist(),
             "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy,
+            "call_submit_s": [real.submit[i] for i in ids],
+            "call_finish_s": [real.finish[i] for i in ids],
             "attribution": table,
             "calls": per_call_records(ids, real.split, sim.split, conc, real.engine_timings)}
 
@@ -698,6 +741,45 @@ def resimulate(path: str, w: Workload, sim: Outcome) -> None:
         print_breakdown(breakdown(real_splits, sim.split, conc))
     print(f"median |sim-real|/real per call: {np.median(call_err):.4f}")
     print(f"P95 error per query: {np.percentile(q_err, 95):.4f}")
+
+
+def lone_normalised(w: Workload, real: Outcome, cluster_path: str) -> dict[str, Any] | None:
+    """The errors with each simulated engine slowed by the machine factor its lone calls
+    showed during the replay (``rvs_normalise``: definition there); None without any."""
+    ids = [c.id for cs in w.calls for c in cs]
+    instance_of = {c.id: c.instance for cs in w.calls for c in cs}
+    alone = lone_calls(real.submit, real.finish, instance_of)
+    tokens = {c.id: (real.prompt_tokens.get(c.id, c.prompt_tokens), c.output_tokens)
+              for cs in w.calls for c in cs}
+    factors = machine_factors(alone, instance_of, real.engine_timings, tokens,
+                              lambda name: sim_engines(cluster_path)[name])
+    slow = instance_slowdowns(factors, sorted(set(instance_of.values())))
+    if slow is None:
+        print("lone-call-normalised: no call ran alone with engine timings; no figure")
+        return None
+    for name, fs in sorted(factors.items()):
+        vals = [f for _, f in fs]
+        half = len(vals) // 2
+        drift = (f", first half of the run {np.median(vals[:half]):.3f} / second "
+                 f"{np.median(vals[half:]):.3f}" if half else "")
+        print(f"machine factor from lone calls, {name}: median {np.median(vals):.3f} over "
+              f"{len(vals)} calls (min {min(vals):.3f}, max {max(vals):.3f}){drift}")
+    engines = sim_engines(cluster_path)
+    for name, e in engines.items():
+        e.slowdown = slow[name]
+    sim = replay_sim(w, engines)
+    figures: dict[str, Any] = dict(error_figures(w, real, sim))
+    shared = [i for i in ids if i not in alone]
+    if shared:
+        err = [relative(sim.call_latency(i), real.call_latency(i)) for i in shared]
+        figures["median_call_error_shared"] = float(np.median(err))
+    figures["slowdown"] = slow
+    figures["lone_calls"] = len(alone)
+    print(f"lone-call-normalised ({len(alone)} lone calls set the factor): median per call "
+          f"{figures['median_call_error']:.4f} (calls that shared their server, "
+          f"{len(shared)}: {figures.get('median_call_error_shared', float('nan')):.4f}), "
+          f"P95 per query {figures['p95_query_error']:.4f}")
+    return figures
 
 
 def error_figures(w: Workload, real: Outcome, sim: Outcome) -> dict[str, float]:
@@ -855,6 +937,9 @@ def main(argv: list[str] | None = None) -> None:
         result["share_corrected"] = corrected
         print(f"share-corrected: median per call {corrected['median_call_error']:.4f}, "
               f"P95 per query {corrected['p95_query_error']:.4f}")
+    normalised = lone_normalised(w, real, args.cluster)
+    if normalised is not None:
+        result["lone_normalised"] = normalised
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), **result}, indent=1))
     print(f"median |sim-real|/real per call: {result['median_call_error']:.4f}")
