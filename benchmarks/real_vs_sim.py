@@ -506,6 +506,90 @@ def measure_batched(backend: Any, maker: PromptMaker, repeats: int,
     return rows
 
 
+# A decode that a newcomer's prompt joins: request A (short prompt, ``CAL_JOIN_OUTPUT``
+# tokens) is decoding when B's prompt arrives ``CAL_JOIN_DELAY_S`` later; llama-server then
+# runs A's decode tokens inside B's prompt batches (and its checkpoint breaks). Batched
+# decode rows alone never put a decode beside a prompt chunk, the replay does all the time.
+CAL_JOIN_PROMPTS = (512, 1024)
+CAL_JOIN_OUTPUT = 64
+CAL_JOIN_DELAY_S = 1.0
+
+
+def measure_joined(backend: Any, maker: PromptMaker, repeats: int,
+                   loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(B's prompt, A's total_s joined, A's total_s alone, B's total_s joined, B's alone):
+    A alone, then A joined by B, then B alone, each lone time from the same minute."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int, delay: float = 0.0) -> tuple[int, float]:
+        await asyncio.sleep(delay)
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        return res.prompt_tokens, time.perf_counter() - t
+
+    async def all_rows() -> None:
+        for _ in range(repeats):
+            for pb in CAL_JOIN_PROMPTS:
+                _, a_lone = await one(32, CAL_JOIN_OUTPUT)
+                (pa, a_join), (served, b_join) = await asyncio.gather(
+                    one(32, CAL_JOIN_OUTPUT), one(pb, 4, CAL_JOIN_DELAY_S))
+                _, b_lone = await one(pb, 4)
+                rows.append((served, a_join, a_lone, b_join, b_lone))
+                print(f"  decode of {CAL_JOIN_OUTPUT} joined after {CAL_JOIN_DELAY_S} s by a "
+                      f"{served}-token prompt: A {a_join:.3f} s (alone {a_lone:.3f} s, ratio "
+                      f"{a_join / a_lone:.3f}), B {b_join:.3f} s (alone {b_lone:.3f} s, "
+                      f"ratio {b_join / b_lone:.3f})", flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
+def sim_joined(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+               prompt_b: int) -> tuple[float, float]:
+    """Simulated (A's latency, B's latency) of a ``measure_joined`` row."""
+    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      use_calibration=False)
+    if limits.backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import prompt_breaks
+
+        eng.prompt_breaks = prompt_breaks(limits.backend, model)
+    eng.add("a", 32, CAL_JOIN_OUTPUT, 0, 0.0)
+    ends: dict[str, float] = {}
+    added = False
+    while True:
+        t = eng.next_event_time()
+        if not added and (t is None or t >= CAL_JOIN_DELAY_S):
+            ends.update((ev.seq_id, ev.time) for ev in eng.step_until(CAL_JOIN_DELAY_S)
+                        if ev.kind == "finished")
+            eng.add("b", prompt_b, 4, 0, CAL_JOIN_DELAY_S)
+            added = True
+            continue
+        if t is None:
+            break
+        for ev in eng.step_until(t):
+            if ev.kind == "finished":
+                ends[ev.seq_id] = ev.time
+    return ends["a"], ends["b"] - CAL_JOIN_DELAY_S
+
+
+def print_joined_check(label: str, g: hardware.GPUProfile, model: hardware.ModelProfile,
+                       limits: InstanceConfig, joined: list[tuple]) -> None:
+    """Joined/lone ratios, simulated vs real, of A (the decode) and B (the prompt)."""
+    cells = []
+    for pb, a_join, a_lone, b_join, b_lone in joined:
+        sa, sb = sim_joined(g, model, limits, pb)
+        la, lb = sim_single(g, model, limits, 32, CAL_JOIN_OUTPUT)[1], \
+            sim_single(g, model, limits, pb, 4)[1]
+        cells.append(f"p{pb}: A {sa / la:.3f} vs {a_join / a_lone:.3f}, B {sb / lb:.3f} vs "
+                     f"{b_join / b_lone:.3f}")
+    print(f"{label}: decode joined by a prompt, joined/lone ratio sim vs real: "
+          + "; ".join(cells))
+
+
 # The profile's efficiencies and overheads that single requests identify (prefill compute,
 # weight streaming, KV reads, per step, per request); an operator-level engine's prefill
 # attention efficiency too, where the profile has one.
@@ -607,7 +691,7 @@ def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.Mo
 
 
 def measure_calibration(args: argparse.Namespace, name: str, cfg: InstanceConfig
-                        ) -> tuple[list[tuple], list[tuple]]:
+                        ) -> tuple[list[tuple], list[tuple], list[tuple]]:
     backends = start_backends(args.cluster)
     loop = asyncio.new_event_loop()
     try:
@@ -617,10 +701,12 @@ def measure_calibration(args: argparse.Namespace, name: str, cfg: InstanceConfig
         rows = measure_single(backend, maker, args.repeats, loop)
         print(f"# batched decode on {name}")
         batched = measure_batched(backend, maker, args.repeats, loop)
+        print(f"# a decode joined by a prompt on {name}")
+        joined = measure_joined(backend, maker, args.repeats, loop)
     finally:
         loop.run_until_complete(close_all(backends))
         loop.close()
-    return rows, batched
+    return rows, batched, joined
 
 
 def dedicated(rows: list[tuple], times: slice, by_share: bool) -> list[tuple]:
@@ -653,8 +739,9 @@ def calibrate(args: argparse.Namespace) -> None:
         saved = json.loads(Path(args.refit).read_text())
         rows = [tuple(r) for r in saved["rows"]]
         batched = [tuple(r) for r in saved.get("batched", [])]
+        joined = [tuple(r) for r in saved.get("joined", [])]
     else:
-        rows, batched = measure_calibration(args, name, cfg)
+        rows, batched, joined = measure_calibration(args, name, cfg)
     model = engine_for(name, engine_limits(cfg)).model
     limits = engine_limits(cfg)
     if args.fit_batched and not batched:
@@ -664,15 +751,20 @@ def calibrate(args: argparse.Namespace) -> None:
     batched = batched_rows(batched, args.cpu_share)  # batch, prompt, output, total[, lone]
     base = hardware.gpu(cfg.gpu)
     print_batch_check("current profile", base, model, limits, batched)
+    if joined:
+        print_joined_check("current profile", base, model, limits, joined)
     single = fit_profile(rows, base, model, limits)
     print_batch_check("fitted on single requests", single, model, limits, batched)
     fitted = fit_profile(rows, base, model, limits, batched) if args.fit_batched else single
     if args.fit_batched:
         print_batch_check("fitted on single + batched", fitted, model, limits, batched)
+    if joined:
+        print_joined_check("fitted", fitted, model, limits, joined)
     print("# fitted profile (paste into agentflow/hardware.py):")
     print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in FIT_FIELDS))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": saved_rows, "batched": saved_batched,
+                                               "joined": joined,
                                                "cpu_share": args.cpu_share, "fitted": {
             f: getattr(fitted, f) for f in FIT_FIELDS}}, indent=1))
 

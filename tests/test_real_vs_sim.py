@@ -340,3 +340,20 @@ def test_the_lone_call_factor_reads_the_machine_speed_from_engine_timings():
     assert got["slowdown"] == pytest.approx({"cpu-0": 1.25, "cpu-1": 1.25}, rel=1e-3)
     assert got["median_call_error"] == pytest.approx(0.0, abs=1e-3)
     assert got["p95_query_error"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_joined_decode_waits_for_the_newcomers_prompt_batches():
+    """The joined-decode calibration row in the simulator: A's decode slows by about B's
+    prompt time (its tokens ride in B's prompt batches), B by little (one decode row)."""
+    from real_vs_sim import CAL_JOIN_OUTPUT, sim_joined, sim_single
+
+    from agentflow import hardware
+
+    limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
+                                          backend={"type": "llama_server", "parallel": 4}))
+    model, g = hardware.model("gemma-3-270m"), hardware.gpu("Xeon-core")
+    a_alone = sim_single(g, model, limits, 32, CAL_JOIN_OUTPUT)[1]
+    b_alone = sim_single(g, model, limits, 1024, 4)[1]
+    a, b = sim_joined(g, model, limits, 1024)
+    assert a > a_alone + 0.8 * b_alone
+    assert b_alone < b < 1.2 * b_alone
