@@ -843,19 +843,24 @@ def lone_normalised(w: Workload, real: Outcome, cluster_path: str) -> dict[str, 
     alone = lone_calls(real.submit, real.finish, instance_of)
     tokens = {c.id: (real.prompt_tokens.get(c.id, c.prompt_tokens), c.output_tokens)
               for cs in w.calls for c in cs}
-    factors = machine_factors(alone, instance_of, real.engine_timings, tokens,
+    latency = {i: real.call_latency(i) for i in ids}
+    factors = machine_factors(alone, instance_of, latency, tokens,
                               lambda name: sim_engines(cluster_path)[name])
     slow = instance_slowdowns(factors, sorted(set(instance_of.values())))
     if slow is None:
-        print("lone-call-normalised: no call ran alone with engine timings; no figure")
+        print("lone-call-normalised: no call ran alone; no figure")
         return None
     for name, fs in sorted(factors.items()):
-        vals = [f for _, f in fs]
-        half = len(vals) // 2
-        drift = (f", first half of the run {np.median(vals[:half]):.3f} / second "
-                 f"{np.median(vals[half:]):.3f}" if half else "")
-        print(f"machine factor from lone calls, {name}: median {np.median(vals):.3f} over "
-              f"{len(vals)} calls (min {min(vals):.3f}, max {max(vals):.3f}){drift}")
+        fs = sorted(fs, key=lambda f: real.submit[f[0]])
+        half = len(fs) // 2
+
+        def ratio(part: list[tuple[str, float, float]]) -> float:
+            return sum(r for _, r, _ in part) / sum(s for _, _, s in part)
+
+        drift = (f"; first half of the run {ratio(fs[:half]):.3f}, second "
+                 f"{ratio(fs[half:]):.3f}" if half else "")
+        print(f"machine factor from lone calls, {name}: {slow[name]:.3f} over {len(fs)} "
+              f"calls ({sum(r for _, r, _ in fs):.1f} s real){drift}")
     engines = sim_engines(cluster_path)
     for name, e in engines.items():
         e.slowdown = slow[name]

@@ -311,13 +311,15 @@ def test_lone_calls_are_those_no_call_on_their_instance_overlapped():
     finish = {"a": 2.0, "b": 3.0, "c": 6.0, "d": 8.0, "e": 9.5}
     inst = {"a": "i0", "b": "i0", "c": "i0", "d": "i1", "e": "i1"}
     assert lone_calls(submit, finish, inst) == {"c", "d", "e"}  # d overlaps only i0's calls
-    factors = {"i0": [("c", 1.2)], "i1": [("d", 1.0), ("e", 1.4), ("x", 1.3)]}
+    # a ratio of sums: the long call sets i1's factor, not the two short ones
+    factors = {"i0": [("c", 1.2, 1.0)], "i1": [("d", 0.1, 0.2), ("e", 0.1, 0.2),
+                                               ("x", 13.0, 10.0)]}
     assert instance_slowdowns(factors, ["i0", "i1", "i2"]) == pytest.approx(
-        {"i0": 1.2, "i1": 1.3, "i2": 1.25})
+        {"i0": 1.2, "i1": 13.2 / 10.4, "i2": (1.2 + 13.2 / 10.4) / 2})
     assert instance_slowdowns({}, ["i0"]) is None
 
 
-def test_the_lone_call_factor_reads_the_machine_speed_from_engine_timings():
+def test_the_lone_call_factor_reads_the_machine_speed_from_the_replays_lone_calls():
     """A replay whose real side is the simulator slowed 1.25x: the lone calls give 1.25,
     and the normalised errors vanish while the raw ones are 20%."""
     from real_vs_sim import Outcome, error_figures, lone_normalised
@@ -330,9 +332,6 @@ def test_the_lone_call_factor_reads_the_machine_speed_from_engine_timings():
     sim_real = replay_sim(w, slowed)
     real = Outcome(submit=sim_real.submit, finish=sim_real.finish,
                    prompt_tokens={c.id: c.prompt_tokens for cs in w.calls for c in cs})
-    for cid, sp in sim_real.split.items():
-        real.engine_timings[cid] = {"prompt_ms": sp.prefill * 1000,
-                                    "predicted_ms": sp.decode * 1000}
     raw = error_figures(w, real, replay_sim(w, sim_engines(str(CLUSTER))))
     assert raw["median_call_error"] == pytest.approx(0.2, abs=0.01)
     got = lone_normalised(w, real, str(CLUSTER))
