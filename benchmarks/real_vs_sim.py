@@ -811,7 +811,7 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
             "calls": per_call_records(ids, real.split, sim.split, conc, real.engine_timings)}
 
 
-def resimulate(path: str, w: Workload, sim: Outcome) -> None:
+def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
     """The saved real latencies (per call in workload order, per query) against ``sim``."""
     saved = json.loads(Path(path).read_text())
     ids = [c.id for cs in w.calls for c in cs]
@@ -831,6 +831,10 @@ def resimulate(path: str, w: Workload, sim: Outcome) -> None:
         real_splits = {c["id"]: Split(**c["real"]) for c in saved["calls"]}
         conc = {c["id"]: c["in_flight"] for c in saved["calls"]}
         print_breakdown(breakdown(real_splits, sim.split, conc))
+    if "call_submit_s" in saved:  # runs saved since the lone-call figure
+        real = Outcome(submit=dict(zip(ids, saved["call_submit_s"], strict=True)),
+                       finish=dict(zip(ids, saved["call_finish_s"], strict=True)))
+        lone_normalised(w, real, cluster_path)
     print(f"median |sim-real|/real per call: {np.median(call_err):.4f}")
     print(f"P95 error per query: {np.percentile(q_err, 95):.4f}")
 
@@ -977,7 +981,7 @@ def main(argv: list[str] | None = None) -> None:
     sim = replay_sim(w, engines)
     print(f"simulated in {sim.wall_s:.2f} s wall")
     if args.resim:
-        resimulate(args.resim, w, sim)
+        resimulate(args.resim, w, sim, args.cluster)
         return
     backends = start_backends(args.cluster)
     loop = asyncio.new_event_loop()
