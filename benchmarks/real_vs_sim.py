@@ -554,9 +554,9 @@ def sim_joined(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: I
                       max_num_batched_tokens=limits.max_num_batched_tokens,
                       use_calibration=False)
     if limits.backend.get("type") == "llama_server":
-        from agentflow.llm.llamacpp_server import prompt_breaks
+        from agentflow.llm.llamacpp_server import configure_engine
 
-        eng.prompt_breaks = prompt_breaks(limits.backend, model)
+        configure_engine(eng, limits.backend, model)
     eng.add("a", 32, CAL_JOIN_OUTPUT, 0, 0.0)
     ends: dict[str, float] = {}
     added = False
@@ -610,9 +610,9 @@ def sim_batch(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: In
                       max_num_batched_tokens=limits.max_num_batched_tokens,
                       use_calibration=False)
     if limits.backend.get("type") == "llama_server":
-        from agentflow.llm.llamacpp_server import prompt_breaks
+        from agentflow.llm.llamacpp_server import configure_engine
 
-        eng.prompt_breaks = prompt_breaks(limits.backend, model)
+        configure_engine(eng, limits.backend, model)
     for i in range(batch):
         eng.add(f"x{i}", prompt, output, 0, 0.0)
     ttft, ends = 0.0, []
