@@ -27,7 +27,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from real_vs_sim import PromptMaker, close_all, start_backends, tokenizer_of  # noqa: E402
+from real_vs_sim import (  # noqa: E402
+    PromptMaker,
+    close_all,
+    sim_engines,
+    start_backends,
+    tokenizer_of,
+)
 
 PAIRS = ((0, 1), (0, 2), (1, 2), (0, 3), (2, 3))
 
@@ -65,6 +71,20 @@ async def measure(url: str, maker: PromptMaker, repeats: int, prompt: int, outpu
     return rows
 
 
+def simulated_ratio(cluster: str, pair: tuple[int, int], prompt: int, output: int) -> float:
+    """The simulator's pair / lone decode step at the mean context of the decode, from the
+    first instance's profile (agentflow.sim.llama_batches)."""
+    from agentflow.sim.llama_batches import Piece, iteration_seconds
+
+    engine = next(iter(sim_engines(cluster).values()))
+    ctx = prompt + output // 2
+    lone = iteration_seconds(engine.ops, [Piece(pair[0], 1, ctx, True, True)],
+                             engine.n_ubatch)
+    both = iteration_seconds(engine.ops, [Piece(s, 1, ctx, True, True) for s in pair],
+                             engine.n_ubatch)
+    return both / lone
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cluster", required=True)
@@ -88,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     for pair in PAIRS:
         got = [r["ratio"] for r in rows if tuple(r["slots"]) == pair]
         print(f"slots {pair[0]},{pair[1]}: pair / lone decode per token, median "
-              f"{np.median(got):.3f} over {len(got)}")
+              f"{np.median(got):.3f} over {len(got)}; simulated "
+              f"{simulated_ratio(args.cluster, pair, args.prompt, args.output):.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
