@@ -258,6 +258,8 @@ class OperatorModel:
     def lm_head(self, S, B=0):
         flops, nbytes = self.lm_head_work(S)
         if self._serial:
+            if not S:  # a llama.cpp ubatch that samples no row skips the head
+                return 0.0
             return self._lat_lin + self._compute_s(flops, S, B) + nbytes / self._b_lin
         return self._lat_lin + _max(flops / self._f_lin, nbytes / self._b_lin)
 

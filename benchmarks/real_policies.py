@@ -47,9 +47,11 @@ from real_vs_sim import (  # noqa: E402
     cpu_seconds,
     engine_limits,
     scaled,
+    sim_engines,
     start_backends,
     tokenizer_of,
 )
+from rvs_probe import probe  # noqa: E402
 
 from agentflow.llm.base import SamplingParams  # noqa: E402
 from agentflow.scheduler import QueryRejected  # noqa: E402
@@ -273,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
         if not args.sim_only:
             backends = start_backends(args.cluster)
             maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
+
+        def fresh(name: str) -> Any:
+            return sim_engines(args.cluster)[name]
         for rate in args.rates:
             w = build_workload(trace, cluster, n=args.queries, rate=rate, seed=args.seed)
             deadlines = w.deadlines(args.slo_scale)
@@ -288,12 +293,21 @@ def main(argv: list[str] | None = None) -> None:
             if maker is not None:
                 real = {}
                 for p in policies:
+                    # How fast each engine is against its profile right before the run
+                    # (rvs_probe; the VM's speed drifts): a policy ratio between runs
+                    # on a machine that moved is read next to these.
+                    before = loop.run_until_complete(probe(backends, maker.make, fresh))
                     real[p] = loop.run_until_complete(run_real(p, cluster, w, deadlines,
                                                                backends, maker, health))
+                    real[p]["probe_before"] = before
                     print(f"  real {p}: P95 {real[p]['p95_s']:.1f} s, mean "
                           f"{real[p]['mean_s']:.1f} s, {real[p]['wall_s']:.0f} s wall, "
                           f"core use {real[p]['core_use']}, load average "
-                          f"{os.getloadavg()[0]:.1f}", flush=True)
+                          f"{os.getloadavg()[0]:.1f}, probes real/sim before "
+                          + ", ".join(f"{n} {f:.3f}" for n, f in before.items()), flush=True)
+                after = loop.run_until_complete(probe(backends, maker.make, fresh))
+                print("  probes real/sim after the last run: "
+                      + ", ".join(f"{n} {f:.3f}" for n, f in after.items()), flush=True)
             print_rate(rate, real, sim, base)
             results["rates"][str(rate)] = {"real": real, "sim": sim}
     finally:

@@ -275,3 +275,84 @@ def test_the_probe_prices_a_single_request_as_the_replay_would():
     assert simulated_alone(sim_engines(str(CLUSTER))["cpu-0"], *PROBE_SHAPES[1]) == \
         pytest.approx(replayed)
     assert simulated_alone(sim_engines(str(CLUSTER))["cpu-0"], *PROBE_SHAPES[0]) < replayed
+
+
+def test_batch_rows_with_a_lone_time_fit_the_ratio_so_the_machine_factor_cancels():
+    """Rows timed by a known profile on a machine running 1.3x slow: a batched row's error
+    against its own time is 30%, against its same-minute lone time it is none."""
+    from real_vs_sim import batch_residuals, batched_rows, sim_batch
+
+    from agentflow import hardware
+
+    limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
+                                          backend={"type": "llama_server", "parallel": 4}))
+    model, truth = hardware.model("gemma-3-270m"), hardware.gpu("Xeon-core")
+    slow = 1.3
+    saved = [(b, p, 32, slow * sim_batch(truth, model, limits, b, p, 32)[1], 1.0,
+              slow * sim_batch(truth, model, limits, 1, p, 32)[1], 1.0)
+             for b in (2, 4) for p in (32, 512)]
+    with_lone = batched_rows(saved, by_share=False)
+    assert all(len(r) == 5 for r in with_lone)
+    assert batch_residuals(truth, model, limits, with_lone) == pytest.approx([0.0] * 4,
+                                                                            abs=1e-9)
+    without = [r[:4] for r in with_lone]
+    assert batch_residuals(truth, model, limits, without) == pytest.approx(
+        [1 / slow - 1] * 4, rel=1e-9)
+    # shares scale each time by its own row's share; rows saved before had no lone time
+    assert batched_rows([(2, 32, 8, 2.0, 0.5, 1.0, 0.8)], by_share=True) == \
+        [(2, 32, 8, 1.0, 0.8)]
+    assert batched_rows([(2, 32, 8, 2.0, 0.5)], by_share=True) == [(2, 32, 8, 1.0)]
+
+
+def test_lone_calls_are_those_no_call_on_their_instance_overlapped():
+    from rvs_normalise import instance_slowdowns, lone_calls
+
+    submit = {"a": 0.0, "b": 1.0, "c": 5.0, "d": 0.5, "e": 9.0}
+    finish = {"a": 2.0, "b": 3.0, "c": 6.0, "d": 8.0, "e": 9.5}
+    inst = {"a": "i0", "b": "i0", "c": "i0", "d": "i1", "e": "i1"}
+    assert lone_calls(submit, finish, inst) == {"c", "d", "e"}  # d overlaps only i0's calls
+    # a ratio of sums: the long call sets i1's factor, not the two short ones
+    factors = {"i0": [("c", 1.2, 1.0)], "i1": [("d", 0.1, 0.2), ("e", 0.1, 0.2),
+                                               ("x", 13.0, 10.0)]}
+    assert instance_slowdowns(factors, ["i0", "i1", "i2"]) == pytest.approx(
+        {"i0": 1.2, "i1": 13.2 / 10.4, "i2": (1.2 + 13.2 / 10.4) / 2})
+    assert instance_slowdowns({}, ["i0"]) is None
+
+
+def test_the_lone_call_factor_reads_the_machine_speed_from_the_replays_lone_calls():
+    """A replay whose real side is the simulator slowed 1.25x: the lone calls give 1.25,
+    and the normalised errors vanish while the raw ones are 20%."""
+    from real_vs_sim import Outcome, error_figures, lone_normalised
+
+    w = build_workload([query("x"), query("y")], ["cpu-0", "cpu-1"], rate=0.01, seed=1,
+                       scale=0.2, max_prompt=None, max_output=None, assign="query")
+    slowed = sim_engines(str(CLUSTER))
+    for e in slowed.values():
+        e.slowdown = 1.25
+    sim_real = replay_sim(w, slowed)
+    real = Outcome(submit=sim_real.submit, finish=sim_real.finish,
+                   prompt_tokens={c.id: c.prompt_tokens for cs in w.calls for c in cs})
+    raw = error_figures(w, real, replay_sim(w, sim_engines(str(CLUSTER))))
+    assert raw["median_call_error"] == pytest.approx(0.2, abs=0.01)
+    got = lone_normalised(w, real, str(CLUSTER))
+    assert got is not None and got["lone_calls"] >= 2
+    assert got["slowdown"] == pytest.approx({"cpu-0": 1.25, "cpu-1": 1.25}, rel=1e-3)
+    assert got["median_call_error"] == pytest.approx(0.0, abs=1e-3)
+    assert got["p95_query_error"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_joined_decode_waits_for_the_newcomers_prompt_batches():
+    """The joined-decode calibration row in the simulator: A's decode slows by about B's
+    prompt time (its tokens ride in B's prompt batches), B by little (one decode row)."""
+    from real_vs_sim import CAL_JOIN_OUTPUT, sim_joined, sim_single
+
+    from agentflow import hardware
+
+    limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
+                                          backend={"type": "llama_server", "parallel": 4}))
+    model, g = hardware.model("gemma-3-270m"), hardware.gpu("Xeon-core")
+    a_alone = sim_single(g, model, limits, 32, CAL_JOIN_OUTPUT)[1]
+    b_alone = sim_single(g, model, limits, 1024, 4)[1]
+    a, b = sim_joined(g, model, limits, 1024)
+    assert a > a_alone + 0.8 * b_alone
+    assert b_alone < b < 1.2 * b_alone

@@ -144,6 +144,23 @@ def prompt_breaks(backend: dict[str, Any], model: Any) -> tuple[int, ...]:
     return tuple(sorted({min(batch, 4 + ubatch), min(batch, 4)}, reverse=True))
 
 
+def configure_engine(engine: Any, backend: dict[str, Any], model: Any) -> None:
+    """A simulated engine (``SimInstance``) made to batch as this llama-server does: its
+    checkpoint breaks (``prompt_breaks``) and, with one KV stream per slot (agentflow's
+    ``--no-kv-unified``, unless ``extra_args`` ask for ``--kv-unified``), its slots and
+    ubatches (``agentflow.sim.llama_batches``)."""
+    from agentflow.sim.llama_batches import SlotTable
+
+    engine.prompt_breaks = prompt_breaks(backend, model)
+    fields = LlamaServerSpec.model_fields
+    args = [str(a) for a in backend.get("extra_args", ())]
+    if "--kv-unified" in args or "-kvu" in args:
+        return
+    batch = int(backend.get("batch", fields["batch"].default))
+    engine.n_ubatch = min(int(backend.get("ubatch", fields["ubatch"].default)), batch)
+    engine.llama_slots = SlotTable(int(backend.get("parallel", fields["parallel"].default)))
+
+
 def parse_cpu_list(text: str) -> set[int]:
     """``"0,2-3"`` -> {0, 2, 3} (the ``taskset -c`` / cpuset syntax)."""
     cpus: set[int] = set()

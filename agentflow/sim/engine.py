@@ -97,6 +97,7 @@ import numpy as np
 
 from agentflow import hardware
 from agentflow.hardware import GPUProfile, ModelProfile
+from agentflow.sim.llama_batches import Piece, SlotTable, decode_run_seconds, iteration_seconds
 from agentflow.step_time import OperatorModel, StepShape, step_sums
 
 _WAITING, _PENDING, _RUNNING, _DONE, _ABORTED = range(5)
@@ -253,6 +254,10 @@ class SimInstance:
         # engine can checkpoint there (llama-server on a sliding-window model:
         # agentflow.llm.llamacpp_server.prompt_breaks). () for vLLM.
         self.prompt_breaks: tuple[int, ...] = ()
+        # llama-server only: its slots and ubatch size; an iteration is then the sum of its
+        # ubatches' passes (agentflow.sim.llama_batches). None for vLLM.
+        self.llama_slots: SlotTable | None = None
+        self.n_ubatch = 512
 
         self.kv_blocks_total = hardware.kv_cache_blocks(
             gpu, model, tensor_parallel, max_num_seqs=max_num_seqs,
@@ -302,6 +307,23 @@ class SimInstance:
         ``_durations`` (so one-at-a-time and vectorised runs give bit-identical times)."""
         return float(self.ops.step_parts(T, S, B, dec_kv, pf_tokens, pf_pairs, pf_kv)
                      * self.slowdown)
+
+    def _llama_iteration(self, sched: list, nl: list[int]) -> float:
+        """One llama-server iteration of ``sched`` computing ``nl`` tokens each."""
+        slots = self.llama_slots
+        assert slots is not None
+        pieces = [Piece(slots.slot_of[s.id], n, s.computed, s.generated > 0
+                        and s.computed + 1 == s.prompt + s.generated,
+                        s.computed + n == s.prompt + s.generated)
+                  for s, n in zip(sched, nl)]
+        return float(iteration_seconds(self.ops, pieces, self.n_ubatch) * self.slowdown)
+
+    def _llama_decode_run(self, sched: list, j: np.ndarray) -> np.ndarray:
+        """Iterations ``j`` of a llama-server decode run (same sums as ``_llama_iteration``)."""
+        slots = self.llama_slots
+        assert slots is not None
+        return decode_run_seconds(self.ops, [slots.slot_of[s.id] for s in sched],
+                                  [s.computed + 1 for s in sched], j) * self.slowdown
 
     def step_time(self, ns, contexts) -> float:
         """Seconds of one iteration in which sequence i computes ``ns[i]`` tokens on top of
@@ -371,6 +393,8 @@ class SimInstance:
             s.blocks = 0
             self._running.remove(s)
             self._prefix_release(s)
+            if self.llama_slots is not None:
+                self.llama_slots.release(s.id, self._now)
             self._cut_plan(self._now)
         s.state = _ABORTED
         return True
@@ -577,6 +601,8 @@ class SimInstance:
                 if s.first_sched is None:
                     s.first_sched = tb
                 running.append(s)
+                if self.llama_slots is not None:
+                    self.llama_slots.take(s.id)
                 sched.append(s)
                 ns[s] = n
                 budget -= n
@@ -591,8 +617,9 @@ class SimInstance:
         run = (self.jump_ahead and not preempted and T == len(sched) == len(running)
                and all(s.prompt + s.generated - s.computed == 1 for s in sched))
         if not run:
-            self._plan = _Plan(sched, nl, 1, tb, [tb + self._duration(T, S, nd, dkv, pt, pp,
-                                                                      pkv)], False)
+            d = self._duration(T, S, nd, dkv, pt, pp, pkv) if self.llama_slots is None \
+                else self._llama_iteration(sched, nl)
+            self._plan = _Plan(sched, nl, 1, tb, [tb + d], False)
             return
         c0 = np.fromiter((s.computed for s in sched), dtype=np.int64, count=S)
         g0 = np.fromiter((s.generated for s in sched), dtype=np.int64, count=S)
@@ -606,10 +633,13 @@ class SimInstance:
                     [np.arange(f, K, B) for f in first[cnt > 0].tolist()]))
                 K = int(steps[self._free])
         if K == 1:
-            ends = np.array([tb + self._duration(T, S, nd, dkv)])
+            d = self._duration(T, S, nd, dkv) if self.llama_slots is None \
+                else self._llama_iteration(sched, nl)
+            ends = np.array([tb + d])
         else:
             j = np.arange(K, dtype=np.int64)
-            dt = self._durations(T, S, nd, dkv + S * j)
+            dt = self._durations(T, S, nd, dkv + S * j) if self.llama_slots is None \
+                else self._llama_decode_run(sched, j)
             dt[0] += tb
             ends = np.cumsum(dt)  # sequential: ((tb + dt0) + dt1) + ...
         if self._pending:  # cut after the iteration in flight when a request turns eligible
@@ -676,6 +706,8 @@ class SimInstance:
 
     def _preempt(self, s: _Seq) -> None:
         self._running.remove(s)
+        if self.llama_slots is not None:
+            self.llama_slots.release(s.id, self._t_bound)
         self._free += s.blocks
         s.blocks = 0
         self._prefix_release(s)
@@ -733,6 +765,8 @@ class SimInstance:
 
     def _finish_seq(self, s: _Seq, t: float, events: list) -> None:
         s.state = _DONE
+        if self.llama_slots is not None:
+            self.llama_slots.release(s.id, t)
         self._free += s.blocks
         s.blocks = 0
         self._prefix_release(s)
@@ -784,7 +818,7 @@ def engine_for(name: str, cfg) -> SimInstance:
                          gpu_memory_utilization=cfg.gpu_memory_utilization, name=name)
     backend = getattr(cfg, "backend", None) or {}
     if backend.get("type") == "llama_server":
-        from agentflow.llm.llamacpp_server import prompt_breaks
+        from agentflow.llm.llamacpp_server import configure_engine
 
-        engine.prompt_breaks = prompt_breaks(backend, model)
+        configure_engine(engine, backend, model)
     return engine
