@@ -59,6 +59,7 @@ from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig, load_clus
 from agentflow.sim.experiment import (
     DEADLINES,
     DEFAULT_DEADLINE,
+    NoLoadLevel,
     build_tenant_workload,
     build_workload,
     goodput,
@@ -544,7 +545,7 @@ def main() -> None:
                 # enough queries that round-robin can queue at all: >= 8 per instance
                 results["l1"][lkey] = find_l1(trace, cluster, idle,
                                               max(60, 8 * len(cluster.expanded())), args.seed)
-            except RuntimeError as exc:
+            except NoLoadLevel as exc:
                 # A workload of short queries on a large cluster: no rate the search may
                 # reach doubles vllm's P95, so the cell has no load level to run at. Say so
                 # in the report and run the other cells, rather than lose the whole suite.

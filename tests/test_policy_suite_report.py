@@ -51,3 +51,21 @@ def test_a_workload_with_no_load_level_is_named_in_the_report_and_its_cells_left
     text = report(results, POLICIES, [a, Cell("mixed", cluster="hetero-64")])
     assert "Skipped `mixed/hetero-64`: no load level L1 (vllm's P95 never doubled" in text
     assert "best other (sagesched): 0.800" in text  # the skipped cell is in no mean
+
+
+def test_a_run_too_short_to_load_the_cluster_raises_its_own_error() -> None:
+    """The suite skips only this case (no load level), not any simulator error."""
+    from agentflow.sim.cluster import load_cluster
+    from agentflow.sim.experiment import NoLoadLevel, loaded_rate
+    from agentflow.sim.slo import IdleLatency
+    from agentflow.sim.workload import load_hexgen
+
+    trace_file = Path(__file__).resolve().parents[2] / "shared/traces/hexgen-flow/trace1.json"
+    if not trace_file.exists():
+        pytest.skip("shared traces absent")
+    cluster = load_cluster("paper-4gpu")
+    trace = load_hexgen(trace_file)[:3]
+    # three queries cannot double vllm's P95 at any rate; the search may double once
+    with pytest.raises(NoLoadLevel, match="never doubled with 3 queries"):
+        loaded_rate(cluster, trace, IdleLatency(cluster), n=3, seed=1, idle_rate=1e-5,
+                    low=0.0, high=1e-5, iterations=1, max_high=2e-5)

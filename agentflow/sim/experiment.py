@@ -174,6 +174,11 @@ def goodput(cluster: SimClusterConfig, trace: list[TraceQuery], policy: str, *, 
     return low
 
 
+class NoLoadLevel(RuntimeError):
+    """No rate the load search may try doubles vllm's P95 with this many queries: the run
+    is too short to load the cluster (e.g. short queries on a large cluster)."""
+
+
 def loaded_rate(cluster: SimClusterConfig, trace: list[TraceQuery], idle: IdleLatency, *,
                 n: int, seed: int, idle_rate: float, low: float, high: float,
                 iterations: int, slo_scale: float = 2.0, cached_prefix: float | str = 0.0,
@@ -190,7 +195,7 @@ def loaded_rate(cluster: SimClusterConfig, trace: list[TraceQuery], idle: IdleLa
     target = 2 * p95(idle_rate)
     while p95(high) < target:
         if max_high is not None and high > max_high:
-            raise RuntimeError(f"vllm's P95 never doubled with {n} queries on "
+            raise NoLoadLevel(f"vllm's P95 never doubled with {n} queries on "
                                f"{cluster.name}: use more queries for the search")
         low, high = high, high * 2
     for _ in range(iterations):
