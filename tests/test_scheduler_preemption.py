@@ -319,3 +319,19 @@ def test_a_stopped_call_is_charged_to_its_tenant_once_for_the_work() -> None:
     c.clock.advance_to(15.0)
     assert _kinds(c.on_call_done(inter, output_tokens=10)) == [("StartCall", "batch")]
     assert c.fairness.virtual_time(batch.query) == pytest.approx(100.0)  # once, not twice
+
+
+def test_a_retried_call_is_charged_to_its_tenant_once_too() -> None:
+    """A run its instance failed is retried from the prompt, like a stopped one: the tenant
+    pays for the run that completes, not for each attempt."""
+    c = coordinator("flowsage", {"b": 100, "i": 10}, slow=True)
+    c.on_query_arrival("i0", deadline=None, run=chain_run("i0", 0.0, ["i"]),
+                       slo_class="interactive")  # a second class: fair shares are on
+    batch, _ = _ready(c, "batch", "batch", "b")
+    assert c.fairness.virtual_time(batch.query) == pytest.approx(100.0)
+    first = batch.instance
+    decisions = c.on_call_failed(batch, "boom", retryable=True)
+    assert ("StartCall", "batch") in _kinds(decisions) and batch.instance != first
+    # charged once, for the retry on the other instance (its expected time there)
+    assert c.fairness.virtual_time(batch.query) == pytest.approx(
+        c.expected_s(batch, batch.instance))

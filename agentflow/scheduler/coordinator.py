@@ -293,6 +293,8 @@ class Coordinator(WorkflowPaths):
             call.query.calls.discard(call)
             return decisions + [FailCall(call, reason)]
         call.attained_tokens = 0
+        if self._fair:  # as a stopped run: the tenant pays for the run that completes
+            rekey_tenants(self, self.fairness.refund(call), now)
         return decisions + self._dispatch(call, now, reason_if_none=reason)
 
     @observed

@@ -20,9 +20,10 @@ within a quantum of the least-served). A tenant that comes back after being idle
 the least-served active pair's virtual time (start-time fair queueing), so idling banks no
 credit it could later flood with.
 
-A call stopped for a better class (``scheduler.preemption``) gets its admission charge back
-(``refund``): it is charged again when it is admitted again, so its tenant pays once for the
-work, in the simulator and in serving alike (both stop calls through the coordinator).
+A call stopped for a better class (``scheduler.preemption``), or retried after its instance
+failed it, gets its admission charge back (``refund``): it is charged again when it is
+admitted again, so its tenant pays once for the work, in the simulator and in serving alike
+(both stop and retry calls through the coordinator).
 
 Pure bookkeeping: the coordinator calls ``arrive``/``leave``/``charge`` and re-keys the
 waiting calls of the tenants whose share flag flipped (``rekey_tenants``).
@@ -158,8 +159,8 @@ class TenantShares:
         return self._add(key, call.share_charge)
 
     def refund(self, call: ScheduledCall) -> list[TenantKey]:
-        """The call's run was stopped for a better class (``scheduler.preemption``) and
-        will be admitted, and charged, again from its prompt: without this its tenant
+        """The call's run was stopped for a better class (``scheduler.preemption``) or
+        failed and is retried, and will be admitted, and charged, again from its prompt: without this its tenant
         would pay twice for one unit of work, and fall behind its share for being preempted."""
         charge, call.share_charge = call.share_charge, 0.0
         return self._add(self.key(call.query), -charge) if charge else []
