@@ -160,8 +160,9 @@ class TenantShares:
 
     def refund(self, call: ScheduledCall) -> list[TenantKey]:
         """The call's run was stopped for a better class (``scheduler.preemption``) or
-        failed and is retried, and will be admitted, and charged, again from its prompt: without this its tenant
-        would pay twice for one unit of work, and fall behind its share for being preempted."""
+        failed and is retried, and will be admitted, and charged, again from its prompt:
+        without this its tenant would pay twice for one unit of work, and fall behind its
+        share for being preempted or for a broken instance."""
         charge, call.share_charge = call.share_charge, 0.0
         return self._add(self.key(call.query), -charge) if charge else []
 
