@@ -308,6 +308,14 @@ class SimInstance:
         return float(self.ops.step_parts(T, S, B, dec_kv, pf_tokens, pf_pairs, pf_kv)
                      * self.slowdown)
 
+    def _iteration(self, sched: list, nl: list[int], T: int, S: int, B: int, dec_kv: int,
+                   pf_tokens: int, pf_pairs: int, pf_kv: int) -> float:
+        """One iteration of ``sched`` computing ``nl`` tokens each (the sums of
+        ``step_sums``): a vLLM step, or llama-server's ubatch passes."""
+        if self.llama_slots is None:
+            return self._duration(T, S, B, dec_kv, pf_tokens, pf_pairs, pf_kv)
+        return self._llama_iteration(sched, nl)
+
     def _llama_iteration(self, sched: list, nl: list[int]) -> float:
         """One llama-server iteration of ``sched`` computing ``nl`` tokens each."""
         slots = self.llama_slots
@@ -617,9 +625,9 @@ class SimInstance:
         run = (self.jump_ahead and not preempted and T == len(sched) == len(running)
                and all(s.prompt + s.generated - s.computed == 1 for s in sched))
         if not run:
-            d = self._duration(T, S, nd, dkv, pt, pp, pkv) if self.llama_slots is None \
-                else self._llama_iteration(sched, nl)
-            self._plan = _Plan(sched, nl, 1, tb, [tb + d], False)
+            self._plan = _Plan(sched, nl, 1, tb,
+                               [tb + self._iteration(sched, nl, T, S, nd, dkv, pt, pp, pkv)],
+                               False)
             return
         c0 = np.fromiter((s.computed for s in sched), dtype=np.int64, count=S)
         g0 = np.fromiter((s.generated for s in sched), dtype=np.int64, count=S)
@@ -633,9 +641,7 @@ class SimInstance:
                     [np.arange(f, K, B) for f in first[cnt > 0].tolist()]))
                 K = int(steps[self._free])
         if K == 1:
-            d = self._duration(T, S, nd, dkv) if self.llama_slots is None \
-                else self._llama_iteration(sched, nl)
-            ends = np.array([tb + d])
+            ends = np.array([tb + self._iteration(sched, nl, T, S, nd, dkv, pt, pp, pkv)])
         else:
             j = np.arange(K, dtype=np.int64)
             dt = self._durations(T, S, nd, dkv + S * j) if self.llama_slots is None \
