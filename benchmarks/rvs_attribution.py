@@ -57,15 +57,20 @@ def sim_split(queue_s: float, ttft_s: float, total_s: float) -> Split:
     return Split(queue_s, ttft_s, max(0.0, total_s - ttft_s))
 
 
+def calls_by_instance(instance_of: dict[str, str]) -> dict[str, list[str]]:
+    """Call ids grouped by the instance that ran them (in ``instance_of``'s order)."""
+    out: dict[str, list[str]] = {}
+    for cid, inst in instance_of.items():
+        out.setdefault(inst, []).append(cid)
+    return out
+
+
 def in_flight_at_submit(submit: dict[str, float], finish: dict[str, float],
                         instance_of: dict[str, str]) -> dict[str, int]:
     """For each call, the calls in flight on its instance when it was submitted, itself
     included (1 = it ran alone at its start)."""
     out = {}
-    by_instance: dict[str, list[str]] = {}
-    for cid, inst in instance_of.items():
-        by_instance.setdefault(inst, []).append(cid)
-    for ids in by_instance.values():
+    for ids in calls_by_instance(instance_of).values():
         for cid in ids:
             t = submit[cid]
             out[cid] = sum(1 for o in ids if submit[o] <= t < finish[o])

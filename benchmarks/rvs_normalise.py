@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from rvs_attribution import calls_by_instance
 from rvs_probe import simulated_alone
 
 from agentflow.sim.engine import SimInstance
@@ -40,11 +41,8 @@ from agentflow.sim.engine import SimInstance
 def lone_calls(submit: dict[str, float], finish: dict[str, float],
                instance_of: dict[str, str]) -> set[str]:
     """Calls no other call on their instance overlapped (in flight from submit to finish)."""
-    by_instance: dict[str, list[str]] = {}
-    for cid, inst in instance_of.items():
-        by_instance.setdefault(inst, []).append(cid)
     alone = set()
-    for ids in by_instance.values():
+    for ids in calls_by_instance(instance_of).values():
         for cid in ids:
             a, b = submit[cid], finish[cid]
             if not any(o != cid and submit[o] < b and a < finish[o] for o in ids):
