@@ -285,20 +285,22 @@ def test_a_call_past_its_mean_with_a_long_tail_ahead_is_stopped() -> None:
     from agentflow.scheduler.distribution import Distribution
     from agentflow.scheduler.preemption import remaining_s
 
-    tail = Distribution([10, 1000], [0.8, 0.2])
-    c = coordinator("flowsage", {"b": tail, "i": 10}, preemption="class")
-    batch, _ = _ready(c, "batch", "batch", "b")
-    c.clock.advance_to(210.0)
-    c.on_call_progress(batch, 210)
+    def batch_written(tokens: int):
+        """A batch call with that tail that has written ``tokens`` at 1 token/s."""
+        c = coordinator("flowsage", {"b": Distribution([10, 1000], [0.8, 0.2]), "i": 10},
+                        preemption="class")
+        batch, _ = _ready(c, "batch", "batch", "b")
+        c.clock.advance_to(float(tokens))
+        c.on_call_progress(batch, tokens)
+        return c, batch
+
+    c, batch = batch_written(210)
     assert remaining_s(c, batch, "fast", 210.0) == pytest.approx(790.0)
     inter, decisions = _ready(c, "inter", "interactive", "i")
     assert _kinds(decisions) == [("PreemptCall", "batch"), ("StartCall", "inter")]
     # past every length it may have (over-run): as much again as written (Gittins' rule),
     # which never beats its redo, so such a call is left to finish
-    c = coordinator("flowsage", {"b": tail, "i": 10}, preemption="class")
-    batch, _ = _ready(c, "batch", "batch", "b")
-    c.clock.advance_to(1100.0)
-    c.on_call_progress(batch, 1100)
+    c, batch = batch_written(1100)
     assert remaining_s(c, batch, "fast", 1100.0) == pytest.approx(1100.0)
     _, decisions = _ready(c, "inter", "interactive", "i")
     assert decisions == []
