@@ -77,6 +77,8 @@ class ScheduledCall:
     co_runners_at_start: int = 0  # calls its instance was running when it was admitted
     share_charge: float = 0.0  # tenant virtual time its admission added (fairness; refunded)
     prefill_ahead_at_start: float = 0.0  # prompt tokens admitted there and not yet prefilled
+    # its instance's ``InstanceQueue.prefilled_tokens`` at its first token (None: none yet)
+    prefilled_mark: float | None = None
     kv_reserved: int = 0  # KV tokens its instance holds for it (grows if it outgrows that)
     excluded: set[str] = field(default_factory=set)  # instances that failed this call
     mean_output: float = field(init=False)

@@ -304,6 +304,12 @@ class ClassLoad:
         peers: np.ndarray = self.n_run[:self.band(call) + 1].sum(axis=0)
         return peers
 
+    def worse_in_flight(self, call: ScheduledCall) -> bool:
+        """Whether calls of a worse band than ``call``'s run or wait anywhere: then the
+        headroom gate holds their new admissions off any instance ``call`` runs on."""
+        p = self.band(call) + 1
+        return p < self.n_wait.shape[0] and bool(self.n_run[p:].any() or self.n_wait[p:].any())
+
     def behind_s(self, call: ScheduledCall, coefs: tuple[np.ndarray, np.ndarray, np.ndarray]
                  ) -> np.ndarray | None:
         """Per instance, expected seconds of waiting work ``call`` would not wait behind

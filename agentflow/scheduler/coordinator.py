@@ -254,6 +254,7 @@ class Coordinator(WorkflowPaths):
         queue = self.queues[call.instance]
         # calls beside it: the mean of what it found on admission and leaves behind
         co_runners = (call.co_runners_at_start + len(queue.running) - 1) / 2
+        prefill_during = queue.prefilled_since_first_token(call)
         queue.finish(call)
         call.query.calls.discard(call)
         call.query.calls_version += 1
@@ -265,7 +266,8 @@ class Coordinator(WorkflowPaths):
             self.time_models[call.instance].observe(
                 call.tokens_on(call.instance), output_tokens, ttft_s, total_s, cached_tokens,
                 co_runners=co_runners, prefill_ahead_tokens=call.prefill_ahead_at_start,
-                co_runners_at_start=call.co_runners_at_start)
+                co_runners_at_start=call.co_runners_at_start,
+                prefill_during_tokens=prefill_during)
             self._models_epoch += 1
         if call.query.id in self.queries:
             self._refresh(call.query, now)

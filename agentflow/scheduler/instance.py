@@ -51,6 +51,9 @@ class InstanceQueue:
         self._now = float("-inf")  # latest decision time seen (for re-placing entries)
         self._admitted = 0
         self._pending_prefill: set[ScheduledCall] = set()
+        # prompt tokens of admitted calls that have since produced a first token (or left
+        # before): a running count, read as differences (``prefilled_since_first_token``)
+        self.prefilled_tokens = 0.0
         self.check_reference = False  # tests: assert the fast pick equals the O(n) scan
         # (queue, best waiting call, its KV tokens) -> may it start now; None: capacity only
         self.gate: Callable[[InstanceQueue, ScheduledCall, int], bool] | None = None
@@ -165,6 +168,7 @@ class InstanceQueue:
             call.priority = self._admitted
             call.co_runners_at_start = len(self.running)
             call.prefill_ahead_at_start = float(self.book.prefill_prompt[self.index])
+            call.prefilled_mark = None  # this run's first token sets it
             self._admitted += 1
             self.running.add(call)
             if self.class_load is not None:
@@ -179,11 +183,20 @@ class InstanceQueue:
 
     def first_token(self, call: ScheduledCall) -> None:
         self._prefilled(call)
+        call.prefilled_mark = self.prefilled_tokens
+
+    def prefilled_since_first_token(self, call: ScheduledCall) -> float | None:
+        """Prompt tokens of other calls prefilled here while ``call`` decoded (None: it has
+        not reported a first token): what stalled its decode steps with their chunks."""
+        if call.prefilled_mark is None:
+            return None
+        return self.prefilled_tokens - call.prefilled_mark
 
     def _prefilled(self, call: ScheduledCall) -> None:
         if call in self._pending_prefill:
             self._pending_prefill.discard(call)
             self.book.prefill_prompt[self.index] -= call.tokens_on(self.name)
+            self.prefilled_tokens += call.tokens_on(self.name)
 
     def pending_prefill(self) -> int:
         """Admitted calls that have not produced a token yet."""

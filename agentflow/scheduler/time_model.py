@@ -73,6 +73,13 @@ class InstanceTimeModel:
                                            repr=False)
     _prefill_xy: list[float] = field(default_factory=lambda: [0.0] * 3, repr=False)
     _prefill_yy: float = field(default=0.0, repr=False)
+    # The decode ratio net of the prefill stalls a call sat through (``observe``'s
+    # ``prefill_during_tokens``): the instance's decode speed beside its co-runners' decode
+    # steps, without the chunks of other prompts prefilled while it decoded. Read for a call
+    # the headroom gate shields from lower-band prefill (``scheduler.classes``); its
+    # co-runner regression alike.
+    clean_decode_ratio: float = 1.0
+    _clean_batch_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
     # observed / expected time of the last finished calls, each priced by the model as it
     # stood when the call finished (call deadlines read how far healthy calls run over:
     # agentflow.scheduler.call_deadline)
@@ -111,12 +118,15 @@ class InstanceTimeModel:
 
     def observe(self, prompt_tokens: int, output_tokens: int, ttft_s: float, total_s: float,
                 cached_tokens: int = 0, co_runners: float | None = None,
-                prefill_ahead_tokens: float = 0.0, co_runners_at_start: float = 0.0) -> None:
+                prefill_ahead_tokens: float = 0.0, co_runners_at_start: float = 0.0,
+                prefill_during_tokens: float | None = None) -> None:
         """Fold in one finished call: time-to-first-token against prefill, the rest against
         decode; ``co_runners``: how many calls ran beside it on average (feeds
         ``co_runner_slope``); ``prefill_ahead_tokens`` and ``co_runners_at_start``: the
         prompt tokens admitted on the instance and not yet prefilled, and the calls running
-        there, when this call was admitted (the contention its TTFT is fitted against)."""
+        there, when this call was admitted (the contention its TTFT is fitted against);
+        ``prefill_during_tokens``: prompt tokens of other calls prefilled on the instance
+        while this one decoded (None: unknown, the clean ratio follows the plain one)."""
         a = self.smoothing
         uncached = max(0, prompt_tokens - cached_tokens)
         priced = self.expected_s(uncached, output_tokens)
@@ -131,13 +141,29 @@ class InstanceTimeModel:
             ratio = (total_s - ttft_s) / ((output_tokens - 1) * self.decode_s_per_token)
             ratio = min(max(ratio, 0.05), 20)
             self.decode_ratio = (1 - a) * self.decode_ratio + a * ratio
+            clean = ratio
+            if prefill_during_tokens is not None and math.isfinite(prefill_during_tokens):
+                clean = self._net_of_prefill(total_s - ttft_s, output_tokens,
+                                             prefill_during_tokens)
+            self.clean_decode_ratio = (1 - a) * self.clean_decode_ratio + a * clean
             if co_runners is not None:
-                keep = 1.0 - 1.0 / self.batch_window
-                sums = self._batch_sums
-                for i, v in enumerate((1.0, co_runners, ratio, co_runners * co_runners,
-                                       co_runners * ratio)):
-                    sums[i] = keep * sums[i] + v
+                self._add_batch(self._batch_sums, co_runners, ratio)
+                self._add_batch(self._clean_batch_sums, co_runners, clean)
         self.observations += 1
+
+    def _net_of_prefill(self, decode_s: float, output_tokens: int, during: float) -> float:
+        """The decode ratio of ``decode_s`` less the prefill it sat through: a step that
+        carries a chunk of another prompt costs every sequence in it that chunk's time (the
+        step is compute-bound), so ``during`` tokens add about their own prefill seconds to
+        this call's decode, at the instance's learned prefill rate."""
+        stall = max(during, 0.0) * self.prefill_s_per_token * self.prefill_ratio
+        ratio = (decode_s - stall) / ((output_tokens - 1) * self.decode_s_per_token)
+        return min(max(ratio, RATIO_FLOOR), RATIO_CEILING)
+
+    def _add_batch(self, sums: list[float], x: float, y: float) -> None:
+        keep = 1.0 - 1.0 / self.batch_window
+        for i, v in enumerate((1.0, x, y, x * x, x * y)):
+            sums[i] = keep * sums[i] + v
 
     def _fit_prefill(self, y: float, own: float, ahead: float, co_runners: float) -> None:
         """One TTFT (less overhead) ``y`` against its base-priced own prefill, pending
@@ -163,11 +189,11 @@ class InstanceTimeModel:
         self.prefill_ratio = min(max(best[0], RATIO_FLOOR), RATIO_CEILING)
         self.prefill_ahead_coef, self.prefill_co_runner_coef = best[1], best[2]
 
-    def co_runner_slope(self) -> tuple[float, float]:
+    def co_runner_slope(self, clean: bool = False) -> tuple[float, float]:
         """(slope, mean co-runners): how much the decode ratio rises per call running
         beside this one (>= 0), and the mean number of co-runners it was learned at (the
-        load ``decode_ratio`` already reflects)."""
-        w, x, y, xx, xy = self._batch_sums
+        load ``decode_ratio`` already reflects); ``clean``: of ``clean_decode_ratio``."""
+        w, x, y, xx, xy = self._clean_batch_sums if clean else self._batch_sums
         if w <= 0:
             return 0.0, 0.0
         mean_x = x / w

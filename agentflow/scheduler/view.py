@@ -48,6 +48,7 @@ class ClusterView:
         self._mean_coef: tuple[int, float, float, float] | None = None
         self._coef_cache: tuple[Any, ...] | None = None
         self._batch_cache: tuple[Any, ...] | None = None
+        self._clean_cache: tuple[Any, ...] | None = None
 
     @property
     def up_instances(self) -> list[str]:
@@ -122,11 +123,16 @@ class ClusterView:
         need = prompt + self._output_reserve(call)  # as ``_kv_tokens``, on each instance
         room = (n_run < self._max_inflight[idx]) & (
             (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
-        slope, seen = self._batch_coefs()
+        time_s = self.time_vector(call)[idx]
+        if self._shielded(call):  # its decode as the gate keeps it (``_clean_coefs``)
+            clean_df, slope, seen = self._clean_coefs()
+            time_s = time_s + call.mean_output * (clean_df - df)[idx]
+        else:
+            slope, seen = self._batch_coefs()
         return BatchView(queued_s=queued, prefilling_s=book.prefill_prompt[idx] * pf[idx],
                          running_s=book.running(now)[idx], n_running=n_run,
                          room=room, slots=self._max_inflight[idx],
-                         time_s=self.time_vector(call)[idx], prefill_s=prompt * pf[idx],
+                         time_s=time_s, prefill_s=prompt * pf[idx],
                          co_runner_decode_s=call.mean_output * slope[idx],
                          co_runners_seen=seen[idx], name_rank=self._name_rank[idx],
                          n_peers=self._peers(call, idx))
@@ -149,6 +155,32 @@ class ClusterView:
                 np.array([m.decode_s_per_token * f[0] for m, f in zip(models, fits)]),
                 np.array([f[1] for f in fits]))
         return cached[1], cached[2]
+
+    def _shielded(self, call: ScheduledCall) -> bool:
+        """Whether the headroom gate keeps worse-band prefill from starting beside ``call``
+        (worse-band calls are in flight; ``ClassLoad.worse_in_flight``)."""
+        load = getattr(self, "_class_load", None)
+        return load is not None and load.worse_in_flight(call)
+
+    def _clean_coefs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per instance: decode seconds per token, and the co-runner slope and mean co-runners,
+        learned net of the prefill chunks calls sat through
+        (``InstanceTimeModel.clean_decode_ratio``). Why a shielded call is priced with them:
+        the stalls in the plain ratio are mostly lower-band calls' prefill beside lower-band
+        decodes (they are most of the finished calls under a flood), which the gate keeps
+        away from it; the prefill its own band admits beside it is charged by dispatch to
+        the call that brings it (``marginal_delay``'s inflicted term), so the plain ratio
+        counts it twice."""
+        cached = self._clean_cache
+        if cached is None or cached[0] != self._models_epoch:
+            models = [self.time_models[n] for n in self.queues]
+            fits = [m.co_runner_slope(clean=True) for m in models]
+            cached = self._clean_cache = (
+                self._models_epoch,
+                np.array([m.decode_s_per_token * m.clean_decode_ratio for m in models]),
+                np.array([m.decode_s_per_token * f[0] for m, f in zip(models, fits)]),
+                np.array([f[1] for f in fits]))
+        return cached[1], cached[2], cached[3]
 
     def prefix_saved_s(self, call: ScheduledCall, instances: list[str]) -> np.ndarray:
         """Expected prefill seconds ``call`` would skip on each of ``instances``: the prompt

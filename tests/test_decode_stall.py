@@ -1,0 +1,102 @@
+"""A call's decode is priced net of other prompts' prefill when the headroom gate shields it
+(issue 22, isolation).
+
+Beside a batch flood, most finished calls are batch calls that decoded through batch prompts'
+prefill chunks (a chunk step costs every sequence in it the chunk's time, ~35 decode steps on
+an A100). The plain decode ratio learns that stall as the instance's speed, and dispatch then
+prices an interactive call — which the gate keeps away from new batch prefill — as if it would
+sit through it too. These tests count, they do not time: hand-computed decodes, then a
+coordinator with a manual clock.
+"""
+
+from __future__ import annotations
+
+from agentflow.scheduler.time_model import InstanceTimeModel
+from tests.helpers import coordinator
+
+
+def _model() -> InstanceTimeModel:
+    return InstanceTimeModel(prefill_s_per_token=1e-3, decode_s_per_token=0.02)
+
+
+def test_the_clean_ratio_is_the_decode_speed_without_the_prefill_it_sat_through() -> None:
+    m = _model()
+    for i in range(60):
+        out, during = 200, 4000 * (i % 3)  # 0, 4000 or 8000 tokens prefilled beside it
+        decode = 1.5 * (out - 1) * m.decode_s_per_token + during * m.prefill_s_per_token
+        m.observe(1000, out, ttft_s=1.0, total_s=1.0 + decode, prefill_during_tokens=during,
+                  co_runners=1.0)
+    assert abs(m.clean_decode_ratio - 1.5) < 1e-6
+    assert m.decode_ratio > 2.0  # the plain ratio holds the stall: 8 s of 6 s decodes
+
+
+def test_without_the_count_the_clean_ratio_is_the_plain_one() -> None:
+    a, b = _model(), _model()
+    for i in range(20):
+        a.observe(500, 100 + i, ttft_s=0.6, total_s=0.6 + 3.0 + 0.1 * i, co_runners=float(i % 4))
+        b.observe(500, 100 + i, ttft_s=0.6, total_s=0.6 + 3.0 + 0.1 * i, co_runners=float(i % 4),
+                  prefill_during_tokens=0.0)
+    assert a.clean_decode_ratio == a.decode_ratio == b.decode_ratio == b.clean_decode_ratio
+    assert a.co_runner_slope(clean=True) == a.co_runner_slope()
+
+
+def test_the_queue_counts_the_prompts_prefilled_while_a_call_decoded() -> None:
+    c = coordinator("flowsage", {"s": 10}, max_inflight=4)
+    c.time_models["fast"] = _model()
+    q = c.queues["fast"]
+
+    def ready(qid: str, prompt: int):
+        c.on_query_arrival(qid, deadline=None)
+        call, _ = c.on_call_ready(qid, stage="s", node_id=f"{qid}.0", prompt_tokens=prompt)
+        return call
+
+    a = ready("a", 300)
+    b = ready("b", 5000)  # admitted before a's first token: its prefill is a's TTFT
+    c.on_call_progress(b, 1)
+    c.on_call_progress(a, 1)
+    assert q.prefilled_since_first_token(a) == 0
+    late = ready("late", 2000)
+    c.on_call_progress(late, 1)
+    assert q.prefilled_since_first_token(a) == 2000
+    assert q.prefilled_since_first_token(ready("new", 10)) is None  # no first token yet
+    c.clock.advance(5.0)
+    # a prefilled at the base rate (0.3 s), then decoded 10 tokens: 9 steps at 1.5x base
+    # (0.27 s) plus late's 2000-token prefill (2 s)
+    c.on_call_done(a, output_tokens=10, ttft_s=0.3, total_s=0.3 + 0.18 * 1.5 + 2.0)
+    m = c.time_models["fast"]
+    assert abs(m.prefill_ratio - 1.0) < 1e-9
+    assert abs(m.clean_decode_ratio - (0.8 + 0.2 * 1.5)) < 1e-9
+    assert m.decode_ratio > 2.0
+
+
+def _two_instances():
+    c = coordinator("flowsage", {"s": 10, "b": 10}, slow=True, max_inflight=4)
+    # same base speed; "fast" learned a decode ratio of 3 that is all prefill stall
+    c.time_models["slow"].decode_s_per_token = 1.0
+    fast, slow = c.time_models["fast"], c.time_models["slow"]
+    fast.decode_ratio, fast.clean_decode_ratio = 3.0, 1.0
+    slow.decode_ratio = slow.clean_decode_ratio = 1.5
+    c._models_epoch += 1
+    return c
+
+
+def _interactive(c, qid: str) -> str:
+    c.on_query_arrival(qid, deadline=1000.0, slo_class="interactive")
+    call, _ = c.on_call_ready(qid, stage="s", node_id=f"{qid}.0", prompt_tokens=0)
+    assert call.instance is not None
+    return call.instance
+
+
+def test_a_shielded_call_is_priced_with_the_clean_ratio() -> None:
+    c = _two_instances()
+    c.on_query_arrival("batch", deadline=None, slo_class="batch")
+    c.on_call_ready("batch", stage="b", node_id="batch.0", prompt_tokens=0)
+    # a batch call is in flight: the gate keeps new batch prefill off the interactive call's
+    # instance, so it is priced at the decode speed net of stalls (fast: 10 s, slow: 15 s)
+    assert _interactive(c, "ui") == "fast"
+
+
+def test_with_no_worse_band_in_flight_the_plain_ratio_prices_it() -> None:
+    c = _two_instances()
+    # nothing shields it: its co-runners' prefill may start beside it, as the plain ratio saw
+    assert _interactive(c, "ui") == "slow"
