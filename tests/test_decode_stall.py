@@ -100,3 +100,34 @@ def test_with_no_worse_band_in_flight_the_plain_ratio_prices_it() -> None:
     c = _two_instances()
     # nothing shields it: its co-runners' prefill may start beside it, as the plain ratio saw
     assert _interactive(c, "ui") == "slow"
+
+
+# ------------------------------------------------------------------- preemption (option)
+def _prefilling_batch_beside(prompt: int, elapsed: float):
+    """A batch call admitted at 0 with a ``prompt`` that prefills at 10 ms a token; an
+    interactive call admitted beside it at ``elapsed`` (4 slots, so it starts at once)."""
+    from agentflow.scheduler.decisions import PreemptCall
+
+    c = coordinator("flowsage", {"b": 100, "i": 10}, preemption="class", max_inflight=4)
+    c.time_models["fast"] = InstanceTimeModel(prefill_s_per_token=0.01, decode_s_per_token=1.0)
+    c.on_query_arrival("batch", deadline=None, slo_class="batch")
+    batch, _ = c.on_call_ready("batch", stage="b", node_id="batch.0", prompt_tokens=prompt)
+    c.clock.advance_to(elapsed)
+    c.on_query_arrival("ui", deadline=None, slo_class="interactive")
+    _, decisions = c.on_call_ready("ui", stage="i", node_id="ui.0", prompt_tokens=0)
+    stopped = [d.call.query.id for d in decisions if isinstance(d, PreemptCall)]
+    return stopped, batch
+
+
+def test_a_batch_call_still_prefilling_is_stopped_for_the_interactive_call_beside_it() -> None:
+    # 1000 tokens = 10 s of prefill, 1 s done: its 9 s left would stall every step of the
+    # interactive call (budget 0.1 x 10 s = 1 s); stopping it loses only the 1 s done
+    stopped, batch = _prefilling_batch_beside(1000, 1.0)
+    assert stopped == ["batch"] and batch.preemptions == 1
+
+
+def test_a_batch_call_nearly_prefilled_or_decoding_is_left_alone() -> None:
+    # 9.5 s of 10 done: 0.5 s left fits the budget
+    assert _prefilling_batch_beside(1000, 9.5)[0] == []
+    # a short prompt (0.5 s) that is done: nothing left to stall (no co-runner slope learned)
+    assert _prefilling_batch_beside(50, 1.0)[0] == []

@@ -117,11 +117,14 @@ def position(coordinator: Any, call: ScheduledCall) -> int:
     return class_positions(classes)[class_of(call.query, classes).rank]
 
 
-def redo_s(coordinator: Any, call: ScheduledCall, instance: str) -> float:
-    """Seconds of work lost if ``call`` is stopped now: its prompt again, and what it wrote."""
+def redo_s(coordinator: Any, call: ScheduledCall, instance: str, now: float) -> float:
+    """Seconds of work lost if ``call`` is stopped now: the part of its prompt prefilled so
+    far (what is left of it is work either way), and, once it has written, its whole prompt
+    again and what it wrote."""
     model = coordinator.time_models[instance]
-    return float(model.prefill_s(call.tokens_on(instance))
+    done = float(model.prefill_s(call.tokens_on(instance))
                  + model.decode_s(call.attained_tokens))
+    return done - prefill_left_s(coordinator, call, instance, now)
 
 
 def remaining_s(coordinator: Any, call: ScheduledCall, instance: str, now: float) -> float:
@@ -133,9 +136,16 @@ def remaining_s(coordinator: Any, call: ScheduledCall, instance: str, now: float
     tail) is the one with the most left."""
     model = coordinator.time_models[instance]
     left = model.decode_s(expected_residual(call.output, call.attained_tokens))
-    if call.attained_tokens == 0 and call.started_at is not None:
-        left += max(0.0, model.prefill_s(call.tokens_on(instance)) - (now - call.started_at))
-    return float(left)
+    return float(left) + prefill_left_s(coordinator, call, instance, now)
+
+
+def prefill_left_s(coordinator: Any, call: ScheduledCall, instance: str, now: float) -> float:
+    """Expected seconds of ``call``'s prompt still to prefill on ``instance`` (0 once it has
+    written a token)."""
+    if call.attained_tokens > 0 or call.started_at is None:
+        return 0.0
+    model = coordinator.time_models[instance]
+    return max(0.0, float(model.prefill_s(call.tokens_on(instance))) - (now - call.started_at))
 
 
 def budget_s(coordinator: Any, call: ScheduledCall, alone_s: float, now: float) -> float:
@@ -161,18 +171,28 @@ def victims(coordinator: Any, queue: InstanceQueue, call: ScheduledCall, now: fl
         return []
     stoppable = sorted((c for c in worse if c.preemptions < MAX_PREEMPTIONS
                         and (not PREFILL_ONLY or c.attained_tokens == 0)),
-                       key=lambda c: (redo_s(coordinator, c, queue.name), -c.seq))
+                       key=lambda c: (redo_s(coordinator, c, queue.name, now), -c.seq))
     if not stoppable:
         return []
     alone = coordinator.expected_s(call, queue.name)
     budget = budget_s(coordinator, call, alone, now)
     if call.state == CallState.RUNNING:
-        slope, _ = coordinator._batch_coefs()
+        # the decode seconds each co-runner adds (the slope learned net of prefill stalls:
+        # the gate keeps new worse-band prefill off this instance), plus, for one still
+        # prefilling, what is left of its prompt: every chunk of it stalls the call's steps
+        _, slope, _ = coordinator._clean_coefs()
         per = call.mean_output * float(slope[coordinator._index[queue.name]])
-        keep = len(worse) if per <= 0 else math.floor(budget / per)
-        if NET_SAVING:  # only a victim whose redo costs less than the delay it causes
-            stoppable = [c for c in stoppable if redo_s(coordinator, c, queue.name) < per]
-        return stoppable[:max(0, len(worse) - keep)]
+        delay = {c: per + prefill_left_s(coordinator, c, queue.name, now) for c in worse}
+        excess = sum(delay.values()) - budget
+        out: list[ScheduledCall] = []
+        for victim in stoppable:
+            if excess <= 0:
+                break
+            if NET_SAVING and redo_s(coordinator, victim, queue.name, now) >= delay[victim]:
+                continue  # only a victim whose redo costs less than the delay it causes
+            out.append(victim)
+            excess -= delay[victim]
+        return out
     # waiting: the headroom gate admits a waiting call only in the best band with queries in
     # flight, so stopping work for one in any other band would free a slot it may not take
     best = best_active_band(coordinator)
@@ -184,7 +204,7 @@ def victims(coordinator: Any, queue: InstanceQueue, call: ScheduledCall, now: fl
     if wait <= budget:
         return []
     if NET_SAVING:  # only a victim whose redo costs less than the wait its stop saves
-        stoppable = [c for c in stoppable if redo_s(coordinator, c, queue.name) < left[c]]
+        stoppable = [c for c in stoppable if redo_s(coordinator, c, queue.name, now) < left[c]]
     spec = queue.spec
     need = coordinator._kv_tokens(call)
     slots, kv = len(queue.running), queue.kv_tokens_in_use
