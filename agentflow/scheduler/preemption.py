@@ -184,15 +184,15 @@ def victims(coordinator: Any, queue: InstanceQueue, call: ScheduledCall, now: fl
         per = call.mean_output * float(slope[coordinator._index[queue.name]])
         delay = {c: per + prefill_left_s(coordinator, c, queue.name, now) for c in worse}
         excess = sum(delay.values()) - budget
-        out: list[ScheduledCall] = []
+        chosen: list[ScheduledCall] = []
         for victim in stoppable:
             if excess <= 0:
                 break
             if NET_SAVING and redo_s(coordinator, victim, queue.name, now) >= delay[victim]:
                 continue  # only a victim whose redo costs less than the delay it causes
-            out.append(victim)
+            chosen.append(victim)
             excess -= delay[victim]
-        return out
+        return chosen
     # waiting: the headroom gate admits a waiting call only in the best band with queries in
     # flight, so stopping work for one in any other band would free a slot it may not take
     best = best_active_band(coordinator)
