@@ -19,11 +19,15 @@ start, or starts beside running calls of a worse class:
   that cannot start waits for the earliest running call to end; if that wait is within the
   budget nothing is stopped, else just enough worse-class calls to give it a slot and its
   KV. A call that started co-runs: each co-runner adds the decode time the instance's
-  learned co-runner slope predicts (``InstanceTimeModel.co_runner_slope``); the worse-class
-  ones beyond what the budget absorbs are stopped.
-* **Which**: the cheapest to redo first — the expected seconds to prefill its prompt again
-  plus the decode tokens it loses (recompute; no partial output is kept, as vLLM's
-  preemption by recomputation), latest admitted first among equals. So the victims are
+  learned co-runner slope predicts (``InstanceTimeModel.co_runner_slope``, net of prefill
+  stalls), and one still prefilling also what is left of its prompt — every chunk of it
+  stalls each step of the better call (~1.4 s a 2048-token chunk of a 70B model on an
+  A100, where a decode step is ~40 ms); worse-class calls are stopped until the delay of
+  those left fits the budget.
+* **Which**: the cheapest to redo first — the work it loses: the part of its prompt
+  prefilled so far, or once it has written, its whole prompt again plus the decode tokens
+  (recompute; no partial output is kept, as vLLM's preemption by recomputation), latest
+  admitted first among equals. So the victims are
   mostly calls still in prefill, whose prefill chunks are also what slows a decode most.
 * **Worth it**: a victim is stopped only if its redo costs less than what stopping it saves
   the better call (``NET_SAVING``) — its expected remainder, which the better call would

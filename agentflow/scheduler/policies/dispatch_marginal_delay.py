@@ -38,6 +38,15 @@ So the price of instance ``i`` for a call is
   was tried and measured worse (the remainders are single-request estimates, which a
   loaded engine outlasts).
 
+Under class ranking, a call whose instance the headroom gate keeps free of new worse-band
+prefill (``scheduler.classes``) is priced with the decode rate and slope learned *net of the
+prefill chunks* finished calls sat through (``SchedulerView``'s ``batch_view``): beside a
+batch flood those stalls are mostly batch prefill beside batch decodes, which it will not
+see, and the prefill of its own band is charged below to the call that brings it. Priced
+with the plain rate, interactive calls under a flood were herded onto the instances that
+already hosted interactive calls and stalled each other's decodes (paper-4gpu, 2 x L1:
++1.4 s of +1.9 s per call).
+
 Charging each collision to the call whose admission causes it counts every stall in the
 cluster once, so the argmin is the greedy choice for the cluster's total delay. All terms are
 seconds on that instance from the same time model; nothing is weighted or tuned, and with no
