@@ -131,3 +131,21 @@ def test_a_batch_call_nearly_prefilled_or_decoding_is_left_alone() -> None:
     assert _prefilling_batch_beside(1000, 9.5)[0] == []
     # a short prompt (0.5 s) that is done: nothing left to stall (no co-runner slope learned)
     assert _prefilling_batch_beside(50, 1.0)[0] == []
+
+
+def test_in_the_simulator_the_clean_slope_is_the_decode_physics_and_the_plain_one_the_stall(
+        ) -> None:
+    """A flooded A100 running an 8B model (the prefill test's flood, real engine): decode is
+    weight-bound there, so a co-runner barely slows it; the plain regression, fed decodes
+    that sat through co-runners' prompt chunks, learns each co-runner as tens of percent."""
+    from tests.test_time_model_prefill import _flood
+
+    quiet, _ = _flood(rate=0.05, n=30)
+    busy, _ = _flood(rate=3.0, n=120)
+    alone = quiet.coordinator.time_models["a100"]
+    m = busy.coordinator.time_models["a100"]
+    plain_slope, seen = m.co_runner_slope()
+    clean_slope, _ = m.co_runner_slope(clean=True)
+    assert seen > 4 and plain_slope > 0.1  # what dispatch would price 5+ co-runners at
+    assert clean_slope < 0.1 * plain_slope and clean_slope < 0.02
+    assert abs(m.clean_decode_ratio - alone.clean_decode_ratio) < 0.1 * alone.clean_decode_ratio
