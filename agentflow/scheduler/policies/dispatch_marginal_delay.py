@@ -44,8 +44,9 @@ prefill chunks* finished calls sat through (``SchedulerView``'s ``batch_view``):
 batch flood those stalls are mostly batch prefill beside batch decodes, which it will not
 see, and the prefill of its own band is charged below to the call that brings it. Priced
 with the plain rate, interactive calls under a flood were herded onto the instances that
-already hosted interactive calls and stalled each other's decodes (paper-4gpu, 2 x L1:
-+1.4 s of +1.9 s per call).
+already hosted interactive calls and stalled each other's decodes (paper-4gpu, 2 x L1: of
++1.9 s more decode per interactive call, +1.4 s was in steps carrying another
+interactive prompt's chunk).
 
 Charging each collision to the call whose admission causes it counts every stall in the
 cluster once, so the argmin is the greedy choice for the cluster's total delay. All terms are
