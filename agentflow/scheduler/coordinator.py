@@ -255,7 +255,7 @@ class Coordinator(WorkflowPaths):
         # calls beside it: the mean of what it found on admission and leaves behind
         co_runners = (call.co_runners_at_start + len(queue.running) - 1) / 2
         prefill_during = queue.prefilled_since_first_token(call)
-        queue.finish(call)
+        queue.finish(call, completed=True)
         call.query.calls.discard(call)
         call.query.calls_version += 1
         call.query.done_nodes.add(call.node_id)

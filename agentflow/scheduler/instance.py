@@ -51,8 +51,10 @@ class InstanceQueue:
         self._now = float("-inf")  # latest decision time seen (for re-placing entries)
         self._admitted = 0
         self._pending_prefill: set[ScheduledCall] = set()
-        # prompt tokens of admitted calls that have since produced a first token (or left
-        # before): a running count, read as differences (``prefilled_since_first_token``)
+        # prompt tokens of admitted calls that have since been prefilled here (their first
+        # token, or a normal finish without one): a running count, read as differences
+        # (``prefilled_since_first_token``); a call stopped, failed or cancelled before its
+        # first token adds nothing, as its prompt did not (all) run
         self.prefilled_tokens = 0.0
         self.check_reference = False  # tests: assert the fast pick equals the O(n) scan
         # (queue, best waiting call, its KV tokens) -> may it start now; None: capacity only
@@ -186,17 +188,21 @@ class InstanceQueue:
         call.prefilled_mark = self.prefilled_tokens
 
     def prefilled_since_first_token(self, call: ScheduledCall) -> float | None:
-        """Prompt tokens of other calls prefilled here while ``call`` decoded (None: it has
-        not reported a first token): what stalled its decode steps with their chunks."""
+        """Prompt tokens of other calls whose prefill *completed* here while ``call`` decoded
+        (None: it has not reported a first token): what stalled its decode steps with their
+        chunks. A prompt is counted whole when its first token comes, so one whose first
+        chunks ran before ``call``'s first token is counted in full (an over-count bounded by
+        one prompt per co-runner admitted before it)."""
         if call.prefilled_mark is None:
             return None
         return self.prefilled_tokens - call.prefilled_mark
 
-    def _prefilled(self, call: ScheduledCall) -> None:
+    def _prefilled(self, call: ScheduledCall, ran: bool = True) -> None:
         if call in self._pending_prefill:
             self._pending_prefill.discard(call)
             self.book.prefill_prompt[self.index] -= call.tokens_on(self.name)
-            self.prefilled_tokens += call.tokens_on(self.name)
+            if ran:
+                self.prefilled_tokens += call.tokens_on(self.name)
 
     def pending_prefill(self) -> int:
         """Admitted calls that have not produced a token yet."""
@@ -210,12 +216,15 @@ class InstanceQueue:
             self.book.kv_used[self.index] += kv_tokens - call.kv_reserved
             call.kv_reserved = kv_tokens
 
-    def finish(self, call: ScheduledCall) -> None:
+    def finish(self, call: ScheduledCall, completed: bool = False) -> None:
+        """``call`` leaves the instance; ``completed``: it ran to its end (so its prompt was
+        prefilled even if no first token was reported), else it was stopped, failed or
+        cancelled (a prompt still pending did not run)."""
         if call in self.running:
             self.running.discard(call)
             if self.class_load is not None:
                 self.class_load.running(self.index, call, -1)
-            self._prefilled(call)
+            self._prefilled(call, ran=completed)
             self.book.finish(self.index, call, call.kv_reserved)
 
     # ---------------------------------------------------------------------------- internals

@@ -46,6 +46,10 @@ from agentflow.scheduler.cluster import InstanceSpec
 # a 935-token prompt, ~37 output tokens/s. Corrected online like every other instance.
 CPU_PREFILL_S_PER_TOKEN = 0.0019
 PRIOR_CHUNK = 2048  # tokens of the prefill step a GPU prior is read at
+# The clean decode ratio reads a call only if this many of its decode steps (and this share)
+# carried no other prompt's chunk: the rest of its time is the stall, not its decode speed.
+CLEAN_MIN_STEPS = 4
+CLEAN_MIN_SHARE = 0.25
 PRIOR_CONTEXT = 1024  # context of the decode step it is read at
 CPU_DECODE_S_PER_TOKEN = 0.027
 RATIO_FLOOR, RATIO_CEILING = 0.05, 20.0  # bounds of a learned observed/priced ratio
@@ -141,23 +145,35 @@ class InstanceTimeModel:
             ratio = (total_s - ttft_s) / ((output_tokens - 1) * self.decode_s_per_token)
             ratio = min(max(ratio, 0.05), 20)
             self.decode_ratio = (1 - a) * self.decode_ratio + a * ratio
-            clean = ratio
+            clean: float | None = ratio
             if prefill_during_tokens is not None and math.isfinite(prefill_during_tokens):
                 clean = self._net_of_prefill(total_s - ttft_s, output_tokens,
                                              prefill_during_tokens)
-            self.clean_decode_ratio = (1 - a) * self.clean_decode_ratio + a * clean
+            if clean is not None:  # None: nearly every step carried a chunk; no reading
+                self.clean_decode_ratio = (1 - a) * self.clean_decode_ratio + a * clean
             if co_runners is not None:
                 self._add_batch(self._batch_sums, co_runners, ratio)
-                self._add_batch(self._clean_batch_sums, co_runners, clean)
+                if clean is not None:
+                    self._add_batch(self._clean_batch_sums, co_runners, clean)
         self.observations += 1
 
-    def _net_of_prefill(self, decode_s: float, output_tokens: int, during: float) -> float:
-        """The decode ratio of ``decode_s`` less the prefill it sat through: a step that
-        carries a chunk of another prompt costs every sequence in it that chunk's time (the
-        step is compute-bound), so ``during`` tokens add about their own prefill seconds to
-        this call's decode, at the instance's learned prefill rate."""
-        stall = max(during, 0.0) * self.prefill_s_per_token * self.prefill_ratio
-        ratio = (decode_s - stall) / ((output_tokens - 1) * self.decode_s_per_token)
+    def _net_of_prefill(self, decode_s: float, output_tokens: int, during: float
+                        ) -> float | None:
+        """The decode ratio of ``decode_s`` over the steps that carried no chunk of another
+        prompt (None: too few such steps to say). A step that carries a chunk is
+        compute-bound: it costs about the chunk's prefill time, and the decode of every
+        sequence in it runs inside that time. So ``during`` tokens, in chunks of about
+        ``PRIOR_CHUNK``, take about their own prefill seconds (at the learned rate) out of
+        ``decode_s`` *and* their steps out of the step count; dividing what is left by all
+        the steps would count the mixed steps' decode twice and, under a flood where nearly
+        every step is mixed, drive the ratio to its floor."""
+        during = max(during, 0.0)
+        steps = output_tokens - 1
+        pure = steps - min(steps, math.ceil(during / PRIOR_CHUNK))
+        if pure < max(CLEAN_MIN_STEPS, CLEAN_MIN_SHARE * steps):
+            return None
+        stall = during * self.prefill_s_per_token * self.prefill_ratio
+        ratio = (decode_s - stall) / (pure * self.decode_s_per_token)
         return min(max(ratio, RATIO_FLOOR), RATIO_CEILING)
 
     def _add_batch(self, sums: list[float], x: float, y: float) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agentflow.scheduler import classes
 from agentflow.scheduler.call import ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
@@ -157,10 +158,14 @@ class ClusterView:
         return cached[1], cached[2]
 
     def _shielded(self, call: ScheduledCall) -> bool:
-        """Whether the headroom gate keeps worse-band prefill from starting beside ``call``
-        (worse-band calls are in flight; ``ClassLoad.worse_in_flight``)."""
+        """Whether the headroom gate keeps worse-band prefill from starting beside ``call``:
+        the gate is installed (``flowsage``'s fair class queue, with ``ISOLATE_PREFILL``)
+        and worse-band calls are in flight (``ClassLoad.worse_in_flight``). A class-ranked
+        queue without the gate (``fcfs``) lets worse-band prefill start beside it, so its
+        calls keep the plain ratio, which holds those stalls."""
         load = getattr(self, "_class_load", None)
-        return load is not None and load.worse_in_flight(call)
+        return (load is not None and bool(getattr(self, "_fair", False))
+                and classes.ISOLATE_PREFILL and load.worse_in_flight(call))
 
     def _clean_coefs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per instance: decode seconds per token, and the co-runner slope and mean co-runners,
