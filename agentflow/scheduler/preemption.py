@@ -132,7 +132,8 @@ def remaining_s(coordinator: Any, call: ScheduledCall, instance: str, now: float
     0 once the call runs past its mean, and such a call (likely in its distribution's long
     tail) is the one with the most left."""
     model = coordinator.time_models[instance]
-    left = model.decode_s(expected_residual(call.output, call.attained_tokens))
+    left = model.decode_s(expected_residual(call.output, call.attained_tokens,
+                                                call.max_tokens))
     if call.attained_tokens == 0 and call.started_at is not None:
         left += max(0.0, model.prefill_s(call.tokens_on(instance)) - (now - call.started_at))
     return float(left)
