@@ -152,7 +152,7 @@ class TakeDownOnDone:
 
 async def _start_on_a_dying_instance() -> None:
     c = Coordinator([InstanceSpec(n, max_inflight=1) for n in ("a", "b")],
-                    clock=ManualClock(), policy="vllm",
+                    clock=ManualClock(), policy="flowsage",  # fair shares: charges
                     length_model=FixedLengths({"s": 10}))
     backends = {n: Gated(n) for n in ("a", "b")}
     router = ScheduledRouter(c, dict(backends), revive_after_s=None)
@@ -182,8 +182,11 @@ async def _start_on_a_dying_instance() -> None:
     assert backends[other].prompts().count("next") == 1
     assert [f["instance"] for f in outcome.failed_attempts] == [here]  # the timeline says so
     assert router.counts["retried", here] == 1
-    # charged for the run on ``other`` only (round robin: equal expected times)
-    assert c.fairness.virtual_time(nxt.query) == pytest.approx(charge)
+    # its tenant paid for the run on ``other`` only: the start on the dead instance was
+    # charged at admission and refunded when the call was handed back
+    assert c.fairness.virtual_time(nxt.query) == pytest.approx(
+        charge + c.expected_s(nxt, other))
+    assert c.expected_s(nxt, other) > 0
     for t in tasks.values():
         await t
 

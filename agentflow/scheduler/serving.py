@@ -13,6 +13,9 @@ A backend that watches its own process (a Ray actor, ``agentflow.distributed``) 
 A query's cancellation removes its calls everywhere. A call the coordinator stops for a
 better class (``scheduler.preemption``) has its backend request cancelled and waits for its
 next admission; that attempt's late reports are dropped, and its query sees only the delay.
+A stop, or the instance going down, wakes the attempt's watcher at once (an interrupt future
+beside the backend task), however long the backend takes to end the cancelled request; an
+attempt whose instance went down between its start and its task is handed back unsent.
 """
 
 from __future__ import annotations
