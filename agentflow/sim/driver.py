@@ -367,12 +367,13 @@ class Simulation:
     def _on_instance(self, name: str) -> None:
         engine = self.instances[name]
         now = self.clock.now()
-        self._report_progress()
         for ev in engine.step_until(now):
             call = self._calls.get(ev.seq_id.partition(_ATTEMPT)[0])
             if call is None or call.instance != name or call.state != CallState.RUNNING \
                     or ev.seq_id != _engine_id(call):
                 continue  # an aborted call or attempt, or one that moved to another instance
+            if ev.kind != "progress":  # a finish or first token may admit, so stop calls
+                self._report_progress()
             if ev.kind == "finished":
                 del self._calls[call.id]
                 self._apply(self.coordinator.on_call_done(
@@ -399,14 +400,18 @@ class Simulation:
                 or len(coordinator.fairness.active_classes()) < 2:
             return
         self._progress_at = now
+        behind = []
         for name, queue in coordinator.queues.items():
             if not queue.running:
                 continue
             written = self.instances[name].tokens_written(now)
-            for call in sorted(queue.running, key=lambda c: c.seq):
+            for call in queue.running:
                 n = written.get(_engine_id(call))
                 if n is not None and 0 < call.attained_tokens < n:
-                    self._apply(coordinator.on_call_progress(call, n))
+                    behind.append((call.seq, call, n))
+        behind.sort(key=lambda e: e[0])  # a set's order is no order: reports in call order
+        for _, call, n in behind:
+            self._apply(coordinator.on_call_progress(call, n))
 
     def _apply(self, decisions) -> None:
         now = self.clock.now()
