@@ -167,10 +167,11 @@ class ScheduledRouter:
                 if on_progress:
                     on_progress(tokens)
 
-            if not self.coordinator.queues[instance].up:
+            if self.health.state(instance) == HealthState.DOWN:
                 # it went down between this start and now (``_health`` cancels only the
                 # attempts that have a task): hand the call back before it reaches the
-                # instance, as one cut off there, so it runs elsewhere
+                # instance, as one cut off there, so it runs elsewhere (a suspect
+                # instance keeps its running calls, so it keeps this one too)
                 self._moved_off(sc, instance, request, failed)
                 continue
             task = asyncio.ensure_future(self.backends[instance].generate(request, progress))
