@@ -95,6 +95,7 @@ class ScheduledCall:
     # prompt's pseudo-token count, when the runtime passed the prompt text; else empty.
     prefix_hashes: tuple[bytes, ...] = field(default=(), repr=False)
     prefix_pseudo_tokens: int = field(default=0, repr=False)
+    max_tokens: int | None = None  # its output cap, when the runtime gave one
 
     def prefix_tokens(self, blocks: int) -> int:
         """The prompt tokens ``blocks`` leading hashed blocks cover (trace/tokenizer units)."""

@@ -212,7 +212,7 @@ class Coordinator(WorkflowPaths):
         call = ScheduledCall(id=f"c{next(self._ids)}", query=query, stage=stage,
                              node_id=node_id, prompt_tokens=prompt_tokens, output=output,
                              ready_at=now, payload=payload,
-                             prompt_tokens_on=prompt_tokens_by_instance)
+                             prompt_tokens_on=prompt_tokens_by_instance, max_tokens=max_tokens)
         if prompt_text:
             call.prefix_hashes = block_hashes(prompt_text)
             call.prefix_pseudo_tokens = pseudo_tokens(prompt_text)

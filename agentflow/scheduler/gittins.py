@@ -67,16 +67,28 @@ def _overrun_residual(dist: Distribution, attained: float) -> float:
     return max(attained, float(dist.values[-1]), _TINY)
 
 
-def expected_residual(dist: Distribution, attained: float = 0.0) -> float:
+def expected_residual(dist: Distribution, attained: float = 0.0,
+                      max_tokens: float | None = None) -> float:
     """``E[C - a | C > a]``: the service a job still needs, given that it has had ``a``;
     once past every size ``dist`` allows, the over-run rule's (module docstring). Why here:
     whoever prices a running job's remainder (preemption) must condition on its progress
-    the way its index does, or a job past its mean looks finished while its tail is long."""
+    the way its index does, or a job past its mean looks finished while its tail is long.
+
+    ``max_tokens``: the job's hard cap on its size (an LLM call's output limit), when it has
+    one. The over-run rule's "about as much again" knows nothing of it, so a call 300 tokens
+    into a 320-token cap would be priced 300 more; a call never writes past its cap, so the
+    remainder is at most ``max_tokens - a`` (0 at the cap)."""
     if attained < 0 or not math.isfinite(attained):
         raise ValueError(f"attained service must be finite and non-negative, got {attained}")
+    if max_tokens is not None and not max_tokens >= 0:
+        raise ValueError(f"max_tokens must be non-negative, got {max_tokens}")
     if dist.survival(attained) <= 0:
-        return _overrun_residual(dist, attained)
-    return float(dist.conditional_above(attained).mean()) - attained
+        left = _overrun_residual(dist, attained)
+    else:
+        left = float(dist.conditional_above(attained).mean()) - attained
+    if max_tokens is None:
+        return left
+    return max(0.0, min(left, float(max_tokens) - attained))
 
 
 def gittins_index(dist: Distribution, attained: float = 0.0) -> float:

@@ -139,7 +139,8 @@ def remaining_s(coordinator: Any, call: ScheduledCall, instance: str, now: float
     0 once the call runs past its mean, and such a call (likely in its distribution's long
     tail) is the one with the most left."""
     model = coordinator.time_models[instance]
-    left = model.decode_s(expected_residual(call.output, call.attained_tokens))
+    left = model.decode_s(expected_residual(call.output, call.attained_tokens,
+                                            call.max_tokens))
     return float(left) + prefill_left_s(coordinator, call, instance, now)
 
 

@@ -13,6 +13,9 @@ A backend that watches its own process (a Ray actor, ``agentflow.distributed``) 
 A query's cancellation removes its calls everywhere. A call the coordinator stops for a
 better class (``scheduler.preemption``) has its backend request cancelled and waits for its
 next admission; that attempt's late reports are dropped, and its query sees only the delay.
+A stop, or the instance going down, wakes the attempt's watcher at once (an interrupt future
+beside the backend task), however long the backend takes to end the cancelled request; an
+attempt whose instance went down between its start and its task is handed back unsent.
 """
 
 from __future__ import annotations
@@ -84,6 +87,9 @@ class ScheduledRouter:
         self.deadlines = CallDeadlines(coordinator, self.health_settings)
         self._inflight: dict[ScheduledCall, asyncio.Task[LLMResult]] = {}
         self._moved: set[ScheduledCall] = set()
+        # per running attempt: (its number, a future resolved the moment it is stopped or
+        # its instance goes down), which its watcher waits on beside the backend's task
+        self._interrupts: dict[ScheduledCall, tuple[int, asyncio.Future[None]]] = {}
         self._progress_at: dict[ScheduledCall, float] = {}
         self._probes: set[asyncio.Task[Any]] = set()
         self.down_reasons: dict[str, str] = {}
@@ -161,8 +167,16 @@ class ScheduledRouter:
                 if on_progress:
                     on_progress(tokens)
 
+            if self.health.state(instance) == HealthState.DOWN:
+                # it went down between this start and now (``_health`` cancels only the
+                # attempts that have a task): hand the call back before it reaches the
+                # instance, as one cut off there, so it runs elsewhere (a suspect
+                # instance keeps its running calls, so it keeps this one too)
+                self._moved_off(sc, instance, request, failed)
+                continue
             task = asyncio.ensure_future(self.backends[instance].generate(request, progress))
             self._inflight[sc] = task
+            self._interrupts[sc] = (attempt, loop.create_future())
             try:  # a stopped attempt ends here whatever its task did (``_watch``): every
                 # outcome below is the current attempt's
                 result = await self._watch(sc, instance, task, started, attempt)
@@ -171,15 +185,7 @@ class ScheduledRouter:
                 continue  # stopped for a better class: wait for the next admission
             except _Redispatch:
                 self._forget(sc)
-                sc.payload = loop.create_future()
-                moved = BackendError(f"instance {instance} went down: "
-                                     f"{self.down_reasons.get(instance, '')}")
-                for listener in self.attempt_listeners:  # the answer's retries show it
-                    listener(request, instance, moved)
-                failed.append({"instance": instance, "error": str(moved)})
-                self.counts["retried", instance] += 1
-                self._apply(self.coordinator.on_call_failed(
-                    sc, f"instance {instance} went down", retryable=True))
+                self._moved_off(sc, instance, request, failed)
                 continue
             except asyncio.CancelledError:  # this task was cancelled: its query is gone
                 self._forget(sc)
@@ -220,19 +226,45 @@ class ScheduledRouter:
                                finished=finished, priority=priority,
                                failed_attempts=tuple(failed))
 
+    def _moved_off(self, sc: ScheduledCall, instance: str, request: LLMRequest,
+                   failed: list[dict[str, str]]) -> None:
+        """The attempt's instance went down: the call goes back to the coordinator as a
+        retryable failure there (its admission charge refunded; another instance runs it),
+        and the answer's timeline shows the attempt."""
+        sc.payload = asyncio.get_running_loop().create_future()
+        moved = BackendError(f"instance {instance} went down: "
+                             f"{self.down_reasons.get(instance, '')}")
+        for listener in self.attempt_listeners:  # the answer's retries show it
+            listener(request, instance, moved)
+        failed.append({"instance": instance, "error": str(moved)})
+        self.counts["retried", instance] += 1
+        self._apply(self.coordinator.on_call_failed(
+            sc, f"instance {instance} went down", retryable=True))
+
+    def _interrupt(self, sc: ScheduledCall, attempt: int | None = None) -> None:
+        """Wake the watcher of ``sc``'s running attempt (``attempt``: only if it is that
+        one) at once: it was stopped, or its instance went down."""
+        entry = self._interrupts.get(sc)
+        if entry is not None and (attempt is None or entry[0] == attempt) \
+                and not entry[1].done():
+            entry[1].set_result(None)
+
     async def _watch(self, sc: ScheduledCall, instance: str, task: asyncio.Task[LLMResult],
                      started: float, attempt: int) -> LLMResult:
         """The backend's result, or ``CallTimedOut`` once the call is past its deadline or
         its stream has stalled (the backend task is then cancelled). The limit is
         re-evaluated as the time models learn, so a call sent to an instance before anyone
         knew it hangs is caught as soon as its peers show what "late" means. ``_Stopped``
-        as soon as it sees the attempt stopped (``_stop`` cancelled its task, which may
-        take its time to end): its deadline and stream are no longer watched;
-        ``_Redispatch`` once its instance went down. So the router's own cancels of a
+        as soon as the attempt is stopped (``_stop`` cancelled its task, which may take
+        its time to end, and resolved the attempt's interrupt, which wakes this at once):
+        its deadline and stream are no longer watched; ``_Redispatch`` as soon as its
+        instance went down (the same interrupt). So the router's own cancels of a
         backend task never reach the caller as ``CancelledError``: that is raised only
         when this task itself is cancelled (its query is), on every Python (no
         ``Task.cancelling()``, which 3.10 lacks)."""
         stall_s = self.health_settings.stall_s
+        entry = self._interrupts.get(sc)
+        waits: set[asyncio.Future[Any]] = {task} if entry is None else {task, entry[1]}
         try:
             while True:
                 if sc.preemptions != attempt:
@@ -256,8 +288,9 @@ class ScheduledRouter:
                 wait = min(left, max(0.05, min(1.0, limit / 8)))
                 if stall_s is not None and last is not None:
                     wait = min(wait, max(0.01, last + stall_s - now))
-                done, _ = await asyncio.wait({task}, timeout=wait)
-                if done:
+                done, _ = await asyncio.wait(waits, timeout=wait,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if task in done:
                     if sc.preemptions != attempt or (task.cancelled() and sc in self._moved):
                         continue  # stopped, or cut off its dead instance: see the top
                     return task.result()
@@ -267,6 +300,7 @@ class ScheduledRouter:
 
     def _forget(self, sc: ScheduledCall) -> None:
         self._inflight.pop(sc, None)
+        self._interrupts.pop(sc, None)
         self._progress_at.pop(sc, None)
         self._moved.discard(sc)
 
@@ -307,6 +341,7 @@ class ScheduledRouter:
         task = self._inflight.get(sc)
         if task is not None and not task.done():
             task.cancel()
+        self._interrupt(sc, d.attempt)
 
     def _health(self, transition: Transition | None) -> None:
         """Act on a health change: out of service (waiting calls move; when down, running
@@ -323,6 +358,7 @@ class ScheduledRouter:
                     if sc.instance == name and not task.done():
                         self._moved.add(sc)
                         task.cancel()
+                        self._interrupt(sc)
         elif new == HealthState.HEALTHY:
             self.down_reasons.pop(name, None)
             self._apply(self.coordinator.on_instance_up(name))

@@ -7,14 +7,26 @@ scrape time rather than mirrored, so it cannot drift. Scheduler decision time is
 around the coordinator's event handlers by an observer the service layer registers
 (``service.DecisionTimer``, ``Coordinator.add_observer``), never by clock reads inside the
 scheduler.
+
+Label values come only from the server's configuration (instances, stages, SLO classes),
+never straight from a request: every distinct value is a time series kept for the life of
+the process, so a value a client could choose would let clients grow ``/metrics`` without
+bound. A request naming an unknown SLO class is refused (400 ``unknown_slo_class``) before
+it counts anywhere; a class name that reaches the counters by another way (a router driven
+from Python, a class table changed at run time) is counted under ``UNKNOWN_CLASS``, one
+series however many such names there are.
 """
 
 from __future__ import annotations
 
+from collections import Counter as Counter_
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from agentflow.slo_classes import DEFAULT_CLASS, DEFAULT_SLO_CLASSES
 
 if TYPE_CHECKING:
     from agentflow.api import Answer, QueryHandle
@@ -23,6 +35,15 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
                     0.05, 0.1, 0.25)
+# the slo_class label of every class the server is not configured with
+UNKNOWN_CLASS = "unknown"
+
+
+def class_label(name: str | None, classes: Collection[str]) -> str:
+    """The ``slo_class`` label of a query of class ``name`` (None: the default class): the
+    name if ``classes`` (the configured ones) has it, else ``UNKNOWN_CLASS``."""
+    key = DEFAULT_CLASS if name is None else name
+    return key if key in classes else UNKNOWN_CLASS
 
 
 class ServerMetrics:
@@ -63,8 +84,13 @@ class ServerMetrics:
                                    ["status", "code"], registry=r)
         self._slo_met = 0
         self._slo_total = 0
+        # the configured SLO classes (labels any other class name maps away from)
+        self.classes: Callable[[], Collection[str]] = lambda: DEFAULT_SLO_CLASSES
 
     def bind(self, service: QueryService) -> None:
+        coordinator = service.coordinator  # its table, where a router passed in code has one
+        self.classes = lambda: {*service.af.config.scheduler.slo_classes,
+                                *(coordinator.slo_classes if coordinator is not None else ())}
         self.registry.register(_ClusterCollector(service, self))
 
     def observe_answer(self, handle: QueryHandle, answer: Answer | None) -> None:
@@ -80,8 +106,8 @@ class ServerMetrics:
             return
         if answer.latency_s is not None:
             self.query_latency.labels(status=status).observe(answer.latency_s)
-            self.class_latency.labels(slo_class=handle.slo_class or "", status=status).observe(
-                answer.latency_s)
+            self.class_latency.labels(slo_class=class_label(handle.slo_class, self.classes()),
+                                      status=status).observe(answer.latency_s)
         for stage in answer.stages:
             if stage.get("start") is not None and stage.get("end") is not None:
                 self.stage_latency.labels(stage=stage["stage"], kind=stage["kind"]).observe(
@@ -171,9 +197,11 @@ class _ClusterCollector:
                                         "(scheduler.preemption) and re-queued, by the stopped "
                                         "call's SLO class; not failures, timeouts or retries",
                                         labels=["instance", "slo_class"])
-        stopped: dict[tuple[str, str], int] = dict(getattr(router, "preempted", {}))
-        coord = getattr(router, "coordinator", None)
-        classes = sorted({*getattr(coord, "slo_classes", {}), *(k[1] for k in stopped)})
+        configured = self.metrics.classes()
+        stopped: Counter_[tuple[str, str]] = Counter_()
+        for (name, cls), n in dict(getattr(router, "preempted", {})).items():
+            stopped[name, class_label(cls, configured)] += n
+        classes = sorted({*configured, *(k[1] for k in stopped)})
         for name in tracker.instances:
             timeouts.add_metric([name, "deadline"], router.counts["timeout", name])
             timeouts.add_metric([name, "stalled"], router.counts["stalled", name])

@@ -175,6 +175,7 @@ class Simulation:
         self._dags: dict[str, GrowingDag] = {}  # query id -> what its pipeline has shown
         self._tool_s: dict[str, tuple[float, int]] = {}  # stage -> (mean duration, count)
         self.events = 0
+        self._progress_at: float | None = None  # when running calls' tokens were last read
 
     # ------------------------------------------------------------------------------ public
     def run(self, queries: list[TraceQuery], arrivals: list[float],
@@ -317,6 +318,7 @@ class Simulation:
                 self._push(now + recorded[node.id].duration_s, "tool_done", (query_id, node.id))
                 continue
             record.calls += 1
+            self._report_progress()
             call, decisions = self.coordinator.on_call_ready(
                 query_id, stage=node.stage, node_id=node.id,
                 prompt_tokens=recorded[node.id].prompt_tokens, payload=(query_id, node.id),
@@ -370,6 +372,8 @@ class Simulation:
             if call is None or call.instance != name or call.state != CallState.RUNNING \
                     or ev.seq_id != _engine_id(call):
                 continue  # an aborted call or attempt, or one that moved to another instance
+            if ev.kind != "progress":  # a finish or first token may admit, so stop calls
+                self._report_progress()
             if ev.kind == "finished":
                 del self._calls[call.id]
                 self._apply(self.coordinator.on_call_done(
@@ -381,6 +385,34 @@ class Simulation:
         self._reschedule(name)
 
     # ------------------------------------------------------------------------------ helpers
+    def _report_progress(self) -> None:
+        """Before a decision that may stop running calls (``scheduler.preemption``), tell the
+        coordinator how many tokens each has written by now, as serving's stream does
+        token by token. The engines' events say so only at 1, 2, 4, 8..., so preemption
+        would price a call 1000 tokens in as 512 in: less to redo, more left, a victim too
+        early. Read from the engines once per instant (nothing is written between two
+        decisions at one time), only while a preemption can happen: with it off, or one
+        class in flight, runs are unchanged to the digit. First tokens stay the engines'
+        events (they free a prefill slot, a decision of its own)."""
+        coordinator = self.coordinator
+        now = self.clock.now()
+        if coordinator.preemption is None or self._progress_at == now \
+                or len(coordinator.fairness.active_classes()) < 2:
+            return
+        self._progress_at = now
+        behind = []
+        for name, queue in coordinator.queues.items():
+            if not queue.running:
+                continue
+            written = self.instances[name].tokens_written(now)
+            for call in queue.running:
+                n = written.get(_engine_id(call))
+                if n is not None and 0 < call.attained_tokens < n:
+                    behind.append((call.seq, call, n))
+        behind.sort(key=lambda e: e[0])  # a set's order is no order: reports in call order
+        for _, call, n in behind:
+            self._apply(coordinator.on_call_progress(call, n))
+
     def _apply(self, decisions) -> None:
         now = self.clock.now()
         touched = set()
@@ -433,6 +465,7 @@ class Simulation:
 
     def _on_fault(self, fault: Fault) -> None:
         now = self.clock.now()
+        self._report_progress()
         name, engine = fault.instance, self.instances[fault.instance]
         if fault.kind == "slow":
             engine.set_slowdown(fault.factor, now)

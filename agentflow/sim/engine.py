@@ -467,6 +467,28 @@ class SimInstance:
                        kv_blocks_used=used, kv_blocks_total=self.kv_blocks_total,
                        preemptions=self.preemptions)
 
+    def tokens_written(self, t: float) -> dict[str, int]:
+        """Output tokens each running sequence has written by ``t``, as a streaming client
+        would count them. Events report only 1, 2, 4, 8... (a driver is not woken for
+        silent decode steps); whoever must see the count between them (preemption prices
+        a call's remainder and redo from it) reads it here. Reads, never advances: the
+        plan in flight is counted up to ``t`` and nothing is committed, so asking changes
+        no result."""
+        out = {s.id: s.generated for s in self._running}
+        p = self._plan
+        if p is None:
+            return out
+        if p.run:  # iteration j writes token g0 + j + 1 of every sequence
+            done = min(p.K, int(np.searchsorted(p.ends, t, side="right")))
+            for i, s in enumerate(p.seqs):
+                if s.state == _RUNNING:
+                    out[s.id] = int(p.g0[i]) + done
+        elif p.m == 0 and p.ends[0] <= t:  # one iteration, ended but not yet committed
+            for s, n in zip(p.seqs, p.ns):
+                if s.state == _RUNNING and s.computed + n == s.prompt + s.generated:
+                    out[s.id] = s.generated + 1
+        return out
+
     @property
     def idle(self) -> bool:
         return self._plan is None and not self._running and self._n_waiting == 0
