@@ -186,3 +186,25 @@ def test_in_the_simulator_the_clean_slope_is_the_decode_physics_and_the_plain_on
     # 8B decode step on an A100: that, not tens of percent, is what the clean slope holds
     assert clean_slope < 0.1 * plain_slope and 0.0 < clean_slope < 0.05
     assert abs(m.clean_decode_ratio - alone.clean_decode_ratio) < 0.1 * alone.clean_decode_ratio
+
+
+def test_a_prompt_queued_behind_another_has_done_none_of_its_prefill() -> None:
+    """The engine prefills the prompts admitted before a call first, so 5 s after admission
+    behind a 10 s prompt a call has done none of its own: all 10 s of it are left, and
+    stopping it loses nothing (review finding: counted from admission, it had 'done' 5 s)."""
+    from agentflow.scheduler.preemption import prefill_left_s, redo_s
+
+    c = coordinator("flowsage", {"b": 100}, max_inflight=4)
+    c.time_models["fast"] = InstanceTimeModel(prefill_s_per_token=0.01, decode_s_per_token=1.0)
+    calls = []
+    for qid in ("first", "second"):
+        c.on_query_arrival(qid, deadline=None, slo_class="batch")
+        call, _ = c.on_call_ready(qid, stage="b", node_id=f"{qid}.0", prompt_tokens=1000)
+        calls.append(call)
+    c.clock.advance_to(5.0)
+    first, second = calls
+    model = c.time_models["fast"]
+    own = float(model.prefill_s(1000))
+    assert abs(prefill_left_s(c, first, "fast", 5.0) - (own - 5.0)) < 1e-9
+    assert abs(prefill_left_s(c, second, "fast", 5.0) - own) < 1e-9
+    assert abs(redo_s(c, second, "fast", 5.0)) < 1e-9

@@ -146,11 +146,15 @@ def remaining_s(coordinator: Any, call: ScheduledCall, instance: str, now: float
 
 def prefill_left_s(coordinator: Any, call: ScheduledCall, instance: str, now: float) -> float:
     """Expected seconds of ``call``'s prompt still to prefill on ``instance`` (0 once it has
-    written a token)."""
+    written a token). Its own prefill began only after the prompts admitted there before it
+    and not yet prefilled (``prefill_ahead_at_start``, served first by the engine's token
+    budget), so the time since admission less theirs is what it has done."""
     if call.attained_tokens > 0 or call.started_at is None:
         return 0.0
     model = coordinator.time_models[instance]
-    return max(0.0, float(model.prefill_s(call.tokens_on(instance))) - (now - call.started_at))
+    ahead_s = call.prefill_ahead_at_start * model.prefill_s_per_token * model.prefill_ratio
+    done_s = max(0.0, now - call.started_at - ahead_s)
+    return max(0.0, float(model.prefill_s(call.tokens_on(instance))) - done_s)
 
 
 def budget_s(coordinator: Any, call: ScheduledCall, alone_s: float, now: float) -> float:
