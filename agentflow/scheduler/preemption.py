@@ -41,8 +41,11 @@ Dispatch is unchanged: it prices instances with the worse-class calls on them. P
 as already stopped (their slots free, their prefill gone) was measured and dropped: with
 ``NET_SAVING`` most are not stopped, and better-class calls sent to them co-ran with them.
 
-Measured (off by default, ``scheduler.preemption``): loopback serving on single-slot scripted
-instances, interactive P95 under a batch flood 0.58x of without, batch answers 1.21x
+Measured (off by default, ``scheduler.preemption``; figures of an earlier form of the rule,
+before redo counted only the prefill done and the co-runner delay the clean slope plus the
+prefill left — the closing notes of issue 22 carry the later ones): loopback serving on
+single-slot scripted instances, interactive P95 under a batch flood 0.58x of without, batch
+answers 1.21x on a shared machine, 0.99-1.00x and 0.42-0.92x on a quiet one
 (``benchmarks/serving_classes.py --policies flowsage --preemption off,class``); the
 simulated tenant grid (``benchmarks/policy_suite.py --tenants``), interactive P95 -12% to +9%
 per cell, batch throughput -1% to +3%, 0.07-0.5 calls stopped per batch query: on 64-slot

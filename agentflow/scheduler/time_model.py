@@ -143,7 +143,7 @@ class InstanceTimeModel:
                               max(co_runners_at_start, 0.0) * self.decode_s_per_token)
         if output_tokens > 1 and total_s > ttft_s:
             ratio = (total_s - ttft_s) / ((output_tokens - 1) * self.decode_s_per_token)
-            ratio = min(max(ratio, 0.05), 20)
+            ratio = min(max(ratio, RATIO_FLOOR), RATIO_CEILING)
             self.decode_ratio = (1 - a) * self.decode_ratio + a * ratio
             clean: float | None = ratio
             if prefill_during_tokens is not None and math.isfinite(prefill_during_tokens):
