@@ -81,8 +81,10 @@ from rvs_attribution import (  # noqa: E402
     real_split,
     sim_split,
 )
+from rvs_chain import print_worst_queries  # noqa: E402
 from rvs_environment import Quietness  # noqa: E402
 from rvs_normalise import instance_slowdowns, lone_calls, machine_factors  # noqa: E402
+from rvs_precalibrate import describe, fit_speed, measure_lone, workload_shapes  # noqa: E402
 from rvs_probe import probe  # noqa: E402
 
 _WORDS = ("time year people way day man thing woman life child world school state family "
@@ -191,10 +193,13 @@ class Outcome:
 
 
 # ----------------------------------------------------------------------------- simulator
-def sim_engines(cluster_path: str) -> dict[str, SimInstance]:
-    """The simulated engine of every instance, with the limits its backend really has."""
+def sim_engines(cluster_path: str, profiles: dict[str, hardware.GPUProfile] | None = None
+                ) -> dict[str, SimInstance]:
+    """The simulated engine of every instance, with the limits its backend really has
+    (``profiles``: per instance, a hardware profile in place of its named one)."""
     cluster = load_cluster(cluster_path)
-    return {name: engine_for(name, engine_limits(cfg)) for name, cfg in cluster.expanded()}
+    return {name: engine_for(name, engine_limits(cfg), (profiles or {}).get(name))
+            for name, cfg in cluster.expanded()}
 
 
 def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
@@ -800,6 +805,7 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
                                {c.id: c.instance for cs in w.calls for c in cs})
     table = breakdown(real.split, sim.split, conc)
     print_breakdown(table)
+    print_worst_queries(w, real.submit, real.finish, real.split, sim)
     median_call = float(np.median(call_err))
     p95_query = float(np.percentile(q_err, 95))
     return {"median_call_error": median_call, "p95_query_error": p95_query,
@@ -834,9 +840,67 @@ def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
     if "call_submit_s" in saved:  # runs saved since the lone-call figure
         real = Outcome(submit=dict(zip(ids, saved["call_submit_s"], strict=True)),
                        finish=dict(zip(ids, saved["call_finish_s"], strict=True)))
+        if "calls" in saved:
+            real.split = real_splits
+            print_worst_queries(w, real.submit, real.finish, real.split, sim)
         lone_normalised(w, real, cluster_path)
-    print(f"median |sim-real|/real per call: {np.median(call_err):.4f}")
-    print(f"P95 error per query: {np.percentile(q_err, 95):.4f}")
+    median, p95 = float(np.median(call_err)), float(np.percentile(q_err, 95))
+    if "calibrate_first" in saved and "call_submit_s" in saved:
+        rows = {n: [tuple(r) for r in v["rows"]]
+                for n, v in saved["calibrate_first"]["instances"].items()}
+        print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
+        figures = calibrated_first(w, real, cluster_path, rows)["figures"]
+        median, p95 = figures["median_call_error"], figures["p95_query_error"]
+    print(f"median |sim-real|/real per call: {median:.4f}")
+    print(f"P95 error per query: {p95:.4f}")
+
+
+def calibrate_first_rows(backends: dict[str, Any], maker: PromptMaker, w: Workload,
+                         repeats: int, loop: asyncio.AbstractEventLoop
+                         ) -> dict[str, list[tuple]]:
+    """``--calibrate-first``'s lone requests (``rvs_precalibrate``), run before the replay."""
+    shapes = workload_shapes([(c.prompt_tokens, c.output_tokens) for cs in w.calls
+                              for c in cs])
+    print(f"calibrate-first: lone requests of shapes {shapes} x {repeats} on every "
+          "instance at once, before the replay")
+    t = time.perf_counter()
+    rows = loop.run_until_complete(measure_lone(backends, maker.make, shapes, repeats))
+    print(f"calibrate-first: {sum(len(r) for r in rows.values())} requests in "
+          f"{time.perf_counter() - t:.1f} s")
+    return rows
+
+
+def calibrated_first(w: Workload, real: Outcome, cluster_path: str,
+                     rows: dict[str, list[tuple]]) -> dict[str, Any]:
+    """The replay simulated again with each instance's profile fitted to its own
+    ``--calibrate-first`` rows (speeds and per-request cost only; ``rvs_precalibrate``)."""
+    cluster = dict(load_cluster(cluster_path).expanded())
+    profiles: dict[str, hardware.GPUProfile] = {}
+    out: dict[str, Any] = {"instances": {}}
+    for name, inst_rows in rows.items():
+        cfg = cluster[name]
+        limits = engine_limits(cfg)
+        model = engine_for(name, limits).model
+        base = hardware.gpu(cfg.gpu)
+
+        def simulate(g: hardware.GPUProfile, p: int, o: int) -> tuple[float, float]:
+            return sim_single(g, model, limits, p, o)  # noqa: B023 (used in this loop)
+
+        fitted, before, after = fit_speed(inst_rows, base, simulate)
+        profiles[name] = fitted
+        print(f"calibrate-first {name}: {describe(base, fitted)}; its rows' median |err| "
+              f"{before * 100:.1f}% on the stored profile, {after * 100:.1f}% fitted")
+        out["instances"][name] = {"rows": [list(r) for r in inst_rows],
+                                  "fitted": {f: getattr(fitted, f) for f in FIT_FIELDS +
+                                             ("peak_tflops", "mem_bw_gbs")},
+                                  "rows_error_stored": before, "rows_error_fitted": after}
+    sim = replay_sim(w, sim_engines(cluster_path, profiles))
+    out["figures"] = error_figures(w, real, sim)
+    print(f"calibrate-first: median per call {out['figures']['median_call_error']:.4f}, "
+          f"P95 per query {out['figures']['p95_query_error']:.4f}")
+    if real.split:
+        print_worst_queries(w, real.submit, real.finish, real.split, sim)
+    return out
 
 
 def lone_normalised(w: Workload, real: Outcome, cluster_path: str) -> dict[str, Any] | None:
@@ -942,7 +1006,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="skip the single-request probes before and after the replay")
     ap.add_argument("--calibrate", action="store_true",
                     help="fit the hardware profile from single requests instead")
-    ap.add_argument("--repeats", type=int, default=2, help="--calibrate: rounds of the grid")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="--calibrate / --calibrate-first: rounds of the grid")
+    ap.add_argument("--calibrate-first", action="store_true",
+                    help="before the replay, time a few lone requests of the workload's "
+                    "shapes on every instance and fit each one's compute speed, memory speed "
+                    "and per-request cost on top of its profile (rvs_precalibrate); the "
+                    "replay is then simulated on both, the stored profile's figures are "
+                    "printed too, and the last two lines are the calibrated ones")
     ap.add_argument("--refit", metavar="JSON",
                     help="--calibrate: fit the rows an earlier --calibrate --json saved")
     ap.add_argument("--cpu-share", action="store_true",
@@ -995,6 +1066,8 @@ def main(argv: list[str] | None = None) -> None:
         probes = {}
         if args.probe:
             probes["before"] = loop.run_until_complete(probe(backends, maker.make, fresh))
+        first_rows = calibrate_first_rows(backends, maker, w, args.repeats, loop) \
+            if args.calibrate_first else None
         real = loop.run_until_complete(replay_real(w, backends, prompts))
         busy = {name: b.metrics().get("n_busy_slots_per_decode", float("nan"))
                 for name, b in backends.items() if hasattr(b, "metrics")}
@@ -1041,10 +1114,16 @@ def main(argv: list[str] | None = None) -> None:
     normalised = lone_normalised(w, real, args.cluster)
     if normalised is not None:
         result["lone_normalised"] = normalised
+    median, p95 = result["median_call_error"], result["p95_query_error"]
+    if first_rows is not None:
+        result["calibrate_first"] = calibrated_first(w, real, args.cluster, first_rows)
+        print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
+        median = result["calibrate_first"]["figures"]["median_call_error"]
+        p95 = result["calibrate_first"]["figures"]["p95_query_error"]
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), **result}, indent=1))
-    print(f"median |sim-real|/real per call: {result['median_call_error']:.4f}")
-    print(f"P95 error per query: {result['p95_query_error']:.4f}")
+    print(f"median |sim-real|/real per call: {median:.4f}")
+    print(f"P95 error per query: {p95:.4f}")
 
 
 if __name__ == "__main__":

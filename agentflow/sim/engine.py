@@ -812,13 +812,14 @@ class SimInstance:
                 self._running = [s for s in self._running if s.state == _RUNNING]
 
 
-def engine_for(name: str, cfg) -> SimInstance:
+def engine_for(name: str, cfg, gpu: hardware.GPUProfile | None = None) -> SimInstance:
     """The engine an ``InstanceConfig`` describes: its GPU and model profiles at its weight
-    and KV precision, tensor parallelism and vLLM limits."""
+    and KV precision, tensor parallelism and vLLM limits (``gpu``: a profile to use in
+    place of the named one, e.g. one calibrated on the machine at hand)."""
     model = hardware.model(cfg.model)
     if (cfg.weight_bits, cfg.kv_bits) != (16, 16):
         model = model.quantized(cfg.weight_bits, cfg.kv_bits)
-    engine = SimInstance(gpu=hardware.gpu(cfg.gpu), model=model,
+    engine = SimInstance(gpu=gpu or hardware.gpu(cfg.gpu), model=model,
                          tensor_parallel=cfg.tensor_parallel, max_num_seqs=cfg.max_num_seqs,
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, name=name)
