@@ -856,11 +856,17 @@ def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
 
 
 def calibrate_first_rows(backends: dict[str, Any], maker: PromptMaker, w: Workload,
-                         repeats: int, loop: asyncio.AbstractEventLoop
+                         cluster_path: str, repeats: int, loop: asyncio.AbstractEventLoop
                          ) -> dict[str, list[tuple]]:
     """``--calibrate-first``'s lone requests (``rvs_precalibrate``), run before the replay."""
-    shapes = workload_shapes([(c.prompt_tokens, c.output_tokens) for cs in w.calls
-                              for c in cs])
+    cluster = dict(load_cluster(cluster_path).expanded())
+    calls = [c for cs in w.calls for c in cs]
+    weights = []
+    for c in calls:  # each call's time alone on its instance's stored profile
+        limits = engine_limits(cluster[c.instance])
+        weights.append(sim_single(hardware.gpu(limits.gpu), engine_for(c.instance, limits).model,
+                                  limits, c.prompt_tokens, c.output_tokens)[1])
+    shapes = workload_shapes([(c.prompt_tokens, c.output_tokens) for c in calls], weights)
     print(f"calibrate-first: lone requests of shapes {shapes} x {repeats} on every "
           "instance at once, before the replay")
     t = time.perf_counter()
@@ -1066,7 +1072,8 @@ def main(argv: list[str] | None = None) -> None:
         probes = {}
         if args.probe:
             probes["before"] = loop.run_until_complete(probe(backends, maker.make, fresh))
-        first_rows = calibrate_first_rows(backends, maker, w, args.repeats, loop) \
+        first_rows = calibrate_first_rows(backends, maker, w, args.cluster, args.repeats,
+                                          loop) \
             if args.calibrate_first else None
         real = loop.run_until_complete(replay_real(w, backends, prompts))
         busy = {name: b.metrics().get("n_busy_slots_per_decode", float("nan"))

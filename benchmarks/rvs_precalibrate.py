@@ -10,8 +10,9 @@ then uses. Nothing here sees the replay's timings: it runs before the first arri
 What it measures: on every instance at once (each server has its own core, and during the
 replay both cores are busy, so both run here too), a few requests one at a time per
 instance, of the workload's own call shapes (token counts, known before the replay: the
-median prompt and output of each quarter of its calls sorted by prompt length), timed as the
-caller sees them (submit to first token, submit to last token).
+median prompt and output of each quarter of its calls sorted by prompt length, quarters of
+equal simulated time on the stored profile), timed as the caller sees them (submit to first
+token, submit to last token).
 
 What it fits, per instance: three numbers on top of the stored profile, by least squares of
 the simulated single-request times (relative error of the time to first token and of the
@@ -40,14 +41,23 @@ Row = tuple[int, int, float, float]
 Simulate = Callable[[hardware.GPUProfile, int, int], tuple[float, float]]
 
 
-def workload_shapes(shapes: Sequence[tuple[int, int]], groups: int = 4) -> list[tuple[int, int]]:
+def workload_shapes(shapes: Sequence[tuple[int, int]], weights: Sequence[float],
+                    groups: int = 4) -> list[tuple[int, int]]:
     """``groups`` (prompt, output) shapes that stand for a workload's calls: its calls sorted
-    by prompt length, cut into equal-count groups, each group's median prompt and output."""
-    if not shapes:
-        raise ValueError("no calls to take shapes from")
-    ordered = sorted(shapes)
+    by prompt length, cut into groups of equal total weight (each call's ``weights``: its
+    time alone on the stored profile, so the calls that carry the time are represented, not
+    the many one-token ones), each group's median prompt and output."""
+    if not shapes or len(shapes) != len(weights):
+        raise ValueError("need one weight per call, and at least one call")
+    order = sorted(range(len(shapes)), key=lambda i: shapes[i])
+    cum = np.cumsum([max(float(weights[i]), 0.0) for i in order])
+    total = cum[-1] if cum[-1] > 0 else 1.0
+    group = np.minimum((cum - 1e-12 * total) / total * groups, groups - 1).astype(int)
     out: list[tuple[int, int]] = []
-    for part in np.array_split(np.asarray(ordered), min(groups, len(ordered))):
+    for g in range(groups):
+        part = np.asarray([shapes[order[k]] for k in range(len(order)) if group[k] == g])
+        if not len(part):
+            continue
         shape = (int(np.median(part[:, 0])), max(1, int(np.median(part[:, 1]))))
         if shape not in out:
             out.append(shape)
@@ -100,10 +110,13 @@ def fit_speed(rows: Sequence[Row], base: hardware.GPUProfile, simulate: Simulate
     def profile(x: np.ndarray) -> hardware.GPUProfile:
         return replace(base, **dict(zip(SPEED_FIELDS, np.exp(x).tolist(), strict=True)))
 
+
     x0 = np.log([max(getattr(base, f), 1e-4) for f in SPEED_FIELDS])
     # speeds within 4x of the stored profile either way; the overhead up to 1 s
-    lo = np.concatenate([x0[:2] - np.log(4.0), [np.log(1e-6)]])
-    hi = np.concatenate([x0[:2] + np.log(4.0), [0.0]])
+    lo = np.asarray([x0[i] - np.log(4.0) if f != "request_overhead_s" else np.log(1e-6)
+                     for i, f in enumerate(SPEED_FIELDS)])
+    hi = np.asarray([x0[i] + np.log(4.0) if f != "request_overhead_s" else 0.0
+                     for i, f in enumerate(SPEED_FIELDS)])
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
     fit = least_squares(lambda x: residuals(profile(x), rows, simulate), x0,
                         bounds=(lo, hi), diff_step=1e-3)
