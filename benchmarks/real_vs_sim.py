@@ -215,12 +215,16 @@ def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
 
 
 # Calls that become ready together reach a server one after another: the real side is one
-# client sending each on its own loopback connection (a few ms apart), and llama-server
-# starts a step as soon as the first is in, so the rest wait for that step (measured: of
-# four 96-token evaluations sent at once, one ran its first chunk alone, 0.45 s, the other
-# three joined the next step). The simulated engine batches requests that arrive at the same
-# instant, so the replay sends them this far apart, in the real side's order.
-SEND_GAP_S = 0.002
+# client sending each on its own loopback connection, and llama-server starts a step as soon
+# as the first is in, so the rest wait for that step (measured: of four 96-token evaluations
+# sent at once, one ran its first chunk alone, 0.45 s, the other three joined the next step).
+# Sent at once, which one the server got first was a coin toss (of sibling calls submitted
+# together in four recorded replays, the later one in trace order started first in 200 pairs
+# of 419 told apart), and when prompts overflow a step the first in runs its prompt a step
+# ahead. So both sides send the calls that are ready for an instance in trace order, this far
+# apart: the real side waits before each send (a wait the caller's latency includes), the
+# simulated one adds them this far apart and counts the gap as queue.
+SEND_GAP_S = 0.02
 
 
 def replay_sim(w: Workload, engines: dict[str, SimInstance],
@@ -313,18 +317,54 @@ class PromptMaker:
             self._llm.close()
 
 
-async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, str]) -> Outcome:
+class _Sender:
+    """One instance's sends, ``gap_s`` apart, the ready calls in trace order (``SEND_GAP_S``):
+    a call waits for its turn, and each turn goes to the lowest trace position waiting."""
+
+    def __init__(self, gap_s: float):
+        self.gap_s = gap_s
+        self._waiting: list[tuple[int, asyncio.Future]] = []
+        self._busy = False
+        self._last = float("-inf")
+
+    async def turn(self, position: int) -> None:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (position, fut))
+        if not self._busy:
+            self._busy = True
+            asyncio.ensure_future(self._run())
+        await fut
+
+    async def _run(self) -> None:
+        try:
+            await asyncio.sleep(0)  # siblings woken by the same parent register first
+            while self._waiting:
+                wait = self._last + self.gap_s - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._last = time.perf_counter()
+                heapq.heappop(self._waiting)[1].set_result(None)
+                await asyncio.sleep(0)
+        finally:
+            self._busy = False
+
+
+async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, str],
+                      send_gap_s: float = SEND_GAP_S) -> Outcome:
     from agentflow.llm.base import LLMRequest, SamplingParams
 
     out = Outcome()
     t0 = time.perf_counter()
     done: dict[str, asyncio.Event] = {c.id: asyncio.Event() for cs in w.calls for c in cs}
+    trace_order = {c.id: k for k, c in enumerate(x for cs in w.calls for x in cs)}
+    senders = {name: _Sender(send_gap_s) for name in backends}
 
     async def run_call(c: Call, arrival: float) -> None:
         await asyncio.sleep(max(0.0, arrival - (time.perf_counter() - t0)))
         for p in c.parents:
             await done[p].wait()
         out.submit[c.id] = time.perf_counter() - t0
+        await senders[c.instance].turn(trace_order[c.id])
         request = LLMRequest(prompt=prompts[c.id], params=SamplingParams(
             max_tokens=c.output_tokens, temperature=0.0), stage="replay",
             query_id=f"q{c.query}")
