@@ -117,6 +117,8 @@ class Workload:
     scale: float
     max_prompt: int | None
     max_output: int | None
+    # both sides send the calls ready for one instance this far apart (SEND_GAP_S)
+    send_gap_s: float = 0.02
 
 
 def scaled(n: int, scale: float, cap: int | None) -> int:
@@ -126,7 +128,7 @@ def scaled(n: int, scale: float, cap: int | None) -> int:
 
 def build_workload(queries: list[TraceQuery], instances: list[str], *, rate: float,
                    seed: int, scale: float, max_prompt: int | None, max_output: int | None,
-                   assign: str) -> Workload:
+                   assign: str, send_gap_s: float | None = None) -> Workload:
     """Arrivals and calls; tool steps (agentflow traces) are dropped and their children
     depend on the tool's parents, since only the LLM engines are being compared."""
     arrivals = [float(t) for t in arrival_times(len(queries), rate, seed=seed)]
@@ -148,7 +150,8 @@ def build_workload(queries: list[TraceQuery], instances: list[str], *, rate: flo
                               scaled(n.prompt_tokens, scale, max_prompt),
                               scaled(n.output_tokens, scale, max_output), inst))
         out.append(calls)
-    return Workload(arrivals, out, scale, max_prompt, max_output)
+    return Workload(arrivals, out, scale, max_prompt, max_output,
+                    SEND_GAP_S if send_gap_s is None else send_gap_s)
 
 
 def _llm_parents(by_id: dict, llm: set[str], node_id: str) -> set[str]:
@@ -225,13 +228,17 @@ def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
 # apart: the real side waits before each send (a wait the caller's latency includes), the
 # simulated one adds them this far apart and counts the gap as queue.
 SEND_GAP_S = 0.02
+OLD_SEND_GAP_S = 0.002  # what runs saved without ``send_gap`` were simulated with
 
 
 def replay_sim(w: Workload, engines: dict[str, SimInstance],
-               send_gap_s: float = SEND_GAP_S) -> Outcome:
+               send_gap_s: float | None = None) -> Outcome:
     """Event-driven DAG replay in virtual time: a call is added to its engine when its last
-    parent finishes (at least ``send_gap_s`` after the previous call sent to that engine);
-    engines advance to the earliest pending event across all of them."""
+    parent finishes (at least ``send_gap_s``, default the workload's, after the previous
+    call sent to that engine); engines advance to the earliest pending event across all of
+    them."""
+    if send_gap_s is None:
+        send_gap_s = w.send_gap_s
     t_start = time.perf_counter()
     out = Outcome()
     last_sent: dict[str, float] = {}
@@ -349,15 +356,15 @@ class _Sender:
             self._busy = False
 
 
-async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, str],
-                      send_gap_s: float = SEND_GAP_S) -> Outcome:
+async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, str]
+                      ) -> Outcome:
     from agentflow.llm.base import LLMRequest, SamplingParams
 
     out = Outcome()
     t0 = time.perf_counter()
     done: dict[str, asyncio.Event] = {c.id: asyncio.Event() for cs in w.calls for c in cs}
     trace_order = {c.id: k for k, c in enumerate(x for cs in w.calls for x in cs)}
-    senders = {name: _Sender(send_gap_s) for name in backends}
+    senders = {name: _Sender(w.send_gap_s) for name in backends}
 
     async def run_call(c: Call, arrival: float) -> None:
         await asyncio.sleep(max(0.0, arrival - (time.perf_counter() - t0)))
@@ -1042,6 +1049,9 @@ def main(argv: list[str] | None = None) -> None:
                     "tokenizer (default: the first llama_server instance's GGUF)")
     ap.add_argument("--assign", choices=("query", "call"), default="query")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--send-gap", type=float, default=SEND_GAP_S, metavar="S",
+                    help="both sides send the calls ready for an instance in trace order, "
+                    f"this many seconds apart (default {SEND_GAP_S})")
     ap.add_argument("--plot", default="real_vs_sim.png", help="where to save the plot")
     ap.add_argument("--json", help="also write the numbers to this file")
     ap.add_argument("--resim", metavar="JSON",
@@ -1074,6 +1084,8 @@ def main(argv: list[str] | None = None) -> None:
         for key in ("trace", "rate", "quick", "queries", "skip", "scale", "max_prompt",
                     "max_output", "assign", "seed"):
             setattr(args, key, saved_args[key])
+        # runs saved before the real side spaced its sends: the simulator's 2 ms then
+        args.send_gap = saved_args.get("send_gap", OLD_SEND_GAP_S)
     if args.calibrate:
         calibrate(args)
         return
@@ -1087,7 +1099,7 @@ def main(argv: list[str] | None = None) -> None:
     engines = sim_engines(args.cluster)
     w = build_workload(queries, list(engines), rate=args.rate, seed=args.seed, scale=scale,
                        max_prompt=args.max_prompt, max_output=args.max_output,
-                       assign=args.assign)
+                       assign=args.assign, send_gap_s=args.send_gap)
     n_calls = sum(len(c) for c in w.calls)
     print(f"# {len(queries)} queries ({n_calls} LLM calls) of {args.trace} at {args.rate}/s, "
           f"tokens x{scale} (caps: prompt {args.max_prompt}, output {args.max_output}), "
