@@ -38,6 +38,18 @@ beside the raw ones (``--no-probe`` skips them). ``--resim JSON`` runs only the 
 against the real side an earlier ``--json`` saved, to check a simulator change on
 measurements already taken.
 
+``--calibrate-first`` times, just before the replay, a few lone requests of the workload's
+own call shapes on every instance at once and fits each instance's compute speed, memory
+speed and per-request cost on top of its stored profile (``rvs_precalibrate``: what it
+measures and why); the replay is then simulated on both, the stored profile's figures are
+printed (``stored profile: ...``) and the last two lines are the calibrated ones. It never
+sees the replay's timings; ``--resim`` refits the rows the run saved. The worst queries'
+critical chains, phase by phase, and how often each engine served two waiting calls in the
+other order than the real server are printed with every figure (``rvs_chain``).
+
+Sends: both sides send the calls ready for one instance in trace order, ``--send-gap`` apart
+(``SEND_GAP_S``; runs saved before it were sent at once and re-simulate with 2 ms).
+
 ``--calibrate`` runs single requests (one at a time, on the first instance) over a grid of
 prompt and output lengths and fits the hardware profile's efficiencies and overheads by least
 squares of the simulator's single-request latency (prefill and decode time, relative error),
