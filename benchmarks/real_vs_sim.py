@@ -38,6 +38,18 @@ beside the raw ones (``--no-probe`` skips them). ``--resim JSON`` runs only the 
 against the real side an earlier ``--json`` saved, to check a simulator change on
 measurements already taken.
 
+``--calibrate-first`` times, just before the replay, a few lone requests of the workload's
+own call shapes on every instance at once and fits each instance's compute speed, memory
+speed and per-request cost on top of its stored profile (``rvs_precalibrate``: what it
+measures and why); the replay is then simulated on both, the stored profile's figures are
+printed (``stored profile: ...``) and the last two lines are the calibrated ones. It never
+sees the replay's timings; ``--resim`` refits the rows the run saved. The worst queries'
+critical chains, phase by phase, and how often each engine served two waiting calls in the
+other order than the real server are printed with every figure (``rvs_chain``).
+
+Sends: both sides send the calls ready for one instance in trace order, ``--send-gap`` apart
+(``SEND_GAP_S``; runs saved before it were sent at once and re-simulate with 2 ms).
+
 ``--calibrate`` runs single requests (one at a time, on the first instance) over a grid of
 prompt and output lengths and fits the hardware profile's efficiencies and overheads by least
 squares of the simulator's single-request latency (prefill and decode time, relative error),
@@ -81,8 +93,10 @@ from rvs_attribution import (  # noqa: E402
     real_split,
     sim_split,
 )
+from rvs_chain import print_worst_queries  # noqa: E402
 from rvs_environment import Quietness  # noqa: E402
 from rvs_normalise import instance_slowdowns, lone_calls, machine_factors  # noqa: E402
+from rvs_precalibrate import describe, fit_speed, measure_lone, workload_shapes  # noqa: E402
 from rvs_probe import probe  # noqa: E402
 
 _WORDS = ("time year people way day man thing woman life child world school state family "
@@ -115,6 +129,8 @@ class Workload:
     scale: float
     max_prompt: int | None
     max_output: int | None
+    # both sides send the calls ready for one instance this far apart (SEND_GAP_S)
+    send_gap_s: float = 0.02
 
 
 def scaled(n: int, scale: float, cap: int | None) -> int:
@@ -124,7 +140,7 @@ def scaled(n: int, scale: float, cap: int | None) -> int:
 
 def build_workload(queries: list[TraceQuery], instances: list[str], *, rate: float,
                    seed: int, scale: float, max_prompt: int | None, max_output: int | None,
-                   assign: str) -> Workload:
+                   assign: str, send_gap_s: float | None = None) -> Workload:
     """Arrivals and calls; tool steps (agentflow traces) are dropped and their children
     depend on the tool's parents, since only the LLM engines are being compared."""
     arrivals = [float(t) for t in arrival_times(len(queries), rate, seed=seed)]
@@ -146,7 +162,8 @@ def build_workload(queries: list[TraceQuery], instances: list[str], *, rate: flo
                               scaled(n.prompt_tokens, scale, max_prompt),
                               scaled(n.output_tokens, scale, max_output), inst))
         out.append(calls)
-    return Workload(arrivals, out, scale, max_prompt, max_output)
+    return Workload(arrivals, out, scale, max_prompt, max_output,
+                    SEND_GAP_S if send_gap_s is None else send_gap_s)
 
 
 def _llm_parents(by_id: dict, llm: set[str], node_id: str) -> set[str]:
@@ -191,10 +208,13 @@ class Outcome:
 
 
 # ----------------------------------------------------------------------------- simulator
-def sim_engines(cluster_path: str) -> dict[str, SimInstance]:
-    """The simulated engine of every instance, with the limits its backend really has."""
+def sim_engines(cluster_path: str, profiles: dict[str, hardware.GPUProfile] | None = None
+                ) -> dict[str, SimInstance]:
+    """The simulated engine of every instance, with the limits its backend really has
+    (``profiles``: per instance, a hardware profile in place of its named one)."""
     cluster = load_cluster(cluster_path)
-    return {name: engine_for(name, engine_limits(cfg)) for name, cfg in cluster.expanded()}
+    return {name: engine_for(name, engine_limits(cfg), (profiles or {}).get(name))
+            for name, cfg in cluster.expanded()}
 
 
 def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
@@ -210,19 +230,27 @@ def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
 
 
 # Calls that become ready together reach a server one after another: the real side is one
-# client sending each on its own loopback connection (a few ms apart), and llama-server
-# starts a step as soon as the first is in, so the rest wait for that step (measured: of
-# four 96-token evaluations sent at once, one ran its first chunk alone, 0.45 s, the other
-# three joined the next step). The simulated engine batches requests that arrive at the same
-# instant, so the replay sends them this far apart, in the real side's order.
-SEND_GAP_S = 0.002
+# client sending each on its own loopback connection, and llama-server starts a step as soon
+# as the first is in, so the rest wait for that step (measured: of four 96-token evaluations
+# sent at once, one ran its first chunk alone, 0.45 s, the other three joined the next step).
+# Sent at once, which one the server got first was a coin toss (of sibling calls submitted
+# together in four recorded replays, the later one in trace order started first in 200 pairs
+# of 419 told apart), and when prompts overflow a step the first in runs its prompt a step
+# ahead. So both sides send the calls that are ready for an instance in trace order, this far
+# apart: the real side waits before each send (a wait the caller's latency includes), the
+# simulated one adds them this far apart and counts the gap as queue.
+SEND_GAP_S = 0.02
+OLD_SEND_GAP_S = 0.002  # what runs saved without ``send_gap`` were simulated with
 
 
 def replay_sim(w: Workload, engines: dict[str, SimInstance],
-               send_gap_s: float = SEND_GAP_S) -> Outcome:
+               send_gap_s: float | None = None) -> Outcome:
     """Event-driven DAG replay in virtual time: a call is added to its engine when its last
-    parent finishes (at least ``send_gap_s`` after the previous call sent to that engine);
-    engines advance to the earliest pending event across all of them."""
+    parent finishes (at least ``send_gap_s``, default the workload's, after the previous
+    call sent to that engine); engines advance to the earliest pending event across all of
+    them."""
+    if send_gap_s is None:
+        send_gap_s = w.send_gap_s
     t_start = time.perf_counter()
     out = Outcome()
     last_sent: dict[str, float] = {}
@@ -308,18 +336,54 @@ class PromptMaker:
             self._llm.close()
 
 
-async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, str]) -> Outcome:
+class _Sender:
+    """One instance's sends, ``gap_s`` apart, the ready calls in trace order (``SEND_GAP_S``):
+    a call waits for its turn, and each turn goes to the lowest trace position waiting."""
+
+    def __init__(self, gap_s: float):
+        self.gap_s = gap_s
+        self._waiting: list[tuple[int, asyncio.Future]] = []
+        self._busy = False
+        self._last = float("-inf")
+
+    async def turn(self, position: int) -> None:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (position, fut))
+        if not self._busy:
+            self._busy = True
+            asyncio.ensure_future(self._run())
+        await fut
+
+    async def _run(self) -> None:
+        try:
+            await asyncio.sleep(0)  # siblings woken by the same parent register first
+            while self._waiting:
+                wait = self._last + self.gap_s - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._last = time.perf_counter()
+                heapq.heappop(self._waiting)[1].set_result(None)
+                await asyncio.sleep(0)
+        finally:
+            self._busy = False
+
+
+async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, str]
+                      ) -> Outcome:
     from agentflow.llm.base import LLMRequest, SamplingParams
 
     out = Outcome()
     t0 = time.perf_counter()
     done: dict[str, asyncio.Event] = {c.id: asyncio.Event() for cs in w.calls for c in cs}
+    trace_order = {c.id: k for k, c in enumerate(x for cs in w.calls for x in cs)}
+    senders = {name: _Sender(w.send_gap_s) for name in backends}
 
     async def run_call(c: Call, arrival: float) -> None:
         await asyncio.sleep(max(0.0, arrival - (time.perf_counter() - t0)))
         for p in c.parents:
             await done[p].wait()
         out.submit[c.id] = time.perf_counter() - t0
+        await senders[c.instance].turn(trace_order[c.id])
         request = LLMRequest(prompt=prompts[c.id], params=SamplingParams(
             max_tokens=c.output_tokens, temperature=0.0), stage="replay",
             query_id=f"q{c.query}")
@@ -800,6 +864,7 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
                                {c.id: c.instance for cs in w.calls for c in cs})
     table = breakdown(real.split, sim.split, conc)
     print_breakdown(table)
+    print_worst_queries(w, real.submit, real.finish, real.split, sim)
     median_call = float(np.median(call_err))
     p95_query = float(np.percentile(q_err, 95))
     return {"median_call_error": median_call, "p95_query_error": p95_query,
@@ -834,9 +899,73 @@ def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
     if "call_submit_s" in saved:  # runs saved since the lone-call figure
         real = Outcome(submit=dict(zip(ids, saved["call_submit_s"], strict=True)),
                        finish=dict(zip(ids, saved["call_finish_s"], strict=True)))
+        if "calls" in saved:
+            real.split = real_splits
+            print_worst_queries(w, real.submit, real.finish, real.split, sim)
         lone_normalised(w, real, cluster_path)
-    print(f"median |sim-real|/real per call: {np.median(call_err):.4f}")
-    print(f"P95 error per query: {np.percentile(q_err, 95):.4f}")
+    median, p95 = float(np.median(call_err)), float(np.percentile(q_err, 95))
+    if "calibrate_first" in saved and "call_submit_s" in saved:
+        rows = {n: [tuple(r) for r in v["rows"]]
+                for n, v in saved["calibrate_first"]["instances"].items()}
+        print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
+        figures = calibrated_first(w, real, cluster_path, rows)["figures"]
+        median, p95 = figures["median_call_error"], figures["p95_query_error"]
+    print(f"median |sim-real|/real per call: {median:.4f}")
+    print(f"P95 error per query: {p95:.4f}")
+
+
+def calibrate_first_rows(backends: dict[str, Any], maker: PromptMaker, w: Workload,
+                         cluster_path: str, repeats: int, loop: asyncio.AbstractEventLoop
+                         ) -> dict[str, list[tuple]]:
+    """``--calibrate-first``'s lone requests (``rvs_precalibrate``), run before the replay."""
+    cluster = dict(load_cluster(cluster_path).expanded())
+    calls = [c for cs in w.calls for c in cs]
+    weights = []
+    for c in calls:  # each call's time alone on its instance's stored profile
+        limits = engine_limits(cluster[c.instance])
+        weights.append(sim_single(hardware.gpu(limits.gpu), engine_for(c.instance, limits).model,
+                                  limits, c.prompt_tokens, c.output_tokens)[1])
+    shapes = workload_shapes([(c.prompt_tokens, c.output_tokens) for c in calls], weights)
+    print(f"calibrate-first: lone requests of shapes {shapes} x {repeats} on every "
+          "instance at once, before the replay")
+    t = time.perf_counter()
+    rows = loop.run_until_complete(measure_lone(backends, maker.make, shapes, repeats))
+    print(f"calibrate-first: {sum(len(r) for r in rows.values())} requests in "
+          f"{time.perf_counter() - t:.1f} s")
+    return rows
+
+
+def calibrated_first(w: Workload, real: Outcome, cluster_path: str,
+                     rows: dict[str, list[tuple]]) -> dict[str, Any]:
+    """The replay simulated again with each instance's profile fitted to its own
+    ``--calibrate-first`` rows (speeds and per-request cost only; ``rvs_precalibrate``)."""
+    cluster = dict(load_cluster(cluster_path).expanded())
+    profiles: dict[str, hardware.GPUProfile] = {}
+    out: dict[str, Any] = {"instances": {}}
+    for name, inst_rows in rows.items():
+        cfg = cluster[name]
+        limits = engine_limits(cfg)
+        model = engine_for(name, limits).model
+        base = hardware.gpu(cfg.gpu)
+
+        def simulate(g: hardware.GPUProfile, p: int, o: int) -> tuple[float, float]:
+            return sim_single(g, model, limits, p, o)  # noqa: B023 (used in this loop)
+
+        fitted, before, after = fit_speed(inst_rows, base, simulate)
+        profiles[name] = fitted
+        print(f"calibrate-first {name}: {describe(base, fitted)}; its rows' median |err| "
+              f"{before * 100:.1f}% on the stored profile, {after * 100:.1f}% fitted")
+        out["instances"][name] = {"rows": [list(r) for r in inst_rows],
+                                  "fitted": {f: getattr(fitted, f) for f in FIT_FIELDS +
+                                             ("peak_tflops", "mem_bw_gbs")},
+                                  "rows_error_stored": before, "rows_error_fitted": after}
+    sim = replay_sim(w, sim_engines(cluster_path, profiles))
+    out["figures"] = error_figures(w, real, sim)
+    print(f"calibrate-first: median per call {out['figures']['median_call_error']:.4f}, "
+          f"P95 per query {out['figures']['p95_query_error']:.4f}")
+    if real.split:
+        print_worst_queries(w, real.submit, real.finish, real.split, sim)
+    return out
 
 
 def lone_normalised(w: Workload, real: Outcome, cluster_path: str) -> dict[str, Any] | None:
@@ -932,6 +1061,9 @@ def main(argv: list[str] | None = None) -> None:
                     "tokenizer (default: the first llama_server instance's GGUF)")
     ap.add_argument("--assign", choices=("query", "call"), default="query")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--send-gap", type=float, default=SEND_GAP_S, metavar="S",
+                    help="both sides send the calls ready for an instance in trace order, "
+                    f"this many seconds apart (default {SEND_GAP_S})")
     ap.add_argument("--plot", default="real_vs_sim.png", help="where to save the plot")
     ap.add_argument("--json", help="also write the numbers to this file")
     ap.add_argument("--resim", metavar="JSON",
@@ -942,7 +1074,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="skip the single-request probes before and after the replay")
     ap.add_argument("--calibrate", action="store_true",
                     help="fit the hardware profile from single requests instead")
-    ap.add_argument("--repeats", type=int, default=2, help="--calibrate: rounds of the grid")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="--calibrate / --calibrate-first: rounds of the grid")
+    ap.add_argument("--calibrate-first", action="store_true",
+                    help="before the replay, time a few lone requests of the workload's "
+                    "shapes on every instance and fit each one's compute speed, memory speed "
+                    "and per-request cost on top of its profile (rvs_precalibrate); the "
+                    "replay is then simulated on both, the stored profile's figures are "
+                    "printed too, and the last two lines are the calibrated ones")
     ap.add_argument("--refit", metavar="JSON",
                     help="--calibrate: fit the rows an earlier --calibrate --json saved")
     ap.add_argument("--cpu-share", action="store_true",
@@ -957,6 +1096,8 @@ def main(argv: list[str] | None = None) -> None:
         for key in ("trace", "rate", "quick", "queries", "skip", "scale", "max_prompt",
                     "max_output", "assign", "seed"):
             setattr(args, key, saved_args[key])
+        # runs saved before the real side spaced its sends: the simulator's 2 ms then
+        args.send_gap = saved_args.get("send_gap", OLD_SEND_GAP_S)
     if args.calibrate:
         calibrate(args)
         return
@@ -970,7 +1111,7 @@ def main(argv: list[str] | None = None) -> None:
     engines = sim_engines(args.cluster)
     w = build_workload(queries, list(engines), rate=args.rate, seed=args.seed, scale=scale,
                        max_prompt=args.max_prompt, max_output=args.max_output,
-                       assign=args.assign)
+                       assign=args.assign, send_gap_s=args.send_gap)
     n_calls = sum(len(c) for c in w.calls)
     print(f"# {len(queries)} queries ({n_calls} LLM calls) of {args.trace} at {args.rate}/s, "
           f"tokens x{scale} (caps: prompt {args.max_prompt}, output {args.max_output}), "
@@ -995,6 +1136,9 @@ def main(argv: list[str] | None = None) -> None:
         probes = {}
         if args.probe:
             probes["before"] = loop.run_until_complete(probe(backends, maker.make, fresh))
+        first_rows = calibrate_first_rows(backends, maker, w, args.cluster, args.repeats,
+                                          loop) \
+            if args.calibrate_first else None
         real = loop.run_until_complete(replay_real(w, backends, prompts))
         busy = {name: b.metrics().get("n_busy_slots_per_decode", float("nan"))
                 for name, b in backends.items() if hasattr(b, "metrics")}
@@ -1041,10 +1185,16 @@ def main(argv: list[str] | None = None) -> None:
     normalised = lone_normalised(w, real, args.cluster)
     if normalised is not None:
         result["lone_normalised"] = normalised
+    median, p95 = result["median_call_error"], result["p95_query_error"]
+    if first_rows is not None:
+        result["calibrate_first"] = calibrated_first(w, real, args.cluster, first_rows)
+        print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
+        median = result["calibrate_first"]["figures"]["median_call_error"]
+        p95 = result["calibrate_first"]["figures"]["p95_query_error"]
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), **result}, indent=1))
-    print(f"median |sim-real|/real per call: {result['median_call_error']:.4f}")
-    print(f"P95 error per query: {result['p95_query_error']:.4f}")
+    print(f"median |sim-real|/real per call: {median:.4f}")
+    print(f"P95 error per query: {p95:.4f}")
 
 
 if __name__ == "__main__":

@@ -103,3 +103,20 @@ def test_gpu_engines_keep_no_slots():
     kvu = InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
                          backend={"type": "llama_server", "extra_args": ["--kv-unified"]})
     assert engine_for("c", kvu).llama_slots is None
+
+
+def test_prompts_that_overflow_the_batch_fill_it_in_slot_order():
+    """llama-server launches both requests into slots between iterations and fills the
+    batch slot by slot (``update_slots``): the second request took the lower slot (3, then
+    2: never-used slots go last first), so its prompt goes first and the first request's
+    prompt gets what is left of the 2048 tokens; its first token comes later."""
+    engine = llama_engine()
+    engine.add("x", 2000, 2, 0, 0.0)
+    engine.add("y", 2000, 2, 0, 0.0)
+    first: dict[str, float] = {}
+    while (t := engine.next_event_time()) is not None:
+        for ev in engine.step_until(t):
+            if ev.kind == "first_token":
+                first[ev.seq_id] = ev.time
+    assert engine.llama_slots is not None
+    assert first["y"] < first["x"]

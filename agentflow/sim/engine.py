@@ -97,7 +97,13 @@ import numpy as np
 
 from agentflow import hardware
 from agentflow.hardware import GPUProfile, ModelProfile
-from agentflow.sim.llama_batches import Piece, SlotTable, decode_run_seconds, iteration_seconds
+from agentflow.sim.llama_batches import (
+    Piece,
+    SlotTable,
+    decode_run_seconds,
+    fill_key,
+    iteration_seconds,
+)
 from agentflow.step_time import OperatorModel, StepShape, step_sums
 
 _WAITING, _PENDING, _RUNNING, _DONE, _ABORTED = range(5)
@@ -546,6 +552,23 @@ class SimInstance:
                 return
             self._finish_plan(p, events)
 
+    def _launch_into_slots(self) -> None:
+        """Every waiting request takes a free llama-server slot (no tokens yet): the server
+        launches a task into a slot between iterations whether or not this batch has room
+        for its prompt, and then fills the batch in slot order (``fill_key``)."""
+        w = self._waiting
+        assert self.llama_slots is not None
+        while w and len(self._running) < self.max_num_seqs:
+            s = heapq.heappop(w)[3]
+            if s.state != _WAITING:
+                continue
+            self._n_waiting -= 1
+            s.state = _RUNNING
+            s.computed = s.cached if s.first_sched is None else 0
+            s.blocks = 0
+            self._running.append(s)
+            self.llama_slots.take(s.id)
+
     def _cut_at_breaks(self, s: _Seq, computed: int, n: int) -> int:
         """``n`` prompt tokens from ``computed`` on, stopped at the first break passed."""
         for back in self.prompt_breaks:
@@ -563,6 +586,9 @@ class SimInstance:
                 self._push_waiting(s)
         B = self.block_size
         budget = self.max_num_batched_tokens
+        if self.llama_slots is not None:  # llama-server's slots: agentflow.sim.llama_batches
+            self._launch_into_slots()
+            self._running.sort(key=fill_key(self.llama_slots))
         running = self._running
         sched: list[_Seq] = []
         ns: dict[_Seq, int] = {}
@@ -590,6 +616,8 @@ class SimInstance:
                     continue
             s.blocks += need
             self._free -= need
+            if s.first_sched is None:  # launched into a llama-server slot before any token
+                s.first_sched = tb
             sched.append(s)
             ns[s] = n
             budget -= n
@@ -834,13 +862,14 @@ class SimInstance:
                 self._running = [s for s in self._running if s.state == _RUNNING]
 
 
-def engine_for(name: str, cfg) -> SimInstance:
+def engine_for(name: str, cfg, gpu: hardware.GPUProfile | None = None) -> SimInstance:
     """The engine an ``InstanceConfig`` describes: its GPU and model profiles at its weight
-    and KV precision, tensor parallelism and vLLM limits."""
+    and KV precision, tensor parallelism and vLLM limits (``gpu``: a profile to use in
+    place of the named one, e.g. one calibrated on the machine at hand)."""
     model = hardware.model(cfg.model)
     if (cfg.weight_bits, cfg.kv_bits) != (16, 16):
         model = model.quantized(cfg.weight_bits, cfg.kv_bits)
-    engine = SimInstance(gpu=hardware.gpu(cfg.gpu), model=model,
+    engine = SimInstance(gpu=gpu or hardware.gpu(cfg.gpu), model=model,
                          tensor_parallel=cfg.tensor_parallel, max_num_seqs=cfg.max_num_seqs,
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, name=name)

@@ -19,6 +19,7 @@ that list the way ``split_equal`` does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,14 @@ class Piece:
     context: int
     decode: bool
     samples: bool
+
+
+def fill_key(slots: SlotTable) -> Callable[[Any], tuple[bool, int]]:
+    """Sort key of running sequences (``.id``, ``.prompt``, ``.computed``) in the order the
+    server fills a batch with them: the generating slots' tokens first, then each slot still
+    reading its prompt, in slot order (``update_slots``), until ``n_batch`` tokens. So when
+    prompts overflow the batch, the lower slot goes first, not the earlier request."""
+    return lambda s: (s.computed < s.prompt, slots.slot_of[s.id])
 
 
 def batch_order(pieces: list[Piece]) -> list[Piece]:
