@@ -208,3 +208,21 @@ def test_a_prompt_queued_behind_another_has_done_none_of_its_prefill() -> None:
     assert abs(prefill_left_s(c, first, "fast", 5.0) - (own - 5.0)) < 1e-9
     assert abs(prefill_left_s(c, second, "fast", 5.0) - own) < 1e-9
     assert abs(redo_s(c, second, "fast", 5.0)) < 1e-9
+
+
+def test_the_chunk_a_prompt_is_prefilled_in_is_the_engines_token_budget() -> None:
+    """An H200's vLLM takes 8192 prompt tokens a step, an A100's 2048: counted in A100 chunks,
+    8192 tokens prefilled beside a call on an H200 took one of its steps, not four (and the
+    clean ratio read the H200 as slower than it is)."""
+    from agentflow.scheduler.cluster import InstanceSpec
+
+    def timed(gpu: str) -> InstanceTimeModel:
+        return InstanceTimeModel.for_spec(InstanceSpec(name=gpu, gpu=gpu, model="Llama-3.1-8B"))
+
+    assert timed("A100-80G").chunk_tokens == 2048 and timed("H200").chunk_tokens == 8192
+    h200 = timed("H200")
+    out, during = 41, 8192  # 40 steps, one of them the 8192-token chunk
+    decode = 39 * h200.decode_s_per_token + during * h200.prefill_s_per_token
+    ttft = h200.prefill_s(1000)  # at its prior rate: the prefill ratio stays 1
+    h200.observe(1000, out, ttft_s=ttft, total_s=ttft + decode, prefill_during_tokens=during)
+    assert abs(h200.clean_decode_ratio - 1.0) < 1e-9

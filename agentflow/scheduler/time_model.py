@@ -37,7 +37,12 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from agentflow.hardware import GPUProfile, ModelProfile, calibrated
+from agentflow.hardware import (
+    GPUProfile,
+    ModelProfile,
+    calibrated,
+    default_max_num_batched_tokens,
+)
 from agentflow.hardware import gpu as gpu_profile
 from agentflow.hardware import model as model_profile
 from agentflow.scheduler.cluster import InstanceSpec
@@ -64,6 +69,10 @@ class InstanceTimeModel:
     prefill_ratio: float = 1.0
     decode_ratio: float = 1.0
     observations: int = 0
+    # tokens a prefill chunk carries per step on the engine (vLLM's per-step token budget;
+    # ``hardware.default_max_num_batched_tokens`` for a GPU): how many of a call's decode
+    # steps the prompts prefilled beside it took (``_net_of_prefill``)
+    chunk_tokens: int = PRIOR_CHUNK
     batch_window: int = 100  # calls: the memory of the co-runner regression
     # decayed sums over (co-runners x, decode ratio y): weight, x, y, xx, xy
     _batch_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
@@ -109,7 +118,9 @@ class InstanceTimeModel:
             model = model.quantized(spec.weight_bits or model.weight_bits, spec.kv_bits)
         # Constants fitted to measured vLLM latencies where they exist (agentflow.hardware).
         gpu = calibrated(gpu_profile(spec.gpu), model)
-        return cls.from_profile(gpu, model, spec.tensor_parallel)
+        timed = cls.from_profile(gpu, model, spec.tensor_parallel)
+        timed.chunk_tokens = default_max_num_batched_tokens(gpu)
+        return timed
 
     def prefill_s(self, prompt_tokens: float) -> float:
         return self.overhead_s + prompt_tokens * self.prefill_s_per_token * self.prefill_ratio
@@ -162,14 +173,14 @@ class InstanceTimeModel:
         """The decode ratio of ``decode_s`` over the steps that carried no chunk of another
         prompt (None: too few such steps to say). A step that carries a chunk is
         compute-bound: it costs about the chunk's prefill time, and the decode of every
-        sequence in it runs inside that time. So ``during`` tokens, in chunks of about
-        ``PRIOR_CHUNK``, take about their own prefill seconds (at the learned rate) out of
-        ``decode_s`` *and* their steps out of the step count; dividing what is left by all
-        the steps would count the mixed steps' decode twice and, under a flood where nearly
-        every step is mixed, drive the ratio to its floor."""
+        sequence in it runs inside that time. So ``during`` tokens, in chunks of the
+        engine's token budget (``chunk_tokens``), take about their own prefill seconds (at
+        the learned rate) out of ``decode_s`` *and* their steps out of the step count;
+        dividing what is left by all the steps would count the mixed steps' decode twice
+        and, under a flood where nearly every step is mixed, drive the ratio to its floor."""
         during = max(during, 0.0)
         steps = output_tokens - 1
-        pure = steps - min(steps, math.ceil(during / PRIOR_CHUNK))
+        pure = steps - min(steps, math.ceil(during / self.chunk_tokens))
         if pure < max(CLEAN_MIN_STEPS, CLEAN_MIN_SHARE * steps):
             return None
         stall = during * self.prefill_s_per_token * self.prefill_ratio
