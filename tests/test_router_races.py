@@ -150,10 +150,10 @@ class TakeDownOnDone:
             self.backend.listener("its process died")
 
 
-async def _start_on_a_dying_instance() -> None:
+async def _start_on_a_dying_instance(max_attempts: int) -> None:
     c = Coordinator([InstanceSpec(n, max_inflight=1) for n in ("a", "b")],
                     clock=ManualClock(), policy="flowsage",  # fair shares: charges
-                    length_model=FixedLengths({"s": 10}))
+                    length_model=FixedLengths({"s": 10}), max_attempts=max_attempts)
     backends = {n: Gated(n) for n in ("a", "b")}
     router = ScheduledRouter(c, dict(backends), revive_after_s=None)
     for b in backends.values():
@@ -182,6 +182,7 @@ async def _start_on_a_dying_instance() -> None:
     assert backends[other].prompts().count("next") == 1
     assert [f["instance"] for f in outcome.failed_attempts] == [here]  # the timeline says so
     assert router.counts["retried", here] == 1
+    assert nxt.attempts == 0  # nothing was sent: it used none of its attempts
     # its tenant paid for the run on ``other`` only: the start on the dead instance was
     # charged at admission and refunded when the call was handed back
     assert c.fairness.virtual_time(nxt.query) == pytest.approx(
@@ -191,5 +192,9 @@ async def _start_on_a_dying_instance() -> None:
         await t
 
 
-def test_an_attempt_started_on_an_instance_that_just_went_down_runs_elsewhere() -> None:
-    asyncio.run(_start_on_a_dying_instance())
+@pytest.mark.parametrize("max_attempts", [3, 1])
+def test_an_attempt_started_on_an_instance_that_just_went_down_runs_elsewhere(
+        max_attempts: int) -> None:
+    # with one attempt allowed too: the request never left, so the call is not failed for
+    # an instance that never saw it (review finding)
+    asyncio.run(_start_on_a_dying_instance(max_attempts))

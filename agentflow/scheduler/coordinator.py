@@ -275,8 +275,10 @@ class Coordinator(WorkflowPaths):
 
     @observed
     def on_call_failed(self, call: ScheduledCall, reason: str, *,
-                       retryable: bool = True) -> list[Decision]:
-        """A call failed on its instance: try another instance if sensible, else fail it."""
+                       retryable: bool = True, sent: bool = True) -> list[Decision]:
+        """A call failed on its instance: try another instance if sensible, else fail it.
+        ``sent=False``: its request never reached the instance (it went down between the
+        start and the send), so the attempt is not one of the call's ``max_attempts``."""
         if not self._live(call):
             return []
         now = self.clock.now()
@@ -285,7 +287,8 @@ class Coordinator(WorkflowPaths):
         queue.finish(call)
         decisions = self._admit(queue, now)
         call.excluded.add(queue.name)
-        call.attempts += 1
+        if sent:
+            call.attempts += 1
         # A non-retryable error may still be the instance's fault (a broken server): try
         # an instance that has not failed this call, if one is up; a second instance
         # failing it too means the call itself is bad.

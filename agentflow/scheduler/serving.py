@@ -172,7 +172,7 @@ class ScheduledRouter:
                 # attempts that have a task): hand the call back before it reaches the
                 # instance, as one cut off there, so it runs elsewhere (a suspect
                 # instance keeps its running calls, so it keeps this one too)
-                self._moved_off(sc, instance, request, failed)
+                self._moved_off(sc, instance, request, failed, sent=False)
                 continue
             task = asyncio.ensure_future(self.backends[instance].generate(request, progress))
             self._inflight[sc] = task
@@ -198,9 +198,11 @@ class ScheduledRouter:
                     listener(request, instance, err)
                 failed.append({"instance": instance, "error": str(err)})
                 self._health(self.health.on_timeout(instance, self.clock.now(), str(err)))
-                self.counts["retried", instance] += 1
-                self._apply(self.coordinator.on_call_failed(sc, f"{instance}: {err}",
-                                                            retryable=True))
+                decisions = self.coordinator.on_call_failed(sc, f"{instance}: {err}",
+                                                            retryable=True)
+                if sc.state != CallState.FAILED:
+                    self.counts["retried", instance] += 1
+                self._apply(decisions)
                 continue
             except BackendError as err:
                 self._forget(sc)
@@ -227,19 +229,22 @@ class ScheduledRouter:
                                failed_attempts=tuple(failed))
 
     def _moved_off(self, sc: ScheduledCall, instance: str, request: LLMRequest,
-                   failed: list[dict[str, str]]) -> None:
+                   failed: list[dict[str, str]], sent: bool = True) -> None:
         """The attempt's instance went down: the call goes back to the coordinator as a
         retryable failure there (its admission charge refunded; another instance runs it),
-        and the answer's timeline shows the attempt."""
+        and the answer's timeline shows the attempt; ``sent=False``: the request never left
+        (it costs the call none of its attempts)."""
         sc.payload = asyncio.get_running_loop().create_future()
         moved = BackendError(f"instance {instance} went down: "
                              f"{self.down_reasons.get(instance, '')}")
         for listener in self.attempt_listeners:  # the answer's retries show it
             listener(request, instance, moved)
         failed.append({"instance": instance, "error": str(moved)})
-        self.counts["retried", instance] += 1
-        self._apply(self.coordinator.on_call_failed(
-            sc, f"instance {instance} went down", retryable=True))
+        decisions = self.coordinator.on_call_failed(
+            sc, f"instance {instance} went down", retryable=True, sent=sent)
+        if sc.state != CallState.FAILED:  # "retried" counts only calls that run again
+            self.counts["retried", instance] += 1
+        self._apply(decisions)
 
     def _interrupt(self, sc: ScheduledCall, attempt: int | None = None) -> None:
         """Wake the watcher of ``sc``'s running attempt (``attempt``: only if it is that
