@@ -220,6 +220,9 @@ def test_the_chunk_a_prompt_is_prefilled_in_is_the_engines_token_budget() -> Non
         return InstanceTimeModel.for_spec(InstanceSpec(name=gpu, gpu=gpu, model="Llama-3.1-8B"))
 
     assert timed("A100-80G").chunk_tokens == 2048 and timed("H200").chunk_tokens == 8192
+    configured = InstanceSpec(name="h", gpu="H200", model="Llama-3.1-8B",
+                              max_num_batched_tokens=2048)  # as deployed: its own budget
+    assert InstanceTimeModel.for_spec(configured).chunk_tokens == 2048
     h200 = timed("H200")
     out, during = 41, 8192  # 40 steps, one of them the 8192-token chunk
     decode = 39 * h200.decode_s_per_token + during * h200.prefill_s_per_token

@@ -32,6 +32,9 @@ class InstanceSpec:
     max_pending_prefill: int | None = None
     weight_bits: int | None = None  # None: the model profile's own precision
     kv_bits: int | None = None
+    # prompt tokens the engine prefills per step (vLLM's max_num_batched_tokens); None: the
+    # GPU's vLLM default (``hardware.default_max_num_batched_tokens``)
+    max_num_batched_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_inflight < 1:
@@ -57,7 +60,8 @@ class InstanceSpec:
         return cls(name=name, gpu=cfg.gpu, model=cfg.model, max_inflight=cfg.inflight_limit,
                    kv_token_budget=kv, tensor_parallel=cfg.tensor_parallel,
                    max_pending_prefill=cfg.max_pending_prefill,
-                   weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits)
+                   weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits,
+                   max_num_batched_tokens=cfg.max_num_batched_tokens)
 
 
 BLOCK_SIZE = 16  # vLLM's default KV block size (tokens)

@@ -119,7 +119,7 @@ class InstanceTimeModel:
         # Constants fitted to measured vLLM latencies where they exist (agentflow.hardware).
         gpu = calibrated(gpu_profile(spec.gpu), model)
         timed = cls.from_profile(gpu, model, spec.tensor_parallel)
-        timed.chunk_tokens = default_max_num_batched_tokens(gpu)
+        timed.chunk_tokens = spec.max_num_batched_tokens or default_max_num_batched_tokens(gpu)
         return timed
 
     def prefill_s(self, prompt_tokens: float) -> float:
