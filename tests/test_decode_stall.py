@@ -129,6 +129,25 @@ def test_with_no_worse_band_in_flight_the_plain_ratio_prices_it() -> None:
     assert _interactive(c, "ui") == "slow"
 
 
+def test_the_gate_switches_the_co_runner_slope_dispatch_reads_too() -> None:
+    """The slope as well as the ratio: plain (0.5 per co-runner, all of it prefill stall)
+    while nothing worse is in flight, clean (none) once a batch call is."""
+    c = coordinator("flowsage", {"s": 10, "b": 10}, slow=True, max_inflight=4)
+    fast = c.time_models["fast"]
+    fast._batch_sums = [2.0, 2.0, 3.0, 4.0, 4.0]  # (x, y) = (0, 1), (2, 2): 0.5 at 1 seen
+    fast._clean_batch_sums = [2.0, 2.0, 2.0, 4.0, 2.0]  # (0, 1), (2, 1): flat
+    c._models_epoch += 1
+    c.on_query_arrival("ui", deadline=1000.0, slo_class="interactive")
+    ui, _ = c.on_call_ready("ui", stage="s", node_id="ui.0", prompt_tokens=0)
+    # 10 output tokens at 1 s each: 0.5 x 10 s per co-runner, learned at 1 co-runner
+    view = c.batch_view(ui, ["fast"], 0.0)
+    assert view.co_runner_decode_s.tolist() == [5.0] and view.co_runners_seen.tolist() == [1.0]
+    c.on_query_arrival("batch", deadline=None, slo_class="batch")
+    c.on_call_ready("batch", stage="b", node_id="batch.0", prompt_tokens=0)
+    view = c.batch_view(ui, ["fast"], 0.0)
+    assert view.co_runner_decode_s.tolist() == [0.0] and view.co_runners_seen.tolist() == [1.0]
+
+
 # ------------------------------------------------------------------- preemption (option)
 def _prefilling_batch_beside(prompt: int, elapsed: float):
     """A batch call admitted at 0 with a ``prompt`` that prefills at 10 ms a token; an
