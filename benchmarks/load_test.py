@@ -134,7 +134,12 @@ async def drive(url: str, args: argparse.Namespace) -> Run:
         todo.put_nowait(i)
     run = Run()
     headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
-    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
+    # An idle pooled connection is dropped by the client before the server's keep-alive
+    # timeout (uvicorn's 5 s) can close it: reusing one at the instant the server closes it
+    # ends a POST in a ReadError the server never saw, which read as a lost query when
+    # clients slept on a Retry-After near 5 s (httpx's default expiry is 5 s too).
+    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients,
+                          keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits, headers=headers) as http:
         run.started = time.perf_counter()
         await asyncio.gather(*(client(http, url, todo, qs, run, args)
