@@ -192,7 +192,7 @@ def victims(coordinator: Any, queue: InstanceQueue, call: ScheduledCall, now: fl
         # the decode seconds each co-runner adds (the slope learned net of prefill stalls:
         # the gate keeps new worse-band prefill off this instance), plus, for one still
         # prefilling, what is left of its prompt: every chunk of it stalls the call's steps
-        _, slope, _ = coordinator._clean_coefs()
+        _, slope, _ = coordinator._batch_coefs(clean=True)
         per = call.mean_output * float(slope[coordinator._index[queue.name]])
         delay = {c: per + prefill_left_s(coordinator, c, queue.name, now) for c in worse}
         excess = sum(delay.values()) - budget

@@ -48,8 +48,7 @@ class ClusterView:
         self._models_epoch = 0
         self._mean_coef: tuple[int, float, float, float] | None = None
         self._coef_cache: tuple[Any, ...] | None = None
-        self._batch_cache: tuple[Any, ...] | None = None
-        self._clean_cache: tuple[Any, ...] | None = None
+        self._batch_cache: dict[bool, tuple[Any, ...]] = {}  # clean -> (epoch, arrays)
 
     @property
     def up_instances(self) -> list[str]:
@@ -125,11 +124,11 @@ class ClusterView:
         room = (n_run < self._max_inflight[idx]) & (
             (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
         time_s = self.time_vector(call)[idx]
-        if self._shielded(call):  # its decode as the gate keeps it (``_clean_coefs``)
-            clean_df, slope, seen = self._clean_coefs()
+        if self._shielded(call):  # its decode as the gate keeps it
+            clean_df, slope, seen = self._batch_coefs(clean=True)
             time_s = time_s + call.mean_output * (clean_df - df)[idx]
         else:
-            slope, seen = self._batch_coefs()
+            _, slope, seen = self._batch_coefs()
         return BatchView(queued_s=queued, prefilling_s=book.prefill_prompt[idx] * pf[idx],
                          running_s=book.running(now)[idx], n_running=n_run,
                          room=room, slots=self._max_inflight[idx],
@@ -142,50 +141,41 @@ class ClusterView:
         load = getattr(self, "_class_load", None)
         return None if load is None else load.peers_running(call)[idx]
 
-    def _batch_coefs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per instance: decode seconds per output token that each co-runner adds (the
-        learned ``InstanceTimeModel.co_runner_slope``, a decode ratio, times the model's base
-        decode rate, which the ratio is relative to), and the mean co-runners the ratio was
-        learned at; refreshed when a time model learns."""
-        cached = self._batch_cache
+    def _batch_coefs(self, clean: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per instance: decode seconds per output token, the decode seconds per output token
+        that each co-runner adds (the learned ``InstanceTimeModel.co_runner_slope``, a decode
+        ratio, times the model's base decode rate, which the ratio is relative to), and the
+        mean co-runners the ratio was learned at; refreshed when a time model learns.
+        ``clean``: all three learned net of the prefill chunks calls sat through
+        (``InstanceTimeModel.clean_decode_ratio``; see ``_shielded`` for who is priced so)."""
+        cached = self._batch_cache.get(clean)
         if cached is None or cached[0] != self._models_epoch:
             models = [self.time_models[n] for n in self.queues]
-            fits = [m.co_runner_slope() for m in models]
-            cached = self._batch_cache = (
+            fits = [m.co_runner_slope(clean=clean) for m in models]
+            cached = self._batch_cache[clean] = (
                 self._models_epoch,
+                np.array([m.decode_s_per_token
+                          * (m.clean_decode_ratio if clean else m.decode_ratio)
+                          for m in models]),
                 np.array([m.decode_s_per_token * f[0] for m, f in zip(models, fits)]),
                 np.array([f[1] for f in fits]))
-        return cached[1], cached[2]
+        return cached[1], cached[2], cached[3]
 
     def _shielded(self, call: ScheduledCall) -> bool:
         """Whether the headroom gate keeps worse-band prefill from starting beside ``call``:
         the gate is installed (``flowsage``'s fair class queue, with ``ISOLATE_PREFILL``)
         and worse-band calls are in flight (``ClassLoad.worse_in_flight``). A class-ranked
         queue without the gate (``fcfs``) lets worse-band prefill start beside it, so its
-        calls keep the plain ratio, which holds those stalls."""
+        calls keep the plain ratio, which holds those stalls. Why a shielded call is priced
+        with the clean coefficients: the stalls in the plain ratio are mostly lower-band
+        calls' prefill beside lower-band decodes (they are most of the finished calls under a
+        flood), which the gate keeps away from it; the prefill its own band admits beside it
+        is charged by dispatch to the call that brings it (``marginal_delay``'s inflicted
+        term), so the plain ratio counts it twice."""
         load = getattr(self, "_class_load", None)
         return (load is not None and bool(getattr(self, "_fair", False))
                 and classes.ISOLATE_PREFILL and load.worse_in_flight(call))
-
-    def _clean_coefs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per instance: decode seconds per token, and the co-runner slope and mean co-runners,
-        learned net of the prefill chunks calls sat through
-        (``InstanceTimeModel.clean_decode_ratio``). Why a shielded call is priced with them:
-        the stalls in the plain ratio are mostly lower-band calls' prefill beside lower-band
-        decodes (they are most of the finished calls under a flood), which the gate keeps
-        away from it; the prefill its own band admits beside it is charged by dispatch to
-        the call that brings it (``marginal_delay``'s inflicted term), so the plain ratio
-        counts it twice."""
-        cached = self._clean_cache
-        if cached is None or cached[0] != self._models_epoch:
-            models = [self.time_models[n] for n in self.queues]
-            fits = [m.co_runner_slope(clean=True) for m in models]
-            cached = self._clean_cache = (
-                self._models_epoch,
-                np.array([m.decode_s_per_token * m.clean_decode_ratio for m in models]),
-                np.array([m.decode_s_per_token * f[0] for m, f in zip(models, fits)]),
-                np.array([f[1] for f in fits]))
-        return cached[1], cached[2], cached[3]
 
     def prefix_saved_s(self, call: ScheduledCall, instances: list[str]) -> np.ndarray:
         """Expected prefill seconds ``call`` would skip on each of ``instances``: the prompt
