@@ -26,17 +26,10 @@ from rvs_attribution import PHASES, Split, calls_by_instance
 
 
 @dataclass(frozen=True)
-class ChainSplit:
-    """A query's critical chain on one side: its calls and their phase sums (s)."""
+class ChainSplit(Split):
+    """A query's critical chain on one side: its calls' phase sums (s), and the calls."""
 
-    calls: tuple[str, ...]
-    queue: float
-    prefill: float
-    decode: float
-
-    @property
-    def total(self) -> float:
-        return self.queue + self.prefill + self.decode
+    calls: tuple[str, ...] = ()
 
 
 def critical_chain(last_calls: list[str], parents: dict[str, tuple[str, ...]],
@@ -52,8 +45,8 @@ def critical_chain(last_calls: list[str], parents: dict[str, tuple[str, ...]],
 
 
 def chain_split(chain: list[str], split: dict[str, Split]) -> ChainSplit:
-    return ChainSplit(tuple(chain), *(sum(getattr(split[c], p) for c in chain)
-                                      for p in PHASES))
+    return ChainSplit(*(sum(getattr(split[c], p) for c in chain) for p in PHASES),
+                      calls=tuple(chain))
 
 
 def start_times(submit: dict[str, float], split: dict[str, Split]) -> dict[str, float]:
