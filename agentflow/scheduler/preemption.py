@@ -155,7 +155,7 @@ def prefill_left_s(coordinator: Any, call: ScheduledCall, instance: str, now: fl
     if call.attained_tokens > 0 or call.started_at is None:
         return 0.0
     model = coordinator.time_models[instance]
-    ahead_s = float(call.prefill_ahead_at_start * model.prefill_s_per_token * model.prefill_ratio)
+    ahead_s = float(model.prompt_s(call.prefill_ahead_at_start))
     done_s = max(0.0, now - call.started_at - ahead_s)
     return max(0.0, float(model.prefill_s(call.tokens_on(instance))) - done_s)
 

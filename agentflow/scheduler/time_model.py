@@ -123,7 +123,12 @@ class InstanceTimeModel:
         return timed
 
     def prefill_s(self, prompt_tokens: float) -> float:
-        return self.overhead_s + prompt_tokens * self.prefill_s_per_token * self.prefill_ratio
+        return self.overhead_s + self.prompt_s(prompt_tokens)
+
+    def prompt_s(self, tokens: float) -> float:
+        """Prefill seconds of ``tokens`` prompt tokens at the learned rate, without the
+        per-request overhead: what they cost the steps they share with other requests."""
+        return tokens * self.prefill_s_per_token * self.prefill_ratio
 
     def decode_s(self, output_tokens: float) -> float:
         return output_tokens * self.decode_s_per_token * self.decode_ratio
@@ -183,7 +188,7 @@ class InstanceTimeModel:
         pure = steps - min(steps, math.ceil(during / self.chunk_tokens))
         if pure < max(CLEAN_MIN_STEPS, CLEAN_MIN_SHARE * steps):
             return None
-        stall = during * self.prefill_s_per_token * self.prefill_ratio
+        stall = self.prompt_s(during)
         ratio = (decode_s - stall) / (pure * self.decode_s_per_token)
         return min(max(ratio, RATIO_FLOOR), RATIO_CEILING)
 
