@@ -198,11 +198,7 @@ class ScheduledRouter:
                     listener(request, instance, err)
                 failed.append({"instance": instance, "error": str(err)})
                 self._health(self.health.on_timeout(instance, self.clock.now(), str(err)))
-                decisions = self.coordinator.on_call_failed(sc, f"{instance}: {err}",
-                                                            retryable=True)
-                if sc.state != CallState.FAILED:
-                    self.counts["retried", instance] += 1
-                self._apply(decisions)
+                self._hand_back(sc, instance, f"{instance}: {err}", retryable=True)
                 continue
             except BackendError as err:
                 self._forget(sc)
@@ -211,11 +207,7 @@ class ScheduledRouter:
                 failed.append({"instance": instance, "error": str(err)})
                 self._health(self.health.on_failure(instance, self.clock.now(), str(err),
                                                     retryable=err.retryable))
-                decisions = self.coordinator.on_call_failed(sc, f"{instance}: {err}",
-                                                            retryable=err.retryable)
-                if sc.state != CallState.FAILED:
-                    self.counts["retried", instance] += 1
-                self._apply(decisions)
+                self._hand_back(sc, instance, f"{instance}: {err}", retryable=err.retryable)
                 continue
             self._forget(sc)
             self._health(self.health.on_success(instance, self.clock.now()))
@@ -240,9 +232,15 @@ class ScheduledRouter:
         for listener in self.attempt_listeners:  # the answer's retries show it
             listener(request, instance, moved)
         failed.append({"instance": instance, "error": str(moved)})
-        decisions = self.coordinator.on_call_failed(
-            sc, f"instance {instance} went down", retryable=True, sent=sent)
-        if sc.state != CallState.FAILED:  # "retried" counts only calls that run again
+        self._hand_back(sc, instance, f"instance {instance} went down", retryable=True,
+                        sent=sent)
+
+    def _hand_back(self, sc: ScheduledCall, instance: str, reason: str, *, retryable: bool,
+                   sent: bool = True) -> None:
+        """A failed attempt goes back to the coordinator (another instance, or the call
+        fails); "retried" counts only the calls that run again."""
+        decisions = self.coordinator.on_call_failed(sc, reason, retryable=retryable, sent=sent)
+        if sc.state != CallState.FAILED:
             self.counts["retried", instance] += 1
         self._apply(decisions)
 
