@@ -21,7 +21,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# the metrics label (``slo_class``) of every class a server is not configured with; no class
+# may take the name, or its queries would be counted with the unconfigured ones
+UNKNOWN_CLASS = "unknown"
 
 
 class SloClass(BaseModel):
@@ -34,6 +38,14 @@ class SloClass(BaseModel):
     slo_seconds: float | None = Field(None, gt=0, description="default deadline; None: none")
     weight: float = Field(1.0, gt=0, allow_inf_nan=False,
                           description="share of instance time among equal ranks")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name == UNKNOWN_CLASS:
+            raise ValueError(f"the class name {UNKNOWN_CLASS!r} is reserved: it labels, in "
+                             "/metrics, queries of classes the server is not configured with")
+        return name
 
 
 DEFAULT_CLASS = "standard"

@@ -84,3 +84,14 @@ def test_a_query_without_a_class_is_labelled_with_the_default_class() -> None:
     assert class_label(None, {"standard", "batch"}) == "standard"
     assert class_label("batch", {"standard", "batch"}) == "batch"
     assert class_label("gold", {"standard", "batch"}) == UNKNOWN_CLASS
+
+
+def test_no_class_may_take_the_label_of_unconfigured_ones() -> None:
+    # a configured class named like the shared label would be counted with every name the
+    # server does not know: the configuration is refused with a reason instead
+    from pydantic import ValidationError
+
+    from agentflow.slo_classes import SloClass
+    with pytest.raises(ValidationError, match="reserved"):
+        SloClass(name=UNKNOWN_CLASS, rank=1)
+    assert SloClass(name="unknown-ish", rank=1).name == "unknown-ish"

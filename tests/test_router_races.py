@@ -1,4 +1,4 @@
-"""Two races in the serving router (``scheduler.serving``), each driven step by step on the
+"""Three races in the serving router (``scheduler.serving``), each driven step by step on the
 router's own asyncio loop: the real router, coordinator and tasks; scripted instances (NOT
 models) whose requests wait on gates the test opens.
 
@@ -10,6 +10,7 @@ models) whose requests wait on gates the test opens.
 * An attempt started on an instance that goes down before its task exists is handed back
   and runs elsewhere: no request reaches the dead instance, no query sees an error, and its
   tenant is charged once.
+* A call whose query is cancelled in that same gap is never sent.
 """
 
 from __future__ import annotations
@@ -198,3 +199,47 @@ def test_an_attempt_started_on_an_instance_that_just_went_down_runs_elsewhere(
     # with one attempt allowed too: the request never left, so the call is not failed for
     # an instance that never saw it (review finding)
     asyncio.run(_start_on_a_dying_instance(max_attempts))
+
+
+class CancelOnDone:
+    """A coordinator observer that cancels ``query`` right after the call ending before it
+    has made room for it: between the coordinator's StartCall and the call's task, where
+    ``cancel_query`` finds no task to cancel (a page user leaving in that loop step)."""
+
+    def __init__(self, router: ScheduledRouter, query: str):
+        self.router, self.query = router, query
+        self.fired = False
+
+    def event_started(self, event: str) -> None:
+        pass
+
+    def event_finished(self, event: str, decisions: list[Any]) -> None:
+        if event == "on_call_done" and not self.fired and decisions:
+            self.fired = True
+            self.router.cancel_query(self.query)
+
+
+async def _start_a_cancelled_call() -> None:
+    c = Coordinator([InstanceSpec("a", max_inflight=1)], clock=ManualClock(),
+                    policy="flowsage", length_model=FixedLengths({"s": 10}))
+    a = Gated("a")
+    router = ScheduledRouter(c, {"a": a}, revive_after_s=None)
+    a.gates["first"] = asyncio.Event()
+    first = asyncio.ensure_future(router.submit(_call(router, "first", "s", "standard")))
+    await _until(lambda: a.prompts() == ["first"])
+    nxt = asyncio.ensure_future(router.submit(_call(router, "next", "s", "standard")))
+    await _until(lambda: "next" in c.queries and len(c.queries["next"].calls) == 1)
+    (sc,) = c.queries["next"].calls
+    assert sc.state == CallState.WAITING
+    c.add_observer(CancelOnDone(router, "next"))
+    a.gates["first"].set()  # ``first`` ends: ``next`` is started, and its query cancelled
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await nxt
+    assert sc.state == CallState.CANCELLED
+    assert a.prompts() == ["first"]  # the cancelled call never reached the instance
+    assert not c.queues["a"].running  # and holds no slot there
+
+
+def test_a_call_whose_query_is_cancelled_before_its_task_exists_is_never_sent() -> None:
+    asyncio.run(_start_a_cancelled_call())

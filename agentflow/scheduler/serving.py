@@ -167,6 +167,10 @@ class ScheduledRouter:
                 if on_progress:
                     on_progress(tokens)
 
+            if sc.state == CallState.CANCELLED:
+                # its query was cancelled between this start and now: ``cancel_query``
+                # found no task to cancel, so nothing may reach the instance
+                raise asyncio.CancelledError
             if self.health.state(instance) == HealthState.DOWN:
                 # it went down between this start and now (``_health`` cancels only the
                 # attempts that have a task): hand the call back before it reaches the

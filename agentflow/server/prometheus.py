@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from agentflow.slo_classes import DEFAULT_CLASS, DEFAULT_SLO_CLASSES
+from agentflow.slo_classes import DEFAULT_CLASS, DEFAULT_SLO_CLASSES, UNKNOWN_CLASS
 
 if TYPE_CHECKING:
     from agentflow.api import Answer, QueryHandle
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
                     0.05, 0.1, 0.25)
-# the slo_class label of every class the server is not configured with
-UNKNOWN_CLASS = "unknown"
 
 
 def class_label(name: str | None, classes: Collection[str]) -> str:
