@@ -70,6 +70,9 @@ class LlamaServerSpec(BaseModel):
     batch: int = Field(2048, ge=1)  # llama.cpp's logical batch (-b): tokens per step
     ubatch: int = Field(512, ge=1)  # physical batch (-ub)
     cache_prompt: bool = True  # reuse a slot's common prompt prefix
+    # llama-server's host-RAM prompt cache (--cache-ram, MiB; its own default 8192, -1 no
+    # limit): off by default, see ``cache_ram_args``
+    cache_ram: int = Field(0, ge=-1)
     repack: bool = False
     ignore_eos: bool = False
     binary: str | None = None  # default: $AGENTFLOW_LLAMA_SERVER, else built and cached
@@ -219,6 +222,7 @@ def server_command(spec: LlamaServerSpec, binary: str | Path, model_path: str,
         cmd.append("--no-repack")
     if not spec.cache_prompt:
         cmd.append("--no-cache-prompt")
+    cmd += cache_ram_args(spec)
     cmd += spec.extra_args
     if spec.cores:
         if shutil.which("taskset") is None:
@@ -226,6 +230,24 @@ def server_command(spec: LlamaServerSpec, binary: str | Path, model_path: str,
                                "(util-linux); install it or drop 'cores'", retryable=False)
         cmd = ["taskset", "-c", spec.cores, *cmd]
     return cmd
+
+
+def cache_ram_args(spec: LlamaServerSpec) -> list[str]:
+    """``--cache-ram`` from ``spec.cache_ram``, unless ``extra_args`` set it themselves.
+
+    Why off by default: with it on (llama-server's default, 8 GiB), every new task first
+    copies each idle slot's whole state (KV cells and sliding-window checkpoints) into host
+    RAM (``server_prompt_cache::alloc``, ``cache_idle_slots``), on the thread that also runs
+    the batch, so every call in flight on the instance stalls for it. Measured on the
+    2-core cluster (``benchmarks/rvs_kvstate.py``): the server's resident memory grew by
+    ~18 MiB a call (445 -> 1545 MiB in 59 calls; up to 8 GiB per server, two of them on a
+    23 GiB machine) and the time a lone call spent outside the server's own prompt/decode
+    timings grew from 40 to 85 ms, against a flat 8-12 ms with ``--cache-ram 0``. The
+    slot's own prefix reuse (``cache_prompt``) does not need it; set ``cache_ram`` (MiB) to
+    have a slot restore a prompt it was evicted from."""
+    if any(a in ("--cache-ram", "-cram") for a in spec.extra_args):
+        return []
+    return ["--cache-ram", str(spec.cache_ram)]
 
 
 def _free_port(host: str) -> int:
