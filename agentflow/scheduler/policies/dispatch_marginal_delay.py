@@ -80,6 +80,8 @@ class MarginalDelayDispatch(DispatchPolicy):
         co = np.minimum(b.n_running, b.slots - 1.0)  # calls it will run beside
         d = b.co_runner_decode_s  # decode seconds one more co-runner adds to the call
         own = b.time_s + d * (co - b.co_runners_seen)
+        if b.solo_s is not None:  # fewer co-runners than learned at: not faster than alone
+            own = np.maximum(own, np.minimum(b.solo_s, b.time_s))
         # the delay inflicted counts on the co-runners it does not outrank (``n_peers``)
         peers = co if b.n_peers is None else np.minimum(b.n_peers, b.slots - 1.0)
         price = wait + own + peers * (b.prefill_s + d)
