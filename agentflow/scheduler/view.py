@@ -124,9 +124,12 @@ class ClusterView:
         room = (n_run < self._max_inflight[idx]) & (
             (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
         time_s = self.time_vector(call)[idx]
+        solo_s: np.ndarray | None = None
         if self._shielded(call):  # its decode as the gate keeps it
             clean_df, slope, seen = self._batch_coefs(clean=True)
             time_s = time_s + call.mean_output * (clean_df - df)[idx]
+            solo_s = time_s + call.mean_output * (
+                np.minimum(clean_df, self._solo_df()) - clean_df)[idx]
         else:
             _, slope, seen = self._batch_coefs()
         return BatchView(queued_s=queued, prefilling_s=book.prefill_prompt[idx] * pf[idx],
@@ -135,7 +138,7 @@ class ClusterView:
                          time_s=time_s, prefill_s=prompt * pf[idx],
                          co_runner_decode_s=call.mean_output * slope[idx],
                          co_runners_seen=seen[idx], name_rank=self._name_rank[idx],
-                         n_peers=self._peers(call, idx))
+                         n_peers=self._peers(call, idx), solo_s=solo_s)
 
     def _peers(self, call: ScheduledCall, idx: list[int]) -> np.ndarray | None:
         load = getattr(self, "_class_load", None)
@@ -161,6 +164,16 @@ class ClusterView:
                 np.array([m.decode_s_per_token * f[0] for m, f in zip(models, fits)]),
                 np.array([f[1] for f in fits]))
         return cached[1], cached[2], cached[3]
+
+    def _solo_df(self) -> np.ndarray:
+        """Per instance: decode seconds per output token of a call running alone, by the
+        profile (the base rate the learned ratios are relative to). Why it bounds the
+        co-runner correction: the slope is a straight line fitted where the calls ran
+        (under a flood, 3-10 co-runners), and read at fewer co-runners it falls below the
+        solo rate and even below 0 where the slope is steep (the MoE instances, whose
+        expert union grows fastest with the first co-runners): mixed-qwen, 2 x L1, seed 1,
+        priced a 12k-token candidate at 0.7 s on an idle A40 that then took 13.1 s."""
+        return np.array([self.time_models[n].decode_s_per_token for n in self.queues])
 
     def _shielded(self, call: ScheduledCall) -> bool:
         """Whether the headroom gate keeps worse-band prefill from starting beside ``call``:

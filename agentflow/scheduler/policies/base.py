@@ -44,6 +44,9 @@ class BatchView:
     # call's band or a better one — the co-runners whose delay counts against admitting it;
     # None: every running call counts.
     n_peers: np.ndarray | None = None
+    # The call's time there with no co-runner (decode at the profile's solo rate, or the
+    # learned one where that is faster): the floor of the co-runner correction; None: none.
+    solo_s: np.ndarray | None = None
 
 
 class SchedulerView(Protocol):
