@@ -219,37 +219,3 @@ def test_deadline_admission_counts_only_the_work_a_tenant_in_share_waits_behind(
     with pytest.raises(DeadlineRejected) as refused:  # heavy waits behind everything
         arrive("h4", "heavy", 450)
     assert refused.value.earliest_slo_s == 600.0  # 200 + 100 + 100 + 100, then its 100
-
-
-def _ready_charged(c, query_id: str, tenant: str, extra_s: float):
-    """A standard query of ``tenant``, charged ``extra_s`` more instance time before its
-    call is ready (as if its earlier calls had run)."""
-    run = chain_run(query_id, 0.0, ["s"])
-    c.on_query_arrival(query_id, deadline=None, run=run, slo_class="standard", tenant=tenant)
-    c.fairness.charge(c.queries[query_id], extra_s)
-    return c.on_call_ready(query_id, stage="s", node_id=f"{query_id}.0", prompt_tokens=0)
-
-
-def test_a_tenant_ahead_in_share_keeps_its_prompt_off_the_instance_the_one_behind_runs_on(
-        ) -> None:
-    c = coordinator("flowsage", {"s": 10}, max_inflight=4)
-    light = _ready(c, "l", deadline=None, cls="standard", tenant="light")
-    assert light.instance == "fast" and light in c.queues["fast"].running
-    # heavy is 5 s ahead of light: within the quantum, so the same band, yet ahead
-    heavy, decisions = _ready_charged(c, "h", "heavy", 5.0)
-    assert not c.fairness.over_share(heavy.query)
-    assert c.fairness.leads(heavy.query, light.query)
-    assert decisions == [] and heavy in c.queues["fast"].waiting  # a free slot, held
-    c.clock.advance_to(10.0)
-    started = c.on_call_done(light, output_tokens=10)
-    assert [d.call.query.id for d in started] == ["h"]  # runs as soon as light leaves
-
-
-def test_the_tenant_behind_and_an_idle_instance_admit_at_once() -> None:
-    c = coordinator("flowsage", {"s": 10}, max_inflight=4)
-    heavy, decisions = _ready_charged(c, "h", "heavy", 5.0)
-    assert [d.call.query.id for d in decisions] == ["h"]  # nothing running: work-conserving
-    # light arrives at heavy's virtual time, behind heavy (charged 10 s for its call + 5):
-    # its prompt may start beside heavy's call
-    light, decisions = _ready_charged(c, "l", "light", 0.0)
-    assert [d.call.query.id for d in decisions] == ["l"]

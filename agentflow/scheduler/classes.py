@@ -222,10 +222,6 @@ def headroom_gate(coordinator: Any) -> Any:
         if best is None:
             return True
         band = call_band(coordinator, call.query)
-        if ISOLATE_PREFILL and call.attained_tokens == 0 and any(
-                call_band(coordinator, c.query) == band and
-                coordinator.fairness.leads(call.query, c.query) for c in queue.running):
-            return False  # a tenant ahead in its share keeps its prompt off the one behind
         if band <= best:
             return True
         if ISOLATE_PREFILL and any(call_band(coordinator, c.query) < band

@@ -115,16 +115,6 @@ class TenantShares:
         t = self._tenants.get(key)
         return t is not None and t.over
 
-    def leads(self, query: QueryState, other: QueryState) -> bool:
-        """Whether ``query``'s pair has had more weighted instance time than ``other``'s, in
-        the same rank group: the one ahead is the one that yields (``classes.headroom_gate``
-        keeps its new prompts off instances where the one behind is running)."""
-        a, b = self.key(query), self.key(other)
-        if a == b or self.group(a[0]) != self.group(b[0]):
-            return False
-        ta, tb = self._tenants.get(a), self._tenants.get(b)
-        return ta is not None and tb is not None and ta.vt > tb.vt
-
     def virtual_times(self) -> dict[TenantKey, float]:
         """Every (class, tenant) pair's virtual time so far (inspection, benchmarks)."""
         return {k: t.vt for k, t in self._tenants.items()}
