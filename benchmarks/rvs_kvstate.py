@@ -14,8 +14,8 @@ fixed probe request followed by a workload-like mix of calls (two at a time), an
 round the probe's decode and prompt milliseconds per token, its wall time over the server's
 own timings (what the server did outside them) and the server's resident memory; at the end
 it erases every slot (``POST /slots/K?action=erase``) and probes again. Give two instances
-different ``extra_args`` (e.g. ``[--cache-ram, "0"]`` on one) to compare them in the same
-minutes; swap them in a second run to cancel the cores' own difference.
+different ``cache_ram`` (agentflow's default 0 on one, e.g. 1024 MiB on the other) to compare
+them in the same minutes; swap them in a second run to cancel the cores' own difference.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class MarginalDelayDispatch(DispatchPolicy):
         d = b.co_runner_decode_s  # decode seconds one more co-runner adds to the call
         own = b.time_s + d * (co - b.co_runners_seen)
         if b.solo_s is not None:  # fewer co-runners than learned at: not faster than alone
-            own = np.maximum(own, np.minimum(b.solo_s, b.time_s))
+            own = np.maximum(own, b.solo_s)  # (solo_s <= time_s by construction)
         # the delay inflicted counts on the co-runners it does not outrank (``n_peers``)
         peers = co if b.n_peers is None else np.minimum(b.n_peers, b.slots - 1.0)
         price = wait + own + peers * (b.prefill_s + d)
