@@ -16,6 +16,7 @@ models) whose requests wait on gates the test opens.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -132,14 +133,14 @@ def test_a_stopped_attempt_is_acted_on_at_once(stop: str) -> None:
     asyncio.run(_stopped_attempt(stop))
 
 
-class TakeDownOnDone:
-    """A coordinator observer (as the server's decision timer is one) that, right after the
-    call ending on ``instance`` has made room there, reports the instance dead through its
-    backend's health watch: between the coordinator's StartCall for the next call and that
-    call's task. That is the race: a death a watch notices lands in any loop step."""
+class OnceAfterDone:
+    """A coordinator observer (as the server's decision timer is one) that runs ``action``
+    once, right after a call ending has made room for the next one: between the
+    coordinator's StartCall for that call and the call's task. That is the race: a death a
+    health watch notices, or a page user leaving, lands in any loop step."""
 
-    def __init__(self, backend: Gated):
-        self.backend = backend
+    def __init__(self, action: Callable[[], None]):
+        self.action = action
         self.fired = False
 
     def event_started(self, event: str) -> None:
@@ -148,7 +149,7 @@ class TakeDownOnDone:
     def event_finished(self, event: str, decisions: list[Any]) -> None:
         if event == "on_call_done" and not self.fired and decisions:
             self.fired = True
-            self.backend.listener("its process died")
+            self.action()
 
 
 async def _start_on_a_dying_instance(max_attempts: int) -> None:
@@ -170,7 +171,7 @@ async def _start_on_a_dying_instance(max_attempts: int) -> None:
     assert here is not None
     other = "b" if here == "a" else "a"
     (first_here,) = backends[here].seen
-    c.add_observer(TakeDownOnDone(backends[here]))
+    c.add_observer(OnceAfterDone(lambda: backends[here].listener("its process died")))
     charge = c.fairness.virtual_time(nxt.query)
     backends[here].gates[first_here].set()  # its call ends: ``next`` gets the slot, which dies
     await _until(lambda: not c.queues[here].up)
@@ -201,24 +202,6 @@ def test_an_attempt_started_on_an_instance_that_just_went_down_runs_elsewhere(
     asyncio.run(_start_on_a_dying_instance(max_attempts))
 
 
-class CancelOnDone:
-    """A coordinator observer that cancels ``query`` right after the call ending before it
-    has made room for it: between the coordinator's StartCall and the call's task, where
-    ``cancel_query`` finds no task to cancel (a page user leaving in that loop step)."""
-
-    def __init__(self, router: ScheduledRouter, query: str):
-        self.router, self.query = router, query
-        self.fired = False
-
-    def event_started(self, event: str) -> None:
-        pass
-
-    def event_finished(self, event: str, decisions: list[Any]) -> None:
-        if event == "on_call_done" and not self.fired and decisions:
-            self.fired = True
-            self.router.cancel_query(self.query)
-
-
 async def _start_a_cancelled_call() -> None:
     c = Coordinator([InstanceSpec("a", max_inflight=1)], clock=ManualClock(),
                     policy="flowsage", length_model=FixedLengths({"s": 10}))
@@ -231,7 +214,7 @@ async def _start_a_cancelled_call() -> None:
     await _until(lambda: "next" in c.queries and len(c.queries["next"].calls) == 1)
     (sc,) = c.queries["next"].calls
     assert sc.state == CallState.WAITING
-    c.add_observer(CancelOnDone(router, "next"))
+    c.add_observer(OnceAfterDone(lambda: router.cancel_query("next")))
     a.gates["first"].set()  # ``first`` ends: ``next`` is started, and its query cancelled
     await first
     with pytest.raises(asyncio.CancelledError):
