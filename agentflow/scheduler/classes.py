@@ -168,6 +168,12 @@ PRIORITY_BAND = 1_000_000_000
 HEADROOM = 0.25
 ISOLATE_PREFILL = True
 LOWER_PENDING_PREFILL = 1
+# While a better band has queries in flight, worse-band prompts prefill on at most
+# ``1 - HEADROOM`` of the up instances at once (the share of slots the gate keeps, applied
+# to instances): a better-band call dispatched then finds an instance where no worse prompt
+# is mid-prefill, whose chunks would run ahead of its own prefill (the engine serves running
+# prefills in admission order) and stall each of its decode steps.
+CLUSTER_PREFILL_HEADROOM = True
 
 
 def call_band(coordinator: Any, query: QueryState) -> int:
@@ -229,6 +235,8 @@ def headroom_gate(coordinator: Any) -> Any:
             return False
         if queue.pending_prefill() >= LOWER_PENDING_PREFILL:
             return False
+        if CLUSTER_PREFILL_HEADROOM and not _prefill_room(coordinator, queue, best):
+            return False
         spec = queue.spec
         if len(queue.running) + 1 > (1 - HEADROOM) * spec.max_inflight:
             return False
@@ -236,6 +244,38 @@ def headroom_gate(coordinator: Any) -> Any:
         return budget is None or queue.kv_tokens_in_use + need <= (1 - HEADROOM) * budget
     return gate
 
+
+
+def _worse_prefilling(coordinator: Any, queue: Any, best: int) -> bool:
+    return any(call_band(coordinator, c.query) > best for c in queue._pending_prefill)
+
+
+def _prefill_room(coordinator: Any, queue: Any, best: int) -> bool:
+    """Whether one more instance may take a worse-band prompt (``CLUSTER_PREFILL_HEADROOM``):
+    those already prefilling one, with this one, stay within ``1 - HEADROOM`` of the up
+    instances (at least one may, so a one-instance cluster is never held by this)."""
+    up = [q for q in coordinator.queues.values() if q.up]
+    limit = max(1, math.floor((1 - HEADROOM) * len(up)))
+    busy = sum(1 for q in up if q is not queue and _worse_prefilling(coordinator, q, best))
+    return busy + 1 <= limit
+
+
+def readmit_after_prefill(coordinator: Any, call: ScheduledCall) -> list[Any] | None:
+    """A worse-band prompt finished prefilling: the instances the cluster rule held may now
+    take one, so each up instance with waiting calls is offered its queue again (the
+    coordinator's ``_admit``), not left until its own next event. None: ``call`` is not
+    one the rule counts (nothing to reconsider)."""
+    if not CLUSTER_PREFILL_HEADROOM:
+        return None
+    best = best_active_band(coordinator)
+    if best is None or call_band(coordinator, call.query) <= best:
+        return None
+    out: list[Any] = []
+    now = coordinator.clock.now()
+    for q in coordinator.queues.values():
+        if q.up and q.waiting:
+            out += coordinator._admit(q, now)
+    return out
 
 
 class ClassLoad:
