@@ -182,7 +182,10 @@ LOWER_PENDING_PREFILL = 1
 # stall each of its decode steps. Only within a class: applied to lower classes too it
 # helped paper-4gpu isolation but regressed isolation on hetero-8 and mixed-qwen by up to
 # +0.16 (interactive P95 / alone; /work/measure/s8/fair22/table_b1.txt), where strict rank
-# already keeps the batch class behind.
+# already keeps the batch class behind. Measured with the lag kept across idle spells
+# (``scheduler.fairness``), light P95 / alone on the fairness cells, seeds 0/1/2: mixed-qwen
+# 1.591/1.658/1.454 -> 1.290/1.462/1.300, paper-4gpu 1.270/1.543/1.332 -> 1.314/1.353/1.382,
+# hetero-8 1.088/1.130/1.116 -> 1.082/1.187/1.116; the heavy tenant's q/s 0.995-1.005x.
 CLUSTER_PREFILL_HEADROOM = True
 
 
