@@ -1,7 +1,7 @@
 """The cluster-wide prefill headroom of the headroom gate (agentflow.scheduler.classes): while
-a better band has queries in flight, worse-band prompts prefill on at most 1 - HEADROOM of
-the up instances at once, and a held call is offered its instance again the moment a
-worse-band prompt finishes prefilling elsewhere. Two identical instances (4 slots, 0.01 s per
+an in-share tenant of a class has queries in flight, the prompts of that class's over-share
+tenants prefill on at most 1 - HEADROOM of the up instances at once, and a held call is
+offered its instance again the moment such a prompt finishes prefilling elsewhere. Two identical instances (4 slots, 0.01 s per
 prompt token, 1 s per output token) and a manual clock: nothing here is timed."""
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ def _cluster(names: str = "ab") -> Coordinator:
     return c
 
 
-def _arrive(c: Coordinator, qid: str, tenant: str, *, ready: bool = True):
+def _arrive(c: Coordinator, qid: str, tenant: str, *, ready: bool = True,
+            cls: str = "standard"):
     c.on_query_arrival(qid, deadline=1000.0, run=chain_run(qid, 1000.0, ["long"]),
-                       slo_class="standard", tenant=tenant)
+                       slo_class=cls, tenant=tenant)
     if not ready:
         return None, []
     return c.on_call_ready(qid, stage="long", node_id=f"{qid}.0", prompt_tokens=1000)
@@ -65,3 +66,16 @@ def test_without_a_better_band_in_flight_nothing_is_held() -> None:
     h1, _ = _arrive(c, "h1", "heavy")
     h2, _ = _arrive(c, "h2", "heavy")
     assert CallState.WAITING not in {h0.state, h1.state, h2.state}
+
+
+def test_a_lower_class_is_left_to_the_per_instance_gate() -> None:
+    # an interactive query in flight and a batch flood: the same moves as the first test,
+    # but the batch class is a worse class, not an over-share tenant: h2 starts
+    c = _cluster()
+    _arrive(c, "i0", "page", ready=False, cls="interactive")
+    h0, _ = _arrive(c, "h0", "eval", cls="batch")
+    c.on_call_progress(h0, 1)
+    h1, _ = _arrive(c, "h1", "eval", cls="batch")
+    assert h1.instance != h0.instance
+    h2, _ = _arrive(c, "h2", "eval", cls="batch")
+    assert h2.instance == h0.instance and h2.state == CallState.RUNNING
