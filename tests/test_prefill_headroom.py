@@ -1,8 +1,9 @@
 """The cluster-wide prefill headroom of the headroom gate (agentflow.scheduler.classes): while
 an in-share tenant of a class has queries in flight, the prompts of that class's over-share
 tenants prefill on at most 1 - HEADROOM of the up instances at once, and a held call is
-offered its instance again the moment such a prompt finishes prefilling elsewhere. Two identical instances (4 slots, 0.01 s per
-prompt token, 1 s per output token) and a manual clock: nothing here is timed."""
+offered its instance again the moment such a prompt finishes prefilling elsewhere. Two
+identical instances (4 slots, 0.01 s per prompt token, 1 s per output token) and a manual
+clock: nothing here is timed."""
 
 from __future__ import annotations
 
