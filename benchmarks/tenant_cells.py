@@ -69,7 +69,8 @@ def tenant_figures(records: list[Any], busy: dict[str, float],
 
 def run_cell(cluster_name: str, scenario: list[TenantSpec], policy: str, seed: int,
              quantum_s: float | None = None, detail: bool = False,
-             preemption: str | None = None) -> dict[str, dict[str, Any]]:
+             preemption: str | None = None, lag_cap_quanta: float | None = None
+             ) -> dict[str, dict[str, Any]]:
     cluster = cluster_named(cluster_name)
     idle = IdleLatency(cluster)
     wl = build_tenant_workload(workloads()["trace1"], cluster, scenario, n=SPAN, seed=seed,
@@ -81,6 +82,8 @@ def run_cell(cluster_name: str, scenario: list[TenantSpec], policy: str, seed: i
         sim.coordinator.fairness.set_weights(wl.tenant_weights)
     if quantum_s is not None:
         sim.coordinator.fairness.quantum_s = quantum_s
+    if lag_cap_quanta is not None:
+        sim.coordinator.fairness.lag_cap_quanta = lag_cap_quanta
     result = sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s,
                      tenants=wl.tenants, classes=wl.classes)
     owner = {r.id: r.tenant for r in result.records}
@@ -101,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="",
                    help="NAME=WEIGHT,... tenant weights to put on the scenarios' tenants")
     p.add_argument("--quantum", type=float, help="fairness quantum_s (default: the module's)")
+    p.add_argument("--lag-cap", type=float,
+                   help="fairness lag_cap_quanta (default: the module's; 0: start-time FQ)")
     p.add_argument("--detail", action="store_true",
                    help="also each tenant's mean queue / run seconds per LLM stage, instances")
     p.add_argument("--preemption", default="off", help="scheduler.preemption: off | class")
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             for policy in args.policies.split(","):
                 t0 = time.perf_counter()
                 figs = run_cell(name, tenants, policy, args.seed, args.quantum, args.detail,
-                                args.preemption)
+                                args.preemption, args.lag_cap)
                 out[f"{name}/{sname}/{policy}"] = figs
                 print(f"{name:<11} {sname:<15} {policy:<10} " + "  ".join(
                     f"{t}: p95={f['p95']:.1f} max={f['max']:.1f} "

@@ -16,7 +16,7 @@ from here as before.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
@@ -29,6 +29,7 @@ from agentflow.scheduler.classes import (
     engine_priority,
     headroom_gate,
     lowest_class,
+    readmit_after_prefill,
     shed_limit,
     with_classes,
 )
@@ -238,6 +239,9 @@ class Coordinator(WorkflowPaths):
         if first and call.instance is not None and call.state == CallState.RUNNING:
             queue = self.queues[call.instance]
             queue.first_token(call)
+            held = readmit_after_prefill(self, call) if self._fair else None
+            if held is not None:  # every instance the cluster prefill rule may have held
+                return held
             if queue.spec.max_pending_prefill is not None:
                 return self._admit(queue, self.clock.now())
         return []
@@ -303,8 +307,11 @@ class Coordinator(WorkflowPaths):
         return decisions + self._dispatch(call, now, reason_if_none=reason)
 
     @observed
-    def on_call_cancelled(self, call: ScheduledCall) -> list[Decision]:
-        """The runtime gave up on a call (its query was cancelled): free its place."""
+    def on_call_cancelled(self, call: ScheduledCall, *, sent: bool = True) -> list[Decision]:
+        """The runtime gave up on a call (its query was cancelled): free its place.
+        ``sent=False``: a started call whose request never left (cancelled between its start
+        and its send) used no instance time, so its tenant gets the admission charge back,
+        as a ``sent=False`` hand-back does."""
         now = self.clock.now()
         decisions: list[Decision] = []
         if call.instance is not None:
@@ -312,6 +319,8 @@ class Coordinator(WorkflowPaths):
             if call.state == CallState.WAITING:
                 queue.remove(call)
             elif call.state == CallState.RUNNING:
+                if not sent and self._fair:
+                    rekey_tenants(self, self.fairness.refund(call), now)
                 queue.finish(call)
                 decisions = self._admit(queue, now)
         call.state = CallState.CANCELLED
@@ -349,9 +358,14 @@ class Coordinator(WorkflowPaths):
         self._forget_query(query_id)
 
     @observed
-    def cancel_query(self, query_id: str) -> tuple[list[ScheduledCall], list[Decision]]:
+    def cancel_query(self, query_id: str,
+                     sent: Callable[[ScheduledCall], bool] | None = None
+                     ) -> tuple[list[ScheduledCall], list[Decision]]:
         """Remove the query's waiting calls everywhere. Returns its running calls (for the
-        runtime to abort) and the admissions their freed capacity allows."""
+        runtime to abort) and the admissions their freed capacity allows. ``sent``: whether
+        a running call's request has reached its instance (the runtime knows; None: every
+        one has): one that has not used no instance time, so its tenant gets its admission
+        charge back, before the query leaves its tenant's account."""
         query = self.queries.get(query_id)
         if query is None:
             return [], []
@@ -366,6 +380,8 @@ class Coordinator(WorkflowPaths):
         for call in calls:
             if call.state == CallState.RUNNING and call.instance is not None:
                 queue = self.queues[call.instance]
+                if sent is not None and self._fair and not sent(call):
+                    rekey_tenants(self, self.fairness.refund(call), now)
                 queue.finish(call)
                 call.state = CallState.CANCELLED
                 running.append(call)

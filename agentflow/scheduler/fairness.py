@@ -16,9 +16,17 @@ that rank (``scheduler.classes``), with the policy's own order inside each band.
 held back — an over-share tenant's calls run whenever no in-share call waits
 (work-conserving), and an idle cluster serves whoever asks. So while all of them keep work
 waiting, pairs of weights 2 and 1 get instance time 2 : 1 (each is admitted while it is
-within a quantum of the least-served). A tenant that comes back after being idle starts at
-the least-served active pair's virtual time (start-time fair queueing), so idling banks no
-credit it could later flood with.
+within a quantum of the least-served). A tenant that comes back after being idle starts
+where it stood against the least-served active pair when it left, as EEVDF places a waking
+task by the lag it slept with: a tenant that left behind comes back behind by as much, at most
+``LAG_CAP_QUANTA`` quanta, and one that left ahead (or was never seen) starts no earlier than
+the least-served. Idling itself earns nothing (the lag is frozen while it is away) and the
+cap bounds what a tenant can bring back, so it cannot later flood with credit banked. Why
+keep the lag at all: start-time fair queueing re-entered every returning tenant at the
+least-served one's virtual time, so a light tenant whose queries come and go came back level
+with a flooder that had used far more than its share meanwhile, and the flooder stayed in
+the same band, beside the light tenant's calls, until it had run a quantum ahead again, on
+every return (tenant grid, paper-4gpu fairness: 59% of the flooder's admissions in share).
 
 A call stopped for a better class (``scheduler.preemption``), or retried after its instance
 failed it, gets its admission charge back (``refund``): it is charged again when it is
@@ -49,6 +57,12 @@ if TYPE_CHECKING:
 # wait only 0.02-0.56 s in queue against 0.2-1.8 s more run time (co-running in the flood's
 # batches, slower GPUs) than alone.
 QUANTUM_S = 10.0
+# How far behind the least-served pair a returning tenant may come back, in quanta: more than
+# one, so that a pair that ran a quantum ahead while it was away is over its share the moment
+# it returns (and yields to it until it has caught up), and bounded, so that idling banks at
+# most this much (Linux's EEVDF clamps a sleeping task's lag at two slices for the same
+# reason).
+LAG_CAP_QUANTA = 2.0
 ANONYMOUS = ""  # queries that name no tenant are one tenant
 
 TenantKey = tuple[str, str]  # (class name, tenant name)
@@ -59,6 +73,7 @@ class _Tenant:
     vt: float = 0.0
     active: int = 0  # its queries in flight in this class
     over: bool = False
+    lag: float = 0.0  # how far behind the least-served active pair it left (>= 0, capped)
 
 
 class TenantShares:
@@ -66,13 +81,19 @@ class TenantShares:
 
     def __init__(self, quantum_s: float = QUANTUM_S,
                  weights: Mapping[str, float] | None = None,
-                 classes: Callable[[], Mapping[str, SloClass]] | None = None):
+                 classes: Callable[[], Mapping[str, SloClass]] | None = None,
+                 lag_cap_quanta: float = LAG_CAP_QUANTA):
         """``weights``: tenant name -> weight (absent: 1); ``classes``: the SLO classes in
         force (a callable: the coordinator's table may be replaced after it is built), for
-        their ranks and weights; None: every class is its own rank, of weight 1."""
+        their ranks and weights; None: every class is its own rank, of weight 1;
+        ``lag_cap_quanta``: the most a returning tenant brings back (0: start-time fair
+        queueing, every return level with the least-served)."""
         if not quantum_s > 0:
             raise ValueError("quantum_s must be positive")
+        if not lag_cap_quanta >= 0:
+            raise ValueError("lag_cap_quanta must be >= 0")
         self.quantum_s = quantum_s
+        self.lag_cap_quanta = lag_cap_quanta
         self.weights: dict[str, float] = {}
         self.set_weights(weights or {})
         self._classes = classes
@@ -133,8 +154,9 @@ class TenantShares:
         t = self._tenants.setdefault(key, _Tenant())
         if t.active == 0:
             floor = self._least_active(self.group(key[0]), exclude=key)
-            if floor is not None and floor > t.vt:
-                t.vt = floor  # no credit banked while idle
+            if floor is not None and floor - t.lag > t.vt:
+                t.vt = floor - t.lag  # its lag at leaving, no credit for the idle time
+            t.lag = 0.0
         t.active += 1
         return self._reflag(self.group(key[0]))
 
@@ -145,6 +167,10 @@ class TenantShares:
         if t is None or t.active == 0:
             return []
         t.active -= 1
+        if t.active == 0:  # idle from now on: remember how far behind it leaves
+            floor = self._least_active(self.group(key[0]), exclude=key)
+            behind = 0.0 if floor is None else floor - t.vt
+            t.lag = min(max(0.0, behind), self.lag_cap_quanta * self.quantum_s)
         return self._reflag(self.group(key[0]))
 
     def charge(self, query: QueryState, seconds: float) -> list[TenantKey]:

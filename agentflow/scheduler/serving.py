@@ -124,7 +124,8 @@ class ScheduledRouter:
         self.coordinator.on_query_done(query.id)
 
     def cancel_query(self, query_id: str) -> None:
-        running, decisions = self.coordinator.cancel_query(query_id)
+        running, decisions = self.coordinator.cancel_query(
+            query_id, sent=lambda call: call in self._inflight)  # no task yet: not sent
         for call in running:
             task = self._inflight.get(call)
             if task is not None:
@@ -151,8 +152,8 @@ class ScheduledRouter:
         while True:
             try:
                 instance, priority, attempt = await sc.payload
-            except asyncio.CancelledError:
-                self._apply(self.coordinator.on_call_cancelled(sc))
+            except asyncio.CancelledError:  # started perhaps, but not sent
+                self._apply(self.coordinator.on_call_cancelled(sc, sent=False))
                 raise
             if attempt != sc.preemptions:
                 continue  # that run was stopped before it began: wait for the next start
