@@ -85,9 +85,8 @@ class MarginalDelayDispatch(DispatchPolicy):
             b.room, 0.0, b.running_s / np.maximum(b.n_running, 1.0))
         co = np.minimum(b.n_running, b.slots - 1.0)  # calls it will run beside
         d = b.co_runner_decode_s  # decode seconds one more co-runner adds to the call
-        own = b.time_s + d * (co - b.co_runners_seen)
-        if b.solo_s is not None:  # fewer co-runners than learned at: not faster than alone
-            own = np.maximum(own, b.solo_s)  # (solo_s <= time_s by construction)
+        # fewer co-runners than learned at: never faster than alone (solo_s <= time_s)
+        own = np.maximum(b.time_s + d * (co - b.co_runners_seen), b.solo_s)
         # the delay inflicted counts on the co-runners it does not outrank (``n_peers``)
         peers = co if b.n_peers is None else np.minimum(b.n_peers, b.slots - 1.0)
         price = wait + own + peers * (b.prefill_s + d)
