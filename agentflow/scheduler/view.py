@@ -171,7 +171,9 @@ class ClusterView:
         (under a flood, 3-10 co-runners), and read at fewer co-runners it falls below the
         solo rate and even below 0 where the slope is steep (the MoE instances, whose
         expert union grows fastest with the first co-runners): mixed-qwen, 2 x L1, seed 1,
-        priced a 12k-token candidate at 0.7 s on an idle A40 that then took 13.1 s."""
+        priced a 12k-token candidate at 0.7 s on an idle A40 that then took 13.1 s. It bounds
+        every call's correction, on the plain ratio as on the clean one: the line undercuts
+        the solo rate whatever queue ranks the call."""
         return np.array([self.time_models[n].decode_s_per_token for n in self.queues])
 
     def _shielded(self, call: ScheduledCall) -> bool:
