@@ -248,16 +248,16 @@ def report(results: dict, policies: list[str], cells: list[Cell]) -> str:
         rel = v["goodput"] / gm["vllm"]["goodput"] if "vllm" in gm else math.nan
         lines.append(f"| {p} | {v['p95']:.1f} | {v['mean']:.1f} | {v['slo']:.3f} | "
                      f"{v['goodput']:.4f} | {rel:.2f}x |")
-    if "flowsage" in gm:
-        others = {p: gm[p]["p95"] for p in policies if p not in ("flowsage", REFERENCE)}
+    others = {p: gm[p]["p95"] for p in policies if p not in ("flowsage", REFERENCE)}
+    if "flowsage" in gm and others:  # a run of flowsage alone (or with oracle) has no other
         best = min(others, key=others.get)
         worst_cell = max(ratios.values()) if ratios else math.nan
         lines += ["", f"flowsage geomean P95 / best other ({best}): "
                       f"{gm['flowsage']['p95'] / others[best]:.3f}; worst cell ratio to the "
                       f"best other policy in that cell: {worst_cell:.3f}"]
-        if REFERENCE in gm:
-            lines.append(f"flowsage geomean P95 / oracle: "
-                         f"{gm['flowsage']['p95'] / gm[REFERENCE]['p95']:.3f}")
+    if "flowsage" in gm and REFERENCE in gm:
+        lines.append(f"flowsage geomean P95 / oracle: "
+                     f"{gm['flowsage']['p95'] / gm[REFERENCE]['p95']:.3f}")
     if results.get("goodput"):
         lines += ["", "## Rate goodput (>= 90% within 2x idle), centre cells", "",
                   "| workload | " + " | ".join(policies) + " |",

@@ -53,6 +53,18 @@ def test_a_workload_with_no_load_level_is_named_in_the_report_and_its_cells_left
     assert "best other (sagesched): 0.800" in text  # the skipped cell is in no mean
 
 
+def test_a_run_of_flowsage_alone_is_reported_without_a_best_other() -> None:
+    """``--policies flowsage[,oracle]`` (re-measuring flowsage on cells whose baselines are
+    known) used to end in ``min()`` of nothing after every cell had run."""
+    a = Cell("trace1")
+    results = {"cells": {a.name: {"rate": 1.0, "policies": {
+        "flowsage": entry(240, 0.9, 0.05), "oracle": entry(250, 0.9, 0.05)}}}}
+    text = report(results, ["flowsage", "oracle"], [a])
+    assert "| trace1/paper-4gpu/poisson/2x | 1 | 240 | 250 | - |" in text
+    assert "flowsage geomean P95 / best other" not in text
+    assert "flowsage geomean P95 / oracle: 0.960" in text
+
+
 def test_a_run_too_short_to_load_the_cluster_raises_its_own_error() -> None:
     """The suite skips only this case (no load level), not any simulator error."""
     from agentflow.sim.cluster import load_cluster

@@ -124,14 +124,13 @@ class ClusterView:
         room = (n_run < self._max_inflight[idx]) & (
             (n_run == 0) | (book.kv_used[idx] + need <= self._kv_budget[idx]))
         time_s = self.time_vector(call)[idx]
-        solo_s: np.ndarray | None = None
+        rate = df  # decode seconds per output token that ``time_s`` holds
         if self._shielded(call):  # its decode as the gate keeps it
-            clean_df, slope, seen = self._batch_coefs(clean=True)
-            time_s = time_s + call.mean_output * (clean_df - df)[idx]
-            solo_s = time_s + call.mean_output * (
-                np.minimum(clean_df, self._solo_df()) - clean_df)[idx]
+            rate, slope, seen = self._batch_coefs(clean=True)
+            time_s = time_s + call.mean_output * (rate - df)[idx]
         else:
             _, slope, seen = self._batch_coefs()
+        solo_s = time_s + call.mean_output * (np.minimum(rate, self._solo_df()) - rate)[idx]
         return BatchView(queued_s=queued, prefilling_s=book.prefill_prompt[idx] * pf[idx],
                          running_s=book.running(now)[idx], n_running=n_run,
                          room=room, slots=self._max_inflight[idx],
@@ -172,7 +171,9 @@ class ClusterView:
         (under a flood, 3-10 co-runners), and read at fewer co-runners it falls below the
         solo rate and even below 0 where the slope is steep (the MoE instances, whose
         expert union grows fastest with the first co-runners): mixed-qwen, 2 x L1, seed 1,
-        priced a 12k-token candidate at 0.7 s on an idle A40 that then took 13.1 s."""
+        priced a 12k-token candidate at 0.7 s on an idle A40 that then took 13.1 s. It bounds
+        every call's correction, on the plain ratio as on the clean one: the line undercuts
+        the solo rate whatever queue ranks the call."""
         return np.array([self.time_models[n].decode_s_per_token for n in self.queues])
 
     def _shielded(self, call: ScheduledCall) -> bool:

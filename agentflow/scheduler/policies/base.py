@@ -39,14 +39,14 @@ class BatchView:
     prefill_s: np.ndarray
     co_runner_decode_s: np.ndarray
     co_runners_seen: np.ndarray
+    # The call's time there with no co-runner (decode at the profile's solo rate, or the
+    # learned one where that is faster): the floor of the co-runner correction.
+    solo_s: np.ndarray
     name_rank: np.ndarray
     # Under class ranking (``scheduler.classes``): per instance, the running calls of the
     # call's band or a better one — the co-runners whose delay counts against admitting it;
     # None: every running call counts.
     n_peers: np.ndarray | None = None
-    # The call's time there with no co-runner (decode at the profile's solo rate, or the
-    # learned one where that is faster): the floor of the co-runner correction; None: none.
-    solo_s: np.ndarray | None = None
 
 
 class SchedulerView(Protocol):

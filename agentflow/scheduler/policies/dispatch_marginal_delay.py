@@ -48,11 +48,12 @@ already hosted interactive calls and stalled each other's decodes (paper-4gpu, 2
 +1.9 s more decode per interactive call, +1.4 s was in steps carrying another
 interactive prompt's chunk).
 
-A shielded call is never priced below its time alone there (``BatchView.solo_s``): the slope
-is a straight line fitted at the co-runner counts finished calls saw (3-10 under a flood), and
-read at fewer it fell below the solo rate, below zero on the MoE instances (mixed-qwen, 2 x L1:
-a 12k-token candidate priced at 0.7 s on an idle A40 took 13.1 s there; candidates on the A40
-ran 2.4x their price, 1.05x with the floor).
+No call is priced below its time alone there (``BatchView.solo_s``): the slope is a straight
+line fitted at the co-runner counts finished calls saw (3-10 under a flood), and read at fewer
+it fell below the solo rate, below zero on the MoE instances (mixed-qwen, 2 x L1: a 12k-token
+candidate priced at 0.7 s on an idle A40 took 13.1 s there; candidates on the A40 ran 2.4x
+their price, 1.05x with the floor). That is a property of the line, not of the queue, so the
+floor holds for every call, shielded or not, with classes or without.
 
 Charging each collision to the call whose admission causes it counts every stall in the
 cluster once, so the argmin is the greedy choice for the cluster's total delay. All terms are
@@ -85,9 +86,8 @@ class MarginalDelayDispatch(DispatchPolicy):
             b.room, 0.0, b.running_s / np.maximum(b.n_running, 1.0))
         co = np.minimum(b.n_running, b.slots - 1.0)  # calls it will run beside
         d = b.co_runner_decode_s  # decode seconds one more co-runner adds to the call
-        own = b.time_s + d * (co - b.co_runners_seen)
-        if b.solo_s is not None:  # fewer co-runners than learned at: not faster than alone
-            own = np.maximum(own, b.solo_s)  # (solo_s <= time_s by construction)
+        # fewer co-runners than learned at: never faster than alone (solo_s <= time_s)
+        own = np.maximum(b.time_s + d * (co - b.co_runners_seen), b.solo_s)
         # the delay inflicted counts on the co-runners it does not outrank (``n_peers``)
         peers = co if b.n_peers is None else np.minimum(b.n_peers, b.slots - 1.0)
         price = wait + own + peers * (b.prefill_s + d)
