@@ -181,7 +181,7 @@ LOWER_PENDING_PREFILL = 1
 # ahead of its own prefill (the engine serves running prefills in admission order) and
 # stall each of its decode steps. Only within a class: applied to lower classes too it
 # helped paper-4gpu isolation but regressed isolation on hetero-8 and mixed-qwen by up to
-# +0.16 (interactive P95 / alone; /work/measure/s8/fair22/table_b1.txt), where strict rank
+# +0.16 (interactive P95 / alone, ``benchmarks/tenant_cells.py``), where strict rank
 # already keeps the batch class behind. Measured with the lag kept across idle spells
 # (``scheduler.fairness``), light P95 / alone on the fairness cells, seeds 0/1/2: mixed-qwen
 # 1.591/1.658/1.454 -> 1.290/1.462/1.300, paper-4gpu 1.270/1.543/1.332 -> 1.314/1.353/1.382,
