@@ -16,13 +16,7 @@ only calls in:
   higher one, so admission by backlog counts only that (``work_ahead_excluded_s``);
 * **shedding** — count limits refuse the classes ranked below the default class earlier
   (``shed_limit``): a batch flood is refused while there is still room for standard and
-  interactive queries;
-* **headroom** — while a better band has queries in flight, a worse-band call starts only
-  within ``1 - HEADROOM`` of an instance's slots and KV, not beside a better-band call nor
-  another pending prompt (``headroom_gate``); an over-share tenant's prompt also only while
-  such prompts prefill on at most ``1 - HEADROOM`` of the up instances: a better-band call
-  that becomes ready finds room, and an in-share one an instance where no over-share
-  prompt's chunks run ahead of its own.
+  interactive queries.
 
 Tiers: a policy's key keeps its own tiers (small non-negative integers) inside a band per
 (class rank, fair-share flag): ``tier' = (position * 2 + over_share) * TIER_BAND + tier``.
@@ -174,19 +168,6 @@ PRIORITY_BAND = 1_000_000_000
 HEADROOM = 0.25
 ISOLATE_PREFILL = True
 LOWER_PENDING_PREFILL = 1
-# While an in-share tenant of a class has queries in flight, the prompts of the tenants over
-# their share in that class prefill on at most ``1 - HEADROOM`` of the up instances at once
-# (the share of slots the gate keeps, applied to instances): an in-share call dispatched
-# then finds an instance where no over-share prompt is mid-prefill, whose chunks would run
-# ahead of its own prefill (the engine serves running prefills in admission order) and
-# stall each of its decode steps. Only within a class: applied to lower classes too it
-# helped paper-4gpu isolation but regressed isolation on hetero-8 and mixed-qwen by up to
-# +0.16 (interactive P95 / alone, ``benchmarks/tenant_cells.py``), where strict rank
-# already keeps the batch class behind. Measured with the lag kept across idle spells
-# (``scheduler.fairness``), light P95 / alone on the fairness cells, seeds 0/1/2: mixed-qwen
-# 1.591/1.658/1.454 -> 1.290/1.462/1.300, paper-4gpu 1.270/1.543/1.332 -> 1.314/1.353/1.382,
-# hetero-8 1.088/1.130/1.116 -> 1.082/1.187/1.116; the heavy tenant's q/s 0.995-1.005x.
-CLUSTER_PREFILL_HEADROOM = True
 
 
 def call_band(coordinator: Any, query: QueryState) -> int:
@@ -248,8 +229,6 @@ def headroom_gate(coordinator: Any) -> Any:
             return False
         if queue.pending_prefill() >= LOWER_PENDING_PREFILL:
             return False
-        if band == best + 1 and not _prefill_room(coordinator, queue, best):
-            return False
         spec = queue.spec
         if len(queue.running) + 1 > (1 - HEADROOM) * spec.max_inflight:
             return False
@@ -257,41 +236,6 @@ def headroom_gate(coordinator: Any) -> Any:
         return budget is None or queue.kv_tokens_in_use + need <= (1 - HEADROOM) * budget
     return gate
 
-
-
-def _over_share_prefilling(coordinator: Any, queue: Any, best: int) -> bool:
-    return any(call_band(coordinator, c.query) == best + 1 for c in queue._pending_prefill)
-
-
-def _prefill_room(coordinator: Any, queue: Any, best: int) -> bool:
-    """Whether one more instance may take a prompt of the best class's over-share band
-    (``CLUSTER_PREFILL_HEADROOM``): those already prefilling one, with this one, stay
-    within ``1 - HEADROOM`` of the up instances (at least one may, so a one-instance
-    cluster is never held by this)."""
-    if not CLUSTER_PREFILL_HEADROOM:
-        return True
-    up = [q for q in coordinator.queues.values() if q.up]
-    limit = max(1, math.floor((1 - HEADROOM) * len(up)))
-    busy = sum(1 for q in up if q is not queue and _over_share_prefilling(coordinator, q, best))
-    return busy + 1 <= limit
-
-
-def readmit_after_prefill(coordinator: Any, call: ScheduledCall) -> list[Any] | None:
-    """An over-share prompt finished prefilling: the instances the cluster rule held may now
-    take one, so each up instance with waiting calls is offered its queue again (the
-    coordinator's ``_admit``), not left until its own next event. None: ``call`` is not
-    one the rule counts (nothing to reconsider)."""
-    if not CLUSTER_PREFILL_HEADROOM:
-        return None
-    best = best_active_band(coordinator)
-    if best is None or call_band(coordinator, call.query) != best + 1:
-        return None
-    out: list[Any] = []
-    now = coordinator.clock.now()
-    for q in coordinator.queues.values():
-        if q.up and q.waiting:
-            out += coordinator._admit(q, now)
-    return out
 
 
 class ClassLoad:

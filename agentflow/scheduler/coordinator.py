@@ -29,7 +29,6 @@ from agentflow.scheduler.classes import (
     engine_priority,
     headroom_gate,
     lowest_class,
-    readmit_after_prefill,
     shed_limit,
     with_classes,
 )
@@ -239,9 +238,6 @@ class Coordinator(WorkflowPaths):
         if first and call.instance is not None and call.state == CallState.RUNNING:
             queue = self.queues[call.instance]
             queue.first_token(call)
-            held = readmit_after_prefill(self, call) if self._fair else None
-            if held is not None:  # every instance the cluster prefill rule may have held
-                return held
             if queue.spec.max_pending_prefill is not None:
                 return self._admit(queue, self.clock.now())
         return []
