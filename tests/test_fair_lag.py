@@ -144,3 +144,68 @@ async def _cancel_between_start_and_send() -> None:
 
 def test_the_router_refunds_a_call_whose_query_is_cancelled_before_its_send() -> None:
     asyncio.run(_cancel_between_start_and_send())
+
+
+def test_a_tenant_back_in_an_empty_group_is_placed_where_the_group_emptied() -> None:
+    """The cap holds when nobody is in flight at the return: B leaves 500 s behind (lag
+    capped at 20 s), A runs alone 10,000 s more and leaves last; B comes back to an empty
+    group, then A. Without the group's floor B kept vt 0 and A came back 10,500 s ahead."""
+    s = TenantShares(quantum_s=10.0)
+    a, b = (QueryState(id=n, arrival=0.0, deadline=None, slo_class="standard", tenant=t)
+            for n, t in (("a", "A"), ("b", "B")))
+    s.arrive(a)
+    s.arrive(b)
+    s.charge(a, 500.0)
+    s.leave(b)
+    s.charge(a, 10_000.0)
+    s.leave(a)
+    s.arrive(b)
+    s.arrive(a)
+    gap = s.virtual_time(a) - s.virtual_time(b)
+    assert gap == pytest.approx(LAG_CAP_QUANTA * 10.0)
+
+
+def test_a_call_preempted_restarted_elsewhere_and_cancelled_in_one_turn_is_refunded() -> None:
+    """Serving: the stopped attempt's backend task stays in the router's books until its
+    watcher unwinds, a loop turn later; a cancel in that turn must see that the new attempt
+    (admitted, and charged, on the other instance) was never sent."""
+    from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledRouter
+    from agentflow.workflow import ManualClock
+    from tests.helpers import FixedLengths
+    from tests.test_router_races import Gated, _call, _until
+
+    async def race() -> tuple[float, list[str], str]:
+        c = Coordinator([InstanceSpec(n, max_inflight=1) for n in "ab"], clock=ManualClock(),
+                        policy="flowsage", preemption="class",
+                        length_model=FixedLengths({"b": 100, "i": 10}))
+        sends = {"batch": 0}
+
+        def choose(call, cands, now, view):  # batch first on a, then (preempted) on b
+            if call.query.id == "batch":
+                sends["batch"] += 1
+                return "a" if sends["batch"] == 1 else "b"
+            return "a"
+        c.dispatch.choose = choose
+        backends = {n: Gated(n) for n in "ab"}
+        router = ScheduledRouter(c, dict(backends), revive_after_s=None)
+        backends["a"].gates["batch"] = asyncio.Event()
+        batch = asyncio.ensure_future(router.submit(_call(router, "batch", "b", "batch", "t")))
+        await _until(lambda: backends["a"].prompts() == ["batch"])
+        (sc,) = c.queries["batch"].calls
+        _call(router, "page", "i", "interactive")
+        _, decisions = c.on_call_ready("page", stage="i", node_id="page.0", prompt_tokens=0,
+                                       payload=asyncio.get_running_loop().create_future())
+        router._apply(decisions)  # batch stopped on a, started (not yet sent) on b
+        state = f"{sc.state.value} on {sc.instance}"
+        router.cancel_query("batch")  # the same loop turn
+        vt = c.fairness._tenants[("batch", "t")].vt
+        backends["a"].let_go.set()
+        for gate in backends["a"].gates.values():
+            gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(batch, 5)
+        return vt, backends["b"].prompts(), state
+
+    vt, b_prompts, state = asyncio.run(race())
+    assert state == "running on b" and b_prompts == []
+    assert vt == pytest.approx(0.0)  # a's charge refunded by the stop, b's by the cancel

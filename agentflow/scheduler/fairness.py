@@ -98,6 +98,8 @@ class TenantShares:
         self.set_weights(weights or {})
         self._classes = classes
         self._tenants: dict[TenantKey, _Tenant] = {}
+        # per group, the least-served virtual time when its last pair in flight left
+        self._idle_floor: dict[object, float] = {}
 
     def set_weights(self, weights: Mapping[str, Any]) -> None:
         """Tenant weights (name -> weight; others 1), each checked (``check_weight``)."""
@@ -153,7 +155,10 @@ class TenantShares:
         key = self.key(query)
         t = self._tenants.setdefault(key, _Tenant())
         if t.active == 0:
-            floor = self._least_active(self.group(key[0]), exclude=key)
+            group = self.group(key[0])
+            floor = self._least_active(group, exclude=key)
+            if floor is None:  # nobody in flight: where the group stood when it emptied
+                floor = self._idle_floor.get(group)
             if floor is not None and floor - t.lag > t.vt:
                 t.vt = floor - t.lag  # its lag at leaving, no credit for the idle time
             t.lag = 0.0
@@ -168,7 +173,11 @@ class TenantShares:
             return []
         t.active -= 1
         if t.active == 0:  # idle from now on: remember how far behind it leaves
-            floor = self._least_active(self.group(key[0]), exclude=key)
+            group = self.group(key[0])
+            floor = self._least_active(group, exclude=key)
+            if floor is None:  # the last one out: a tenant that comes back to the empty
+                # group is placed against this, or it would bring back all it fell behind
+                self._idle_floor[group] = max(t.vt, self._idle_floor.get(group, t.vt))
             behind = 0.0 if floor is None else floor - t.vt
             t.lag = min(max(0.0, behind), self.lag_cap_quanta * self.quantum_s)
         return self._reflag(self.group(key[0]))

@@ -124,8 +124,7 @@ class ScheduledRouter:
         self.coordinator.on_query_done(query.id)
 
     def cancel_query(self, query_id: str) -> None:
-        running, decisions = self.coordinator.cancel_query(
-            query_id, sent=lambda call: call in self._inflight)  # no task yet: not sent
+        running, decisions = self.coordinator.cancel_query(query_id, sent=self._sent)
         for call in running:
             task = self._inflight.get(call)
             if task is not None:
@@ -248,6 +247,14 @@ class ScheduledRouter:
         if sc.state != CallState.FAILED:
             self.counts["retried", instance] += 1
         self._apply(decisions)
+
+    def _sent(self, sc: ScheduledCall) -> bool:
+        """Whether ``sc``'s current attempt reached its instance: it has a backend task of
+        that attempt. A stopped attempt's entries stay until its watcher unwinds (``_forget``,
+        a loop turn later), so a call preempted and started again elsewhere in that turn is
+        not sent until its new task exists."""
+        entry = self._interrupts.get(sc)
+        return sc in self._inflight and entry is not None and entry[0] == sc.preemptions
 
     def _interrupt(self, sc: ScheduledCall, attempt: int | None = None) -> None:
         """Wake the watcher of ``sc``'s running attempt (``attempt``: only if it is that
