@@ -58,12 +58,18 @@ def test_a_light_tenant_back_from_idle_finds_the_flooder_over_its_share() -> Non
     assert light.state == CallState.RUNNING and waiting.state == CallState.WAITING
 
 
-def test_a_long_idle_tenants_credit_is_capped_and_idling_earns_none() -> None:
+def _two_tenants_in_flight() -> tuple[TenantShares, QueryState, QueryState]:
+    """Shares with a quantum of 10 s, and one query of tenants A and B, both arrived."""
     shares = TenantShares(quantum_s=10.0)
     a, b = (QueryState(id=n, arrival=0.0, deadline=None, slo_class="standard", tenant=t)
             for n, t in (("a", "A"), ("b", "B")))
     shares.arrive(a)
     shares.arrive(b)
+    return shares, a, b
+
+
+def test_a_long_idle_tenants_credit_is_capped_and_idling_earns_none() -> None:
+    shares, a, b = _two_tenants_in_flight()
     shares.charge(a, 15.0)
     shares.leave(b)  # B leaves 15 s behind: within the cap, kept as is
     shares.charge(a, 10_000.0)  # A alone for a long time
@@ -150,11 +156,7 @@ def test_a_tenant_back_in_an_empty_group_is_placed_where_the_group_emptied() -> 
     """The cap holds when nobody is in flight at the return: B leaves 500 s behind (lag
     capped at 20 s), A runs alone 10,000 s more and leaves last; B comes back to an empty
     group, then A. Without the group's floor B kept vt 0 and A came back 10,500 s ahead."""
-    s = TenantShares(quantum_s=10.0)
-    a, b = (QueryState(id=n, arrival=0.0, deadline=None, slo_class="standard", tenant=t)
-            for n, t in (("a", "A"), ("b", "B")))
-    s.arrive(a)
-    s.arrive(b)
+    s, a, b = _two_tenants_in_flight()
     s.charge(a, 500.0)
     s.leave(b)
     s.charge(a, 10_000.0)

@@ -298,8 +298,7 @@ class Coordinator(WorkflowPaths):
             call.query.calls.discard(call)
             return decisions + [FailCall(call, reason)]
         call.attained_tokens = 0
-        if self._fair:  # as a stopped run: the tenant pays for the run that completes
-            rekey_tenants(self, self.fairness.refund(call), now)
+        self._refund(call, now)  # as a stopped run: the tenant pays for the run that completes
         return decisions + self._dispatch(call, now, reason_if_none=reason)
 
     @observed
@@ -315,8 +314,8 @@ class Coordinator(WorkflowPaths):
             if call.state == CallState.WAITING:
                 queue.remove(call)
             elif call.state == CallState.RUNNING:
-                if not sent and self._fair:
-                    rekey_tenants(self, self.fairness.refund(call), now)
+                if not sent:
+                    self._refund(call, now)
                 queue.finish(call)
                 decisions = self._admit(queue, now)
         call.state = CallState.CANCELLED
@@ -376,8 +375,8 @@ class Coordinator(WorkflowPaths):
         for call in calls:
             if call.state == CallState.RUNNING and call.instance is not None:
                 queue = self.queues[call.instance]
-                if sent is not None and self._fair and not sent(call):
-                    rekey_tenants(self, self.fairness.refund(call), now)
+                if sent is not None and not sent(call):
+                    self._refund(call, now)
                 queue.finish(call)
                 call.state = CallState.CANCELLED
                 running.append(call)
@@ -439,6 +438,13 @@ class Coordinator(WorkflowPaths):
             decisions += self._preempt(queue, victims(self, queue, call, now), now)
         return decisions
 
+    def _refund(self, call: ScheduledCall, now: float) -> None:
+        """The call's tenant gets its admission charge back (``TenantShares.refund``: the
+        run was stopped, failed or never sent) and the waiting calls of tenants whose share
+        flag flipped are re-keyed. Nothing is charged without fair shares, so nothing to do."""
+        if self._fair:
+            rekey_tenants(self, self.fairness.refund(call), now)
+
     def _admit(self, queue: InstanceQueue, now: float) -> list[Decision]:
         started = queue.admit(now, self, self._kv_tokens)
         if self._fair and started:  # each tenant is charged the instance time it was given
@@ -468,8 +474,7 @@ class Coordinator(WorkflowPaths):
             return []
         decisions: list[Decision] = []
         for victim in stop:
-            # its admission charge back: it is charged again when admitted again
-            rekey_tenants(self, self.fairness.refund(victim), now)
+            self._refund(victim, now)  # it is charged again when admitted again
             queue.finish(victim)
             victim.state = CallState.WAITING
             victim.attained_tokens = 0

@@ -153,9 +153,9 @@ class TenantShares:
     def arrive(self, query: QueryState) -> list[TenantKey]:
         """A query of the tenant was admitted; returns the tenants whose flag flipped."""
         key = self.key(query)
+        group = self.group(key[0])
         t = self._tenants.setdefault(key, _Tenant())
         if t.active == 0:
-            group = self.group(key[0])
             floor = self._least_active(group, exclude=key)
             if floor is None:  # nobody in flight: where the group stood when it emptied
                 floor = self._idle_floor.get(group)
@@ -163,7 +163,7 @@ class TenantShares:
                 t.vt = floor - t.lag  # its lag at leaving, no credit for the idle time
             t.lag = 0.0
         t.active += 1
-        return self._reflag(self.group(key[0]))
+        return self._reflag(group)
 
     def leave(self, query: QueryState) -> list[TenantKey]:
         """A query of the tenant finished, failed or was cancelled."""
@@ -172,15 +172,15 @@ class TenantShares:
         if t is None or t.active == 0:
             return []
         t.active -= 1
+        group = self.group(key[0])
         if t.active == 0:  # idle from now on: remember how far behind it leaves
-            group = self.group(key[0])
             floor = self._least_active(group, exclude=key)
             if floor is None:  # the last one out: a tenant that comes back to the empty
                 # group is placed against this, or it would bring back all it fell behind
                 self._idle_floor[group] = max(t.vt, self._idle_floor.get(group, t.vt))
             behind = 0.0 if floor is None else floor - t.vt
             t.lag = min(max(0.0, behind), self.lag_cap_quanta * self.quantum_s)
-        return self._reflag(self.group(key[0]))
+        return self._reflag(group)
 
     def charge(self, query: QueryState, seconds: float) -> list[TenantKey]:
         """The tenant's call was admitted with ``seconds`` of expected instance time."""
