@@ -132,9 +132,10 @@ class SchedulerConfig(BaseModel):
     # current load: "reject" (429 would_miss_deadline with the earliest feasible SLO) or
     # "batch" (run it in the lowest class instead); None: off (agentflow.scheduler.backlog).
     deadline_admission: Literal["reject", "batch"] | None = None
-    # Stop running lower-class calls for a better class's call ("class"), or never ("off"):
+    # Stop running lower-class calls for a better class's call ("class"), also over-share
+    # tenants' calls for an in-share tenant's of the same class ("fair"), or never ("off"):
     # agentflow.scheduler.preemption.
-    preemption: Literal["off", "class"] = "off"
+    preemption: Literal["off", "class", "fair"] = "off"
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the

@@ -37,9 +37,10 @@ Nothing here is fitted to these traces.
 idle latency) beside a ``batch`` flood (no deadline) at 1.5 x and 2 x L1; two ``standard``
 tenants at 2 x L1 and 0.3 x L1 (deadline 2 x idle); each also alone; and flowsage with
 deadline-aware admission off / reject / move-to-batch under that overload; and, on the
-isolation cells, flowsage with preemption of running lower-class calls
-(``scheduler.preemption: class``) as ``flowsage+preempt``. Each tenant's query count is
-proportional to its rate, so the tenants overlap over the same span.
+isolation and fairness cells, flowsage with preemption of running lower-band calls
+(``scheduler.preemption: fair``: a lower class's, or an over-share tenant's of the same
+class; on the isolation cells it is the same as ``class``) as ``flowsage+preempt``. Each
+tenant's query count is proportional to its rate, so the tenants overlap over the same span.
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ def plots(results: dict, policies: list[str], cells: list[Cell], out: Path) -> N
 
 # ---------------------------------------------------------------------------- tenant grid
 TENANT_POLICIES = ("vllm", "hexgen-flow", "sagesched", "llf", "flowsage")
-PREEMPT = "+preempt"  # the label suffix of a run with scheduler.preemption: class
+PREEMPT = "+preempt"  # the label suffix of a run with scheduler.preemption: fair
 BASELINES = ("vllm", "hexgen-flow", "sagesched", "llf")
 # hetero-64's L1 search and runs (>= 512 queries on 64 instances per run) do not fit a
 # shared two-core machine; ``hetero-8`` is the same five-generation 8B fleet, one eighth.
@@ -355,8 +356,8 @@ def tenant_grid(args: argparse.Namespace, out: Path) -> None:
         for scen, tenants in tenant_scenarios(l1, slo, span).items():
             pols = ["flowsage"] if scen.endswith("alone") and not args.all_alone else policies
             runs.append((scen, tenants, [p for p in pols if p in policies], {}, ""))
-            if scen.startswith("isolation"):
-                runs.append((scen, tenants, flowsage, {"preemption": "class"}, PREEMPT))
+            if scen.startswith(("isolation", "fairness")):
+                runs.append((scen, tenants, flowsage, {"preemption": "fair"}, PREEMPT))
         heavy = tenant_scenarios(l1, slo, span)["fairness"]
         for mode in ("reject", "batch"):
             runs.append((f"admission-{mode}", heavy, flowsage, {"deadline_admission": mode},

@@ -1,7 +1,7 @@
 """An evaluation run beside page users on one served cluster: latency per SLO class.
 
     python benchmarks/serving_classes.py [--policies flowsage,vllm] [--phase-s 30]
-        [--preemption off,class]
+        [--preemption off,class,fair]
 
 Issue 22's serving measurement, on loopback. For each policy it starts ``serve.py`` in a
 subprocess (a free loopback port) with two API keys of different classes — ``page``
@@ -54,7 +54,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from served import percentile, serve  # noqa: E402
 
-from agentflow.scheduler.preemption import check_preemption  # noqa: E402
+from agentflow.scheduler.preemption import PREEMPTION_MODES, check_preemption  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = "SELECT count(*) AS n FROM stores"
@@ -249,13 +249,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=4.0,
                    help="answers to questions asked in a phase's first seconds are not counted")
     p.add_argument("--preemption", default="off",
-                   help="comma-separated scheduler.preemption modes (off, class), each policy "
+                   help="comma-separated scheduler.preemption modes (off, class, fair), each "
+                        "policy "
                         "run once per mode")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
     modes = [x.strip() for x in args.preemption.split(",") if x.strip()]
-    if not modes or any(m not in ("off", "class") for m in modes):
-        p.error(f"--preemption takes off and/or class, got {args.preemption!r}")
+    if not modes or any(m not in PREEMPTION_MODES for m in modes):
+        p.error(f"--preemption takes {', '.join(PREEMPTION_MODES)}, got {args.preemption!r}")
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     if not policies or args.phase_s <= args.warmup_s:
         p.error("give at least one policy, and --phase-s longer than --warmup-s")

@@ -16,6 +16,7 @@ from agentflow.cli import table_console
 from agentflow.metrics import scale_key
 from agentflow.scheduler.lengths import LENGTH_MODELS
 from agentflow.scheduler.policies import policy_help
+from agentflow.scheduler.preemption import PREEMPTION_MODES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,8 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="refuse (reject: would_miss_deadline) or move to batch a query whose "
                         "remaining critical path cannot meet its deadline at the current "
                         "load (default off)")
-    p.add_argument("--preemption", choices=("off", "class"), default="off",
-                   help="stop running lower-class calls for a better class's call "
+    p.add_argument("--preemption", choices=PREEMPTION_MODES, default="off",
+                   help="stop running lower-class calls for a better class's call (class), "
+                        "and over-share tenants' calls for an in-share tenant's (fair) "
                         "(scheduler.preemption; default off)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed for arrivals and sampling; same seed, same result (default 0)")

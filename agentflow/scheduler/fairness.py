@@ -149,6 +149,10 @@ class TenantShares:
         """Classes with a query in flight."""
         return {k[0] for k, t in self._tenants.items() if t.active > 0}
 
+    def active_pairs(self) -> set[TenantKey]:
+        """(class, tenant) pairs with a query in flight."""
+        return {k for k, t in self._tenants.items() if t.active > 0}
+
     # ------------------------------------------------------------------------------ events
     def arrive(self, query: QueryState) -> list[TenantKey]:
         """A query of the tenant was admitted; returns the tenants whose flag flipped."""

@@ -10,9 +10,15 @@ shorten either; stopping the batch call can.
 The decision (``victims``), made by the coordinator whenever a call is dispatched and cannot
 start, or starts beside running calls of a worse class:
 
-* **Only across classes** (mode ``class``): a victim's class position is strictly worse than
-  the call's. Tenants over their share within one class are left to fair sharing: a
-  preemption costs the victim its progress, which a share imbalance does not justify.
+* **Whom it may stop** (the mode): with ``class``, only calls whose class position is
+  strictly worse than the call's; with ``fair``, also, within a class, calls of a tenant
+  over its fair share for a call of a tenant within its share — the band order the queue
+  already serves (``classes.call_band``: class position x 2, plus 1 while over share).
+  Why ``fair`` stops a flooder's calls for a light tenant of the same class: the queue gives
+  the light tenant the next free slot, but what the flood started while the light tenant
+  had nothing running there goes on beside its calls (prompt chunks that stall their steps,
+  decodes that lengthen them); stopping the cheapest of it is the same trade as across
+  classes, bounded the same way.
 * **How many**: as few as the better call's *slowdown budget* allows — ``SLOWDOWN`` of its
   expected time alone on that instance, and never more than its deadline slack (its
   HexGen-Flow share of the time to the query's deadline, less that expected time). A call
@@ -73,7 +79,7 @@ from agentflow.scheduler.gittins import expected_residual
 if TYPE_CHECKING:
     from agentflow.scheduler.instance import InstanceQueue
 
-PREEMPTION_MODES = ("off", "class")
+PREEMPTION_MODES = ("off", "class", "fair")
 SLOWDOWN = 0.1  # share of a call's alone time it may lose to worse-class co-runners
 MAX_PREEMPTIONS = 2  # per call
 # Stop only calls still waiting for their first token (the cheapest to redo, and the ones
@@ -119,7 +125,12 @@ def check_preemption(value: str | None, policy: str, *, fair: bool | None = None
 
 
 def position(coordinator: Any, call: ScheduledCall) -> int:
-    """The class position of the call's query (0: the best class)."""
+    """Where the call's query stands for preemption (lower: may stop higher): its class
+    position (0: the best class) under ``class``; its band under ``fair`` (class position
+    x 2, plus 1 while its tenant is over its share), so an over-share tenant's calls are
+    stoppable for an in-share tenant's of the same class."""
+    if coordinator.preemption == "fair":
+        return call_band(coordinator, call.query)
     classes = coordinator.slo_classes
     return class_positions(classes)[class_of(call.query, classes).rank]
 

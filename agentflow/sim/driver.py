@@ -128,10 +128,10 @@ class Simulation:
 
         ``slo_classes`` (None: the defaults) and ``deadline_admission`` (None: off;
         ``reject`` or ``batch``, ``agentflow.scheduler.backlog``) as serving's scheduler
-        settings; ``preemption`` (None or ``off``; ``class``) too: a stopped call is aborted on
-        its engine (KV freed, its prompt's prefix blocks left in the cache) and runs again from
-        its prompt when the scheduler admits it again — its generated tokens are lost
-        (recompute), as in vLLM's preemption."""
+        settings; ``preemption`` (None or ``off``; ``class``, ``fair``) too: a stopped call
+        is aborted on its engine (KV freed, its prompt's prefix blocks left in the cache) and
+        runs again from its prompt when the scheduler admits it again — its generated tokens
+        are lost (recompute), as in vLLM's preemption."""
         self.prefix_cache = cached_prefix == "auto"
         if self.prefix_cache:
             cached_prefix = 0.0
@@ -392,12 +392,17 @@ class Simulation:
         would price a call 1000 tokens in as 512 in: less to redo, more left, a victim too
         early. Read from the engines once per instant (nothing is written between two
         decisions at one time), only while a preemption can happen: with it off, or one
-        class in flight, runs are unchanged to the digit. First tokens stay the engines'
-        events (they free a prefill slot, a decision of its own)."""
+        class in flight (under ``fair``: one class-and-tenant pair), runs are unchanged to
+        the digit. First tokens stay the engines' events (they free a prefill slot, a
+        decision of its own)."""
         coordinator = self.coordinator
         now = self.clock.now()
-        if coordinator.preemption is None or self._progress_at == now \
-                or len(coordinator.fairness.active_classes()) < 2:
+        if coordinator.preemption is None or self._progress_at == now:
+            return
+        shares = coordinator.fairness
+        rivals = shares.active_pairs() if coordinator.preemption == "fair" \
+            else shares.active_classes()
+        if len(rivals) < 2:
             return
         self._progress_at = now
         behind = []
