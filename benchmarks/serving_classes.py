@@ -26,10 +26,13 @@ interactive P95 under the flood over the first policy's. Ratios, not absolute cl
 instances are scripted and the machine is shared.
 
 ``--preemption off,class`` runs each policy once per mode (``scheduler.preemption``; a run
-with it on is labelled ``POLICY+preempt``; a policy without the flowsage queue, where it
-cannot act, says so and runs off only): with single-slot instances the page user's wait
-under the flood is the remainder of whichever batch call holds the slot, which only stopping
-that call can shorten.
+with ``class`` is labelled ``POLICY+preempt``, one with ``fair`` ``POLICY+fair``; a policy
+without the flowsage queue, where it cannot act, says so and runs off only): with single-slot
+instances the page user's wait under the flood is the remainder of whichever batch call
+holds the slot, which only stopping that call can shorten. ``--flood-class interactive``
+puts the flooding key in the page users' class: two tenants of one class, where only fair
+sharing (and ``--preemption fair``) can keep the flood off the page users' latency; its
+lines still say ``batch`` for the flood.
 
 Before the scheduler ranks by class (issue 22 §1-2, sched22's half) every call is ranked
 alike and this measures today's behaviour; afterwards the same command shows the effect.
@@ -104,7 +107,7 @@ def server_config(args: argparse.Namespace, policy: str, preemption: str = "off"
             "scheduler": {"policy": policy, "slo_classes": classes, "preemption": preemption},
             "server": {"drain_s": 2, "tenants": [
                 {"name": "page", "keys": [PAGE_KEY], "slo_class": "interactive"},
-                {"name": "evalrun", "keys": [EVAL_KEY], "slo_class": "batch"}]}}
+                {"name": "evalrun", "keys": [EVAL_KEY], "slo_class": args.flood_class}]}}
 
 
 def start_server(args: argparse.Namespace, policy: str, preemption: str = "off"
@@ -227,7 +230,7 @@ def report(results: dict[str, dict[str, dict[str, ClassRun]]]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", default="flowsage,vllm",
                    help="comma-separated serving policies, each on a fresh server")
@@ -248,11 +251,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-s", type=float, default=30.0, help="seconds per phase")
     p.add_argument("--warmup-s", type=float, default=4.0,
                    help="answers to questions asked in a phase's first seconds are not counted")
+    p.add_argument("--flood-class", default="batch",
+                   help="the flooding key's class (default batch); the page users' own, "
+                        "interactive, measures two tenants of one class: fair sharing, and "
+                        "what preemption 'fair' adds to it")
     p.add_argument("--preemption", default="off",
                    help="comma-separated scheduler.preemption modes (off, class, fair), each "
                         "policy "
                         "run once per mode")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     modes = [x.strip() for x in args.preemption.split(",") if x.strip()]
     if not modes or any(m not in PREEMPTION_MODES for m in modes):
@@ -263,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# serving_classes at {commit()}: {args.instances} scripted instances x "
           f"{args.inflight} slots, {args.latency:g} s + {args.per_token:g} s/token, pipeline "
           f"{args.pipeline}; {args.users} page users (think {args.think:g} s, class "
-          f"interactive, slo {args.interactive_slo:g} s) beside {args.batch_clients} batch "
-          f"questions in flight; {args.phase_s:g} s phases", flush=True)
+          f"interactive, slo {args.interactive_slo:g} s) beside {args.batch_clients} "
+          f"questions in flight from a key of class {args.flood_class} (its lines say "
+          f"batch); {args.phase_s:g} s phases", flush=True)
     results = {}
     for policy in policies:
         for mode in modes:
@@ -273,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as err:  # said, not skipped silently: the off run stands
                 print(f"# {policy}: no preemption run ({err})", flush=True)
                 continue
-            label = policy if mode == "off" else f"{policy}+preempt"
+            label = policy if mode == "off" else \
+                f"{policy}+preempt" if mode == "class" else f"{policy}+{mode}"
             results[label] = run_policy(args, policy, mode)
             print("\n".join(report({label: results[label]})), flush=True)
     if len(results) > 1:

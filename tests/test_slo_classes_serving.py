@@ -339,3 +339,21 @@ def test_deadline_admission_is_off_by_default() -> None:
     assert AgentFlowConfig().scheduler.deadline_admission is None
     with pytest.raises(ValueError, match="deadline_admission"):
         AgentFlowConfig.model_validate({"scheduler": {"deadline_admission": "maybe"}})
+
+
+def test_serving_classes_puts_the_flooding_key_in_the_class_asked() -> None:
+    """``--flood-class interactive``: the two keys are tenants of one class (the fairness
+    case in serving), in a config the server accepts, with preemption ``fair``."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import serving_classes
+
+    args = serving_classes.parser().parse_args(["--flood-class", "interactive"])
+    config = serving_classes.server_config(args, "flowsage", "fair")
+    tenants = {t["name"]: t["slo_class"] for t in config["server"]["tenants"]}
+    assert tenants == {"page": "interactive", "evalrun": "interactive"}
+    assert AgentFlowConfig.model_validate(
+        {k: v for k, v in config.items() if k != "server"}).scheduler.preemption == "fair"
+    default = serving_classes.server_config(serving_classes.parser().parse_args([]), "vllm")
+    assert {t["slo_class"] for t in default["server"]["tenants"]} == {"interactive", "batch"}
