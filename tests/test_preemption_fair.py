@@ -90,3 +90,27 @@ def test_fair_still_stops_a_worse_class_for_a_better_one() -> None:
                        slo_class="interactive")
     _, decisions = c.on_call_ready("i0", stage="i", node_id="i0.0", prompt_tokens=0)
     assert _kinds(decisions) == [("PreemptCall", "b0"), ("StartCall", "i0")]
+
+
+def test_the_simulator_reports_progress_under_fair_for_two_tenants_of_one_class() -> None:
+    """The simulator tells the coordinator each running call's tokens before a decision only
+    while a preemption can happen: under ``class`` with one class in flight it never does
+    (runs unchanged to the digit), under ``fair`` two tenants of that class are enough."""
+    from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
+    from agentflow.sim.driver import Simulation
+    from agentflow.sim.workload import TraceNode, TraceQuery
+
+    cluster = SimClusterConfig(name="one", instances=[SimInstanceConfig(
+        gpu="A100-80G", model="Llama-3.1-8B", max_inflight=1)])
+    queries = [TraceQuery(id=q, question=f"question {q}",
+                          nodes=[TraceNode("g", "generate", "llm", (), 500, n)])
+               for q, n in (("heavy", 1500), ("light", 40))]
+    reported = {}
+    for mode in ("class", "fair"):
+        sim = Simulation(cluster, "flowsage", preemption=mode)
+        before = sim._progress_at
+        result = sim.run(queries, [0.0, 0.5], [None, None], [1.0, 1.0],
+                         tenants=["heavy", "light"], classes=["standard", "standard"])
+        assert all(r.status == "done" for r in result.records)
+        reported[mode] = sim._progress_at != before
+    assert reported == {"class": False, "fair": True}
