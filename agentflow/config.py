@@ -133,9 +133,10 @@ class SchedulerConfig(BaseModel):
     # "batch" (run it in the lowest class instead); None: off (agentflow.scheduler.backlog).
     deadline_admission: Literal["reject", "batch"] | None = None
     # Stop running lower-class calls for a better class's call ("class"), also over-share
-    # tenants' calls for an in-share tenant's of the same class ("fair"), or never ("off"):
-    # agentflow.scheduler.preemption.
-    preemption: Literal["off", "class", "fair"] = "off"
+    # tenants' calls for an in-share tenant's of the same class ("fair"), or never ("off");
+    # "auto": "fair" under the flowsage queue, off under any other policy
+    # (agentflow.scheduler.preemption).
+    preemption: Literal["auto", "off", "class", "fair"] = "auto"
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the

@@ -37,10 +37,11 @@ Nothing here is fitted to these traces.
 idle latency) beside a ``batch`` flood (no deadline) at 1.5 x and 2 x L1; two ``standard``
 tenants at 2 x L1 and 0.3 x L1 (deadline 2 x idle); each also alone; and flowsage with
 deadline-aware admission off / reject / move-to-batch under that overload; and, on the
-isolation and fairness cells, flowsage with preemption of running lower-band calls
-(``scheduler.preemption: fair``: a lower class's, or an over-share tenant's of the same
-class; on the isolation cells it is the same as ``class``) as ``flowsage+preempt``. Each
-tenant's query count is proportional to its rate, so the tenants overlap over the same span.
+isolation and fairness cells, flowsage without preemption (``scheduler.preemption: off``)
+as ``flowsage-nopreempt``: its default, ``auto``, is ``fair`` under flowsage (running
+calls of a lower class, or of an over-share tenant of the same class, are stopped for a
+better one). Each tenant's query count is proportional to its rate, so the tenants overlap
+over the same span.
 """
 
 from __future__ import annotations
@@ -291,7 +292,9 @@ def plots(results: dict, policies: list[str], cells: list[Cell], out: Path) -> N
 
 # ---------------------------------------------------------------------------- tenant grid
 TENANT_POLICIES = ("vllm", "hexgen-flow", "sagesched", "llf", "flowsage")
-PREEMPT = "+preempt"  # the label suffix of a run with scheduler.preemption: fair
+# the label suffix of a run with scheduler.preemption off (the default, auto, is fair
+# under flowsage: its plain row preempts)
+NO_PREEMPT = "-nopreempt"
 BASELINES = ("vllm", "hexgen-flow", "sagesched", "llf")
 # hetero-64's L1 search and runs (>= 512 queries on 64 instances per run) do not fit a
 # shared two-core machine; ``hetero-8`` is the same five-generation 8B fleet, one eighth.
@@ -357,7 +360,7 @@ def tenant_grid(args: argparse.Namespace, out: Path) -> None:
             pols = ["flowsage"] if scen.endswith("alone") and not args.all_alone else policies
             runs.append((scen, tenants, [p for p in pols if p in policies], {}, ""))
             if scen.startswith(("isolation", "fairness")):
-                runs.append((scen, tenants, flowsage, {"preemption": "fair"}, PREEMPT))
+                runs.append((scen, tenants, flowsage, {"preemption": "off"}, NO_PREEMPT))
         heavy = tenant_scenarios(l1, slo, span)["fairness"]
         for mode in ("reject", "batch"):
             runs.append((f"admission-{mode}", heavy, flowsage, {"deadline_admission": mode},
@@ -424,7 +427,7 @@ def tenant_report(results: dict, clusters: list[str]) -> str:
             best_b = max((v["batch"]["throughput_qps"] for v in base.values()),
                          default=math.nan)
             lines.append("")
-            for label in ("flowsage", "flowsage" + PREEMPT):
+            for label in ("flowsage", "flowsage" + NO_PREEMPT):
                 if label not in per:
                     continue
                 fs = per[label]["tenants"]

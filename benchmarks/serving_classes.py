@@ -57,7 +57,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from served import percentile, serve  # noqa: E402
 
-from agentflow.scheduler.preemption import PREEMPTION_MODES, check_preemption  # noqa: E402
+from agentflow.scheduler.preemption import PREEMPTION_SETTINGS, check_preemption  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = "SELECT count(*) AS n FROM stores"
@@ -256,7 +256,8 @@ def parser() -> argparse.ArgumentParser:
                         "interactive, measures two tenants of one class: fair sharing, and "
                         "what preemption 'fair' adds to it")
     p.add_argument("--preemption", default="off",
-                   help="comma-separated scheduler.preemption modes (off, class, fair), each "
+                   help="comma-separated scheduler.preemption settings (off, class, fair, "
+                        "auto: the server's default), each "
                         "policy "
                         "run once per mode")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -267,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     modes = [x.strip() for x in args.preemption.split(",") if x.strip()]
-    if not modes or any(m not in PREEMPTION_MODES for m in modes):
-        p.error(f"--preemption takes {', '.join(PREEMPTION_MODES)}, got {args.preemption!r}")
+    if not modes or any(m not in PREEMPTION_SETTINGS for m in modes):
+        p.error(f"--preemption takes {', '.join(PREEMPTION_SETTINGS)}, got {args.preemption!r}")
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     if not policies or args.phase_s <= args.warmup_s:
         p.error("give at least one policy, and --phase-s longer than --warmup-s")

@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="fairness lag_cap_quanta (default: the module's; 0: start-time FQ)")
     p.add_argument("--detail", action="store_true",
                    help="also each tenant's mean queue / run seconds per LLM stage, instances")
-    p.add_argument("--preemption", default="off", help="scheduler.preemption: off | class | fair")
+    p.add_argument("--preemption", default="auto",
+                   help="scheduler.preemption: auto (the default: fair under flowsage) | off "
+                        "| class | fair")
     p.add_argument("--seed", type=int, default=1)  # policy_suite.py's default
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)

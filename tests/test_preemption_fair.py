@@ -114,3 +114,24 @@ def test_the_simulator_reports_progress_under_fair_for_two_tenants_of_one_class(
         assert all(r.status == "done" for r in result.records)
         reported[mode] = sim._progress_at != before
     assert reported == {"class": False, "fair": True}
+
+
+def test_the_default_is_fair_under_flowsage_and_off_elsewhere() -> None:
+    """``auto``, serving's and the simulator's default: ``fair`` where the queue keeps room
+    for better bands, off (not an error) under every other policy; an explicit mode under
+    such a policy stays a config error."""
+    from agentflow.config import AgentFlowConfig
+    from agentflow.scheduler.preemption import check_preemption
+
+    assert AgentFlowConfig().scheduler.preemption == "auto"
+    assert check_preemption("auto", "flowsage") == "fair"
+    assert check_preemption("auto", "marginal_delay+flowsage") == "fair"
+    for policy in ("vllm", "sagesched", "hexgen-flow", "llf"):
+        assert check_preemption("auto", policy) is None
+        assert AgentFlowConfig.model_validate(
+            {"scheduler": {"policy": policy}}).scheduler.preemption == "auto"
+        with pytest.raises(ValueError, match=f"policy '{policy}' does not"):
+            check_preemption("fair", policy)
+    c = coordinator("flowsage", LENGTHS, preemption="auto")
+    assert c.preemption == "fair"
+    assert coordinator("vllm", LENGTHS, preemption="auto").preemption is None

@@ -16,7 +16,7 @@ from agentflow.cli import table_console
 from agentflow.metrics import scale_key
 from agentflow.scheduler.lengths import LENGTH_MODELS
 from agentflow.scheduler.policies import policy_help
-from agentflow.scheduler.preemption import PREEMPTION_MODES
+from agentflow.scheduler.preemption import AUTO, PREEMPTION_SETTINGS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,10 +56,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="refuse (reject: would_miss_deadline) or move to batch a query whose "
                         "remaining critical path cannot meet its deadline at the current "
                         "load (default off)")
-    p.add_argument("--preemption", choices=PREEMPTION_MODES, default="off",
+    p.add_argument("--preemption", choices=PREEMPTION_SETTINGS, default=AUTO,
                    help="stop running lower-class calls for a better class's call (class), "
-                        "and over-share tenants' calls for an in-share tenant's (fair) "
-                        "(scheduler.preemption; default off)")
+                        "and over-share tenants' calls for an in-share tenant's (fair); "
+                        "auto: fair under the flowsage queue, else off "
+                        "(scheduler.preemption; default auto, as in serving)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed for arrivals and sampling; same seed, same result (default 0)")
     p.add_argument("--slo-scale", type=float, default=2.0,
@@ -187,7 +188,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out["config"]["deadline_admission"] = args.deadline_admission
     elif args.deadline_admission != "off":
         out["config"]["deadline_admission"] = args.deadline_admission
-    if args.preemption != "off":
+    if args.preemption != AUTO:  # the default is not written: runs write what they wrote
         out["config"]["preemption"] = args.preemption
     print_table(table_console(140), out)
     if args.tenant:
@@ -258,7 +259,7 @@ def _scheduler_options(o: dict[str, Any]) -> dict[str, Any]:
     """``Simulation`` settings beyond the defaults (none unless asked: unchanged runs)."""
     mode = o.get("deadline_admission", "off")
     out = {} if mode == "off" else {"deadline_admission": mode}
-    if o.get("preemption", "off") != "off":
+    if o.get("preemption", AUTO) != AUTO:  # off too: the simulator's default is auto
         out["preemption"] = o["preemption"]
     return out
 

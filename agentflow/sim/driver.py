@@ -117,7 +117,7 @@ class Simulation:
                  faults: Sequence[Fault] = (),
                  on_stage: Callable[[StageTiming], None] | None = None,
                  slo_classes: Mapping[str, SloClass] | None = None,
-                 deadline_admission: str | None = None, preemption: str | None = None):
+                 deadline_admission: str | None = None, preemption: str | None = "auto"):
         """``on_stage`` is called with each stage's ``StageTiming`` as the stage finishes.
 
         ``cached_prefix``: a fixed fraction of every prompt served from a prefix cache (0:
@@ -128,7 +128,8 @@ class Simulation:
 
         ``slo_classes`` (None: the defaults) and ``deadline_admission`` (None: off;
         ``reject`` or ``batch``, ``agentflow.scheduler.backlog``) as serving's scheduler
-        settings; ``preemption`` (None or ``off``; ``class``, ``fair``) too: a stopped call
+        settings; ``preemption`` (``auto``, serving's default: ``fair`` under the flowsage
+        queue, else off; None or ``off``; ``class``, ``fair``) too: a stopped call
         is aborted on its engine (KV freed, its prompt's prefix blocks left in the cache) and
         runs again from its prompt when the scheduler admits it again — its generated tokens
         are lost (recompute), as in vLLM's preemption."""
@@ -191,8 +192,9 @@ class Simulation:
                                  idle_latency_s=idle,
                                  tenant=tenants[i] if tenants is not None else None,
                                  slo_class=classes[i] if classes is not None else None)
-            if self.coordinator.preemption is not None:
-                record.preemptions = 0
+            if self.coordinator.preemption is not None and (tenants is not None
+                                                            or classes is not None):
+                record.preemptions = 0  # counted where it can act: one pair stops nothing
             records.append(record)
             self._push(float(t), "arrival", (q, record))
         for fault in self.faults:
