@@ -434,7 +434,7 @@ class Coordinator(WorkflowPaths):
         queue = self.queues[instance]
         queue.enqueue(call, now, self)
         decisions = self._admit(queue, now)
-        if call.state == CallState.WAITING and self._preempts():
+        if call.state == CallState.WAITING and self.can_preempt():
             decisions += self._preempt(queue, victims(self, queue, call, now), now)
         return decisions
 
@@ -456,14 +456,23 @@ class Coordinator(WorkflowPaths):
                 c.priority = engine_priority(self, c)
         decisions: list[Decision] = [StartCall(c, queue.name, c.priority, c.preemptions)
                                        for c in started]
-        if started and self._preempts():
+        if started and self.can_preempt():
             for c in started:
                 if c.state == CallState.RUNNING:  # not itself stopped by an earlier one
                     decisions += self._preempt(queue, victims(self, queue, c, now), now)
         return decisions
 
-    def _preempts(self) -> bool:
-        return self.preemption is not None and self._fair
+    def can_preempt(self) -> bool:
+        """Whether a preemption can happen now: it is on, and two bands could meet — two
+        classes in flight (under ``fair``, two class-and-tenant pairs). With one, nothing
+        is stoppable, so the victim search is skipped (a run without tenants or classes
+        pays nothing for the setting)."""
+        if self.preemption is None or not self._fair:
+            return False
+        shares = self.fairness
+        rivals = shares.active_pairs() if self.preemption == "fair" \
+            else shares.active_classes()
+        return len(rivals) >= 2
 
     def _preempt(self, queue: InstanceQueue, stop: list[ScheduledCall], now: float
                  ) -> list[Decision]:

@@ -399,12 +399,7 @@ class Simulation:
         decision of its own)."""
         coordinator = self.coordinator
         now = self.clock.now()
-        if coordinator.preemption is None or self._progress_at == now:
-            return
-        shares = coordinator.fairness
-        rivals = shares.active_pairs() if coordinator.preemption == "fair" \
-            else shares.active_classes()
-        if len(rivals) < 2:
+        if self._progress_at == now or not coordinator.can_preempt():
             return
         self._progress_at = now
         behind = []
