@@ -120,17 +120,17 @@ def check_preemption(value: str | None, policy: str, *, fair: bool | None = None
     ``auto`` (the default) is ``fair`` where it can act and off elsewhere, without an
     error. ``fair``: whether the coordinator's queue shares by class and tenant (else from
     the policy's name)."""
-    mode = None if value == AUTO else preemption_mode(value)
-    if mode is None and value != AUTO:
+    mode = "fair" if value == AUTO else preemption_mode(value)
+    if mode is None:
         return None
     if fair is None:
         from agentflow.scheduler.classes import CLASS_RANKED
         from agentflow.scheduler.policies import parse_policy
 
         fair = CLASS_RANKED.get(parse_policy(policy).queue, False)
-    if value == AUTO:  # the default: on where it can act, quietly off elsewhere
-        return "fair" if fair else None
     if not fair:
+        if value == AUTO:  # the default: on where it can act, quietly off elsewhere
+            return None
         raise ValueError(f"preemption {mode!r} acts only under the flowsage queue (the "
                          f"flowsage preset, or DISPATCH+flowsage), which keeps room for "
                          f"better classes; policy {policy!r} does not: use preemption 'off' "
