@@ -21,8 +21,12 @@ import argparse
 import glob
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policy_suite import geomean  # noqa: E402
 
 CLUSTERS = ("paper-4gpu", "hetero-8", "mixed-qwen")
 # cell -> (scenario, tenant measured, its alone scenario, the flooding tenant, target)
@@ -46,10 +50,6 @@ def cell_ratios(figures: dict[str, Any]) -> dict[str, tuple[float, float]]:
                 continue
             out[f"{cluster} {scen}"] = (p95 / alone_p95, cell[flood]["qps"])
     return out
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
 
 
 def summarise(groups: dict[str, list[Path]]) -> list[str]:

@@ -73,8 +73,9 @@ class Coordinator(WorkflowPaths):
                  **queue_kwargs: Any):
         """``length_model``: the length model; None builds the one the policy name picks
         (``flowsage@oracle``; the learned length model by default). ``preemption``: ``off``
-        (None) or ``class`` (``scheduler.preemption``; only under a queue policy that keeps
-        room for better classes, flowsage: with any other, a ValueError naming it)."""
+        (None), ``class`` or ``fair`` (``scheduler.preemption``; only under a queue policy
+        that keeps room for better bands, flowsage: with any other, a ValueError naming it),
+        or ``auto`` (``fair`` where it can act, else off; the config's default)."""
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         names = [s.name for s in instances]
