@@ -101,14 +101,17 @@ def latency_stats(latencies: list[float]) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------- real
 async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
-                   deadlines: list[float], backends: dict[str, Any],
-                   maker: PromptMaker, health: HealthSettings | None = None
-                   ) -> dict[str, Any]:
+                   deadlines: list[float | None], backends: dict[str, Any],
+                   maker: PromptMaker, health: HealthSettings | None = None,
+                   preemption: str | None = None) -> dict[str, Any]:
     """One policy on the real engines: the serving router and coordinator, queries started
-    at their arrival offsets, each query's graph grown as it was recorded."""
+    at their arrival offsets, each query's graph grown as it was recorded. A workload with
+    tenants (``build_tenant_workload``) sends each query with its tenant and SLO class, as
+    serving does for an API key, and the result also holds each tenant's latencies
+    (``by_tenant``); ``preemption``: ``scheduler.preemption`` (None: off)."""
     clock = MonotonicClock()
     coordinator = build_coordinator([cfg for _, cfg in cluster.expanded()], clock=clock,
-                                    policy=policy)
+                                    policy=policy, preemption=preemption)
     router = ScheduledRouter(coordinator, backends, health=health)
     timeouts: list[dict[str, Any]] = []
 
@@ -127,6 +130,7 @@ async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
     prompts = [{n.id: maker.make(n.prompt_tokens) for n in q.nodes if n.kind == "llm"}
                for q in workload.queries]
     latencies: list[float] = []
+    by_tenant: dict[str, list[float]] = {}
     failed: list[str] = []
     t0 = clock.now()
 
@@ -162,8 +166,11 @@ async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
         trace = workload.queries[qi]
         holder: dict[str, GrowingDag] = {}
         dag = holder["dag"] = GrowingDag(trace, make_node(qi, holder))
+        tenant = workload.tenants[qi] if workload.tenants else None
+        slo_class = workload.classes[qi] if workload.classes else None
         query = Query(question=trace.question, db_id="", arrival=clock.now(),
-                      slo_s=deadlines[qi], id=f"{qi}:{trace.id}")
+                      slo_s=deadlines[qi], id=f"{qi}:{trace.id}", tenant=tenant,
+                      slo_class=slo_class)
         run = WorkflowRun(query, dag.initial_graph())
         try:
             router.start_query(query, run)
@@ -178,6 +185,7 @@ async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
             failed.append(f"{query.id}: {query.status.value} ({query.error})")
             return
         latencies.append(query.finished - query.arrival)
+        by_tenant.setdefault(tenant or "", []).append(query.finished - query.arrival)
 
     wall = time.perf_counter()
     cpu0 = {n: cpu_seconds(b) for n, b in backends.items()}
@@ -195,7 +203,8 @@ async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
     for t in timeouts[:12]:
         print(f"    timeout at {t['t']:.1f} s on {t['instance']}: {t['error']}; speed factor "
               f"{t['speed_factor']:.2f}, query past its deadline: {t['query_late']}")
-    return {**latency_stats(latencies), "failed": failed, "retried": retried,
+    return {**latency_stats(latencies), "by_tenant": by_tenant,
+            "preempted": sum(router.preempted.values()), "failed": failed, "retried": retried,
             "timeouts": len(timeouts), "timeout_details": timeouts,
             "wall_s": wall, "core_use": core_use}
 
