@@ -184,8 +184,9 @@ async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
         if query.status != QueryStatus.DONE or query.finished is None:
             failed.append(f"{query.id}: {query.status.value} ({query.error})")
             return
-        latencies.append(query.finished - query.arrival)
-        by_tenant.setdefault(tenant or "", []).append(query.finished - query.arrival)
+        latency = query.finished - query.arrival
+        latencies.append(latency)
+        by_tenant.setdefault(tenant or "", []).append(latency)
 
     wall = time.perf_counter()
     cpu0 = {n: cpu_seconds(b) for n, b in backends.items()}

@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -112,10 +113,7 @@ def simulate(cluster: Any, workload: Any, policy: str, preemption: str) -> dict[
 
 
 def sent_by_tenant(workload: Any) -> dict[str, int]:
-    sent: dict[str, int] = {}
-    for t in workload.tenants or []:
-        sent[t] = sent.get(t, 0) + 1
-    return sent
+    return dict(Counter(workload.tenants or []))
 
 
 def main(argv: list[str] | None = None) -> None:

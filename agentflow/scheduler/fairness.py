@@ -147,7 +147,7 @@ class TenantShares:
 
     def active_classes(self) -> set[str]:
         """Classes with a query in flight."""
-        return {k[0] for k, t in self._tenants.items() if t.active > 0}
+        return {cls for cls, _ in self.active_pairs()}
 
     def active_pairs(self) -> set[TenantKey]:
         """(class, tenant) pairs with a query in flight."""
