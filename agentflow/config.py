@@ -137,6 +137,11 @@ class SchedulerConfig(BaseModel):
     # "auto": "fair" under the flowsage queue, off under any other policy
     # (agentflow.scheduler.preemption).
     preemption: Literal["auto", "off", "class", "fair"] = "auto"
+    # On the fastest instance, a tenant outranked by a present one (a better class, or one of
+    # its rank behind it in its share, in flight or between its queries) runs at most this
+    # many calls at once; null: off. Under the flowsage queue only
+    # (agentflow.scheduler.fast_lane).
+    fast_lane: int | None = Field(2, ge=1)
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the

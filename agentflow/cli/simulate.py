@@ -14,6 +14,7 @@ from rich.table import Table
 
 from agentflow.cli import table_console
 from agentflow.metrics import scale_key
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, check_fast_lane
 from agentflow.scheduler.lengths import LENGTH_MODELS
 from agentflow.scheduler.policies import policy_help
 from agentflow.scheduler.preemption import AUTO, PREEMPTION_SETTINGS
@@ -61,6 +62,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "and over-share tenants' calls for an in-share tenant's (fair); "
                         "auto: fair under the flowsage queue, else off "
                         "(scheduler.preemption; default auto, as in serving)")
+    p.add_argument("--fast-lane", type=_fast_lane_arg, default=FAST_LANE_CALLS,
+                   metavar="N|off",
+                   help="on the fastest instance, a tenant outranked by a present one runs "
+                        "at most N calls at once (scheduler.fast_lane; default "
+                        f"{FAST_LANE_CALLS}, as in serving; off: never held)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed for arrivals and sampling; same seed, same result (default 0)")
     p.add_argument("--slo-scale", type=float, default=2.0,
@@ -190,6 +196,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out["config"]["deadline_admission"] = args.deadline_admission
     if args.preemption != AUTO:  # the default is not written: runs write what they wrote
         out["config"]["preemption"] = args.preemption
+    if args.fast_lane != FAST_LANE_CALLS:
+        out["config"]["fast_lane"] = args.fast_lane
     print_table(table_console(140), out)
     if args.tenant:
         print_tenant_table(table_console(140), out)
@@ -222,10 +230,22 @@ class PolicyCellInputs:
     faults: list = field(default_factory=list)
 
 
+def _fast_lane_arg(value: str) -> int | None:
+    """``--fast-lane``: a whole number of calls, or ``off``."""
+    if value == "off":
+        return None
+    try:
+        return check_fast_lane(int(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of calls >= 1 or 'off', got {value!r}") from None
+
+
 def _cell_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("slo_scale", "alpha", "tune_alpha", "cached_prefix",
                                           "goodput", "queries", "arrival", "seed",
-                                          "deadline", "deadline_admission", "preemption")}
+                                          "deadline", "deadline_admission", "preemption",
+                                          "fast_lane")}
 
 
 def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
@@ -261,6 +281,8 @@ def _scheduler_options(o: dict[str, Any]) -> dict[str, Any]:
     out = {} if mode == "off" else {"deadline_admission": mode}
     if o.get("preemption", AUTO) != AUTO:  # off too: the simulator's default is auto
         out["preemption"] = o["preemption"]
+    if o.get("fast_lane", FAST_LANE_CALLS) != FAST_LANE_CALLS:
+        out["fast_lane"] = o["fast_lane"]
     return out
 
 

@@ -216,8 +216,13 @@ def headroom_gate(coordinator: Any) -> Any:
     """``InstanceQueue.gate``: whether the best waiting call may start beside the running
     ones — always, unless a better band has queries in flight, then only within
     ``1 - HEADROOM`` of the instance's slots and KV tokens. An instance running nothing
-    always admits (the queue checks), and with no better band present nothing is held."""
+    always admits (the queue checks), and with no better band present nothing is held.
+    First, the fast lane's cap (``scheduler.fast_lane``), which holds while a better tenant
+    is present, in flight or not."""
     def gate(queue: Any, call: ScheduledCall, need: int) -> bool:
+        lane = coordinator.fast_lane
+        if lane is not None and lane.holds(queue, call):
+            return False
         best = best_active_band(coordinator)
         if best is None:
             return True

@@ -42,6 +42,7 @@ from agentflow.scheduler.decisions import (
 )
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.fairness import TenantShares, rekey_tenants
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, FastLane, check_fast_lane
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
 from agentflow.scheduler.lengths import LengthModel, make_length_model
 from agentflow.scheduler.observer import CoordinatorObserver, observed
@@ -70,12 +71,15 @@ class Coordinator(WorkflowPaths):
                  max_backlog_s: float | None = None,
                  slo_classes: Mapping[str, SloClass] | None = None,
                  deadline_admission: str | None = None, preemption: str | None = None,
-                 **queue_kwargs: Any):
+                 fast_lane: int | None = FAST_LANE_CALLS, **queue_kwargs: Any):
         """``length_model``: the length model; None builds the one the policy name picks
         (``flowsage@oracle``; the learned length model by default). ``preemption``: ``off``
         (None), ``class`` or ``fair`` (``scheduler.preemption``; only under a queue policy
         that keeps room for better bands, flowsage: with any other, a ValueError naming it),
-        or ``auto`` (``fair`` where it can act, else off; the config's default)."""
+        or ``auto`` (``fair`` where it can act, else off; the config's default).
+        ``fast_lane``: calls a tenant outranked by a present one may run on the fastest
+        instance (``scheduler.fast_lane``; None: off; acts only where the gate is, under
+        flowsage)."""
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         names = [s.name for s in instances]
@@ -101,6 +105,10 @@ class Coordinator(WorkflowPaths):
             self._class_load = ClassLoad(self, len(instances))
             for q in self.queues.values():
                 q.class_load = self._class_load
+        # the flood's cap on the fastest instance while a better tenant is present
+        lane_calls = check_fast_lane(fast_lane)
+        self.fast_lane = FastLane(self, lane_calls) \
+            if self._fair and lane_calls is not None else None
         if self._fair:  # room kept for higher classes while they have queries in flight
             gate = headroom_gate(self)
             for q in self.queues.values():
@@ -170,7 +178,7 @@ class Coordinator(WorkflowPaths):
             self._admit_by_deadline(query, now)
         self.queries[query_id] = query
         if self._fair:
-            rekey_tenants(self, self.fairness.arrive(query), now)
+            rekey_tenants(self, self.fairness.arrive(query, now), now)
         self._refresh(query, now)
         return query
 

@@ -64,6 +64,13 @@ QUANTUM_S = 10.0
 # reason).
 LAG_CAP_QUANTA = 2.0
 ANONYMOUS = ""  # queries that name no tenant are one tenant
+# A pair stays *present* (``present_pairs``) while it has a query in flight, and after its
+# last one left until it has been silent for this many of its own mean gaps between arrivals:
+# a tenant sending at its usual pace is still there in the pauses between its queries (in a
+# Poisson stream 5% of gaps exceed three means), one that stopped sending leaves within a few
+# of its own gaps, whatever its rate. Read by the fast lane (``scheduler.fast_lane``).
+PRESENCE_GAPS = 3.0
+GAP_SMOOTHING = 0.125  # weight of the newest gap in the mean (TCP's smoothed RTT weight)
 
 TenantKey = tuple[str, str]  # (class name, tenant name)
 
@@ -74,6 +81,8 @@ class _Tenant:
     active: int = 0  # its queries in flight in this class
     over: bool = False
     lag: float = 0.0  # how far behind the least-served active pair it left (>= 0, capped)
+    last_arrival: float | None = None  # when its latest query arrived (presence)
+    mean_gap: float | None = None  # smoothed gap between its arrivals (presence)
 
 
 class TenantShares:
@@ -153,12 +162,48 @@ class TenantShares:
         """(class, tenant) pairs with a query in flight."""
         return {k for k, t in self._tenants.items() if t.active > 0}
 
+    def present_pairs(self, now: float) -> list[TenantKey]:
+        """Pairs with a query in flight, or silent for less than ``PRESENCE_GAPS`` of their
+        mean gap between arrivals (a pair seen once is present only while in flight)."""
+        return [k for k, t in self._tenants.items() if t.active > 0 or (
+            t.mean_gap is not None and t.last_arrival is not None
+            and now - t.last_arrival < PRESENCE_GAPS * t.mean_gap)]
+
+    def outranked(self, key: TenantKey, now: float) -> bool:
+        """Whether another present pair comes before ``key``'s: one of a better class rank,
+        or one of its rank that is more than a quantum behind it in virtual time (the
+        over-share test, held against the pairs still present between their queries, each
+        at the virtual time it would come back with: ``arrive``'s placement by its lag)."""
+        me = self._tenants.get(key)
+        if me is None:
+            return False
+        table = self._classes() if self._classes is not None else None
+        my_rank = table[key[0]].rank if table is not None and key[0] in table else None
+        group = self.group(key[0])
+        for other in self.present_pairs(now):
+            if other == key:
+                continue
+            if self.group(other[0]) == group:
+                if self._return_vt(other, group) + self.quantum_s < me.vt:
+                    return True
+            elif my_rank is not None and table is not None and other[0] in table \
+                    and table[other[0]].rank < my_rank:
+                return True
+        return False
+
     # ------------------------------------------------------------------------------ events
-    def arrive(self, query: QueryState) -> list[TenantKey]:
-        """A query of the tenant was admitted; returns the tenants whose flag flipped."""
+    def arrive(self, query: QueryState, now: float | None = None) -> list[TenantKey]:
+        """A query of the tenant was admitted (at ``now``: for presence); returns the
+        tenants whose flag flipped."""
         key = self.key(query)
         group = self.group(key[0])
         t = self._tenants.setdefault(key, _Tenant())
+        if now is not None:
+            if t.last_arrival is not None:
+                gap = max(0.0, now - t.last_arrival)
+                t.mean_gap = gap if t.mean_gap is None else \
+                    (1 - GAP_SMOOTHING) * t.mean_gap + GAP_SMOOTHING * gap
+            t.last_arrival = now
         if t.active == 0:
             floor = self._least_active(group, exclude=key)
             if floor is None:  # nobody in flight: where the group stood when it emptied
@@ -206,6 +251,17 @@ class TenantShares:
         return self._add(self.key(call.query), -charge) if charge else []
 
     # ---------------------------------------------------------------------------- internals
+    def _return_vt(self, key: TenantKey, group: object) -> float:
+        """The pair's virtual time, or for one not in flight the one it would come back
+        with now (as ``arrive`` places it)."""
+        t = self._tenants[key]
+        if t.active > 0:
+            return t.vt
+        floor = self._least_active(group, exclude=key)
+        if floor is None:
+            floor = self._idle_floor.get(group)
+        return t.vt if floor is None else max(t.vt, floor - t.lag)
+
     def _add(self, key: TenantKey, vt: float) -> list[TenantKey]:
         t = self._tenants.setdefault(key, _Tenant())
         t.vt += vt

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.coordinator import Coordinator
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS
 from agentflow.scheduler.lengths import LengthModel, make_length_model
 from agentflow.scheduler.policies import parse_policy
 from agentflow.slo_classes import SloClass
@@ -31,7 +32,8 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
                       max_backlog_s: float | None = None,
                       slo_classes: Mapping[str, SloClass] | None = None,
                       deadline_admission: str | None = None,
-                      preemption: str | None = None) -> Coordinator:
+                      preemption: str | None = None,
+                      fast_lane: int | None = FAST_LANE_CALLS) -> Coordinator:
     """``instances`` must be named (``expand_instances``); ``length_model`` defaults to the
     length model the policy name picks, with ``embedder``."""
     specs = [InstanceSpec.from_config(cfg) for cfg in instances]
@@ -42,7 +44,7 @@ def build_coordinator(instances: Sequence[InstanceConfig], *, clock: Clock, poli
                        max_active_queries=max_active_queries,
                        admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s,
                        slo_classes=slo_classes, deadline_admission=deadline_admission,
-                       preemption=preemption)
+                       preemption=preemption, fast_lane=fast_lane)
 
 
 def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
@@ -54,4 +56,4 @@ def scheduler_settings(scheduler: SchedulerConfig) -> dict[str, Any]:
             "max_backlog_s": scheduler.max_backlog_s,
             "slo_classes": dict(scheduler.slo_classes),
             "deadline_admission": scheduler.deadline_admission,
-            "preemption": scheduler.preemption}
+            "preemption": scheduler.preemption, "fast_lane": scheduler.fast_lane}

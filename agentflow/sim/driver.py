@@ -28,6 +28,7 @@ from typing import Any
 from agentflow.metrics import SLO_SCALES
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
 from agentflow.scheduler.decisions import PreemptCall
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS
 from agentflow.scheduler.lengths import TrueLengths, make_length_model
 from agentflow.scheduler.policies import parse_policy
 from agentflow.scheduler.prefix_index import BLOCK_TOKENS
@@ -117,7 +118,8 @@ class Simulation:
                  faults: Sequence[Fault] = (),
                  on_stage: Callable[[StageTiming], None] | None = None,
                  slo_classes: Mapping[str, SloClass] | None = None,
-                 deadline_admission: str | None = None, preemption: str | None = "auto"):
+                 deadline_admission: str | None = None, preemption: str | None = "auto",
+                 fast_lane: int | None = FAST_LANE_CALLS):
         """``on_stage`` is called with each stage's ``StageTiming`` as the stage finishes.
 
         ``cached_prefix``: a fixed fraction of every prompt served from a prefix cache (0:
@@ -132,7 +134,8 @@ class Simulation:
         queue, else off; None or ``off``; ``class``, ``fair``) too: a stopped call
         is aborted on its engine (KV freed, its prompt's prefix blocks left in the cache) and
         runs again from its prompt when the scheduler admits it again — its generated tokens
-        are lost (recompute), as in vLLM's preemption."""
+        are lost (recompute), as in vLLM's preemption. ``fast_lane``: serving's
+        ``scheduler.fast_lane`` (None: off)."""
         self.prefix_cache = cached_prefix == "auto"
         if self.prefix_cache:
             cached_prefix = 0.0
@@ -155,7 +158,7 @@ class Simulation:
             instances, clock=self.clock, policy=policy, alpha=alpha, length_model=self.length_model,
             max_waiting_calls=max_waiting_calls, max_active_queries=max_active_queries,
             admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s,
-            preemption=preemption)
+            preemption=preemption, fast_lane=fast_lane)
         if slo_classes is not None:
             self.coordinator.slo_classes = slo_classes
         if deadline_admission is not None:
