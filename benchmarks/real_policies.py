@@ -55,6 +55,7 @@ from rvs_probe import probe  # noqa: E402
 
 from agentflow.llm.base import SamplingParams  # noqa: E402
 from agentflow.scheduler import QueryRejected  # noqa: E402
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS  # noqa: E402
 from agentflow.scheduler.health import HealthSettings  # noqa: E402
 from agentflow.scheduler.serving import ScheduledRouter  # noqa: E402
 from agentflow.scheduler.setup import build_coordinator  # noqa: E402
@@ -103,15 +104,18 @@ def latency_stats(latencies: list[float]) -> dict[str, float]:
 async def run_real(policy: str, cluster: SimClusterConfig, workload: Workload,
                    deadlines: list[float | None], backends: dict[str, Any],
                    maker: PromptMaker, health: HealthSettings | None = None,
-                   preemption: str | None = None) -> dict[str, Any]:
+                   preemption: str | None = None,
+                   fast_lane: int | None = FAST_LANE_CALLS) -> dict[str, Any]:
     """One policy on the real engines: the serving router and coordinator, queries started
     at their arrival offsets, each query's graph grown as it was recorded. A workload with
     tenants (``build_tenant_workload``) sends each query with its tenant and SLO class, as
     serving does for an API key, and the result also holds each tenant's latencies
-    (``by_tenant``); ``preemption``: ``scheduler.preemption`` (None: off)."""
+    (``by_tenant``); ``preemption``: ``scheduler.preemption`` (None: off); ``fast_lane``:
+    ``scheduler.fast_lane`` (None: off)."""
     clock = MonotonicClock()
     coordinator = build_coordinator([cfg for _, cfg in cluster.expanded()], clock=clock,
-                                    policy=policy, preemption=preemption)
+                                    policy=policy, preemption=preemption,
+                                    fast_lane=fast_lane)
     router = ScheduledRouter(coordinator, backends, health=health)
     timeouts: list[dict[str, Any]] = []
 

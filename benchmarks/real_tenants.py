@@ -3,7 +3,8 @@ the same arrivals: does an interactive tenant keep its latency beside a batch fl
 
     python benchmarks/real_tenants.py --cluster examples/cluster-llama-server-2cpu.yaml \\
         --trace ../shared/traces/hexgen-flow/trace1.json [--scenarios isolation-2x] \\
-        [--preemption off,auto] [--span 20] [--scale 0.02] [--l1 RATE] [--sim-only]
+        [--preemption off,auto] [--fast-lane 2|off] [--span 20] [--scale 0.02] [--l1 RATE]
+        [--sim-only]
 
 Why: issue 22's isolation and fairness figures come from the simulator (``tenant_cells.py``)
 and from serving on scripted single-slot instances (``serving_classes.py``). This runs the
@@ -46,6 +47,7 @@ from policy_suite import find_l1, tenant_scenarios  # noqa: E402
 from real_policies import run_real, scaled_trace, sim_cluster  # noqa: E402
 from real_vs_sim import PromptMaker, close_all, start_backends, tokenizer_of  # noqa: E402
 
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS  # noqa: E402
 from agentflow.scheduler.health import HealthSettings  # noqa: E402
 from agentflow.sim.driver import Simulation  # noqa: E402
 from agentflow.sim.experiment import build_tenant_workload, reference_latencies  # noqa: E402
@@ -100,8 +102,9 @@ def ratio_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def simulate(cluster: Any, workload: Any, policy: str, preemption: str) -> dict[str, Any]:
-    sim = Simulation(cluster, policy, preemption=preemption)
+def simulate(cluster: Any, workload: Any, policy: str, preemption: str,
+             fast_lane: int | None = FAST_LANE_CALLS) -> dict[str, Any]:
+    sim = Simulation(cluster, policy, preemption=preemption, fast_lane=fast_lane)
     result = sim.run(workload.queries, workload.arrivals, workload.deadlines(2.0),
                      workload.idle_latency_s, tenants=workload.tenants,
                      classes=workload.classes)
@@ -125,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"comma list of {', '.join(PROTECTED)}")
     ap.add_argument("--preemption", default="off,auto",
                     help="comma list of scheduler.preemption settings for the mixed runs")
+    ap.add_argument("--fast-lane", default=str(FAST_LANE_CALLS),
+                    help="scheduler.fast_lane for every run: calls, or off")
     ap.add_argument("--policy", default="flowsage")
     ap.add_argument("--span", type=int, default=20,
                     help="queries of a tenant at 1 x L1 (each sends span x its multiple, >= 20)")
@@ -139,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not 0 < args.scale <= 1 or args.span < 1:
         ap.error("--scale must be in (0, 1] and --span >= 1")
+    lane = None if args.fast_lane == "off" else int(args.fast_lane)
     try:
         runs = plan(args.scenarios.split(","), args.preemption.split(","))
     except ValueError as err:
@@ -163,11 +169,12 @@ def main(argv: list[str] | None = None) -> None:
         for scenario, setting in runs:
             workload = build_tenant_workload(trace, cluster, scenarios[scenario],
                                              n=args.span, seed=args.seed, idle=idle)
-            entry: dict[str, Any] = {"sim": simulate(cluster, workload, args.policy, setting)}
+            entry: dict[str, Any] = {"sim": simulate(cluster, workload, args.policy, setting,
+                                                     lane)}
             if maker is not None:
                 real = loop.run_until_complete(run_real(
                     args.policy, cluster, workload, workload.deadlines(2.0), backends, maker,
-                    HealthSettings(), preemption=setting))
+                    HealthSettings(), preemption=setting, fast_lane=lane))
                 entry["real"] = tenant_stats(real["by_tenant"], sent_by_tenant(workload))
                 entry["real_preempted"] = real["preempted"]
                 entry["real_wall_s"] = real["wall_s"]
