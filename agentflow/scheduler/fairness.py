@@ -33,6 +33,12 @@ failed it, gets its admission charge back (``refund``): it is charged again when
 admitted again, so its tenant pays once for the work, in the simulator and in serving alike
 (both stop and retry calls through the coordinator).
 
+A pair is also *present* between its queries, until it has been silent for a few of its own
+mean gaps between arrivals (``present_pairs``), and ``outranked`` holds the over-share test
+against the present pairs, each at the virtual time it would come back with: the fast lane
+(``scheduler.fast_lane``) caps an outranked tenant's calls on the fastest instance while the
+tenant it yields to is present, not only while that one is in flight.
+
 Pure bookkeeping: the coordinator calls ``arrive``/``leave``/``charge`` and re-keys the
 waiting calls of the tenants whose share flag flipped (``rekey_tenants``).
 """
