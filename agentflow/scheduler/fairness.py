@@ -186,11 +186,16 @@ class TenantShares:
         table = self._classes() if self._classes is not None else None
         my_rank = table[key[0]].rank if table is not None and key[0] in table else None
         group = self.group(key[0])
+        floor = self._least_active(group)  # where a pair not in flight would come back
+        if floor is None:
+            floor = self._idle_floor.get(group)
         for other in self.present_pairs(now):
             if other == key:
                 continue
             if self.group(other[0]) == group:
-                if self._return_vt(other, group) + self.quantum_s < me.vt:
+                t = self._tenants[other]
+                back = t.vt if t.active > 0 or floor is None else max(t.vt, floor - t.lag)
+                if back + self.quantum_s < me.vt:
                     return True
             elif my_rank is not None and table is not None and other[0] in table \
                     and table[other[0]].rank < my_rank:
@@ -257,17 +262,6 @@ class TenantShares:
         return self._add(self.key(call.query), -charge) if charge else []
 
     # ---------------------------------------------------------------------------- internals
-    def _return_vt(self, key: TenantKey, group: object) -> float:
-        """The pair's virtual time, or for one not in flight the one it would come back
-        with now (as ``arrive`` places it)."""
-        t = self._tenants[key]
-        if t.active > 0:
-            return t.vt
-        floor = self._least_active(group, exclude=key)
-        if floor is None:
-            floor = self._idle_floor.get(group)
-        return t.vt if floor is None else max(t.vt, floor - t.lag)
-
     def _add(self, key: TenantKey, vt: float) -> list[TenantKey]:
         t = self._tenants.setdefault(key, _Tenant())
         t.vt += vt
