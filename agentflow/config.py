@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agentflow.datasets.types import EngineKind
 from agentflow.distributed.placement import RayPlacement
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS
 from agentflow.scheduler.health import HealthSettings
 from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass
 
@@ -141,7 +142,7 @@ class SchedulerConfig(BaseModel):
     # its rank behind it in its share, in flight or between its queries) runs at most this
     # many calls at once; null: off. Under the flowsage queue only
     # (agentflow.scheduler.fast_lane).
-    fast_lane: int | None = Field(2, ge=1)
+    fast_lane: int | None = Field(FAST_LANE_CALLS, ge=1)
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the

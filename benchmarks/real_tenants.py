@@ -47,7 +47,7 @@ from policy_suite import find_l1, tenant_scenarios  # noqa: E402
 from real_policies import run_real, scaled_trace, sim_cluster  # noqa: E402
 from real_vs_sim import PromptMaker, close_all, start_backends, tokenizer_of  # noqa: E402
 
-from agentflow.scheduler.fast_lane import FAST_LANE_CALLS  # noqa: E402
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, parse_fast_lane  # noqa: E402
 from agentflow.scheduler.health import HealthSettings  # noqa: E402
 from agentflow.sim.driver import Simulation  # noqa: E402
 from agentflow.sim.experiment import build_tenant_workload, reference_latencies  # noqa: E402
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"comma list of {', '.join(PROTECTED)}")
     ap.add_argument("--preemption", default="off,auto",
                     help="comma list of scheduler.preemption settings for the mixed runs")
-    ap.add_argument("--fast-lane", default=str(FAST_LANE_CALLS),
+    ap.add_argument("--fast-lane", type=parse_fast_lane, default=FAST_LANE_CALLS,
+                    metavar="N|off",
                     help="scheduler.fast_lane for every run: calls, or off")
     ap.add_argument("--policy", default="flowsage")
     ap.add_argument("--span", type=int, default=20,
@@ -144,7 +145,6 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not 0 < args.scale <= 1 or args.span < 1:
         ap.error("--scale must be in (0, 1] and --span >= 1")
-    lane = None if args.fast_lane == "off" else int(args.fast_lane)
     try:
         runs = plan(args.scenarios.split(","), args.preemption.split(","))
     except ValueError as err:
@@ -170,11 +170,11 @@ def main(argv: list[str] | None = None) -> None:
             workload = build_tenant_workload(trace, cluster, scenarios[scenario],
                                              n=args.span, seed=args.seed, idle=idle)
             entry: dict[str, Any] = {"sim": simulate(cluster, workload, args.policy, setting,
-                                                     lane)}
+                                                     args.fast_lane)}
             if maker is not None:
                 real = loop.run_until_complete(run_real(
                     args.policy, cluster, workload, workload.deadlines(2.0), backends, maker,
-                    HealthSettings(), preemption=setting, fast_lane=lane))
+                    HealthSettings(), preemption=setting, fast_lane=args.fast_lane))
                 entry["real"] = tenant_stats(real["by_tenant"], sent_by_tenant(workload))
                 entry["real_preempted"] = real["preempted"]
                 entry["real_wall_s"] = real["wall_s"]

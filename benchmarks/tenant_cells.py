@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policy_suite import cluster_named, find_l1, tenant_scenarios, workloads  # noqa: E402
 
-from agentflow.scheduler.fast_lane import FAST_LANE_CALLS  # noqa: E402
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, parse_fast_lane  # noqa: E402
 from agentflow.sim.driver import Simulation, StageTiming  # noqa: E402
 from agentflow.sim.experiment import build_tenant_workload, reference_latencies  # noqa: E402
 from agentflow.sim.slo import IdleLatency  # noqa: E402
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="fairness lag_cap_quanta (default: the module's; 0: start-time FQ)")
     p.add_argument("--detail", action="store_true",
                    help="also each tenant's mean queue / run seconds per LLM stage, instances")
-    p.add_argument("--fast-lane", default=str(FAST_LANE_CALLS),
+    p.add_argument("--fast-lane", type=parse_fast_lane, default=FAST_LANE_CALLS,
+                   metavar="N|off",
                    help="scheduler.fast_lane: calls an outranked tenant may run on the "
                         f"fastest instance, or off (default {FAST_LANE_CALLS})")
     p.add_argument("--preemption", default="auto",
@@ -137,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             for policy in args.policies.split(","):
                 t0 = time.perf_counter()
                 figs = run_cell(name, tenants, policy, args.seed, args.quantum, args.detail,
-                                args.preemption, args.lag_cap,
-                                None if args.fast_lane == "off" else int(args.fast_lane))
+                                args.preemption, args.lag_cap, args.fast_lane)
                 out[f"{name}/{sname}/{policy}"] = figs
                 print(f"{name:<11} {sname:<15} {policy:<10} " + "  ".join(
                     f"{t}: p95={f['p95']:.1f} max={f['max']:.1f} "

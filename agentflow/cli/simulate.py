@@ -14,7 +14,7 @@ from rich.table import Table
 
 from agentflow.cli import table_console
 from agentflow.metrics import scale_key
-from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, check_fast_lane
+from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, parse_fast_lane
 from agentflow.scheduler.lengths import LENGTH_MODELS
 from agentflow.scheduler.policies import policy_help
 from agentflow.scheduler.preemption import AUTO, PREEMPTION_SETTINGS
@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "and over-share tenants' calls for an in-share tenant's (fair); "
                         "auto: fair under the flowsage queue, else off "
                         "(scheduler.preemption; default auto, as in serving)")
-    p.add_argument("--fast-lane", type=_fast_lane_arg, default=FAST_LANE_CALLS,
+    p.add_argument("--fast-lane", type=parse_fast_lane, default=FAST_LANE_CALLS,
                    metavar="N|off",
                    help="on the fastest instance, a tenant outranked by a present one runs "
                         "at most N calls at once (scheduler.fast_lane; default "
@@ -228,17 +228,6 @@ class PolicyCellInputs:
     idle: Any
     options: dict[str, Any]
     faults: list = field(default_factory=list)
-
-
-def _fast_lane_arg(value: str) -> int | None:
-    """``--fast-lane``: a whole number of calls, or ``off``."""
-    if value == "off":
-        return None
-    try:
-        return check_fast_lane(int(value))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of calls >= 1 or 'off', got {value!r}") from None
 
 
 def _cell_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -186,9 +186,7 @@ class TenantShares:
         table = self._classes() if self._classes is not None else None
         my_rank = table[key[0]].rank if table is not None and key[0] in table else None
         group = self.group(key[0])
-        floor = self._least_active(group)  # where a pair not in flight would come back
-        if floor is None:
-            floor = self._idle_floor.get(group)
+        floor = self._return_floor(group)  # where a pair not in flight would come back
         for other in self.present_pairs(now):
             if other == key:
                 continue
@@ -216,9 +214,7 @@ class TenantShares:
                     (1 - GAP_SMOOTHING) * t.mean_gap + GAP_SMOOTHING * gap
             t.last_arrival = now
         if t.active == 0:
-            floor = self._least_active(group, exclude=key)
-            if floor is None:  # nobody in flight: where the group stood when it emptied
-                floor = self._idle_floor.get(group)
+            floor = self._return_floor(group, exclude=key)
             if floor is not None and floor - t.lag > t.vt:
                 t.vt = floor - t.lag  # its lag at leaving, no credit for the idle time
             t.lag = 0.0
@@ -271,6 +267,12 @@ class TenantShares:
         vts = [t.vt for k, t in self._tenants.items()
                if t.active > 0 and k != exclude and self.group(k[0]) == group]
         return min(vts) if vts else None
+
+    def _return_floor(self, group: object, exclude: TenantKey | None = None) -> float | None:
+        """What a pair coming back to ``group`` is placed against: the least-served pair in
+        flight, else where the group stood when it emptied (None: never)."""
+        floor = self._least_active(group, exclude=exclude)
+        return self._idle_floor.get(group) if floor is None else floor
 
     def _reflag(self, group: object) -> list[TenantKey]:
         floor = self._least_active(group)

@@ -34,6 +34,8 @@ Only on a cluster of two or more instances: on one, the lane would be the whole 
 
 from __future__ import annotations
 
+import argparse
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -65,23 +67,29 @@ def check_fast_lane(value: int | None) -> int | None:
     return value
 
 
+def parse_fast_lane(value: str) -> int | None:
+    """A command line's ``N|off`` (argparse ``type=``): ``check_fast_lane``'s setting."""
+    if value == "off":
+        return None
+    try:
+        return check_fast_lane(int(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of calls >= 1 or 'off', got {value!r}") from None
+
+
 class FastLane:
     """The lane's admission test, for the headroom gate (``scheduler.classes``)."""
 
     def __init__(self, coordinator: Any, calls: int):
         self._coordinator = coordinator
         self.calls = calls
-        self._instance: str | None = None
-        self._chosen = False
 
-    @property
+    @cached_property
     def instance(self) -> str | None:
         """Chosen once, on first use: the time models exist by then (built after the
         gate) and dispatch has not yet taught them anything a run would make it drift on."""
-        if not self._chosen:
-            self._instance = fast_lane_instance(self._coordinator)
-            self._chosen = True
-        return self._instance
+        return fast_lane_instance(self._coordinator)
 
     def holds(self, queue: InstanceQueue, call: ScheduledCall) -> bool:
         """Whether ``call`` must wait: ``queue`` is the lane, its tenant is outranked by a
