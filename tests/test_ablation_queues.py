@@ -9,15 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from agentflow.bench.scheduler.ablation_queues import ABLATION_QUEUES, register_ablation_queues
 from agentflow.scheduler import policies
 from agentflow.scheduler.policies import parse_policy, register_queue, resolve
 from agentflow.scheduler.policies.queue_fcfs import FcfsQueue
 from tests.helpers import chain_run, coordinator, occupy
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from ablation_queues import ABLATION_QUEUES, register_ablation_queues  # noqa: E402
 
 SHIPPED = ["fcfs", "edf", "llf", "urgency", "gittins", "flowsage"]
 

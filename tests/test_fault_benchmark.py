@@ -6,16 +6,13 @@ check, is ``python benchmarks/fault_test.py``.) Scripted instances, NOT models."
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from fault_test import run_scenario  # noqa: E402
+from agentflow.bench.serving.fault_test import run_scenario
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -3,13 +3,11 @@ is a script; its report is checked here on hand-made results, not on a run)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from policy_suite import Cell, report  # noqa: E402
+from agentflow.bench.scheduler.policy_suite import Cell, report
 
 POLICIES = ["vllm", "sagesched", "flowsage", "oracle"]
 

@@ -4,16 +4,14 @@ The real side needs a built llama-server and minutes of CPU (run by hand, figure
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from real_tenants import main, plan, ratio_rows, tenant_stats  # noqa: E402
+from agentflow.bench.fidelity.real_tenants import main, plan, ratio_rows, tenant_stats
+from agentflow.sim.workload import TraceNode, TraceQuery
 
-from agentflow.sim.workload import TraceNode, TraceQuery  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CLUSTER = ROOT / "examples" / "cluster-llama-server-2cpu.yaml"
 
@@ -57,7 +55,7 @@ def test_the_simulated_side_runs_the_mixes_end_to_end(tmp_path, monkeypatch, cap
     queries are answered and the ratio rows are printed and written."""
     import json
 
-    import real_tenants
+    from agentflow.bench.fidelity import real_tenants
     nodes = [TraceNode("a", "schema", "llm", (), prompt_tokens=400, output_tokens=30),
              TraceNode("b", "sql", "llm", ("a",), prompt_tokens=600, output_tokens=40)]
     trace = [TraceQuery(f"q{i}", nodes) for i in range(4)]

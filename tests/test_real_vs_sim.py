@@ -3,17 +3,21 @@ caps, DAG order, instance assignment) and the simulated replay of it."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from real_vs_sim import build_workload, engine_limits, replay_sim, scaled, sim_engines  # noqa: E402
+from agentflow.bench.fidelity.real_vs_sim import (
+    build_workload,
+    engine_limits,
+    replay_sim,
+    scaled,
+    sim_engines,
+)
+from agentflow.config import InstanceConfig
+from agentflow.sim.workload import TraceNode, TraceQuery
 
-from agentflow.config import InstanceConfig  # noqa: E402
-from agentflow.sim.workload import TraceNode, TraceQuery  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CLUSTER = ROOT / "examples" / "cluster-llama-server-2cpu.yaml"
 
@@ -86,9 +90,8 @@ def test_batched_rows_identify_the_per_sequence_decode_compute():
     fit recovers the decode-compute efficiency that single requests alone cannot pin."""
     from dataclasses import replace
 
-    from real_vs_sim import fit_profile, sim_batch
-
     from agentflow import hardware
+    from agentflow.bench.fidelity.real_vs_sim import fit_profile, sim_batch
 
     limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
                                           backend={"type": "llama_server", "parallel": 4}))
@@ -109,14 +112,14 @@ def test_batched_rows_identify_the_per_sequence_decode_compute():
 
 
 def test_busy_time_is_the_union_of_the_calls_in_flight():
-    from real_vs_sim import busy_seconds
+    from agentflow.bench.fidelity.real_vs_sim import busy_seconds
 
     assert busy_seconds([]) == 0.0
     assert busy_seconds([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == pytest.approx(4.0)
 
 
 def test_calibration_rows_scaled_to_a_dedicated_core_by_their_share():
-    from real_vs_sim import dedicated
+    from agentflow.bench.fidelity.real_vs_sim import dedicated
 
     single = [(32, 24, 0.5, 2.0, 0.5), (256, 1, 1.0, 1.0)]  # the second saved without share
     assert dedicated(single, slice(2, 4), True) == [(32, 24, 0.25, 1.0), (256, 1, 1.0, 1.0)]
@@ -127,7 +130,7 @@ def test_calibration_rows_scaled_to_a_dedicated_core_by_their_share():
 def test_policy_comparison_runs_both_sides_on_the_same_scaled_workload():
     """benchmarks/real_policies.py: the trace both sides replay is scaled once (calls'
     tokens, tool durations), and the simulated cluster has llama-server's slot limits."""
-    from real_policies import scaled_trace, sim_cluster
+    from agentflow.bench.fidelity.real_policies import scaled_trace, sim_cluster
 
     (q,) = scaled_trace([query("q")], 0.1, None, 5)
     by = {n.id: n for n in q.nodes}
@@ -139,7 +142,13 @@ def test_policy_comparison_runs_both_sides_on_the_same_scaled_workload():
 
 
 def test_attribution_splits_each_call_and_names_the_phase_that_is_off():
-    from rvs_attribution import Split, breakdown, in_flight_at_submit, real_split, sim_split
+    from agentflow.bench.fidelity.attribution import (
+        Split,
+        breakdown,
+        in_flight_at_submit,
+        real_split,
+        sim_split,
+    )
 
     # llama-server's own timings: 2 s of prompt, 3 s of decode in a 6 s call -> 1 s queued
     assert real_split(6.0, 2.5, {"prompt_ms": 2000, "predicted_ms": 3000}) == \
@@ -238,7 +247,7 @@ def test_resim_checks_the_current_simulator_against_a_saved_real_side(tmp_path, 
     gives 50% per call."""
     import json
 
-    import real_vs_sim
+    from agentflow.bench.fidelity import real_vs_sim
 
     trace = ROOT.parent / "shared" / "traces" / "hexgen-flow" / "trace1.json"
     if not trace.is_file():
@@ -265,7 +274,7 @@ def test_resim_checks_the_current_simulator_against_a_saved_real_side(tmp_path, 
 
 
 def test_the_probe_prices_a_single_request_as_the_replay_would():
-    from rvs_probe import PROBE_SHAPES, simulated_alone
+    from agentflow.bench.fidelity.probe import PROBE_SHAPES, simulated_alone
 
     alone = TraceQuery("p", [TraceNode("a", "revise", "llm", (), *PROBE_SHAPES[1])])
     engines = sim_engines(str(CLUSTER))
@@ -280,9 +289,8 @@ def test_the_probe_prices_a_single_request_as_the_replay_would():
 def test_batch_rows_with_a_lone_time_fit_the_ratio_so_the_machine_factor_cancels():
     """Rows timed by a known profile on a machine running 1.3x slow: a batched row's error
     against its own time is 30%, against its same-minute lone time it is none."""
-    from real_vs_sim import batch_residuals, batched_rows, sim_batch
-
     from agentflow import hardware
+    from agentflow.bench.fidelity.real_vs_sim import batch_residuals, batched_rows, sim_batch
 
     limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
                                           backend={"type": "llama_server", "parallel": 4}))
@@ -305,7 +313,7 @@ def test_batch_rows_with_a_lone_time_fit_the_ratio_so_the_machine_factor_cancels
 
 
 def test_lone_calls_are_those_no_call_on_their_instance_overlapped():
-    from rvs_normalise import instance_slowdowns, lone_calls
+    from agentflow.bench.fidelity.normalise import instance_slowdowns, lone_calls
 
     submit = {"a": 0.0, "b": 1.0, "c": 5.0, "d": 0.5, "e": 9.0}
     finish = {"a": 2.0, "b": 3.0, "c": 6.0, "d": 8.0, "e": 9.5}
@@ -322,7 +330,7 @@ def test_lone_calls_are_those_no_call_on_their_instance_overlapped():
 def test_the_lone_call_factor_reads_the_machine_speed_from_the_replays_lone_calls():
     """A replay whose real side is the simulator slowed 1.25x: the lone calls give 1.25,
     and the normalised errors vanish while the raw ones are 20%."""
-    from real_vs_sim import Outcome, error_figures, lone_normalised
+    from agentflow.bench.fidelity.real_vs_sim import Outcome, error_figures, lone_normalised
 
     w = build_workload([query("x"), query("y")], ["cpu-0", "cpu-1"], rate=0.01, seed=1,
                        scale=0.2, max_prompt=None, max_output=None, assign="query")
@@ -344,9 +352,8 @@ def test_the_lone_call_factor_reads_the_machine_speed_from_the_replays_lone_call
 def test_a_joined_decode_waits_for_the_newcomers_prompt_batches():
     """The joined-decode calibration row in the simulator: A's decode slows by about B's
     prompt time (its tokens ride in B's prompt batches), B by little (one decode row)."""
-    from real_vs_sim import CAL_JOIN_OUTPUT, sim_joined, sim_single
-
     from agentflow import hardware
+    from agentflow.bench.fidelity.real_vs_sim import CAL_JOIN_OUTPUT, sim_joined, sim_single
 
     limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
                                           backend={"type": "llama_server", "parallel": 4}))

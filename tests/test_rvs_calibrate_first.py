@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import real_vs_sim  # noqa: E402
-from real_vs_sim import (  # noqa: E402
+from agentflow import hardware
+from agentflow.bench.fidelity import real_vs_sim
+from agentflow.bench.fidelity.attribution import Split
+from agentflow.bench.fidelity.chain import (
+    chain_split,
+    critical_chain,
+    order_disagreements,
+    start_times,
+)
+from agentflow.bench.fidelity.precalibrate import describe, fit_speed, workload_shapes
+from agentflow.bench.fidelity.real_vs_sim import (
     _Sender,
     build_workload,
     engine_limits,
@@ -23,19 +29,11 @@ from real_vs_sim import (  # noqa: E402
     sim_engines,
     sim_single,
 )
-from rvs_attribution import Split  # noqa: E402
-from rvs_chain import (  # noqa: E402
-    chain_split,
-    critical_chain,
-    order_disagreements,
-    start_times,
-)
-from rvs_precalibrate import describe, fit_speed, workload_shapes  # noqa: E402
+from agentflow.sim.cluster import load_cluster
+from agentflow.sim.engine import engine_for
+from agentflow.sim.workload import TraceNode, TraceQuery, load_trace
 
-from agentflow import hardware  # noqa: E402
-from agentflow.sim.cluster import load_cluster  # noqa: E402
-from agentflow.sim.engine import engine_for  # noqa: E402
-from agentflow.sim.workload import TraceNode, TraceQuery, load_trace  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CLUSTER = str(ROOT / "examples" / "cluster-llama-server-2cpu.yaml")
 TRACE = ROOT.parent / "shared" / "traces" / "hexgen-flow" / "trace1.json"

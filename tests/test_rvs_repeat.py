@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from agentflow.bench.fidelity import rvs_repeat
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import rvs_repeat  # noqa: E402
 
 ARGS = {"trace": "t.json", "rate": 0.05, "queries": 2, "skip": 0, "scale": 0.1,
         "max_prompt": None, "max_output": None, "assign": "query", "seed": 0,

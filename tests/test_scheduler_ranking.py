@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
+from agentflow.bench.scheduler.ablation_queues import register_ablation_queues
 from agentflow.scheduler import policies
 from agentflow.scheduler.ranking import KineticTournament, Segment, key_at, next_switch
 from agentflow.sim.cluster import CLUSTERS
 from agentflow.sim.driver import Simulation
 from agentflow.sim.experiment import build_workload
 from agentflow.sim.workload import TraceNode, TraceQuery
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from ablation_queues import register_ablation_queues  # noqa: E402
 
 
 def test_kinetic_tournament_matches_a_scan_under_random_inserts_removals_and_time() -> None:

@@ -344,10 +344,8 @@ def test_deadline_admission_is_off_by_default() -> None:
 def test_serving_classes_puts_the_flooding_key_in_the_class_asked() -> None:
     """``--flood-class interactive``: the two keys are tenants of one class (the fairness
     case in serving), in a config the server accepts, with preemption ``fair``."""
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import serving_classes
+    from agentflow.bench.serving import serving_classes
 
     args = serving_classes.parser().parse_args(["--flood-class", "interactive"])
     config = serving_classes.server_config(args, "flowsage", "fair")

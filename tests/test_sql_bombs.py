@@ -10,17 +10,12 @@ what "not stopped" means here.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
+from agentflow.bench.security.sql_bombs import BOMBS, MEMORY_BOUND_MB, make_sqlite, run_one
 from agentflow.datasets.to_duckdb import convert_sqlite_to_duckdb
 from agentflow.sql import Database, RejectedStatementError
 from agentflow.sql.formats import MAX_FORMAT_WIDTH
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.sql_bombs import BOMBS, MEMORY_BOUND_MB, make_sqlite, run_one  # noqa: E402
 
 LIMIT_S = 2.0
 CAP_S = 60.0

@@ -4,13 +4,11 @@ with round numbers, so each printed figure is one you can work out by hand."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import tenant_ratios  # noqa: E402
+from agentflow.bench.scheduler import tenant_ratios
 
 
 def _cells(interactive_p95: float, light_p95: float, batch_qps: float) -> dict:

@@ -1,0 +1,1 @@
+"""agentflow's benchmarks, run as ``agentflow bench NAME`` (``agentflow bench --help``)."""

@@ -1,0 +1,1 @@
+"""Answers: execution accuracy, confidence calibration and the effect of teaching."""

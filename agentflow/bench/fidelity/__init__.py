@@ -1,0 +1,1 @@
+"""The simulator against real engines and measured profiles: how far apart they are, and why."""

@@ -1,0 +1,1196 @@
+"""Replay a trace's LLM calls on real engines and in the simulator; print how far apart they are.
+
+    python benchmarks/real_vs_sim.py --cluster examples/cluster-llama-server-2cpu.yaml \\
+        --trace ../shared/traces/hexgen-flow/trace1.json --rate 0.05 [--quick]
+    python benchmarks/real_vs_sim.py --cluster FILE --calibrate      # fit the CPU profile
+
+Both sides get the same workload: the trace's first queries (HexGen-Flow or agentflow format,
+``agentflow.sim.workload.load_trace``), Poisson arrivals at ``--rate`` (seeded), each query's
+stages run in its recorded DAG order (a stage starts when its parents finish, in real time on
+the real side, in simulated time on the other), every call on the same instance on both sides
+(``--assign query``: a query's calls stay on one instance, so its parallel candidates and
+evaluations batch there; ``call``: round-robin over calls). Real side: the cluster file's
+instances as serving starts them (``create_backend``); each call is a synthetic prompt of the
+recorded token count (random common words, unique per call so no prompt cache helps) with
+``max_tokens`` = the recorded output and end of text ignored (``ignore_eos``), so the engine
+does exactly the recorded work. Simulated side: ``agentflow.sim.engine`` instances built from
+the same file's hardware profiles (``gpu``/``model``), with the engine's limits taken from the
+backend (llama-server: ``parallel`` slots, ``batch`` tokens per step). No scheduler runs on
+either side: this checks the engine physics, not a policy.
+
+Token counts. Recorded calls of a 70B GPU deployment (12k-token prompts, 660-token answers)
+take minutes each on a 270M model on one CPU core, so ``--scale`` multiplies every prompt and
+output length (default 0.1 with ``--quick``, 1.0 otherwise; rounded, at least 1 token) and
+``--max-prompt`` / ``--max-output`` cap them afterwards (default: none). The same scaled counts
+go to both sides, and the header says what was used.
+
+Errors: per call, ``|sim - real| / real`` of the call's latency (submit to last token, as
+the caller sees it); per query, of its end-to-end latency (arrival to last call done). The
+last two lines are ``median |sim-real|/real per call: X`` and ``P95 error per query: Y``.
+
+Where the error lives (``rvs_attribution``): each call split into queue / prefill / decode on
+both sides (llama-server's own ``timings`` on the real side), summed by how many calls were
+in flight on its instance, printed and kept per call in ``--json``. How quiet the machine was
+(``rvs_environment``: CPU used by other processes, load range) and how fast each engine was
+against its profile just before and after the replay (``rvs_probe``: a few single requests;
+they also warm the servers) are printed with every run, with a *probe-corrected* figure
+beside the raw ones (``--no-probe`` skips them). ``--resim JSON`` runs only the simulator
+against the real side an earlier ``--json`` saved, to check a simulator change on
+measurements already taken.
+
+``--calibrate-first`` times, just before the replay, a few lone requests of the workload's
+own call shapes on every instance at once and fits each instance's compute speed, memory
+speed and per-request cost on top of its stored profile (``rvs_precalibrate``: what it
+measures and why); the replay is then simulated on both, the stored profile's figures are
+printed (``stored profile: ...``) and the last two lines are the calibrated ones. It never
+sees the replay's timings; ``--resim`` refits the rows the run saved. The worst queries'
+critical chains, phase by phase, and how often each engine served two waiting calls in the
+other order than the real server are printed with every figure (``rvs_chain``).
+
+Sends: both sides send the calls ready for one instance in trace order, ``--send-gap`` apart
+(``SEND_GAP_S``; runs saved before it were sent at once and re-simulate with 2 ms).
+
+``--calibrate`` runs single requests (one at a time, on the first instance) over a grid of
+prompt and output lengths and fits the hardware profile's efficiencies and overheads by least
+squares of the simulator's single-request latency (prefill and decode time, relative error),
+then prints the profile to put in ``agentflow/hardware.py``. The replay never fits anything.
+
+On a GPU fleet the same command checks vLLM servers: give it a cluster file whose instances
+are ``backend: {type: openai, base_url: ..., extra_body: {ignore_eos: true}}`` with their
+``gpu``/``model``/``tensor_parallel``/``max_num_seqs``/``max_num_batched_tokens`` as deployed
+(see README, "Checking the simulator against real engines").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentflow import hardware
+from agentflow.bench.fidelity.attribution import (
+    Split,
+    breakdown,
+    in_flight_at_submit,
+    per_call_records,
+    print_breakdown,
+    real_split,
+    sim_split,
+)
+from agentflow.bench.fidelity.chain import print_worst_queries
+from agentflow.bench.fidelity.environment import Quietness
+from agentflow.bench.fidelity.normalise import instance_slowdowns, lone_calls, machine_factors
+from agentflow.bench.fidelity.precalibrate import describe, fit_speed, measure_lone, workload_shapes
+from agentflow.bench.fidelity.probe import probe
+from agentflow.config import InstanceConfig
+from agentflow.sim.cluster import load_cluster
+from agentflow.sim.engine import SimInstance, engine_for
+from agentflow.sim.workload import TraceQuery, arrival_times, load_trace
+
+_WORDS = ("time year people way day man thing woman life child world school state family "
+          "student group country problem hand part place case week company system program "
+          "question work government number night point home water room mother area money "
+          "story fact month lot right study book eye job word business issue side kind head "
+          "house service friend father power hour game line end member law car city name "
+          "team minute idea kid body information back parent face others level office door "
+          "health person art war history party result change morning reason research girl "
+          "guy moment air teacher force education").split()
+
+
+# ------------------------------------------------------------------------------ workload
+@dataclass(frozen=True)
+class Call:
+    """One LLM call of a replayed query, with the token counts both sides use."""
+
+    id: str
+    query: int
+    parents: tuple[str, ...]
+    prompt_tokens: int
+    output_tokens: int
+    instance: str
+
+
+@dataclass
+class Workload:
+    arrivals: list[float]
+    calls: list[list[Call]]  # per query, in trace order
+    scale: float
+    max_prompt: int | None
+    max_output: int | None
+    # both sides send the calls ready for one instance this far apart (SEND_GAP_S)
+    send_gap_s: float = 0.02
+
+
+def scaled(n: int, scale: float, cap: int | None) -> int:
+    value = max(1, round(n * scale))
+    return min(value, cap) if cap is not None else value
+
+
+def build_workload(queries: list[TraceQuery], instances: list[str], *, rate: float,
+                   seed: int, scale: float, max_prompt: int | None, max_output: int | None,
+                   assign: str, send_gap_s: float | None = None) -> Workload:
+    """Arrivals and calls; tool steps (agentflow traces) are dropped and their children
+    depend on the tool's parents, since only the LLM engines are being compared."""
+    arrivals = [float(t) for t in arrival_times(len(queries), rate, seed=seed)]
+    out: list[list[Call]] = []
+    k = 0
+    for qi, q in enumerate(queries):
+        llm = {n.id for n in q.nodes if n.kind == "llm"}
+        by_id = {n.id: n for n in q.nodes}
+
+        calls = []
+        for n in q.nodes:
+            if n.kind != "llm":
+                continue
+            inst = instances[qi % len(instances)] if assign == "query" else \
+                instances[k % len(instances)]
+            k += 1
+            calls.append(Call(f"q{qi}/{n.id}", qi, tuple(f"q{qi}/{p}" for p in
+                                                         sorted(_llm_parents(by_id, llm, n.id))),
+                              scaled(n.prompt_tokens, scale, max_prompt),
+                              scaled(n.output_tokens, scale, max_output), inst))
+        out.append(calls)
+    return Workload(arrivals, out, scale, max_prompt, max_output,
+                    SEND_GAP_S if send_gap_s is None else send_gap_s)
+
+
+def _llm_parents(by_id: dict, llm: set[str], node_id: str) -> set[str]:
+    """The nearest LLM ancestors of a node, looking through tool steps."""
+    found: set[str] = set()
+    stack, seen = list(by_id[node_id].parents), set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        if p in llm:
+            found.add(p)
+        else:
+            stack.extend(by_id[p].parents)
+    return found
+
+
+@dataclass
+class Outcome:
+    """Per call: submit and finish times (s from the first arrival); per query: latency."""
+
+    submit: dict[str, float] = field(default_factory=dict)
+    finish: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: dict[str, int] = field(default_factory=dict)  # as the engine counted
+    # queue / prefill / decode of each call (rvs_attribution): the simulator's events, or
+    # the caller's clock with the engine's own timings
+    split: dict[str, Split] = field(default_factory=dict)
+    engine_timings: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    environment: dict[str, float] = field(default_factory=dict)  # rvs_environment
+    environment_line: str = ""
+    wall_s: float = 0.0
+    # Real side: per instance, the share of a core its server got while it had work (CPU
+    # seconds of the process over the wall seconds with a call in flight).
+    cpu_share: dict[str, float] = field(default_factory=dict)
+
+    def call_latency(self, cid: str) -> float:
+        return self.finish[cid] - self.submit[cid]
+
+    def query_latency(self, w: Workload, qi: int) -> float:
+        return max(self.finish[c.id] for c in w.calls[qi]) - w.arrivals[qi]
+
+
+# ----------------------------------------------------------------------------- simulator
+def sim_engines(cluster_path: str, profiles: dict[str, hardware.GPUProfile] | None = None
+                ) -> dict[str, SimInstance]:
+    """The simulated engine of every instance, with the limits its backend really has
+    (``profiles``: per instance, a hardware profile in place of its named one)."""
+    cluster = load_cluster(cluster_path)
+    return {name: engine_for(name, engine_limits(cfg), (profiles or {}).get(name))
+            for name, cfg in cluster.expanded()}
+
+
+def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
+    """llama-server's slots and batch are its engine's max_num_seqs / token budget."""
+    backend = cfg.backend
+    if backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import LlamaServerSpec
+
+        spec = LlamaServerSpec.model_validate(backend)
+        return cfg.model_copy(update={"max_num_seqs": spec.parallel,
+                                      "max_num_batched_tokens": spec.batch})
+    return cfg
+
+
+# Calls that become ready together reach a server one after another: the real side is one
+# client sending each on its own loopback connection, and llama-server starts a step as soon
+# as the first is in, so the rest wait for that step (measured: of four 96-token evaluations
+# sent at once, one ran its first chunk alone, 0.45 s, the other three joined the next step).
+# Sent at once, which one the server got first was a coin toss (of sibling calls submitted
+# together in four recorded replays, the later one in trace order started first in 200 pairs
+# of 419 told apart), and when prompts overflow a step the first in runs its prompt a step
+# ahead. So both sides send the calls that are ready for an instance in trace order, this far
+# apart: the real side waits before each send (a wait the caller's latency includes), the
+# simulated one adds them this far apart and counts the gap as queue.
+SEND_GAP_S = 0.02
+OLD_SEND_GAP_S = 0.002  # what runs saved without ``send_gap`` were simulated with
+
+
+def replay_sim(w: Workload, engines: dict[str, SimInstance],
+               send_gap_s: float | None = None) -> Outcome:
+    """Event-driven DAG replay in virtual time: a call is added to its engine when its last
+    parent finishes (at least ``send_gap_s``, default the workload's, after the previous
+    call sent to that engine); engines advance to the earliest pending event across all of
+    them."""
+    if send_gap_s is None:
+        send_gap_s = w.send_gap_s
+    t_start = time.perf_counter()
+    out = Outcome()
+    last_sent: dict[str, float] = {}
+    sent_late: dict[str, float] = {}  # the send gap, counted as queue
+    children: dict[str, list[Call]] = {}
+    missing: dict[str, int] = {}
+    ready: list[tuple[float, int, Call]] = []
+    order = 0
+    for qi, calls in enumerate(w.calls):
+        for c in calls:
+            missing[c.id] = len(c.parents)
+            for p in c.parents:
+                children.setdefault(p, []).append(c)
+            if not c.parents:
+                heapq.heappush(ready, (w.arrivals[qi], order, c))
+                out.submit[c.id] = w.arrivals[qi]
+                order += 1
+    while True:
+        t_engine, name = min(((e.next_event_time(), n) for n, e in engines.items()
+                              if e.next_event_time() is not None), default=(None, None))
+        if ready and (t_engine is None or ready[0][0] < t_engine):
+            t, n, c = heapq.heappop(ready)
+            earliest = last_sent.get(c.instance, float("-inf")) + send_gap_s
+            if t < earliest:
+                heapq.heappush(ready, (earliest, n, c))
+                continue
+            last_sent[c.instance] = t
+            sent_late[c.id] = t - out.submit[c.id]
+            engines[c.instance].add(c.id, c.prompt_tokens, c.output_tokens, 0, t)
+            continue
+        if t_engine is None:
+            break
+        for ev in engines[name].step_until(t_engine):
+            if ev.kind != "finished":
+                continue
+            out.finish[ev.seq_id] = ev.time
+            out.split[ev.seq_id] = sim_split((ev.queue_s or 0.0) + sent_late[ev.seq_id],
+                                             ev.ttft_s or 0.0, ev.total_s or 0.0)
+            for child in children.get(ev.seq_id, ()):
+                missing[child.id] -= 1
+                if missing[child.id] == 0:
+                    heapq.heappush(ready, (ev.time, order, child))
+                    out.submit[child.id] = ev.time
+                    order += 1
+    out.wall_s = time.perf_counter() - t_start
+    return out
+
+
+# ---------------------------------------------------------------------------------- real
+class PromptMaker:
+    """Prompts of an exact token count in the served model's tokenizer: random common words,
+    cut to n - 1 tokens (the server adds BOS), different for every call. ``tokenizer``: a
+    GGUF file (llama.cpp, vocabulary only) or a Hugging Face tokenizer name or folder (vLLM
+    servers; needs ``transformers``)."""
+
+    def __init__(self, tokenizer: str, seed: int):
+        self._rng = np.random.default_rng(seed)
+        self._llm: Any = None
+        self._hf: Any = None
+        if tokenizer.endswith(".gguf"):
+            from llama_cpp import Llama
+
+            self._llm = Llama(tokenizer, vocab_only=True, verbose=False)
+        else:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError:
+                raise SystemExit(f"--tokenizer {tokenizer}: a Hugging Face tokenizer needs "
+                                 "'transformers' (or pass a .gguf file)") from None
+            self._hf = AutoTokenizer.from_pretrained(tokenizer)
+
+    def make(self, n_tokens: int) -> str:
+        want = max(0, n_tokens - 1)
+        text = " ".join(self._rng.choice(_WORDS, size=want + 8))
+        if self._llm is not None:
+            tokens = self._llm.tokenize(text.encode(), add_bos=False)
+            return self._llm.detokenize(tokens[:want]).decode("utf-8", "replace")
+        ids = self._hf(text, add_special_tokens=False)["input_ids"][:want]
+        return self._hf.decode(ids)
+
+    def close(self) -> None:
+        if self._llm is not None:
+            self._llm.close()
+
+
+class _Sender:
+    """One instance's sends, ``gap_s`` apart, the ready calls in trace order (``SEND_GAP_S``):
+    a call waits for its turn, and each turn goes to the lowest trace position waiting."""
+
+    def __init__(self, gap_s: float):
+        self.gap_s = gap_s
+        self._waiting: list[tuple[int, asyncio.Future]] = []
+        self._busy = False
+        self._last = float("-inf")
+
+    async def turn(self, position: int) -> None:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (position, fut))
+        if not self._busy:
+            self._busy = True
+            asyncio.ensure_future(self._run())
+        await fut
+
+    async def _run(self) -> None:
+        try:
+            await asyncio.sleep(0)  # siblings woken by the same parent register first
+            while self._waiting:
+                wait = self._last + self.gap_s - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._last = time.perf_counter()
+                heapq.heappop(self._waiting)[1].set_result(None)
+                await asyncio.sleep(0)
+        finally:
+            self._busy = False
+
+
+async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, str]
+                      ) -> Outcome:
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    out = Outcome()
+    t0 = time.perf_counter()
+    done: dict[str, asyncio.Event] = {c.id: asyncio.Event() for cs in w.calls for c in cs}
+    trace_order = {c.id: k for k, c in enumerate(x for cs in w.calls for x in cs)}
+    senders = {name: _Sender(w.send_gap_s) for name in backends}
+
+    async def run_call(c: Call, arrival: float) -> None:
+        await asyncio.sleep(max(0.0, arrival - (time.perf_counter() - t0)))
+        for p in c.parents:
+            await done[p].wait()
+        out.submit[c.id] = time.perf_counter() - t0
+        await senders[c.instance].turn(trace_order[c.id])
+        request = LLMRequest(prompt=prompts[c.id], params=SamplingParams(
+            max_tokens=c.output_tokens, temperature=0.0), stage="replay",
+            query_id=f"q{c.query}")
+        result = await backends[c.instance].generate(request)
+        out.finish[c.id] = time.perf_counter() - t0
+        out.prompt_tokens[c.id] = result.prompt_tokens
+        out.engine_timings[c.id] = result.engine_timings
+        out.split[c.id] = real_split(out.finish[c.id] - out.submit[c.id], result.ttft_s,
+                                     result.engine_timings)
+        if result.completion_tokens != c.output_tokens:
+            raise RuntimeError(f"{c.id}: {result.completion_tokens} output tokens, asked for "
+                               f"{c.output_tokens} (is ignore_eos reaching the server?)")
+        done[c.id].set()
+
+    cpu0 = {n: cpu_seconds(b) for n, b in backends.items()}
+    quiet = Quietness()
+    quiet.begin()
+
+    async def sample_load() -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            quiet.sample()
+
+    sampler = asyncio.ensure_future(sample_load())
+    try:
+        await asyncio.gather(*(run_call(c, w.arrivals[qi]) for qi, cs in enumerate(w.calls)
+                               for c in cs))
+    finally:
+        sampler.cancel()
+    out.wall_s = time.perf_counter() - t0
+    used_now = {n: cpu_seconds(b) for n, b in backends.items()}
+    engines = None if any(v is None for v in (*used_now.values(), *cpu0.values())) else \
+        sum(used_now[n] - cpu0[n] for n in backends)  # type: ignore[operator]
+    out.environment = quiet.end(engines)
+    out.environment_line = quiet.line()
+    for name, b in backends.items():
+        used, start = cpu_seconds(b), cpu0[name]
+        busy = busy_seconds([(out.submit[c.id], out.finish[c.id]) for cs in w.calls
+                             for c in cs if c.instance == name])
+        if used is not None and start is not None and busy > 0:
+            out.cpu_share[name] = min(1.0, (used - start) / busy)
+    return out
+
+
+def cpu_seconds(backend: Any) -> float | None:
+    """CPU seconds the backend's server process has used, where it can say."""
+    read = getattr(backend, "cpu_seconds", None)
+    return read() if read is not None else None
+
+
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``intervals``."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def start_backends(cluster_path: str) -> dict[str, Any]:
+    """The cluster's instances as serving starts them, with end of text ignored."""
+    from agentflow.llm.registry import create_backend
+
+    cluster = load_cluster(cluster_path)
+    backends = {}
+    try:
+        for name, cfg in cluster.expanded():
+            spec = dict(cfg.backend)
+            if spec.get("type") == "llama_server":
+                spec.update(ignore_eos=True, name=name)
+            elif spec.get("type") == "openai":
+                spec["extra_body"] = {**spec.get("extra_body", {}), "ignore_eos": True}
+            backends[name] = create_backend(spec)
+    except BaseException:
+        asyncio.run(close_all(backends))
+        raise
+    return backends
+
+
+async def close_all(backends: dict[str, Any]) -> None:
+    for b in backends.values():
+        await b.close()
+
+
+def tokenizer_of(backends: dict[str, Any], given: str | None) -> str:
+    if given:
+        return given
+    for b in backends.values():
+        path = getattr(b, "model_path", None)
+        if path:
+            return str(path)
+    raise SystemExit("synthetic prompts need the served model's tokenizer: no instance runs a "
+                     "GGUF file, so pass --tokenizer (a Hugging Face name/folder or a .gguf)")
+
+
+# --------------------------------------------------------------------------- calibration
+CAL_PROMPTS = (32, 256, 1024, 2048)
+CAL_OUTPUTS = (1, 24, 96)
+# Batched decode: B requests of one shape submitted together. Single requests cannot tell a
+# per-step cost from a per-sequence one (every step has one sequence), and on a CPU core
+# the per-sequence decode compute is what grows a batch's step (agentflow.step_time).
+CAL_BATCHES = (2, 4)
+CAL_BATCH_SHAPES = ((32, 64), (512, 64))
+
+
+def measure_single(backend: Any, maker: PromptMaker, repeats: int,
+                   loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(prompt, output, ttft_s, total_s) of one-at-a-time requests, as the caller sees
+    them (perf_counter around the HTTP call; the first token's time from the stream)."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int) -> tuple:
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        c0 = cpu_seconds(backend)
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        elapsed = time.perf_counter() - t
+        c1 = cpu_seconds(backend)
+        share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and c1 is not None else 1.0
+        return (res.prompt_tokens, o, res.ttft_s, elapsed, share)
+
+    async def all_rows() -> None:
+        await one(16, 2)  # warm-up
+        for _ in range(repeats):
+            for p in CAL_PROMPTS:
+                for o in CAL_OUTPUTS:
+                    rows.append(await one(p, o))
+                    print(f"  prompt {rows[-1][0]:5d} output {o:4d}: ttft {rows[-1][2]:.3f} s "
+                          f"total {rows[-1][3]:.3f} s, core share {rows[-1][4]:.2f}",
+                          flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
+def measure_batched(backend: Any, maker: PromptMaker, repeats: int,
+                    loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(batch, prompt, output, mean total_s, core share, lone total_s, lone core share) of
+    ``batch`` equal requests sent at once, each batch between two lone requests of the same
+    shape on the same server (their mean is the lone time). The VM's speed drifts 1.0-1.4x
+    within an hour, which a batch row alone cannot tell from batching physics; its ratio to
+    lone requests taken in the same minute can, since the machine factor cancels."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int) -> tuple[int, float, float]:
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        per_tok = (res.engine_timings or {}).get("predicted_per_token_ms", float("nan"))
+        return res.prompt_tokens, time.perf_counter() - t, float(per_tok)
+
+    async def timed(b: int, p: int, o: int) -> tuple[list, float, float]:
+        c0, t = cpu_seconds(backend), time.perf_counter()
+        got = await asyncio.gather(*(one(p, o) for _ in range(b)))
+        elapsed, c1 = time.perf_counter() - t, cpu_seconds(backend)
+        share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and c1 is not None else 1.0
+        return got, float(np.mean([g[1] for g in got])), share
+
+    async def all_rows() -> None:
+        for _ in range(repeats):
+            for b in CAL_BATCHES:
+                for p, o in CAL_BATCH_SHAPES:
+                    before, t_before, s_before = await timed(1, p, o)
+                    got, total, share = await timed(b, p, o)
+                    after, t_after, s_after = await timed(1, p, o)
+                    served = round(float(np.mean([g[0] for g in got])))
+                    lone = (t_before + t_after) / 2
+                    rows.append((b, served, o, total, share, lone, (s_before + s_after) / 2))
+                    lone_tok = (before[0][2] + after[0][2]) / 2
+                    batch_tok = float(np.mean([g[2] for g in got]))
+                    print(f"  batch {b} x prompt {served:5d} output {o:4d}: mean total "
+                          f"{total:.3f} s (lone, same minute: {lone:.3f} s; ratio "
+                          f"{total / lone:.3f}); decode ms/token {batch_tok:.1f} vs lone "
+                          f"{lone_tok:.1f} ({batch_tok / lone_tok:.3f}); core share "
+                          f"{share:.2f}", flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
+# A decode that a newcomer's prompt joins: request A (short prompt, ``CAL_JOIN_OUTPUT``
+# tokens) is decoding when B's prompt arrives ``CAL_JOIN_DELAY_S`` later; llama-server then
+# runs A's decode tokens inside B's prompt batches (and its checkpoint breaks). Batched
+# decode rows alone never put a decode beside a prompt chunk, the replay does all the time.
+CAL_JOIN_PROMPTS = (512, 1024)
+CAL_JOIN_OUTPUT = 64
+CAL_JOIN_DELAY_S = 1.0
+
+
+def measure_joined(backend: Any, maker: PromptMaker, repeats: int,
+                   loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(B's prompt, A's total_s joined, A's total_s alone, B's total_s joined, B's alone):
+    A alone, then A joined by B, then B alone, each lone time from the same minute."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int, delay: float = 0.0) -> tuple[int, float]:
+        await asyncio.sleep(delay)
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        return res.prompt_tokens, time.perf_counter() - t
+
+    async def all_rows() -> None:
+        for _ in range(repeats):
+            for pb in CAL_JOIN_PROMPTS:
+                _, a_lone = await one(32, CAL_JOIN_OUTPUT)
+                (pa, a_join), (served, b_join) = await asyncio.gather(
+                    one(32, CAL_JOIN_OUTPUT), one(pb, 4, CAL_JOIN_DELAY_S))
+                _, b_lone = await one(pb, 4)
+                rows.append((served, a_join, a_lone, b_join, b_lone))
+                print(f"  decode of {CAL_JOIN_OUTPUT} joined after {CAL_JOIN_DELAY_S} s by a "
+                      f"{served}-token prompt: A {a_join:.3f} s (alone {a_lone:.3f} s, ratio "
+                      f"{a_join / a_lone:.3f}), B {b_join:.3f} s (alone {b_lone:.3f} s, "
+                      f"ratio {b_join / b_lone:.3f})", flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
+def sim_joined(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+               prompt_b: int) -> tuple[float, float]:
+    """Simulated (A's latency, B's latency) of a ``measure_joined`` row."""
+    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      use_calibration=False)
+    if limits.backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import configure_engine
+
+        configure_engine(eng, limits.backend, model)
+    eng.add("a", 32, CAL_JOIN_OUTPUT, 0, 0.0)
+    ends: dict[str, float] = {}
+    added = False
+    while True:
+        t = eng.next_event_time()
+        if not added and (t is None or t >= CAL_JOIN_DELAY_S):
+            ends.update((ev.seq_id, ev.time) for ev in eng.step_until(CAL_JOIN_DELAY_S)
+                        if ev.kind == "finished")
+            eng.add("b", prompt_b, 4, 0, CAL_JOIN_DELAY_S)
+            added = True
+            continue
+        if t is None:
+            break
+        for ev in eng.step_until(t):
+            if ev.kind == "finished":
+                ends[ev.seq_id] = ev.time
+    return ends["a"], ends["b"] - CAL_JOIN_DELAY_S
+
+
+def print_joined_check(label: str, g: hardware.GPUProfile, model: hardware.ModelProfile,
+                       limits: InstanceConfig, joined: list[tuple]) -> None:
+    """Joined/lone ratios, simulated vs real, of A (the decode) and B (the prompt)."""
+    cells = []
+    for pb, a_join, a_lone, b_join, b_lone in joined:
+        sa, sb = sim_joined(g, model, limits, pb)
+        la, lb = sim_single(g, model, limits, 32, CAL_JOIN_OUTPUT)[1], \
+            sim_single(g, model, limits, pb, 4)[1]
+        cells.append(f"p{pb}: A {sa / la:.3f} vs {a_join / a_lone:.3f}, B {sb / lb:.3f} vs "
+                     f"{b_join / b_lone:.3f}")
+    print(f"{label}: decode joined by a prompt, joined/lone ratio sim vs real: "
+          + "; ".join(cells))
+
+
+# The profile's efficiencies and overheads that single requests identify (prefill compute,
+# weight streaming, KV reads, per step, per request); an operator-level engine's prefill
+# attention efficiency too, where the profile has one.
+FIT_FIELDS = tuple(f for f in ("compute_efficiency", "decode_compute_efficiency",
+                               "bw_efficiency", "attn_bw_efficiency",
+                               "prefill_attn_efficiency", "step_overhead_s",
+                               "request_overhead_s")
+                   if f in hardware.GPUProfile.__dataclass_fields__)
+# Bandwidth fractions cannot pass 1; compute ones can (the profile's peak is fp32 FMA, and
+# llama.cpp's quantised dot products run on int8 VNNI).
+_UPPER = {"bw_efficiency": 1.0, "attn_bw_efficiency": 1.0}
+
+
+def sim_batch(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+              batch: int, prompt: int, output: int) -> tuple[float, float]:
+    """(first token, mean finish) of ``batch`` equal requests arriving together, in s."""
+    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      use_calibration=False)
+    if limits.backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import configure_engine
+
+        configure_engine(eng, limits.backend, model)
+    for i in range(batch):
+        eng.add(f"x{i}", prompt, output, 0, 0.0)
+    ttft, ends = 0.0, []
+    while (t := eng.next_event_time()) is not None:
+        for ev in eng.step_until(t):
+            if ev.kind == "first_token" and not ttft:
+                ttft = ev.time
+            if ev.kind == "finished":
+                ends.append(ev.time)
+    return ttft, float(np.mean(ends))
+
+
+def sim_single(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+               prompt: int, output: int) -> tuple[float, float]:
+    return sim_batch(gpu, model, limits, 1, prompt, output)
+
+
+def batch_residuals(g: hardware.GPUProfile, model: hardware.ModelProfile,
+                    limits: InstanceConfig, batched: list[tuple]) -> np.ndarray:
+    """Relative error of each batched row: of its batch/lone latency ratio where the row has
+    a lone time taken in the same minute (``(batch, prompt, output, total, lone)``), else of
+    its simulated mean latency (``(batch, prompt, output, total)``, rows saved before)."""
+    out = []
+    for row in batched:
+        b, p, o, total = row[:4]
+        s_total = sim_batch(g, model, limits, b, p, o)[1]
+        if len(row) > 4:
+            s_ratio = s_total / sim_single(g, model, limits, p, o)[1]
+            out.append(s_ratio / (total / row[4]) - 1.0)
+        else:
+            out.append((s_total - total) / total)
+    return np.asarray(out)
+
+
+def batched_rows(saved: list[tuple], by_share: bool) -> list[tuple]:
+    """``(batch, prompt, output, total[, lone])`` from saved batched rows, with each time x
+    its core share under ``by_share`` (older rows: no share or no lone time)."""
+    out = []
+    for r in saved:
+        share = r[4] if by_share and len(r) > 4 else 1.0
+        row: tuple = (r[0], r[1], r[2], r[3] * share)
+        if len(r) > 6:
+            row += (r[5] * (r[6] if by_share else 1.0),)
+        out.append(row)
+    return out
+
+
+def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.ModelProfile,
+                limits: InstanceConfig, batched: list[tuple] = ()) -> hardware.GPUProfile:
+    """Least squares on the single rows (prefill and decode time) and, if given, the
+    batched rows' mean latency."""
+    from scipy.optimize import least_squares
+
+    def profile(x: np.ndarray) -> hardware.GPUProfile:
+        return replace(base, **dict(zip(FIT_FIELDS, np.exp(x).tolist(), strict=True)))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        g = profile(x)
+        res = []
+        for p, o, ttft, total in rows:
+            s_ttft, s_total = sim_single(g, model, limits, p, o)
+            res.append((s_ttft - ttft) / ttft)
+            if o > 1:
+                res.append(((s_total - s_ttft) - (total - ttft)) / (total - ttft))
+        return np.concatenate([np.asarray(res), batch_residuals(g, model, limits,
+                                                                list(batched))])
+
+    upper = np.log([_UPPER.get(f, 10.0) for f in FIT_FIELDS])
+    x0 = np.minimum(np.log([getattr(base, f) or 1e-3 for f in FIT_FIELDS]), upper - 1e-3)
+    fit = least_squares(residuals, x0, bounds=(np.full(len(FIT_FIELDS), np.log(1e-5)), upper),
+                        x_scale=1.0, diff_step=1e-3)
+    err = np.abs(residuals(fit.x))
+    print(f"fit: median |rel err| {np.median(err) * 100:.1f}%, max {err.max() * 100:.1f}% "
+          f"over {len(err)} prefill/decode/batch times")
+    return profile(fit.x)
+
+
+def measure_calibration(args: argparse.Namespace, name: str, cfg: InstanceConfig
+                        ) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    backends = start_backends(args.cluster)
+    loop = asyncio.new_event_loop()
+    try:
+        backend = backends[name]
+        maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
+        print(f"# single requests on {name} ({cfg.gpu}, {cfg.model})")
+        rows = measure_single(backend, maker, args.repeats, loop)
+        print(f"# batched decode on {name}")
+        batched = measure_batched(backend, maker, args.repeats, loop)
+        print(f"# a decode joined by a prompt on {name}")
+        joined = measure_joined(backend, maker, args.repeats, loop)
+    finally:
+        loop.run_until_complete(close_all(backends))
+        loop.close()
+    return rows, batched, joined
+
+
+def dedicated(rows: list[tuple], times: slice, by_share: bool) -> list[tuple]:
+    """Rows without their last column, the share of the core the server got (rows saved
+    before shares were recorded have none: 1.0); with ``by_share`` the ``times`` columns
+    are scaled by it, to the seconds a dedicated core would have taken."""
+    out = []
+    for r in rows:
+        width = times.stop
+        share = r[width] if by_share and len(r) > width else 1.0
+        cols = list(r[:width])
+        cols[times] = [v * share for v in cols[times]]
+        out.append(tuple(cols))
+    return out
+
+
+def print_batch_check(label: str, g: hardware.GPUProfile, model: hardware.ModelProfile,
+                      limits: InstanceConfig, batched: list[tuple]) -> None:
+    err = batch_residuals(g, model, limits, batched)
+    cells = ", ".join(f"B{r[0]}/p{r[1]}: {e * 100:+.1f}%" for r, e in zip(batched, err))
+    what = "batch/lone ratio" if batched and len(batched[0]) > 4 else "batched rows"
+    print(f"{label}: {what} sim vs real {cells}; median |err| "
+          f"{np.median(np.abs(err)) * 100:.1f}%")
+
+
+def calibrate(args: argparse.Namespace) -> None:
+    cluster = load_cluster(args.cluster)
+    name, cfg = cluster.expanded()[0]
+    if args.refit:  # the rows of an earlier --calibrate --json, fitted again
+        saved = json.loads(Path(args.refit).read_text())
+        rows = [tuple(r) for r in saved["rows"]]
+        batched = [tuple(r) for r in saved.get("batched", [])]
+        joined = [tuple(r) for r in saved.get("joined", [])]
+    else:
+        rows, batched, joined = measure_calibration(args, name, cfg)
+    model = engine_for(name, engine_limits(cfg)).model
+    limits = engine_limits(cfg)
+    if args.fit_batched and not batched:
+        raise SystemExit("--fit-batched: no batched rows to fit")
+    saved_rows, saved_batched = rows, batched
+    rows = dedicated(rows, slice(2, 4), args.cpu_share)  # prompt, output, ttft, total
+    batched = batched_rows(batched, args.cpu_share)  # batch, prompt, output, total[, lone]
+    base = hardware.gpu(cfg.gpu)
+    print_batch_check("current profile", base, model, limits, batched)
+    if joined:
+        print_joined_check("current profile", base, model, limits, joined)
+    single = fit_profile(rows, base, model, limits)
+    print_batch_check("fitted on single requests", single, model, limits, batched)
+    fitted = fit_profile(rows, base, model, limits, batched) if args.fit_batched else single
+    if args.fit_batched:
+        print_batch_check("fitted on single + batched", fitted, model, limits, batched)
+    if joined:
+        print_joined_check("fitted", fitted, model, limits, joined)
+    print("# fitted profile (paste into agentflow/hardware.py):")
+    print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in FIT_FIELDS))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": saved_rows, "batched": saved_batched,
+                                               "joined": joined,
+                                               "cpu_share": args.cpu_share, "fitted": {
+            f: getattr(fitted, f) for f in FIT_FIELDS}}, indent=1))
+
+
+# ------------------------------------------------------------------------------- report
+def relative(sim: float, real: float) -> float:
+    return abs(sim - real) / real
+
+
+def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
+           busy: dict[str, float]) -> dict[str, Any]:
+    ids = [c.id for cs in w.calls for c in cs]
+    r_call = np.array([real.call_latency(i) for i in ids])
+    s_call = np.array([sim.call_latency(i) for i in ids])
+    call_err = np.abs(s_call - r_call) / r_call
+    r_q = np.array([real.query_latency(w, q) for q in range(len(w.calls))])
+    s_q = np.array([sim.query_latency(w, q) for q in range(len(w.calls))])
+    q_err = np.abs(s_q - r_q) / r_q
+    print(f"{'query':>5} {'calls':>5} {'real_s':>8} {'sim_s':>8} {'sim/real':>8}")
+    for q in range(len(w.calls)):
+        print(f"{q:5d} {len(w.calls[q]):5d} {r_q[q]:8.2f} {s_q[q]:8.2f} {s_q[q] / r_q[q]:8.3f}")
+    print(f"per call ({len(ids)}): median {np.median(call_err) * 100:.1f}%, "
+          f"P90 {np.percentile(call_err, 90) * 100:.1f}%, sim/real of the sums "
+          f"{s_call.sum() / r_call.sum():.3f}")
+    print(f"per query ({len(r_q)}): median {np.median(q_err) * 100:.1f}%, "
+          f"mean sim/real {np.mean(s_q / r_q):.3f}")
+    for name, value in busy.items():
+        print(f"{name}: mean busy slots per decode step (llama-server /metrics) {value:.2f}")
+    if plot is not None:
+        save_plot(plot, r_call, s_call, r_q, s_q)
+        print(f"plot: {plot}")
+    conc = in_flight_at_submit(real.submit, real.finish,
+                               {c.id: c.instance for cs in w.calls for c in cs})
+    table = breakdown(real.split, sim.split, conc)
+    print_breakdown(table)
+    print_worst_queries(w, real.submit, real.finish, real.split, sim)
+    median_call = float(np.median(call_err))
+    p95_query = float(np.percentile(q_err, 95))
+    return {"median_call_error": median_call, "p95_query_error": p95_query,
+            "call_real_s": r_call.tolist(), "call_sim_s": s_call.tolist(),
+            "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy,
+            "call_submit_s": [real.submit[i] for i in ids],
+            "call_finish_s": [real.finish[i] for i in ids],
+            "attribution": table,
+            "calls": per_call_records(ids, real.split, sim.split, conc, real.engine_timings)}
+
+
+def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
+    """The saved real latencies (per call in workload order, per query) against ``sim``."""
+    saved = json.loads(Path(path).read_text())
+    ids = [c.id for cs in w.calls for c in cs]
+    r_call, r_q = np.asarray(saved["call_real_s"]), np.asarray(saved["query_real_s"])
+    if len(r_call) != len(ids) or len(r_q) != len(w.calls):
+        raise SystemExit(f"{path}: {len(r_call)} calls / {len(r_q)} queries saved, the "
+                         f"workload has {len(ids)} / {len(w.calls)}")
+    s_call = np.asarray([sim.call_latency(i) for i in ids])
+    s_q = np.asarray([sim.query_latency(w, q) for q in range(len(w.calls))])
+    call_err, q_err = np.abs(s_call - r_call) / r_call, np.abs(s_q - r_q) / r_q
+    print(f"re-simulated against {path} (real side as measured then; its machine: "
+          f"{saved.get('environment', 'not recorded')})")
+    print(f"per call ({len(ids)}): median {np.median(call_err) * 100:.1f}%, sim/real of the "
+          f"sums {s_call.sum() / r_call.sum():.3f}; per query: median "
+          f"{np.median(q_err) * 100:.1f}%, mean sim/real {np.mean(s_q / r_q):.3f}")
+    if "calls" in saved:
+        real_splits = {c["id"]: Split(**c["real"]) for c in saved["calls"]}
+        conc = {c["id"]: c["in_flight"] for c in saved["calls"]}
+        print_breakdown(breakdown(real_splits, sim.split, conc))
+    if "call_submit_s" in saved:  # runs saved since the lone-call figure
+        real = Outcome(submit=dict(zip(ids, saved["call_submit_s"], strict=True)),
+                       finish=dict(zip(ids, saved["call_finish_s"], strict=True)))
+        if "calls" in saved:
+            real.split = real_splits
+            print_worst_queries(w, real.submit, real.finish, real.split, sim)
+        lone_normalised(w, real, cluster_path)
+    median, p95 = float(np.median(call_err)), float(np.percentile(q_err, 95))
+    if "calibrate_first" in saved and "call_submit_s" in saved:
+        rows = {n: [tuple(r) for r in v["rows"]]
+                for n, v in saved["calibrate_first"]["instances"].items()}
+        print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
+        figures = calibrated_first(w, real, cluster_path, rows)["figures"]
+        median, p95 = figures["median_call_error"], figures["p95_query_error"]
+    print(f"median |sim-real|/real per call: {median:.4f}")
+    print(f"P95 error per query: {p95:.4f}")
+
+
+def calibrate_first_rows(backends: dict[str, Any], maker: PromptMaker, w: Workload,
+                         cluster_path: str, repeats: int, loop: asyncio.AbstractEventLoop
+                         ) -> dict[str, list[tuple]]:
+    """``--calibrate-first``'s lone requests (``rvs_precalibrate``), run before the replay."""
+    cluster = dict(load_cluster(cluster_path).expanded())
+    calls = [c for cs in w.calls for c in cs]
+    weights = []
+    for c in calls:  # each call's time alone on its instance's stored profile
+        limits = engine_limits(cluster[c.instance])
+        weights.append(sim_single(hardware.gpu(limits.gpu), engine_for(c.instance, limits).model,
+                                  limits, c.prompt_tokens, c.output_tokens)[1])
+    shapes = workload_shapes([(c.prompt_tokens, c.output_tokens) for c in calls], weights)
+    print(f"calibrate-first: lone requests of shapes {shapes} x {repeats} on every "
+          "instance at once, before the replay")
+    t = time.perf_counter()
+    rows = loop.run_until_complete(measure_lone(backends, maker.make, shapes, repeats))
+    print(f"calibrate-first: {sum(len(r) for r in rows.values())} requests in "
+          f"{time.perf_counter() - t:.1f} s")
+    return rows
+
+
+def calibrated_first(w: Workload, real: Outcome, cluster_path: str,
+                     rows: dict[str, list[tuple]]) -> dict[str, Any]:
+    """The replay simulated again with each instance's profile fitted to its own
+    ``--calibrate-first`` rows (speeds and per-request cost only; ``rvs_precalibrate``)."""
+    cluster = dict(load_cluster(cluster_path).expanded())
+    profiles: dict[str, hardware.GPUProfile] = {}
+    out: dict[str, Any] = {"instances": {}}
+    for name, inst_rows in rows.items():
+        cfg = cluster[name]
+        limits = engine_limits(cfg)
+        model = engine_for(name, limits).model
+        base = hardware.gpu(cfg.gpu)
+
+        def simulate(g: hardware.GPUProfile, p: int, o: int) -> tuple[float, float]:
+            return sim_single(g, model, limits, p, o)  # noqa: B023 (used in this loop)
+
+        fitted, before, after = fit_speed(inst_rows, base, simulate)
+        profiles[name] = fitted
+        print(f"calibrate-first {name}: {describe(base, fitted)}; its rows' median |err| "
+              f"{before * 100:.1f}% on the stored profile, {after * 100:.1f}% fitted")
+        out["instances"][name] = {"rows": [list(r) for r in inst_rows],
+                                  "fitted": {f: getattr(fitted, f) for f in FIT_FIELDS +
+                                             ("peak_tflops", "mem_bw_gbs")},
+                                  "rows_error_stored": before, "rows_error_fitted": after}
+    sim = replay_sim(w, sim_engines(cluster_path, profiles))
+    out["figures"] = error_figures(w, real, sim)
+    print(f"calibrate-first: median per call {out['figures']['median_call_error']:.4f}, "
+          f"P95 per query {out['figures']['p95_query_error']:.4f}")
+    if real.split:
+        print_worst_queries(w, real.submit, real.finish, real.split, sim)
+    return out
+
+
+def lone_normalised(w: Workload, real: Outcome, cluster_path: str) -> dict[str, Any] | None:
+    """The errors with each simulated engine slowed by the machine factor its lone calls
+    showed during the replay (``rvs_normalise``: definition there); None without any."""
+    ids = [c.id for cs in w.calls for c in cs]
+    instance_of = {c.id: c.instance for cs in w.calls for c in cs}
+    alone = lone_calls(real.submit, real.finish, instance_of)
+    tokens = {c.id: (real.prompt_tokens.get(c.id, c.prompt_tokens), c.output_tokens)
+              for cs in w.calls for c in cs}
+    latency = {i: real.call_latency(i) for i in ids}
+    factors = machine_factors(alone, instance_of, latency, tokens,
+                              lambda name: sim_engines(cluster_path)[name])
+    slow = instance_slowdowns(factors, sorted(set(instance_of.values())))
+    if slow is None:
+        print("lone-call-normalised: no call ran alone; no figure")
+        return None
+    for name, fs in sorted(factors.items()):
+        fs = sorted(fs, key=lambda f: real.submit[f[0]])
+        half = len(fs) // 2
+
+        def ratio(part: list[tuple[str, float, float]]) -> float:
+            return sum(r for _, r, _ in part) / sum(s for _, _, s in part)
+
+        drift = (f"; first half of the run {ratio(fs[:half]):.3f}, second "
+                 f"{ratio(fs[half:]):.3f}" if half else "")
+        print(f"machine factor from lone calls, {name}: {slow[name]:.3f} over {len(fs)} "
+              f"calls ({sum(r for _, r, _ in fs):.1f} s real){drift}")
+    engines = sim_engines(cluster_path)
+    for name, e in engines.items():
+        e.slowdown = slow[name]
+    sim = replay_sim(w, engines)
+    figures: dict[str, Any] = dict(error_figures(w, real, sim))
+    shared = [i for i in ids if i not in alone]
+    if shared:
+        err = [relative(sim.call_latency(i), real.call_latency(i)) for i in shared]
+        figures["median_call_error_shared"] = float(np.median(err))
+    figures["slowdown"] = slow
+    figures["lone_calls"] = len(alone)
+    print(f"lone-call-normalised ({len(alone)} lone calls set the factor): median per call "
+          f"{figures['median_call_error']:.4f} (calls that shared their server, "
+          f"{len(shared)}: {figures.get('median_call_error_shared', float('nan')):.4f}), "
+          f"P95 per query {figures['p95_query_error']:.4f}")
+    return figures
+
+
+def error_figures(w: Workload, real: Outcome, sim: Outcome) -> dict[str, float]:
+    ids = [c.id for cs in w.calls for c in cs]
+    call = [relative(sim.call_latency(i), real.call_latency(i)) for i in ids]
+    query = [relative(sim.query_latency(w, q), real.query_latency(w, q))
+             for q in range(len(w.calls))]
+    return {"median_call_error": float(np.median(call)),
+            "p95_query_error": float(np.percentile(query, 95))}
+
+
+def save_plot(path: Path, r_call, s_call, r_q, s_q) -> None:
+    from agentflow.plotting import finish_figure, plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    lo, hi = min(r_call.min(), s_call.min()), max(r_call.max(), s_call.max())
+    ax1.plot([lo, hi], [lo, hi], color="grey", lw=1, label="sim = real")
+    ax1.scatter(r_call, s_call, s=12, alpha=0.7, label="LLM call")
+    ax1.set_xscale("log")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("real latency (s)")
+    ax1.set_ylabel("simulated latency (s)")
+    ax1.grid(alpha=0.3)
+    ax1.legend()
+    ax1.set_title("per call")
+    x = np.arange(len(r_q))
+    ax2.bar(x - 0.2, r_q, width=0.4, label="real")
+    ax2.bar(x + 0.2, s_q, width=0.4, label="simulated")
+    ax2.set_xlabel("query")
+    ax2.set_ylabel("end-to-end latency (s)")
+    finish_figure(fig, ax2, path, title="per query")
+
+
+# --------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cluster", required=True, help="cluster file (real backends + profiles)")
+    ap.add_argument("--trace", help="HexGen-Flow JSON or agentflow JSONL trace")
+    ap.add_argument("--rate", type=float, help="query arrivals per second (Poisson)")
+    ap.add_argument("--quick", action="store_true", help="8 queries at --scale 0.1")
+    ap.add_argument("--queries", type=int, help="queries to replay (default 30; --quick 8)")
+    ap.add_argument("--skip", type=int, default=0, help="start at this query of the trace")
+    ap.add_argument("--scale", type=float,
+                    help="multiply every prompt/output length (default 1; --quick 0.1)")
+    ap.add_argument("--max-prompt", type=int, help="cap on a call's prompt tokens (after scale)")
+    ap.add_argument("--max-output", type=int, help="cap on a call's output tokens (after scale)")
+    ap.add_argument("--tokenizer", help="for synthetic prompts: a .gguf file or a Hugging Face "
+                    "tokenizer (default: the first llama_server instance's GGUF)")
+    ap.add_argument("--assign", choices=("query", "call"), default="query")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--send-gap", type=float, default=SEND_GAP_S, metavar="S",
+                    help="both sides send the calls ready for an instance in trace order, "
+                    f"this many seconds apart (default {SEND_GAP_S})")
+    ap.add_argument("--plot", default="real_vs_sim.png", help="where to save the plot")
+    ap.add_argument("--json", help="also write the numbers to this file")
+    ap.add_argument("--resim", metavar="JSON",
+                    help="no real engines: the current simulator against the real side of "
+                    "an earlier run's --json (same workload); checks a simulator change "
+                    "on measurements already taken")
+    ap.add_argument("--no-probe", dest="probe", action="store_false",
+                    help="skip the single-request probes before and after the replay")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="fit the hardware profile from single requests instead")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="--calibrate / --calibrate-first: rounds of the grid")
+    ap.add_argument("--calibrate-first", action="store_true",
+                    help="before the replay, time a few lone requests of the workload's "
+                    "shapes on every instance and fit each one's compute speed, memory speed "
+                    "and per-request cost on top of its profile (rvs_precalibrate); the "
+                    "replay is then simulated on both, the stored profile's figures are "
+                    "printed too, and the last two lines are the calibrated ones")
+    ap.add_argument("--refit", metavar="JSON",
+                    help="--calibrate: fit the rows an earlier --calibrate --json saved")
+    ap.add_argument("--cpu-share", action="store_true",
+                    help="--calibrate: fit dedicated-core times (each row's times x the "
+                    "share of its core the server process got, from /proc)")
+    ap.add_argument("--fit-batched", action="store_true",
+                    help="--calibrate: fit on the batched-decode rows too (default: they "
+                    "only check the single-request fit)")
+    args = ap.parse_args(argv)
+    if args.resim:  # the workload is the saved run's own
+        saved_args = json.loads(Path(args.resim).read_text())["args"]
+        for key in ("trace", "rate", "quick", "queries", "skip", "scale", "max_prompt",
+                    "max_output", "assign", "seed"):
+            setattr(args, key, saved_args[key])
+        # runs saved before the real side spaced its sends: the simulator's 2 ms then
+        args.send_gap = saved_args.get("send_gap", OLD_SEND_GAP_S)
+    if args.calibrate:
+        calibrate(args)
+        return
+    if not args.trace or args.rate is None:
+        ap.error("--trace and --rate are required (unless --calibrate)")
+    n = args.queries or (8 if args.quick else 30)
+    scale = args.scale if args.scale is not None else (0.1 if args.quick else 1.0)
+    if not 0 < scale <= 1 or n < 1:
+        ap.error("--scale must be in (0, 1] and --queries >= 1")
+    queries = load_trace(args.trace)[args.skip:args.skip + n]
+    engines = sim_engines(args.cluster)
+    w = build_workload(queries, list(engines), rate=args.rate, seed=args.seed, scale=scale,
+                       max_prompt=args.max_prompt, max_output=args.max_output,
+                       assign=args.assign, send_gap_s=args.send_gap)
+    n_calls = sum(len(c) for c in w.calls)
+    print(f"# {len(queries)} queries ({n_calls} LLM calls) of {args.trace} at {args.rate}/s, "
+          f"tokens x{scale} (caps: prompt {args.max_prompt}, output {args.max_output}), "
+          f"assign by {args.assign}, instances {', '.join(engines)}")
+    for name, e in engines.items():
+        print(f"  sim {name}: {e.gpu.name} / {e.model.name}, max_num_seqs {e.max_num_seqs}, "
+              f"token budget {e.max_num_batched_tokens}")
+    sim = replay_sim(w, engines)
+    print(f"simulated in {sim.wall_s:.2f} s wall")
+    if args.resim:
+        resimulate(args.resim, w, sim, args.cluster)
+        return
+    backends = start_backends(args.cluster)
+    loop = asyncio.new_event_loop()
+    try:
+        maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
+        prompts = {c.id: maker.make(c.prompt_tokens) for cs in w.calls for c in cs}
+
+        def fresh(name: str) -> SimInstance:
+            return sim_engines(args.cluster)[name]
+
+        probes = {}
+        if args.probe:
+            probes["before"] = loop.run_until_complete(probe(backends, maker.make, fresh))
+        first_rows = calibrate_first_rows(backends, maker, w, args.cluster, args.repeats,
+                                          loop) \
+            if args.calibrate_first else None
+        real = loop.run_until_complete(replay_real(w, backends, prompts))
+        busy = {name: b.metrics().get("n_busy_slots_per_decode", float("nan"))
+                for name, b in backends.items() if hasattr(b, "metrics")}
+        if args.probe:
+            probes["after"] = loop.run_until_complete(probe(backends, maker.make, fresh))
+        maker.close()
+    finally:
+        loop.run_until_complete(close_all(backends))
+        loop.close()
+    off = [abs(real.prompt_tokens[c.id] - c.prompt_tokens) for cs in w.calls for c in cs]
+    print(f"real replay: {real.wall_s:.1f} s wall; prompt tokens as served vs planned: "
+          f"mean |diff| {np.mean(off):.2f}, max {max(off)}")
+    result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
+    print(real.environment_line)
+    result["environment"] = real.environment
+    if probes:
+        # Not fitted to the replay: single requests before and after it say how fast each
+        # engine was against its profile; the simulated replay with each core slowed by the
+        # mean of the two shows what is left once the machine's speed at the time is out.
+        print("single-request probes, real/sim (before, after the replay): " + ", ".join(
+            f"{n} {probes['before'][n]:.3f} / {probes['after'][n]:.3f}" for n in engines))
+        slowed = sim_engines(args.cluster)
+        for name, e in slowed.items():
+            e.slowdown = (probes["before"][name] + probes["after"][name]) / 2
+        corrected = error_figures(w, real, replay_sim(w, slowed))
+        result["probes"] = probes
+        result["probe_corrected"] = corrected
+        print(f"probe-corrected: median per call {corrected['median_call_error']:.4f}, "
+              f"P95 per query {corrected['p95_query_error']:.4f}")
+    if real.cpu_share:
+        # The same replay with each simulated core slowed to the share of its core the
+        # real server got (measured by the OS, not fitted): what the engine physics gets
+        # wrong once contention from other processes is taken out.
+        print("share of its core each server got while busy: " + ", ".join(
+            f"{n} {v:.2f}" for n, v in real.cpu_share.items()))
+        shared = sim_engines(args.cluster)
+        for name, e in shared.items():
+            e.slowdown = 1.0 / real.cpu_share.get(name, 1.0)
+        corrected = error_figures(w, real, replay_sim(w, shared))
+        result["cpu_share"] = real.cpu_share
+        result["share_corrected"] = corrected
+        print(f"share-corrected: median per call {corrected['median_call_error']:.4f}, "
+              f"P95 per query {corrected['p95_query_error']:.4f}")
+    normalised = lone_normalised(w, real, args.cluster)
+    if normalised is not None:
+        result["lone_normalised"] = normalised
+    median, p95 = result["median_call_error"], result["p95_query_error"]
+    if first_rows is not None:
+        result["calibrate_first"] = calibrated_first(w, real, args.cluster, first_rows)
+        print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
+        median = result["calibrate_first"]["figures"]["median_call_error"]
+        p95 = result["calibrate_first"]["figures"]["p95_query_error"]
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), **result}, indent=1))
+    print(f"median |sim-real|/real per call: {median:.4f}")
+    print(f"P95 error per query: {p95:.4f}")
+
+
+if __name__ == "__main__":
+    main()

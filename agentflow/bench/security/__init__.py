@@ -1,0 +1,1 @@
+"""Security bounds: statements that try to exhaust time or memory, each in a fresh process."""
