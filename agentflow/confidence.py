@@ -16,8 +16,9 @@ explained to the user in one of its ``reasons``:
 * plausibility: an empty result, an all-NULL result, or a "how many" question answered without
   counting (e.g. ``SELECT * FROM stores WHERE store_id = 1``) are signs of a wrong query.
 
-Whether the score means anything is measured, not assumed: ``benchmarks/confidence_calibration.py``
-reports accuracy per level and the AUROC of the score against correctness on Spider dev.
+Whether the score means anything is measured, not assumed:
+``agentflow bench confidence_calibration`` reports accuracy per level and the AUROC of the
+score against correctness on Spider dev.
 """
 
 from __future__ import annotations

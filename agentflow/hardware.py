@@ -7,7 +7,7 @@ time model corrects them online from observed timings. ``mem_gb`` is read as GiB
 bytes), the unit ``nvidia-smi`` reports.
 
 Calibration: ``CALIBRATIONS`` holds per-(GPU, model, weight precision) constants fitted to
-measured vLLM single-request latencies (``benchmarks/sim_calibration.py`` re-derives them and
+measured vLLM single-request latencies (``agentflow bench sim_calibration`` re-derives them and
 prints the fit); ``calibrated(gpu, model)`` returns the GPU profile with them applied, or the
 profile unchanged where no calibration exists. Only physical constants are fitted: the
 fraction of peak bandwidth reached streaming weights, the fraction reached reading the KV
@@ -16,7 +16,7 @@ cache in decode attention, and a fixed per-request front-end cost.
 Operator constants (``OPERATOR_FIT``, the defaults of every ``GPUProfile``): the step-time model
 (``agentflow.step_time``) times each operator class on its own roofline; its efficiencies
 and kernel latencies are fitted once per class on measured A100 operator times by
-``benchmarks/fit_operators.py``.
+``agentflow bench fit_operators``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-# Written by benchmarks/fit_operators.py (run it to re-derive and print the fit error per
+# Written by agentflow bench fit_operators (run it to re-derive and print the fit error per
 # operator class against the measured rows).
 OPERATOR_FIT: dict[str, float] = {
     "linear_latency_s": 3.919e-06,
@@ -50,7 +50,7 @@ class GPUProfile:
     # Operator efficiencies and kernel latencies (agentflow.step_time): a step is the sum of
     # its operators, each on its own roofline. Fitted once per operator class on measured A100
     # operator times (Vidur's profiles of Llama-3-8B, TP 1, ../shared/profiles/vidur-a100) by
-    # benchmarks/fit_operators.py; other GPUs keep these fractions of their own spec-sheet
+    # agentflow bench fit_operators; other GPUs keep these fractions of their own spec-sheet
     # peaks until data for them say otherwise.
     # GEMMs: fractions of peak FLOP/s and of peak bandwidth streaming weights; latency per
     # GEMM kernel.
@@ -153,12 +153,12 @@ MODELS: dict[str, ModelProfile] = {m.name: m for m in (
 
 # One CPU core running llama.cpp's llama-server (the llama_server backend, pinned with
 # ``cores``), for simulating CPU clusters and checking the simulator against a real batching
-# engine (benchmarks/real_vs_sim.py). Peak: AVX-512, 2 FMA ports x 16 fp32 lanes at ~2.5 GHz;
+# engine (agentflow bench real_vs_sim). Peak: AVX-512, 2 FMA ports x 16 fp32 lanes at ~2.5 GHz;
 # bandwidth: what one core streams. Compute and memory do not overlap on it
 # (``overlap_compute_memory``), and a decode token's GEMM rows have their own compute
 # efficiency (agentflow.step_time). The efficiencies and overheads are fitted to gemma-3-270m
 # Q4_K_M on this project's build machine (a Sapphire Rapids Xeon, 2 cores shared with other
-# work) by ``benchmarks/real_vs_sim.py --calibrate --cpu-share --fit-batched``: 24 single
+# work) by ``agentflow bench real_vs_sim --calibrate --cpu-share --fit-batched``: 24 single
 # requests (prompts 32-2048, outputs 1-96) and 8 batches of 2 and 4 equal requests,
 # 2026-12-01 11:56-12:02 UTC at load 4-6, each row's times scaled by the share of its core
 # the server process got (0.34-0.70, from /proc), so the profile is a dedicated core's.
@@ -185,7 +185,7 @@ class Calibration:
     source: str = ""
 
 
-# Fitted by benchmarks/sim_calibration.py (agentflow.sim.calibration.fit_constants): weighted
+# Fitted by agentflow bench sim_calibration (agentflow.sim.calibration.fit_constants): weighted
 # least squares of the simulator's single-request latency (relative error) on the
 # even-indexed half of traces/vllm-latency (Llama-3.1-70B on vLLM, one request at a time),
 # attn_bw_efficiency shared by the three GPUs, step_overhead_s fixed at the 2 ms prior and

@@ -9,7 +9,7 @@ of the linear layers. Each operator ``o`` of a layer takes
                           bytes_o / (peak bandwidth * bandwidth eff_o))
 
 with the efficiencies and latencies of its class in ``agentflow.hardware.GPUProfile``
-(fitted once per class on measured operator times: ``benchmarks/fit_operators.py``). A step of
+(fitted once per class on measured operator times: ``agentflow bench fit_operators``). A step of
 ``T`` tokens over ``S`` sequences, ``B`` of which decode one token (the others prefill a chunk
 of ``n_i`` tokens after ``c_i`` cached ones) is, per layer:
 
@@ -36,7 +36,7 @@ under the weight read. There, too, a decode token's GEMM rows run at their own c
 efficiency (``decode_compute_efficiency``): a batch of a few decode rows runs llama.cpp's
 quantised matrix-vector path rather than a prefill chunk's matrix-matrix one (fitted on this
 build with contention taken out: 0.31 vs 0.34 of the core's fp32 peak, nearly equal — the
-serial roofline is what makes a batch's decode grow; ``benchmarks/real_vs_sim.py
+serial roofline is what makes a batch's decode grow; ``agentflow bench real_vs_sim
 --calibrate --cpu-share --fit-batched``). The GPU profiles keep the maximum (and ignore
 that class).
 
@@ -221,7 +221,7 @@ class OperatorModel:
 
     def kv_write(self, T):
         """Writing the step's keys and values into the paged cache (bytes at element-wise
-        bandwidth, not Vidur's measured 0.55 us/token: see benchmarks/fit_operators.py)."""
+        bandwidth, not Vidur's measured 0.55 us/token: see agentflow bench fit_operators)."""
         return self._lat_kvw + self._kvw_tok * T / self._b_elem
 
     def elementwise(self, T):

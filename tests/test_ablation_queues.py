@@ -1,4 +1,4 @@
-"""The ablation queues live in ``benchmarks/`` and join the registry only when a benchmark
+"""The ablation queues live in ``agentflow/bench/`` and join the registry only when a benchmark
 registers them; the product's policy names and ``--help`` list the shipped queues alone."""
 
 from __future__ import annotations

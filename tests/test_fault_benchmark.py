@@ -1,7 +1,7 @@
 """The fault benchmark's scenarios, small: one instance hangs, answers non-retryable
 errors, dies and comes back, or slows 10x — no query is lost, hung or failed, and the
 client's counts agree with /metrics. (The full run, 200 queries x 20 clients with the P99
-check, is ``python benchmarks/fault_test.py``.) Scripted instances, NOT models."""
+check, is ``agentflow bench fault_test``.) Scripted instances, NOT models."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The policy suite's summary: what it averages, and over which cells (benchmarks/policy_suite.py
+"""The policy suite's summary: what it averages, and over which cells (agentflow bench policy_suite
 is a script; its report is checked here on hand-made results, not on a run)."""
 
 from __future__ import annotations

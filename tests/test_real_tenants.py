@@ -1,4 +1,4 @@
-"""benchmarks/real_tenants.py: the tenant grid's mixes on real engines and in the simulator.
+"""agentflow bench real_tenants: the tenant grid's mixes on real engines and in the simulator.
 The real side needs a built llama-server and minutes of CPU (run by hand, figures in issue
 22's notes); here: what runs, what is compared, and the simulated side end to end."""
 

@@ -1,4 +1,4 @@
-"""benchmarks/real_vs_sim.py without real engines: the workload both sides replay (scaling,
+"""agentflow bench real_vs_sim without real engines: the workload both sides replay (scaling,
 caps, DAG order, instance assignment) and the simulated replay of it."""
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def test_calibration_rows_scaled_to_a_dedicated_core_by_their_share():
 
 
 def test_policy_comparison_runs_both_sides_on_the_same_scaled_workload():
-    """benchmarks/real_policies.py: the trace both sides replay is scaled once (calls'
+    """agentflow bench real_policies: the trace both sides replay is scaled once (calls'
     tokens, tool durations), and the simulated cluster has llama-server's slot limits."""
     from agentflow.bench.fidelity.real_policies import scaled_trace, sim_cluster
 

@@ -1,6 +1,6 @@
 """Issue 20 §3: resource bombs are stopped, on SQLite, DuckDB and PostgreSQL.
 
-The statements are those of ``benchmarks/sql_bombs.py`` (the issue's four, their variants on
+The statements are those of ``agentflow bench sql_bombs`` (the issue's four, their variants on
 every engine, and builders that stay under the guard's caps). Those the guard refuses are
 checked through a real ``Database`` in this process; each one is also run in a fresh process
 (its peak RSS is its own) and must be answered with its memory under the stated bound. No

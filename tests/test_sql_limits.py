@@ -52,7 +52,7 @@ RUNAWAYS = [
 ]
 
 # Peak RSS is the child's own high-water mark (VmHWM): ru_maxrss also carries the parent's
-# (pytest's) across fork + exec on Linux, see benchmarks/sql_bombs.py.
+# (pytest's) across fork + exec on Linux, see agentflow/bench/security/sql_bombs.py.
 _CHILD = """
 import json, resource, sys, time
 from agentflow.sql import Database

@@ -1,4 +1,4 @@
-"""benchmarks/tenant_ratios.py: the issue-22 ratios over seeds, on tenant_cells-shaped files
+"""agentflow bench tenant_ratios: the issue-22 ratios over seeds, on tenant_cells-shaped files
 with round numbers, so each printed figure is one you can work out by hand."""
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def cache_ram_args(spec: LlamaServerSpec) -> list[str]:
     copies each idle slot's whole state (KV cells and sliding-window checkpoints) into host
     RAM (``server_prompt_cache::alloc``, ``cache_idle_slots``), on the thread that also runs
     the batch, so every call in flight on the instance stalls for it. Measured on the
-    2-core cluster (``benchmarks/rvs_kvstate.py``): the server's resident memory grew by
+    2-core cluster (``agentflow bench rvs_kvstate``): the server's resident memory grew by
     ~18 MiB a call (445 -> 1545 MiB in 59 calls; up to 8 GiB per server, two of them on a
     23 GiB machine) and the time a lone call spent outside the server's own prompt/decode
     timings grew from 40 to 85 ms, against a flat 8-12 ms with ``--cache-ram 0``. The
@@ -303,7 +303,7 @@ class LlamaServerProcess:
         """CPU time the server process has used (user + system, from ``/proc``), or None
         where it cannot be read. Why: on a core shared with other work, wall time mixes the
         engine's speed with its share of the core; CPU time over busy wall time is that
-        share (``benchmarks/real_vs_sim.py`` reports and corrects for it)."""
+        share (``agentflow bench real_vs_sim`` reports and corrects for it)."""
         pid = self.pid
         if pid is None:
             return None

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 # worth, so two equal tenants alternate in runs of calls rather than flip on every call. The
 # lag between two tenants that both keep work waiting is at most this plus one call. It is
 # not what keeps a light tenant beside a flood above its time alone: on the tenant grid's
-# fairness cells (benchmarks/tenant_cells.py --quantum) 1e-6, 10, 30 s and one query's work
+# fairness cells (agentflow bench tenant_cells --quantum) 1e-6, 10, 30 s and one query's work
 # moved the light tenant's P95 / alone by up to 0.3 with no common direction; its LLM stages
 # wait only 0.02-0.56 s in queue against 0.2-1.8 s more run time (co-running in the flood's
 # batches, slower GPUs) than alone.

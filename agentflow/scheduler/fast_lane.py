@@ -23,8 +23,8 @@ to protect nothing is held, so classless and single-tenant runs are unchanged. I
 place the scheduler holds capacity back for someone not yet asking: what it costs is the
 flood's latency, not its throughput.
 
-Measured on the tenant grid (``benchmarks/tenant_cells.py --fast-lane 1|2|4|off``, 9 cells x
-6 seeds, then ``benchmarks/tenant_ratios.py``): the cells within their targets went from 39
+Measured on the tenant grid (``agentflow bench tenant_cells --fast-lane 1|2|4|off``, 9 cells x
+6 seeds, then ``agentflow bench tenant_ratios``): the cells within their targets went from 39
 of 54 (off) to 47 / 46 / 44 (caps 1 / 2 / 4), the geometric mean of P95 over alone from
 1.184 to 1.127 / 1.131 / 1.145, mixed-qwen fairness from 1.492 to 1.215 / 1.245 / 1.319, at
 0.971 / 0.987 / 0.999x of the flooding tenant's throughput (worst cell 0.932 / 0.971 /

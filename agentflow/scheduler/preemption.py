@@ -48,10 +48,10 @@ as already stopped (their slots free, their prefill gone) was measured and dropp
 ``NET_SAVING`` most are not stopped, and better-class calls sent to them co-ran with them.
 
 Why ``auto`` (``fair`` under flowsage) is the default: over the tenant grid's 9 cells and 6
-seeds (``benchmarks/tenant_cells.py``, ``benchmarks/tenant_ratios.py``) the cells within
+seeds (``agentflow bench tenant_cells``, ``agentflow bench tenant_ratios``) the cells within
 their isolation and fairness targets went from 32 to 39 of 54 (``class``: 38), at 0.994x of
 the flooding tenant's throughput; in serving (single-slot scripted instances, two tenants
-of one class, ``benchmarks/serving_classes.py --flood-class interactive``) the light
+of one class, ``agentflow bench serving_classes --flood-class interactive``) the light
 tenant's P95 under the flood went from 2.25x to 1.37x of alone.
 
 Measured before (off by default then; figures of an earlier form of the rule,
@@ -59,8 +59,8 @@ before redo counted only the prefill done and the co-runner delay the clean slop
 prefill left — the closing notes of issue 22 carry the later ones): loopback serving on
 single-slot scripted instances, interactive P95 under a batch flood 0.58x of without, batch
 answers 1.21x on a shared machine, 0.99-1.00x and 0.42-0.92x on a quiet one
-(``benchmarks/serving_classes.py --policies flowsage --preemption off,class``); the
-simulated tenant grid (``benchmarks/policy_suite.py --tenants``), interactive P95 -12% to +9%
+(``agentflow bench serving_classes --policies flowsage --preemption off,class``); the
+simulated tenant grid (``agentflow bench policy_suite --tenants``), interactive P95 -12% to +9%
 per cell, batch throughput -1% to +3%, 0.07-0.5 calls stopped per batch query: on 64-slot
 engines with room kept for the better class, batch co-runners are not what keeps the
 interactive P95 above its alone value. The first version (no ``NET_SAVING``, dispatch

@@ -54,7 +54,7 @@ KV tokens) + one prefill-attention kernel over the others (``sum(n_i c_i + n_i (
 query-key pairs); times the layers, plus the LM head at ``S`` rows, the tensor-parallel
 all-reduces and ``step_overhead_s``. Each operator is ``latency + max(FLOPs / (peak *
 efficiency), bytes / (bandwidth * efficiency))`` with its class's constants
-(``hardware.GPUProfile``, fitted by ``benchmarks/fit_operators.py``). Operators run one after
+(``hardware.GPUProfile``, fitted by ``agentflow bench fit_operators``). Operators run one after
 another, so their times add: a prefill chunk beside a batch of long-context decodes costs its
 GEMMs on top of the decodes' KV reads, as on a GPU. A decode step reads the weights once for
 the whole batch (batch 32 costs far less than 32 single steps) but each sequence adds its

@@ -1,9 +1,9 @@
 """Does the confidence score mean anything? Accuracy per confidence level, and the AUROC of the
 score against correctness, on real answers from the eval harness.
 
-    python benchmarks/confidence_calibration.py --data ../shared/datasets/spider --limit 60 \\
+    agentflow bench confidence_calibration --data ../shared/datasets/spider --limit 60 \\
         --out runs/calibration            # asks the questions (resumable), then reports
-    python benchmarks/confidence_calibration.py --out runs/calibration --analyze-only
+    agentflow bench confidence_calibration --out runs/calibration --analyze-only
 
 The questions run through ``agentflow.evaluation`` (real mode, the configured or embedded
 model), which writes one record per question with the answer's ``confidence``. The report
@@ -138,6 +138,10 @@ def print_report(summary: dict[str, Any], *, label: str) -> None:
     interval = f" (95% bootstrap {ci[0]:.2f}-{ci[1]:.2f})" if ci else ""
     print("AUROC of score vs correct: " + ("n/a (needs right and wrong answers)" if a is None
                                            else f"{a:.3f}{interval}"))
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--limit", "6")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Execution accuracy and cost of the pipelines on a seeded sample, side by side in one run.
 
-    python benchmarks/pipeline_accuracy.py --data ../shared/datasets/spider --n 30 --seed 0 \
+    agentflow bench pipeline_accuracy --data ../shared/datasets/spider --n 30 --seed 0 \
         --pipelines single,chess,macsql --out artifacts/pipelines.jsonl
 
 Every pipeline answers the same questions through the same AgentFlow (same model instance);
@@ -27,6 +27,9 @@ from agentflow.accuracy import MatchRule, evaluate_pair
 from agentflow.accuracy.official import rules_note
 from agentflow.config import AgentFlowConfig
 from agentflow.datasets import load_dataset
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--n", "3", "--pipelines", "single")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Does teaching help? EX and executable rate with 0 vs K taught examples per database.
 
-    nice -n 10 python benchmarks/teaching_effect.py --data ../shared/datasets/spider \
+    nice -n 10 agentflow bench teaching_effect --data ../shared/datasets/spider \
         --dbs concert_singer,pets_1,car_1 --n 12 --taught 5 --pipeline single \
         --out artifacts/teaching_effect.json
 
@@ -49,6 +49,10 @@ def pick(dataset, teach_pool, db_id: str, n: int, k: int, seed: int):
     asked_q = {e.question for e in mine[k:k + n]}
     taught = [e for e in mine[:k] if e.question not in asked_q]
     return taught, f"{dataset.split} split, held out from the asked questions", mine[k:k + n]
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--dbs", "concert_singer", "--n", "3", "--taught", "2")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Fit the step-time model's operator classes once, on measured A100 operator times.
 
-    python benchmarks/fit_operators.py [--profiles /work/shared/profiles/vidur-a100]
+    agentflow bench fit_operators [--profiles ../shared/profiles/vidur-a100]
 
 The rows are Vidur's profiles of Llama-3-8B on an A100 (TP 1; see the profiles' README):
 every non-attention operator of a layer at ``num_tokens`` tokens (``mlp.csv``), decode
@@ -39,9 +39,10 @@ from pathlib import Path
 import numpy as np
 
 from agentflow import hardware
+from agentflow.bench.paths import SHARED
 from agentflow.step_time import OperatorModel
 
-DEFAULT_PROFILES = Path("/work/shared/profiles/vidur-a100")
+DEFAULT_PROFILES = SHARED / "profiles" / "vidur-a100"
 GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 ELEMENTWISE = ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add")
 # Vidur's model names -> agentflow's profiles (same architecture: Llama 3 = Llama 3.1).
@@ -234,10 +235,14 @@ def errors(profiles: Path, consts: dict[str, float]) -> list[tuple[str, tuple]]:
     return rows
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ()
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profiles", type=Path, default=DEFAULT_PROFILES)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     fresh = fit(args.profiles)
     stored = dict(hardware.OPERATOR_FIT)
     print("# Operator-class constants, A100 (Vidur Llama-3-8B TP1 rows)")

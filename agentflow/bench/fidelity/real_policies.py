@@ -1,6 +1,6 @@
 """Policies side by side on real engines and in the simulator, on the same arrivals.
 
-    python benchmarks/real_policies.py --cluster examples/cluster-llama-server-2cpu.yaml \\
+    agentflow bench real_policies --cluster examples/cluster-llama-server-2cpu.yaml \\
         --trace ../shared/traces/hexgen-flow/trace1.json --rates 0.1 0.2 \\
         [--policy flowsage --policy sagesched --policy vllm] [--queries 30] [--scale 0.02]
 
@@ -235,6 +235,10 @@ def print_rate(rate: float, real: dict[str, Any] | None, sim: dict[str, Any], ba
               + (f"  ({len(r['failed'])} failed, {r['retried']} retried, "
                  f"{r.get('timeouts', 0)} deadline timeouts, "
                  f"{r['wall_s']:.0f} s wall)" if r else ""))
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--queries", "8")
 
 
 def main(argv: list[str] | None = None) -> None:

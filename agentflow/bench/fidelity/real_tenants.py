@@ -1,7 +1,7 @@
 """Tenants of different SLO classes on real continuous-batching engines, and the simulator on
 the same arrivals: does an interactive tenant keep its latency beside a batch flood?
 
-    python benchmarks/real_tenants.py --cluster examples/cluster-llama-server-2cpu.yaml \\
+    agentflow bench real_tenants --cluster examples/cluster-llama-server-2cpu.yaml \\
         --trace ../shared/traces/hexgen-flow/trace1.json [--scenarios isolation-2x] \\
         [--preemption off,auto] [--fast-lane 2|off] [--span 20] [--scale 0.02] [--l1 RATE]
         [--sim-only]
@@ -117,6 +117,10 @@ def simulate(cluster: Any, workload: Any, policy: str, preemption: str,
 
 def sent_by_tenant(workload: Any) -> dict[str, int]:
     return dict(Counter(workload.tenants or []))
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--span", "8")
 
 
 def main(argv: list[str] | None = None) -> None:

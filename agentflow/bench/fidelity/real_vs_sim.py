@@ -1,8 +1,8 @@
 """Replay a trace's LLM calls on real engines and in the simulator; print how far apart they are.
 
-    python benchmarks/real_vs_sim.py --cluster examples/cluster-llama-server-2cpu.yaml \\
+    agentflow bench real_vs_sim --cluster examples/cluster-llama-server-2cpu.yaml \\
         --trace ../shared/traces/hexgen-flow/trace1.json --rate 0.05 [--quick]
-    python benchmarks/real_vs_sim.py --cluster FILE --calibrate      # fit the CPU profile
+    agentflow bench real_vs_sim --cluster FILE --calibrate      # fit the CPU profile
 
 Both sides get the same workload: the trace's first queries (HexGen-Flow or agentflow format,
 ``agentflow.sim.workload.load_trace``), Poisson arrivals at ``--rate`` (seeded), each query's

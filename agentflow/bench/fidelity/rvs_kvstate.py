@@ -1,6 +1,6 @@
 """Does a lone llama-server request slow down as the server's history grows?
 
-    python benchmarks/rvs_kvstate.py --cluster FILE [--rounds 12] [--json FILE]
+    agentflow bench rvs_kvstate --cluster FILE [--rounds 12] [--json FILE]
 
 Why: in the 30-query replays, calls alone on their server ran 1.06x their simulated time in
 the first half of the run and 1.25x in the second, while single-request probes on a fresh
@@ -125,6 +125,10 @@ def summary(rows: list[dict[str, Any]]) -> None:
               f"first half {first:.1f}, second half {second:.1f}, after erase {erased:.1f}; "
               f"outside the server's timings {out1:.0f} -> {out2:.0f} ms; "
               f"rss {probes[0]['rss_mib']:.0f} -> {mine[-1]['rss_mib']:.0f} MiB")
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--rounds", "3")
 
 
 def main(argv: list[str] | None = None) -> None:

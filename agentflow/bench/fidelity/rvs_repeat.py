@@ -1,7 +1,7 @@
 """How far two real replays of the same arrivals are from each other: the floor under
 ``real_vs_sim``'s error.
 
-    python benchmarks/rvs_repeat.py RUN1.json RUN2.json [RUN3.json ...]
+    agentflow bench rvs_repeat RUN1.json RUN2.json [RUN3.json ...]
 
 Why: ``real_vs_sim`` compares one deterministic simulation with one real run. The real run
 is itself one draw: on a shared VM the cores' speed drifts from one minute to the next, and
@@ -118,6 +118,10 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
         out["repeat_median_call_error"] = float(np.median([p["median_call_error"] for p in same]))
         out["repeat_p95_query_error"] = float(np.median([p["p95_query_error"] for p in same]))
     return out
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """Does a llama-server decode step cost depend on WHICH slots are decoding?
 
-    python benchmarks/rvs_slots.py --cluster examples/cluster-llama-server-2cpu.yaml \\
+    agentflow bench rvs_slots --cluster examples/cluster-llama-server-2cpu.yaml \\
         [--repeats 3] [--output 48] [--json FILE]
 
 Why: with one KV stream per slot (agentflow starts llama-server with ``--no-kv-unified``)
@@ -79,6 +79,10 @@ def simulated_ratio(cluster: str, pair: tuple[int, int], prompt: int, output: in
     both = iteration_seconds(engine.ops, [Piece(s, 1, ctx, True, True) for s in pair],
                              engine.n_ubatch)
     return both / lone
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--repeats", "1")
 
 
 def main(argv: list[str] | None = None) -> None:

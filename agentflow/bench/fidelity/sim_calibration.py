@@ -1,6 +1,6 @@
 """Check the simulated GPU instance against measured vLLM latencies, and time it.
 
-    python benchmarks/sim_calibration.py [--data /work/shared/traces/vllm-latency]
+    agentflow bench sim_calibration [--data ../shared/traces/vllm-latency]
                                          [--speed-calls 20000] [--no-speed]
 
 1. Re-fits the calibrated constants (agentflow.sim.calibration.fit_constants) on the
@@ -30,10 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from agentflow import hardware
+from agentflow.bench.paths import SHARED
 from agentflow.sim import calibration as cal
 from agentflow.sim.engine import SimInstance
 
-DEFAULT_DATA = Path("/work/shared/traces/vllm-latency")
+DEFAULT_DATA = SHARED / "traces" / "vllm-latency"
 
 
 def stats(errors: np.ndarray) -> str:
@@ -160,13 +161,17 @@ def speed_report(data_dir: Path, calls: int, rate: float, seed: int = 0) -> None
           f"mean call latency {np.mean(lat):.1f} s (p95 {np.percentile(lat, 95):.1f} s)")
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--speed-calls", "2000")
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--speed-calls", type=int, default=20000)
     ap.add_argument("--rate", type=float, default=1.0, help="calls per second (speed test)")
     ap.add_argument("--no-speed", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     calibration_report(args.data)
     batching_report()
     if not args.no_speed:

@@ -1,6 +1,6 @@
 """`agentflow simulate step` against measured A100 operator times composed the Vidur way.
 
-    python benchmarks/step_vs_profiles.py [--profiles /work/shared/profiles/vidur-a100]
+    agentflow bench step_vs_profiles [--profiles ../shared/profiles/vidur-a100]
 
 The measured side composes Vidur's Llama-3-8B A100 TP1 rows as Vidur composes a step: per
 layer the sum of the operators — every ``mlp.csv`` operator (qkv / output projection, rope,
@@ -14,7 +14,7 @@ terms: the model's layers), with its full ``step_ms`` (+ LM head + per-step over
 beside it.
 
 Vidur's KV-cache write grows ~0.55 us per token and layer, 1/275 of HBM bandwidth for the
-bytes it moves (see benchmarks/fit_operators.py): the target column ("measured") keeps only
+bytes it moves (see agentflow bench fit_operators): the target column ("measured") keeps only
 its fixed part (the median of the rows of at most 80 tokens); "with the quirk" adds the
 write as profiled, for reference.
 
@@ -119,10 +119,14 @@ def simulate_step(decode: tuple[int, int] | None, chunk: int | None) -> dict:
     return json.loads(buf.getvalue())
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ()
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profiles", type=Path, default=DEFAULT_PROFILES)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     comp = Composer(args.profiles)
     cases: list[tuple[str, tuple[int, int] | None, int | None]] = []
     for ctx, label in ((2176, "2k"), (12288, "12k")):

@@ -1,6 +1,6 @@
 """Does online alpha tuning earn its keep? Fluctuating load, hexgen-flow and flowsage.
 
-    python benchmarks/alpha_tuning.py [--trace FILE] [--queries 400] [--low 0.015 --high 0.045]
+    agentflow bench alpha_tuning [--trace FILE] [--queries 400] [--low 0.015 --high 0.045]
 
 Arrivals step between a low and a high rate (``steps:LOW/D,HIGH/D``). Each preset runs with
 alpha tuned online (forked replays of the last ``--window`` seconds, every ``--window``
@@ -24,7 +24,11 @@ TRACE = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "hexg
     "trace1.json"
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--queries", "100")
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", default=str(TRACE))
@@ -36,7 +40,7 @@ def main() -> None:
     p.add_argument("--window", type=float, default=600.0)
     p.add_argument("--slo-scale", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=1)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     cluster = load_cluster(args.cluster)
     idle = IdleLatency(cluster)
     arrival = f"steps:{args.low}/{args.segment},{args.high}/{args.segment}"

@@ -1,7 +1,7 @@
 """The head-to-head cells on two source trees side by side: what a change did to each policy.
 
     git archive BASE | tar -x -C /tmp/before && git archive HEAD | tar -x -C /tmp/after
-    python benchmarks/compare_trees.py /tmp/before /tmp/after [--queries 100]
+    agentflow bench compare_trees /tmp/before /tmp/after [--queries 100]
 
 Each tree runs in its own process (its own ``agentflow``) on the same cells: both shared
 HexGen-Flow traces on ``paper-4gpu``, the load levels of ``head_to_head.py`` (the lowest rate
@@ -61,7 +61,11 @@ def cells(tree: Path, traces: list[str], queries: int, seed: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--queries", "30")
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trees", nargs=2, type=Path, help="two source trees: before, after")
@@ -69,7 +73,7 @@ def main() -> None:
                                                    str(TRACES / "trace2.json")])
     p.add_argument("--queries", type=int, default=100)
     p.add_argument("--seed", type=int, default=1)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     before, after = (cells(t.resolve(), args.traces, args.queries, args.seed)
                      for t in args.trees)
     policies = list(dict.fromkeys(k.rsplit(" ", 1)[1] for k in before))

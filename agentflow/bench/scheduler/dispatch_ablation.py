@@ -1,6 +1,6 @@
 """The dispatch ablation issue 19 asks for: marginal_delay without its co-runner decode terms.
 
-    python benchmarks/dispatch_ablation.py [flowsage_ablations.py's options]
+    agentflow bench dispatch_ablation [flowsage_ablations.py's options]
 
 ``marginal_delay`` prices an instance for a call as wait + own time + the delay it inflicts
 (agentflow/scheduler/policies/dispatch_marginal_delay.py); two of its terms come from the
@@ -8,7 +8,7 @@ learned decode slope ``d`` (seconds one more co-runner adds to a decode): the ca
 slowdown ``d * (co - seen)`` and the slowdown it inflicts on its co-runners ``co * d``. The
 whole simulated margin of flowsage was traced to them, so this file registers
 ``marginal_delay_nodecode`` — the same price with ``d = 0`` — in the public ``DISPATCH``
-registry (from here, not in the product), then runs ``benchmarks/flowsage_ablations.py``
+registry (from here, not in the product), then runs ``agentflow bench flowsage_ablations``
 with ``--policies`` defaulting to the pairs that isolate the terms:
 
     flowsage, marginal_delay_nodecode+flowsage, marginal_delay+fcfs,
@@ -55,12 +55,17 @@ class NoDecodeTermsDispatch(MarginalDelayDispatch):
 DISPATCH[NAME] = NoDecodeTermsDispatch
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--cells", "trace1/poisson", "--queries", "40")
+
+
+def main(argv: list[str] | None = None) -> None:
     from agentflow.bench.scheduler import flowsage_ablations
 
-    if not any(a == "--policies" or a.startswith("--policies=") for a in sys.argv[1:]):
-        sys.argv += ["--policies", ",".join(POLICIES)]
-    flowsage_ablations.main()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not any(a == "--policies" or a.startswith("--policies=") for a in args):
+        args += ["--policies", ",".join(POLICIES)]
+    flowsage_ablations.main(args)
 
 
 if __name__ == "__main__":

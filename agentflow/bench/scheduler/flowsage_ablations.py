@@ -1,7 +1,7 @@
 """Why does a policy win or lose? Dispatch x queue, flowsage's parts, oracle lengths, and which
 queries make up the P95 — on a few cells of the policy suite.
 
-    python benchmarks/flowsage_ablations.py [--cells trace1/poisson,trace1/gamma:3]
+    agentflow bench flowsage_ablations [--cells trace1/poisson,trace1/gamma:3]
         [--queries 120] [--policies A,B,...] [--out artifacts/ablations]
 
 Each cell: ``paper-4gpu``, deadlines 2x idle, rate 1.5 x L1 (the policy suite's level,
@@ -75,7 +75,11 @@ def time_makeup(cluster, wl, policy: str) -> dict:
             "preempted": preempted}
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--cells", "trace1/poisson", "--queries", "40")
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cells", default="trace1/poisson,trace1/gamma:3")
@@ -85,7 +89,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("artifacts/ablations"))
     p.add_argument("--makeup", action="store_true",
                    help="also report the calls' wait share and run stretch (two more runs)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     register_ablation_queues()  # flowsage_v1, query_gittins, ... are not shipped queues
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"

@@ -1,6 +1,6 @@
 """The head-to-head: every scheduling preset on the shared HexGen-Flow traces, paper-4gpu.
 
-    python benchmarks/head_to_head.py [--queries 300] [--out artifacts/head_to_head] [--ray ADDR]
+    agentflow bench head_to_head [--queries 300] [--out artifacts/head_to_head] [--ray ADDR]
 
 For each trace, the load levels are found, not chosen: the lowest rate (on a doubling then
 bisection search) at which the ``vllm`` preset's P95 is at least twice its idle-cluster P95
@@ -35,7 +35,11 @@ TUNED = ("hexgen-flow", "flowsage", "oracle")
 TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "hexgen-flow"
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--queries", "60", "--no-goodput")
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--traces", nargs="*", default=[str(TRACES / "trace1.json"),
@@ -49,7 +53,7 @@ def main() -> None:
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="run each level's policies and the goodput searches as Ray tasks")
     p.add_argument("--out", type=Path, default=Path("artifacts/head_to_head"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     cluster = load_cluster(args.cluster)
     idle = IdleLatency(cluster)
@@ -123,7 +127,7 @@ def report(results: dict, args) -> str:
     lines = ["# Head-to-head on the shared HexGen-Flow traces", "",
              f"Cluster `{args.cluster}`, {args.queries} queries per run, seed {args.seed}, "
              f"deadlines = {args.slo_scale:g} x idle latency; alpha tuned online for "
-             f"{', '.join(TUNED)}. Command: `python benchmarks/head_to_head.py`.", ""]
+             f"{', '.join(TUNED)}. Command: `agentflow bench head_to_head`.", ""]
     for name, entry in results["traces"].items():
         lines += [f"## {name} (idle-cluster P95 of vllm: {entry['idle_p95']:.1f} s)", "",
                   "| rate q/s | policy | P95 s | P95 vllm/policy | mean s | SLO@" + s +

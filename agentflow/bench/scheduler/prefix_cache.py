@@ -10,8 +10,8 @@
    / SLO attainment at 2 x idle, and the engines' prefix hit rate.
 3. ``--speed N``: simulator wall and CPU seconds for N queries with the cache modelled.
 
-    python benchmarks/prefix_cache.py --record artifacts/prefix/rec
-    python benchmarks/prefix_cache.py --traces 'artifacts/prefix/rec/traces/*.jsonl' --speed 1000
+    agentflow bench prefix_cache --record artifacts/prefix/rec
+    agentflow bench prefix_cache --traces 'artifacts/prefix/rec/traces/*.jsonl' --speed 1000
 """
 
 from __future__ import annotations
@@ -66,7 +66,11 @@ def simulate(cluster, wl, policy: str, mode, slo_scale: float):
     return result.summary(), hit / looked if looked else 0.0, wall, cpu, result.events
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--queries", "60")
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--record", type=Path, help="record traces into this directory and stop")
     ap.add_argument("--traces", help="glob of agentflow JSONL traces (mixed into one workload)")
@@ -80,7 +84,7 @@ def main() -> None:
     ap.add_argument("--slo-scale", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--speed", type=int, default=0, help="also time this many queries")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.record:
         record(args.record, args.seed)
         return

@@ -1,6 +1,6 @@
 """A grid of simulations serially and as Ray tasks, side by side: same numbers, wall-time ratio.
 
-    python benchmarks/ray_grid.py [--ray local|auto|HOST:6379] [--queries 60] [--goodput]
+    agentflow bench ray_grid [--ray local|auto|HOST:6379] [--queries 60] [--goodput]
 
 The grid is ``agentflow simulate``'s: every policy (with its goodput search under
 ``--goodput``) on one seeded workload, each policy one cell (``agentflow.cli.simulate.
@@ -29,7 +29,11 @@ TRACE = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "hexg
     "trace1.json"
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--queries", "20")
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", default=str(TRACE))
@@ -41,7 +45,7 @@ def main() -> None:
     p.add_argument("--goodput", action="store_true")
     p.add_argument("--ray", default="local", help="local (start one here) or an address")
     p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     cluster = load_cluster(args.cluster)
     trace = load_trace(args.trace, "auto")

@@ -1,15 +1,15 @@
 """Does a refactor of the scheduler change any simulated result? Run this before and after,
 then compare the two output folders byte for byte.
 
-    python benchmarks/refactor_check.py OUT            # write OUT/*.json
-    python benchmarks/refactor_check.py OUT --compare BEFORE   # ... and diff against BEFORE
+    agentflow bench refactor_check OUT            # write OUT/*.json
+    agentflow bench refactor_check OUT --compare BEFORE   # ... and diff against BEFORE
 
 Why both kinds of output: ``agentflow simulate --json`` is what users read (aggregates), and
 the per-stage timings of ``Simulation(on_stage=...)`` catch a change that happens to leave
 the aggregates alone (two calls swapped in one queue). Small runs (tens of queries) on two
 traces, two clusters (a cluster file and a named mixed one), every preset, a few
 ``DISPATCH+QUEUE`` pairs, an instance fault, alpha tuning, and the ablation queues of
-``benchmarks/flowsage_ablations.py`` on that script's code path (``run_policy``). Floats are
+``agentflow bench flowsage_ablations`` on that script's code path (``run_policy``). Floats are
 written with ``repr``, so "the same bytes" means the same to the last digit.
 """
 
@@ -131,12 +131,16 @@ def compare(out: Path, before: Path) -> bool:
     return same
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ()
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
     p.add_argument("--compare", type=Path, help="an earlier OUT to diff against")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     register_ablations()
     cli_runs(args.out)

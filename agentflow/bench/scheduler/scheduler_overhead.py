@@ -1,6 +1,6 @@
 """Cost of one scheduling decision (dispatch + queue) as the waiting queue grows.
 
-    python benchmarks/scheduler_overhead.py [--sizes 10,1000,10000] [--repeat 200]
+    agentflow bench scheduler_overhead [--sizes 10,1000,10000] [--repeat 200]
         [--clusters paper-4gpu,hetero-64] [--check] [--clock wall|cpu]
 
 A cluster (``paper-4gpu``: A100, A100, A6000, L40S serving Llama-3.1-70B; ``hetero-64``: 64
@@ -100,7 +100,11 @@ def measure(policy: str, waiting: int, repeat: int, cluster: str = "paper-4gpu",
     return costs
 
 
-def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--sizes", "10,1000", "--repeat", "20", "--clusters", "paper-4gpu")
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10,1000,10000")
@@ -111,7 +115,7 @@ def main() -> None:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: this process's CPU time (time.process_time), which a machine "
                         "shared with other jobs does not inflate; wall: perf_counter")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     timer = time.process_time if args.clock == "cpu" else time.perf_counter
     sizes = [int(s) for s in args.sizes.split(",")]
     for cluster in args.clusters.split(","):

@@ -1,7 +1,7 @@
 """A few cells of the tenant grid, with what the grid's table leaves out: each tenant's
 longest wait (max latency) and its share of instance time.
 
-    python benchmarks/tenant_cells.py [--clusters paper-4gpu,hetero-8,mixed-qwen]
+    agentflow bench tenant_cells [--clusters paper-4gpu,hetero-8,mixed-qwen]
         [--scenarios isolation-2x,fairness] [--policies flowsage] [--l1-from TENANTS_JSON]
         [--weights heavy=2,light=1] [--json OUT]
 
@@ -96,6 +96,10 @@ def run_cell(cluster_name: str, scenario: list[TenantSpec], policy: str, seed: i
         if st.kind == "llm" and name is not None:
             busy[name] = busy.get(name, 0.0) + st.run_s
     return tenant_figures(result.records, busy, stages if detail else None, result.summary())
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--clusters", "paper-4gpu", "--scenarios", "isolation-2x")
 
 
 def main(argv: list[str] | None = None) -> int:

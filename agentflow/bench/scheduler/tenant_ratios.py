@@ -1,7 +1,7 @@
 """The issue-22 ratios over several seeds, side by side: for each tenant cell, its P95 over the
 same tenant's P95 alone, per seed, from ``tenant_cells.py --json`` files.
 
-    python benchmarks/tenant_ratios.py off=DIR_OFF/seed*.json fair=DIR_FAIR/seed*.json
+    agentflow bench tenant_ratios off=DIR_OFF/seed*.json fair=DIR_FAIR/seed*.json
 
 Each argument is ``LABEL=GLOB`` (one file per seed, each with the alone scenarios:
 ``--scenarios isolation-1.5x,isolation-2x,fairness,light-alone,interactive-alone``); files
@@ -85,6 +85,10 @@ def summarise(groups: dict[str, list[Path]]) -> list[str]:
     lines.append("worst ratio".ljust(26) + "".join(
         f"{max(ratios[lb], default=math.nan):.3f}".rjust(width) for lb in labels))
     return lines
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ()
 
 
 def main(argv: list[str] | None = None) -> int:

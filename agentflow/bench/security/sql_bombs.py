@@ -1,6 +1,6 @@
 """Resource bombs (issue 20 §3): time to stop and peak RSS, each statement in a fresh process.
 
-    python3 benchmarks/sql_bombs.py [--limit 2] [--engines sqlite,duckdb,postgres]
+    agentflow bench sql_bombs [--limit 2] [--engines sqlite,duckdb,postgres]
                                     [--tree /path/to/other/checkout] [--cap-s 120]
 
 One row per statement: the engine, the outcome (rejected by the guard, timeout, engine error,
@@ -224,7 +224,11 @@ def print_table(rows: list[Outcome], title: str) -> None:
               f"| {ratio} | `{sql}` |")
 
 
-def main() -> int:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--engines", "sqlite,duckdb")
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=float, default=2.0, help="time limit per statement, s")
     parser.add_argument("--engines", default="sqlite,duckdb,postgres")
@@ -233,7 +237,7 @@ def main() -> int:
     parser.add_argument("--cap-s", type=float, default=120.0,
                         help="kill a child still running after this many seconds")
     parser.add_argument("--only", default="", help="run only statements containing this text")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     engines = {"postgresql" if e.strip() == "postgres" else e.strip()
                for e in args.engines.split(",") if e.strip()}
     rows: list[Outcome] = []

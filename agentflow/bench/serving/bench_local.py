@@ -1,6 +1,6 @@
 """Side-by-side measurements of the local llama.cpp backend, in one run::
 
-    python benchmarks/bench_local.py [--model PATH] [--threads N] [--with-llama-ram-cache]
+    agentflow bench bench_local [--model PATH] [--threads N] [--with-llama-ram-cache]
 
 Why a script: the backend's defaults (prefix-state cache on, grammar checked per chosen token)
 were chosen on these numbers, and the project reports performance only as ratios measured side
@@ -138,7 +138,11 @@ def llama_ram_cache_interleaved(model: str, threads: int | None) -> float:
     return total
 
 
-async def main() -> None:
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ()
+
+
+async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="GGUF path (default: embedded model)")
     parser.add_argument("--threads", type=int, default=None)
@@ -146,7 +150,7 @@ async def main() -> None:
                         help="also time llama-cpp-python's own grammar sampling (slow)")
     parser.add_argument("--with-llama-ram-cache", action="store_true",
                         help="also time llama-cpp-python's LlamaRAMCache (slow, ~0.5 GB/entry)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model = args.model or default_model_path()
     backend = LocalLlamaBackend(model, n_threads=args.threads)
     try:

@@ -1,6 +1,6 @@
 """Fault benchmark: the real HTTP server on loopback with one misbehaving instance.
 
-    python benchmarks/fault_test.py [--queries 200] [--clients 20] [--scenarios healthy,hang]
+    agentflow bench fault_test [--queries 200] [--clients 20] [--scenarios healthy,hang]
 
 Each scenario starts ``serve.py`` (as ``load_test.py`` does) with two *scripted* instances
 (NOT models: canned SQL, ``--latency`` seconds per call) and scripts a fault on the second:
@@ -119,6 +119,10 @@ def report(results: list[dict], args: argparse.Namespace) -> int:
     print("OK: nothing lost, hung or failed; counts agree; P99 under hang within 3x healthy"
           if ok else "PROBLEM: see the table")
     return 0 if ok else 1
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--queries", "40", "--clients", "8")
 
 
 def main(argv: list[str] | None = None) -> int:

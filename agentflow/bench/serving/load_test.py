@@ -1,7 +1,7 @@
 """A bounded loopback load run against the real HTTP server: nothing is lost.
 
-    python benchmarks/load_test.py [--queries 200] [--clients 20] [--max-active 12]
-    python benchmarks/load_test.py --url http://127.0.0.1:8000 --key KEY   # a running server
+    agentflow bench load_test [--queries 200] [--clients 20] [--max-active 12]
+    agentflow bench load_test --url http://127.0.0.1:8000 --key KEY   # a running server
 
 Without ``--url`` it starts ``serve.py`` in a subprocess on a free loopback port with two
 *scripted* instances (NOT a model: canned SQL, ``--latency`` seconds per call), so what is
@@ -236,6 +236,10 @@ def report(run: Run, server: dict[str, float], args: argparse.Namespace) -> int:
                                 for q, p in (("p50", .5), ("p95", .95), ("p99", .99))},
         }, indent=2))
     return 0 if ok else 1
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--queries", "40", "--clients", "8")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """An evaluation run beside page users on one served cluster: latency per SLO class.
 
-    python benchmarks/serving_classes.py [--policies flowsage,vllm] [--phase-s 30]
+    agentflow bench serving_classes [--policies flowsage,vllm] [--phase-s 30]
         [--preemption off,class,fair]
 
 Issue 22's serving measurement, on loopback. For each policy it starts ``serve.py`` in a
@@ -259,6 +259,10 @@ def parser() -> argparse.ArgumentParser:
                         "run once per mode")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--policies", "flowsage", "--phase-s", "8", "--warmup-s", "2")
 
 
 def main(argv: list[str] | None = None) -> int:

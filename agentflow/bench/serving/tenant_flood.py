@@ -1,6 +1,6 @@
 """One key floods, another keeps its latency: per-tenant limits, measured on loopback.
 
-    python benchmarks/tenant_flood.py [--rounds 4] [--queries 10] [--flood-rps 100]
+    agentflow bench tenant_flood [--rounds 4] [--queries 10] [--flood-rps 100]
 
 Starts ``serve.py`` in a subprocess (a free loopback port) with two *scripted* instances
 (NOT a model: canned SQL, ``--latency`` seconds per call), so what is measured is the serving
@@ -170,6 +170,10 @@ def report(label: str, alone: Phase, flooded: Phase) -> list[str]:
              f"flooder: {sent} requests in about {flooded.flood_s:.1f} s "
              f"({sent / max(flooded.flood_s, 1e-9):.0f}/s): {dict(flooded.flood_status)}"]
     return lines
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--rounds", "2", "--queries", "4")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ or ``DISPATCH+QUEUE``, optionally followed by ``@MODEL`` to pick the length mode
 (``agentflow.scheduler.lengths``: ``learned`` by default, ``oracle`` in simulation).
 Lists of names and help texts are generated from these tables (``policy_help``).
 
-Only shipped policies live here. Experiments (the ablation queues of ``benchmarks/``) add
+Only shipped policies live here. Experiments (the ablation queues of ``agentflow/bench/``) add
 theirs at run time with ``register_queue``, so they never show up in a user's ``--help``.
 """
 
