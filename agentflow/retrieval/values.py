@@ -5,7 +5,7 @@ synthetic 300k-value column, datasketch's MinHash over character 3-grams costs ~
 value to build (about two minutes for 300k values) and its low-threshold LSH returns a large
 share of the index as candidates; a rapidfuzz scan over every value costs 60-400 ms per
 keyword. This index builds 300k values in ~2 s and answers in ~1-2 ms per keyword
-(``tests/test_retrieval_values.py`` holds it to that at 100k/300k). Values are mostly short
+(``tests/retrieval/test_values.py`` holds it to that at 100k/300k). Values are mostly short
 names and labels, so an inverted index from (stemmed) words to values finds candidates
 directly, rapidfuzz tolerates typos at the *word* level (the vocabulary is far smaller than
 the set of values), and a character-level ratio only re-ranks the few best candidates.
