@@ -10,7 +10,7 @@ import pytest
 
 from agentflow.accuracy import MatchRule, Verdict, evaluate_pair
 from agentflow.sql import Database
-from tests.utils import record_watchdog_fires
+from tests.sql.utils import record_watchdog_fires
 
 ROWS = [(1, "Joe", 52, "France"), (2, "Ann", 41, "Spain"), (3, "Tom", 41, "France"),
         (4, "Eve", 29, "Italy")]

@@ -13,7 +13,7 @@ from agentflow.bench.scheduler.ablation_queues import ABLATION_QUEUES, register_
 from agentflow.scheduler import policies
 from agentflow.scheduler.policies import parse_policy, register_queue, resolve
 from agentflow.scheduler.policies.queue_fcfs import FcfsQueue
-from tests.utils import chain_run, coordinator, occupy
+from tests.scheduler.utils import chain_run, coordinator, occupy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Admission by backlog (agentflow.scheduler.backlog): a query is refused when the work
 already admitted would keep the up instances busy past its SLO. Hand-checkable numbers: one
-instance that decodes 1 token/s, fixed output lengths (tests.utils)."""
+instance that decodes 1 token/s, fixed output lengths (tests/scheduler/utils.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from agentflow.scheduler import QueryRejected
 from agentflow.scheduler.backlog import backlog_clear_s
-from tests.utils import chain_run, coordinator
+from tests.scheduler.utils import chain_run, coordinator
 
 
 def _admit(c, query_id: str, deadline: float | None, stages=("s",)):

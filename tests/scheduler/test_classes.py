@@ -1,6 +1,6 @@
 """SLO classes and tenants in the scheduler (agentflow.scheduler.classes, .fairness, .backlog):
 hand-computed cases on one instance that decodes 1 token/s with fixed output lengths
-(tests.utils), so every number below is seconds you can add up."""
+(tests/scheduler/utils.py), so every number below is seconds you can add up."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from agentflow.scheduler.call import QueryState
 from agentflow.scheduler.classes import PRIORITY_BAND, shed_limit
 from agentflow.scheduler.fairness import TenantShares
 from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass
-from tests.utils import chain_run, coordinator, occupy
+from tests.scheduler.utils import chain_run, coordinator, occupy
 
 
 def _q(name: str, tenant: str, cls: str = "standard") -> QueryState:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
-from tests.utils import coordinator, occupy
+from tests.scheduler.utils import coordinator, occupy
 
 
 def test_admission_respects_capacity_and_hands_out_increasing_priorities() -> None:

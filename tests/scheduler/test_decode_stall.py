@@ -12,7 +12,7 @@ then a coordinator with a manual clock.
 from __future__ import annotations
 
 from agentflow.scheduler.time_model import InstanceTimeModel
-from tests.utils import coordinator
+from tests.scheduler.utils import coordinator
 
 
 def _model() -> InstanceTimeModel:

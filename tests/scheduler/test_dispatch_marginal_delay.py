@@ -16,7 +16,7 @@ from agentflow.scheduler.call import CallState
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow import ManualClock
-from tests.utils import FixedLengths
+from tests.scheduler.utils import FixedLengths
 
 
 def batching(policy: str = "marginal_delay+fcfs", *, slots: int = 8,

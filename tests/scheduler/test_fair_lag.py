@@ -11,7 +11,7 @@ import pytest
 from agentflow.scheduler.call import CallState, QueryState
 from agentflow.scheduler.classes import call_band
 from agentflow.scheduler.fairness import LAG_CAP_QUANTA, TenantShares
-from tests.utils import chain_run, coordinator
+from tests.scheduler.utils import chain_run, coordinator
 
 
 def _arrive(c, qid: str, tenant: str, *, ready: bool = True, deadline: float = 1000.0):
@@ -124,7 +124,7 @@ async def _cancel_between_start_and_send() -> None:
     from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledRouter
     from agentflow.workflow import ManualClock
     from tests.scheduler.test_router_races import Gated, OnceAfterDone, _call, _until
-    from tests.utils import FixedLengths
+    from tests.scheduler.utils import FixedLengths
 
     c = Coordinator([InstanceSpec("a", max_inflight=1)], clock=ManualClock(),
                     policy="flowsage", length_model=FixedLengths({"s": 10}))
@@ -174,7 +174,7 @@ def test_a_call_preempted_restarted_elsewhere_and_cancelled_in_one_turn_is_refun
     from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledRouter
     from agentflow.workflow import ManualClock
     from tests.scheduler.test_router_races import Gated, _call, _until
-    from tests.utils import FixedLengths
+    from tests.scheduler.utils import FixedLengths
 
     async def race() -> tuple[float, list[str], str]:
         c = Coordinator([InstanceSpec(n, max_inflight=1) for n in "ab"], clock=ManualClock(),

@@ -12,7 +12,7 @@ from agentflow.config import SchedulerConfig
 from agentflow.scheduler.call import CallState, QueryState
 from agentflow.scheduler.fairness import PRESENCE_GAPS, TenantShares
 from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, check_fast_lane
-from tests.utils import chain_run, coordinator
+from tests.scheduler.utils import chain_run, coordinator
 
 LENGTHS = {"s": 30, "t": 1}  # heavy's calls, light's
 

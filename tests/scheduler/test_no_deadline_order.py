@@ -1,11 +1,11 @@
 """flowsage's order among queries without a deadline (a batch class): the fair-queueing
 finish tag ``arrival + work left`` instead of least work left, so no query waits unboundedly
-behind later, shorter ones. One instance decoding 1 token/s (tests.utils): a stage of N
+behind later, shorter ones. One instance decoding 1 token/s (tests/scheduler/utils.py): a stage of N
 tokens is N seconds of work."""
 
 from __future__ import annotations
 
-from tests.utils import chain_run, coordinator, occupy
+from tests.scheduler.utils import chain_run, coordinator, occupy
 
 
 def _arrive(c, query_id: str, stage: str, at: float):

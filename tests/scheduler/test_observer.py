@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from agentflow.scheduler import Coordinator, QueryRejected
-from tests.utils import coordinator
+from tests.scheduler.utils import coordinator
 
 
 class Log:

@@ -1,8 +1,8 @@
 """The scheduler's own critical paths (``scheduler.paths``), checked by hand: the one the
 deadline budgets read, priced from tool estimates and predicted LLM lengths.
 
-The coordinator of ``tests.utils`` has one instance at 1 s per output token and no prefill
-or overhead cost, so an LLM stage of N predicted tokens takes N seconds."""
+The coordinator of ``tests/scheduler/utils.py`` has one instance at 1 s per output token and
+no prefill or overhead cost, so an LLM stage of N predicted tokens takes N seconds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from agentflow.scheduler.distribution import Distribution
 from agentflow.workflow import Node, NodeKind, Query, WorkflowRun
-from tests.utils import coordinator, llm
+from tests.scheduler.utils import coordinator, llm
 
 
 def tool(node_id: str, expected_s: float) -> Node:

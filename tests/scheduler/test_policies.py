@@ -13,7 +13,7 @@ import pytest
 
 from agentflow.scheduler import ScheduledCall, resolve
 from agentflow.scheduler.distribution import Distribution
-from tests.utils import chain_run, coordinator, occupy
+from tests.scheduler.utils import chain_run, coordinator, occupy
 
 
 def test_workload_balanced_at_alpha_one_picks_the_fast_gpu_and_at_zero_the_empty_one() -> None:

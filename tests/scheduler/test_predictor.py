@@ -3,7 +3,6 @@ steers neighbours, embedders are normalised/deterministic/cached, the quality sc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -222,13 +221,9 @@ def test_minilm_embedder() -> None:
 
 # ------------------------------------------------------------------ quality script
 def _load_script():
-    spec = importlib.util.spec_from_file_location(
-        "predictor_quality", ROOT / "benchmarks" / "predictor_quality.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules["predictor_quality"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    from agentflow.bench.scheduler import predictor_quality
+
+    return predictor_quality
 
 
 def test_quality_script_on_small_traces(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -1,5 +1,5 @@
 """Preemption across SLO classes (agentflow.scheduler.preemption): the decision by hand on one
-instance that decodes 1 token/s with no prefill cost (tests.utils), so every budget and
+instance that decodes 1 token/s with no prefill cost (tests/scheduler/utils.py), so every budget and
 wait below is seconds you can add up; then its two executors — the simulator (the engine
 attempt aborted, the call redone from its prompt) and serving (scripted backends, a Hold:
 the batch call's backend request is cancelled while held, and re-run after)."""
@@ -14,7 +14,7 @@ from agentflow.config import AgentFlowConfig
 from agentflow.scheduler.call import CallState
 from agentflow.scheduler.decisions import PreemptCall, StartCall
 from agentflow.scheduler.preemption import MAX_PREEMPTIONS, budget_s
-from tests.utils import chain_run, coordinator
+from tests.scheduler.utils import chain_run, coordinator
 
 
 def _ready(c, query_id: str, cls: str, stage: str):

@@ -11,7 +11,7 @@ import pytest
 from agentflow.scheduler.call import CallState
 from agentflow.scheduler.classes import call_band
 from agentflow.scheduler.decisions import StartCall
-from tests.utils import chain_run, coordinator
+from tests.scheduler.utils import chain_run, coordinator
 
 LENGTHS = {"h": 100, "l": 10}  # a heavy tenant's 100 s call, a light tenant's 10 s one
 

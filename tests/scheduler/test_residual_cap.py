@@ -1,7 +1,7 @@
 """A running call's expected remainder never passes its ``max_tokens``
 (``gittins.expected_residual``), and preemption prices it so: a call near its cap is about to
 end, whatever its length distribution's over-run rule says. By hand, on the one-instance
-coordinator of ``tests.utils`` (1 decode token per second, no prefill cost)."""
+coordinator of ``tests/scheduler/utils.py`` (1 decode token per second, no prefill cost)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.gittins import expected_residual
 from agentflow.scheduler.preemption import remaining_s
-from tests.utils import chain_run, coordinator
+from tests.scheduler.utils import chain_run, coordinator
 
 TAIL = Distribution([10, 1000], [0.8, 0.2])  # short mostly, sometimes 1000 tokens
 

@@ -20,7 +20,7 @@ from agentflow.scheduler import Coordinator, InstanceSpec, ScheduledRouter
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.workflow import ManualClock
 from agentflow.workflow.router import LLMCall
-from tests.utils import FixedLengths, chain_run
+from tests.scheduler.utils import FixedLengths, chain_run
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ correction is bounded by the instance's solo (profile) rate. Counted, not timed.
 from __future__ import annotations
 
 from agentflow.scheduler.policies.dispatch_marginal_delay import MarginalDelayDispatch
-from tests.utils import coordinator
+from tests.scheduler.utils import coordinator
 
 
 def _steep_fast_beside_flat_slow():

@@ -15,7 +15,7 @@ import pytest
 
 from agentflow.scheduler.coordinator import Coordinator
 from agentflow.scheduler.policies.dispatch_marginal_delay import MarginalDelayDispatch
-from tests.utils import coordinator
+from tests.scheduler.utils import coordinator
 
 # (w, sum x, sum y, sum x^2, sum x*y) of two calls at (3, 0.5) and (5, 1.5): a slope of 0.5
 # per co-runner learned at 4 co-runners, a line that reads -1.0 with no co-runner

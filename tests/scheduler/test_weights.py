@@ -1,8 +1,8 @@
 """Share weights (scheduler.fairness): a tenant's ``weight`` (tenants config, ``--tenant
 ...:WEIGHT``) and a class's ``weight`` (among classes of equal rank) divide the virtual time
 each (class, tenant) is charged, so two flooding tenants of weights 2 and 1 get instance
-time 2 : 1. One instance, one slot, decoding 1 token/s (tests.utils): every call below is
-10 s, so the count of calls each tenant got is its instance time / 10."""
+time 2 : 1. One instance, one slot, decoding 1 token/s (tests/scheduler/utils.py): every call
+below is 10 s, so the count of calls each tenant got is its instance time / 10."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from agentflow.scheduler.fairness import TenantShares
 from agentflow.sim.workload import TenantSpec
 from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass, check_weight
 from agentflow.tenants import Tenant, TenantTable, share_weights
-from tests.utils import chain_run, coordinator
+from tests.scheduler.utils import chain_run, coordinator
 
 
 def _flood(c, tenants: dict[str, str], per_tenant: int) -> list[str]:

@@ -18,12 +18,7 @@ pytest.importorskip("prometheus_client")
 
 from agentflow.server.settings import API_KEYS_ENV, ServerSettings, load_serve_config  # noqa: E402
 from agentflow.server.testing import GOOD_SQL, LiveServer, scripted_instance  # noqa: E402
-from tests.utils import (  # noqa: E402
-    error_of,
-    held_calls,
-    serve_process,
-    sigterm_with_a_query_in_flight,
-)
+from tests.server.utils import error_of, held_calls, serve_process, sigterm_with_a_query_in_flight  # noqa: E402
 
 QUESTION = "How many stores are there?"
 KEY = "test-key-123"

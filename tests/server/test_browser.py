@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi")
-from tests.utils import chromium, held_calls, playwright_or_skip  # noqa: E402
+from tests.server.utils import chromium, held_calls, playwright_or_skip  # noqa: E402
 
 sync_api = playwright_or_skip()
 

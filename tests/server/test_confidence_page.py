@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi")
-from tests.utils import chromium, playwright_or_skip  # noqa: E402
+from tests.server.utils import chromium, playwright_or_skip  # noqa: E402
 
 sync_api = playwright_or_skip()
 

@@ -19,7 +19,7 @@ from agentflow.config import AgentFlowConfig  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
 from agentflow.server.prometheus import UNKNOWN_CLASS, class_label  # noqa: E402
 from agentflow.server.testing import LiveServer, metric_sum  # noqa: E402
-from tests.utils import error_of  # noqa: E402
+from tests.server.utils import error_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

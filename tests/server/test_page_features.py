@@ -13,12 +13,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi")
-from tests.utils import (  # noqa: E402
-    at_phone_width,
-    chromium,
-    playwright_or_skip,
-    wait_until,
-)
+from tests.server.utils import at_phone_width, chromium, playwright_or_skip  # noqa: E402
+from tests.utils import wait_until  # noqa: E402
 
 sync_api = playwright_or_skip()
 pytest.importorskip("altair")

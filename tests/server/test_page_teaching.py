@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 from tests.conftest import make_library_sqlite  # noqa: E402
-from tests.utils import chromium, playwright_or_skip  # noqa: E402
+from tests.server.utils import chromium, playwright_or_skip  # noqa: E402
 
 sync_api = playwright_or_skip()
 

@@ -15,12 +15,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 from agentflow.server.testing import LiveServer, metric_sum, scripted_instance  # noqa: E402
-from tests.utils import (  # noqa: E402
-    error_of,
-    serve_process,
-    sigterm_with_a_query_in_flight,
-    wait_until,
-)
+from tests.server.utils import error_of, serve_process, sigterm_with_a_query_in_flight  # noqa: E402
+from tests.utils import wait_until  # noqa: E402
 
 QUESTION = "How many stores are there?"
 pytestmark = pytest.mark.timeout(90)

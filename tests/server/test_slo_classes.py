@@ -26,7 +26,7 @@ from agentflow.evaluation import EvalError, run_eval  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
 from agentflow.query_class import UnknownSloClassError, class_table  # noqa: E402
 from agentflow.server.testing import LiveServer  # noqa: E402
-from tests.utils import error_of  # noqa: E402
+from tests.server.utils import error_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -297,7 +297,7 @@ def test_serving_classes_benchmark_runs_and_prints_the_ratios(tmp_path: Path) ->
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "figures.json"
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "serving_classes.py"),
+    done = subprocess.run([sys.executable, "-m", "agentflow.bench", "serving_classes",
                            "--policies", "vllm", "--phase-s", "6", "--warmup-s", "1",
                            "--latency", "0.1", "--per-token", "0.02", "--json", str(out)],
                           cwd=root, capture_output=True, text=True, timeout=240)

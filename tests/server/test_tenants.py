@@ -18,7 +18,7 @@ from agentflow.config import AgentFlowConfig  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
 from agentflow.server.testing import LiveServer  # noqa: E402
 from tests.conftest import make_library_sqlite  # noqa: E402
-from tests.utils import error_of, held_calls  # noqa: E402
+from tests.server.utils import error_of, held_calls  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -26,7 +26,7 @@ from agentflow.scheduler.prefix_index import (
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.sim.engine import SimInstance
 from agentflow.workflow import ManualClock
-from tests.utils import FixedLengths
+from tests.scheduler.utils import FixedLengths
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT.parent / "shared" / "traces" / "hexgen-flow"

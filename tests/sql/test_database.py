@@ -14,7 +14,7 @@ from agentflow.sql import (
     UnknownColumnError,
     UnknownTableError,
 )
-from tests.utils import record_watchdog_fires
+from tests.sql.utils import record_watchdog_fires
 
 FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 

@@ -20,7 +20,7 @@ from agentflow.datasets.to_duckdb import convert_sqlite_to_duckdb
 from agentflow.sql import Database, QueryTimeoutError, RejectedStatementError, SqlError
 from agentflow.sql.errors import QueryTooComplexError
 from agentflow.sql.guard import MAX_NESTING, MAX_SQL_CHARS, check_query
-from tests.utils import record_parsing, record_watchdog_fires
+from tests.sql.utils import record_parsing, record_watchdog_fires
 
 LIMIT_S = 1.0
 PEAK_RSS_BOUND_MB = 1024  # stated bound: each runaway statement stays under 1 GiB

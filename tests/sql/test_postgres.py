@@ -21,7 +21,8 @@ from agentflow.sql import (
 from agentflow.sql.database import _Interrupter
 from agentflow.sql.errors import ConnectionLostError
 from agentflow.sql.postgres import ReadOnlyRoleError, check_role
-from tests.utils import record_watchdog_fires, wait_until
+from tests.sql.utils import record_watchdog_fires
+from tests.utils import wait_until
 
 PASSWORD = "s3cret-Pa55"
 
