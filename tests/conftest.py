@@ -12,6 +12,20 @@ import pytest
 SHARED_SPIDER = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "spider"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tiers that need a tool outside Python, marked by what the test uses rather than by
+    hand: ``postgres`` (the session's ``pg_server``), ``browser`` (Debian's Chromium through
+    ``tests.server.utils.chromium``). ``ray`` and ``slow`` are marked in the tests."""
+    from tests.server.utils import chromium
+
+    for item in items:
+        if "pg_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+        module = getattr(item, "module", None)
+        if module is not None and getattr(module, "chromium", None) is chromium:
+            item.add_marker(pytest.mark.browser)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_teaching_store(tmp_path_factory):
     """Tests (and the CLIs they start) teach into their own store, never the user's."""

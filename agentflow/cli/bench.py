@@ -27,8 +27,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         return run(args.name, args.args)
     except ImportError as err:
-        # a benchmark's optional dependency (e.g. httpx, ray): say which extra brings it
+        # a benchmark's optional dependency: name the extra that brings it
+        extra = _EXTRA_OF.get((err.name or "").split(".")[0], "bench")
         print(f"agentflow: error: benchmark {args.name!r} needs {err.name}, which is not "
-              "installed: pip install -e '.[dev]' installs what the benchmarks use",
-              file=sys.stderr)
+              f"installed: pip install 'agentflow[{extra}]'", file=sys.stderr)
         return 2
+
+
+# The modules the benchmarks import beyond the core, and the extra of pyproject.toml that
+# declares each.
+_EXTRA_OF = {"scipy": "bench", "httpx": "bench", "fastapi": "server", "uvicorn": "server",
+             "prometheus_client": "server", "llama_cpp": "local", "ray": "ray",
+             "psycopg": "postgres", "mcp": "mcp"}

@@ -27,7 +27,7 @@ from agentflow.distributed.ray_backend import PlacementError  # noqa: E402
 from agentflow.llm.base import LLMRequest, SamplingParams  # noqa: E402
 from agentflow.server.testing import LiveServer, scripted_instance  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

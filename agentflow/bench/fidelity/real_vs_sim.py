@@ -1149,6 +1149,14 @@ def main(argv: list[str] | None = None) -> None:
     result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
     print(real.environment_line)
     result["environment"] = real.environment
+
+    def save() -> None:
+        # Written as soon as the replay is in hand, then again with each later figure: an
+        # optional step that fails (a fit, a missing dependency) cannot lose the replay.
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), **result}, indent=1))
+
+    save()
     if probes:
         # Not fitted to the replay: single requests before and after it say how fast each
         # engine was against its profile; the simulated replay with each core slowed by the
@@ -1186,8 +1194,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
         median = result["calibrate_first"]["figures"]["median_call_error"]
         p95 = result["calibrate_first"]["figures"]["p95_query_error"]
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), **result}, indent=1))
+    save()
     print(f"median |sim-real|/real per call: {median:.4f}")
     print(f"P95 error per query: {p95:.4f}")
 
