@@ -19,7 +19,7 @@ so a spaced operator or a second statement is an error under the BIRD rule.
 
 This module reproduces those rules with sqlglot's tokenizer (written from the evaluator's
 documented behaviour, not its code). What it deliberately does not reproduce is listed in
-the README ("Differences from the official evaluators").
+docs/accuracy.md ("How accuracy is judged", the deliberate differences).
 """
 
 from __future__ import annotations

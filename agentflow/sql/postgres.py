@@ -111,7 +111,8 @@ def open_postgres(cls: type[Database], url: URL, *, db_id: str | None = None,
             db.close()
             raise ReadOnlyRoleError(
                 f"database {db.id!r}: role {check.role!r} {'; '.join(check.problems())}; "
-                "give agentflow a role with only SELECT grants (see README, PostgreSQL)")
+                "give agentflow a role with only SELECT grants (docs/serving.md, PostgreSQL "
+                "databases)")
     return db
 
 

@@ -119,7 +119,7 @@ def test_the_report_says_which_rule():
 
 # ----------------------------------------------------------------------------- documented
 def test_documented_differences_from_the_official_evaluator(db):
-    """README, "Deliberate differences": both pairs match here; the official evaluator
+    """docs/accuracy.md, "Deliberate differences": both pairs match here; the official evaluator
     rejects the first (its row sort puts int 2 and float 2.0 apart) and demands row order
     for the second (the substring 'order by' appears, in a subquery)."""
     assert judge(db, "SELECT 2, 2.5", "SELECT 2.0, 2.5") == "match"

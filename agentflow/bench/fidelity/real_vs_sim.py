@@ -58,7 +58,7 @@ then prints the profile to put in ``agentflow/hardware.py``. The replay never fi
 On a GPU fleet the same command checks vLLM servers: give it a cluster file whose instances
 are ``backend: {type: openai, base_url: ..., extra_body: {ignore_eos: true}}`` with their
 ``gpu``/``model``/``tensor_parallel``/``max_num_seqs``/``max_num_batched_tokens`` as deployed
-(see README, "Checking the simulator against real engines").
+(see docs/simulator.md, "Checking the simulator against real engines").
 """
 
 from __future__ import annotations
