@@ -31,7 +31,14 @@ from agentflow.sql import errors as E
 from agentflow.sql.allowlist import warm as warm_allowlist
 from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_postgres_sizes, bound_value_sizes
 from agentflow.sql.dialect import PLAIN_SQLITE_DRIVER, sqlglot_dialect, transpile
-from agentflow.sql.guard import parse_single_query, strip_trailing
+from agentflow.sql.engine_check import (
+    SqliteAuthorizer,
+    approved_tables,
+    engine_names,
+    regenerate,
+    verify,
+)
+from agentflow.sql.guard import parse_single_query
 from agentflow.sql.watchdog import WATCHDOG
 
 log = logging.getLogger(__name__)
@@ -156,6 +163,8 @@ class Database:
         # The guard's allow-list for this dialect is derived once per process; do it now
         # rather than inside the first query's time limit.
         warm_allowlist(self.dialect)
+        if self.dialect in ("sqlite", "duckdb", "postgres"):
+            engine_names(self.dialect)
 
     @property
     def dialect(self) -> str:
@@ -173,23 +182,33 @@ class Database:
 
     # ----------------------------------------------------------------------------- queries
     def execute(self, sql: str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S,
-                max_rows: int | None = DEFAULT_MAX_ROWS, dialect: str | None = None) -> QueryResult:
+                max_rows: int | None = DEFAULT_MAX_ROWS, dialect: str | None = None,
+                allow_catalog: bool = False) -> QueryResult:
         """Run one read-only query and return at most ``max_rows`` rows.
 
         ``dialect`` is the dialect ``sql`` is written in; it is transpiled to this database's
         dialect when they differ. The time limit covers the whole call: transpiling and the
         guard's parse are charged to it before the engine gets the rest. Raises a subclass of
         ``SqlError`` on any failure.
+
+        What runs is the guard's parse tree written out again (``engine_check``), read first by
+        the engine's own parser (DuckDB, PostgreSQL) or checked as SQLite prepares it: one
+        text is checked and run, and where the engine reads it differently it does not run.
+        ``allow_catalog`` lets catalog tables through (admins, agentflow's introspection).
         """
         start = time.monotonic()
         if dialect and dialect != self.dialect:
             sql = transpile(sql, read=dialect, write=self.dialect)
-        tree = parse_single_query(sql, self.dialect)
-        run_sql = strip_trailing(sql, self.dialect)
+        tree = parse_single_query(sql, self.dialect, allow_catalog=allow_catalog)
         if self.kind == "duckdb":
-            run_sql = bound_value_sizes(tree, sql) or run_sql
+            bound_value_sizes(tree, sql)
         elif self.kind == "postgresql":
-            run_sql = bound_postgres_sizes(tree, sql) or run_sql
+            bound_postgres_sizes(tree, sql)
+        run_sql = regenerate(tree, self.dialect)
+        tables = approved_tables(tree)
+        verify(run_sql, dialect=self.dialect, tables=tables, allow_catalog=allow_catalog)
+        authorizer = (SqliteAuthorizer(tables, allow_catalog=allow_catalog)
+                      if self.kind == "sqlite" else None)
         remaining = None
         if timeout_s is not None:
             remaining = timeout_s - (time.monotonic() - start)
@@ -198,17 +217,24 @@ class Database:
                     f"query exceeded the {timeout_s:g}s time limit while being checked",
                     sql=sql, limit_s=timeout_s)
         try:
-            columns, rows, truncated = self._run(run_sql, sql, remaining, timeout_s, max_rows)
+            columns, rows, truncated = self._run(run_sql, sql, remaining, timeout_s, max_rows,
+                                                 authorizer)
         except sa.exc.DBAPIError as err:  # checkout failed: the server is unreachable
             raise self._connection_error(err, sql, connected=False) from err
         return QueryResult(columns=columns, rows=rows, truncated=truncated,
                            elapsed_s=time.monotonic() - start, sql=sql)
 
     def _run(self, run_sql: str, sql: str, remaining: float | None, timeout_s: float | None,
-             max_rows: int | None) -> tuple[list[str], list[tuple], bool]:
+             max_rows: int | None, authorizer: SqliteAuthorizer | None = None,
+             ) -> tuple[list[str], list[tuple], bool]:
         with self.engine.connect() as conn:
             raw = conn.connection.dbapi_connection
             interrupter = _Interrupter(self.kind, raw, remaining)
+            if authorizer is not None:
+                # Setting an authorizer expires the connection's prepared statements, so a
+                # cached statement is prepared again, through it.
+                sqlite_raw: Any = raw
+                sqlite_raw.set_authorizer(authorizer)
             if self.kind == "postgresql":
                 # A server-side cursor: only the rows asked for cross the network.
                 conn = conn.execution_options(stream_results=True, max_row_buffer=1000)
@@ -229,6 +255,9 @@ class Database:
                     cursor.close()
             except sa.exc.DBAPIError as err:
                 orig = err.orig if err.orig is not None else err
+                refused = authorizer.error(sql) if authorizer is not None else None
+                if refused is not None:
+                    raise refused from err
                 if interrupter.abandoned:
                     conn.invalidate()
                 if interrupter.timed_out(orig):
@@ -254,6 +283,8 @@ class Database:
                     raise self._connection_error(err, sql) from err
                 raise _translate(err, sql, self._secrets) from err
             finally:
+                if authorizer is not None:
+                    sqlite_raw.set_authorizer(None)
                 try:
                     conn.rollback()
                 except Exception:  # noqa: BLE001 - a dead connection cannot roll back

@@ -285,7 +285,7 @@ def sample_values_postgres(db: Database, table, column, k: int) -> list[Any] | N
     result = db.try_execute(
         "SELECT most_common_vals::text::text[] FROM pg_stats WHERE schemaname = "
         f"{_lit(table.schema)} AND tablename = {_lit(table.bare_name)} AND attname = "
-        f"{_lit(column.name)}", timeout_s=5.0, max_rows=1)
+        f"{_lit(column.name)}", timeout_s=5.0, max_rows=1, allow_catalog=True)
     rows = getattr(result, "rows", None)
     if not rows or rows[0][0] is None:
         return None
