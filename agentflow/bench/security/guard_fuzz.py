@@ -255,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     args = parser.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    print(f"| engine | texts | guard approved | as written | regenerated | refused by "
-          f"engine check | ran unapproved | seconds |")
+    print("| engine | texts | guard approved | as written | regenerated | refused by "
+          "engine check | ran unapproved | seconds |")
     print("|---|---|---|---|---|---|---|---|")
     failed = False
     for engine in engines:
