@@ -33,7 +33,7 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
-from sqlglot.errors import ParseError, TokenError
+from sqlglot.errors import ErrorLevel, ParseError, TokenError
 
 from agentflow.sql.allowlist import ALLOWED
 from agentflow.sql.errors import RejectedStatementError
@@ -51,8 +51,10 @@ _DUCKDB_FROM = {"BASE_TABLE", "JOIN", "SUBQUERY", "TABLE_FUNCTION", "EMPTY", "EX
 _SQLITE_SCHEMA = {"sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"}
 
 
-def regenerate(tree: exp.Expr, dialect: str) -> str:
+def regenerate(tree: exp.Expr, dialect: str, *, quiet: bool = False) -> str:
     """The text that runs: the guard's tree written out again, without comments."""
+    if quiet:
+        return tree.sql(dialect=dialect, comments=False, unsupported_level=ErrorLevel.IGNORE)
     return tree.sql(dialect=dialect, comments=False)
 
 
@@ -238,7 +240,8 @@ def engine_names(dialect: str) -> frozenset[str]:
     for text in [f"{n}({args})" for n in typed for args in ("1", "1, 2", "1, 2, 3", "")] + \
             list(_EXTRA_SAMPLES):
         try:
-            regen = regenerate(sqlglot.parse_one(f"SELECT {text}", read=dialect), dialect)
+            regen = regenerate(sqlglot.parse_one(f"SELECT {text}", read=dialect), dialect,
+                               quiet=True)
         except (ParseError, TokenError, ValueError, TypeError, KeyError):
             continue
         exprs.append(regen.removeprefix("SELECT "))
