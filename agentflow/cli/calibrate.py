@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="fit and store this host's profile of a cluster's "
                        "local instances",
-                       description=__doc__.split("\n\n")[0])
+                       description="Time the cluster's local (llama_server) instances on "
+                       "single and batched requests, fit their hardware profile, and store "
+                       "it for this host's CPU (and GPU); the simulator then times local "
+                       "instances with it.")
     p.add_argument("--cluster", required=True, help="cluster file (as serve --config reads)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of the timing grid (2)")
     p.add_argument("--instances", help="comma-separated instance names to time (default: "
