@@ -15,7 +15,7 @@ import pytest
 from agentflow import hardware
 from agentflow.cli.main import main as agentflow_main
 from agentflow.config import InstanceConfig
-from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.setup import instance_spec
 from agentflow.sim.engine import SimInstance, engine_for
 from agentflow.step_time import OperatorModel, StepShape, step_sums
 
@@ -135,14 +135,14 @@ def test_serving_kv_budget_is_the_simulated_engines_capacity(kw):
                          if kw.get("tensor_parallel") or kw.get("weight_bits") else
                          "Llama-3.1-8B", **kw)
     engine = engine_for("x", cfg)
-    assert InstanceSpec.from_config(cfg).kv_token_budget == \
+    assert instance_spec(cfg).kv_token_budget == \
         engine.kv_blocks_total * engine.block_size > 0
 
 
 def test_a_model_that_does_not_fit_is_a_clear_error():
     cfg = InstanceConfig(name="big", gpu="A100-80G", model="Llama-3.1-70B")
     with pytest.raises(ValueError, match="does not fit"):
-        InstanceSpec.from_config(cfg)
+        instance_spec(cfg)
 
 
 def test_serving_does_not_import_the_simulator():
@@ -151,14 +151,13 @@ def test_serving_does_not_import_the_simulator():
     code = """
 import sys
 from agentflow.config import InstanceConfig
-from agentflow.scheduler.cluster import InstanceSpec
-from agentflow.scheduler.setup import build_coordinator
+from agentflow.scheduler.setup import build_coordinator, instance_spec
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow.clock import ManualClock
 import agentflow.scheduler.serving, agentflow.server.app
 cfgs = [InstanceConfig(name="a", gpu="A100-80G", model="Llama-3.1-8B"),
         InstanceConfig(name="b", gpu="L40S", model="Llama-3.1-70B", weight_bits=4, kv_bits=4)]
-specs = [InstanceSpec.from_config(c) for c in cfgs]
+specs = [instance_spec(c) for c in cfgs]
 assert all(s.kv_token_budget > 0 for s in specs)
 [InstanceTimeModel.for_spec(s) for s in specs]
 build_coordinator(cfgs, clock=ManualClock(), policy="flowsage")
