@@ -81,7 +81,7 @@ class ShardHost:
     def _run(self, query: dict[str, Any], dag: dict[str, Any]) -> Any:
         """The query's mirror, registered with the coordinator on first sight (raises
         ``QueryRejected`` when the shard refuses it)."""
-        from agentflow.scheduler.shard_router import RunMirror, query_from
+        from agentflow.scheduler.run_mirror import RunMirror, query_from
 
         now = self.clock.now()
         run = self.runs.get(query["id"])
@@ -203,7 +203,7 @@ class RayShard:
 
     async def submit(self, call: LLMCall,
                      on_progress: ProgressCallback | None = None) -> CallOutcome:
-        from agentflow.scheduler.shard_router import dag_snapshot, query_snapshot
+        from agentflow.scheduler.run_mirror import dag_snapshot, query_snapshot
 
         ray = self.ray
         submitted = self.clock.now()

@@ -10,13 +10,8 @@ import pytest
 from agentflow.api import AgentFlow
 from agentflow.config import AgentFlowConfig
 from agentflow.scheduler.coordinator import Coordinator
-from agentflow.scheduler.shard_router import (
-    RunMirror,
-    ShardedRouter,
-    dag_snapshot,
-    query_from,
-    query_snapshot,
-)
+from agentflow.scheduler.run_mirror import RunMirror, dag_snapshot, query_from, query_snapshot
+from agentflow.scheduler.shard_router import ShardedRouter
 from agentflow.scheduler.shards import instance_kind, split_instances
 from agentflow.server.testing import scripted_instance
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
