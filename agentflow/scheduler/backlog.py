@@ -61,13 +61,27 @@ def backlog_clear_s(coordinator: Any, now: float, band: int | None = None) -> fl
     return (queued + pending) / len(up)
 
 
+def speed_unmeasured(coordinator: Any) -> bool:
+    """Whether an up instance's speed is still a guess: no hardware profile and a backend the
+    CPU constants were not measured on (``InstanceSpec.speed_known``), and neither it nor a
+    peer of it (``ClusterView._peer_ratios``) has finished a call. Then the backlog in
+    seconds is a guess too — the CPU constants price a scripted instance that answers in
+    0.2 s at several seconds a call (issue 39: 2 and 4 of 10 queries refused on a near-idle
+    scripted cluster) — so nothing is refused on it; the count limits still hold, and the
+    first answer makes the estimate real for the instance and its peers."""
+    borrowed = coordinator._peer_ratios()
+    return any(not q.spec.speed_known and not coordinator.time_models[name].observations
+               and coordinator._index[name] not in borrowed
+               for name, q in coordinator.queues.items() if q.up)
+
+
 def backlog_rejection(coordinator: Any, now: float, deadline: float | None,
                       max_backlog_s: float | None, band: int | None = None
                       ) -> tuple[str, float] | None:
     """(reason, retry_after_s) when a query arriving at ``now`` with ``deadline`` (of class
     ``band``, ``scheduler.classes.call_band``) should be refused; None to admit it."""
     budget = (deadline - now) if deadline is not None else max_backlog_s
-    if budget is None:
+    if budget is None or speed_unmeasured(coordinator):
         return None
     clear = backlog_clear_s(coordinator, now, band)
     if clear <= budget:
@@ -90,8 +104,8 @@ def deadline_verdict(coordinator: Any, query: Any, now: float
     Expected finish: the work ahead of it (``backlog_clear_s`` for its band) cleared,
     then its own remaining critical path at expected lengths. Both are the coordinator's
     own estimates, the ones its queue keys use."""
-    if query.deadline is None or query.run is None:
-        return None
+    if query.deadline is None or query.run is None or speed_unmeasured(coordinator):
+        return None  # (a guessed speed refuses nothing: ``speed_unmeasured``)
     coordinator._critical_paths(query, now)
     path = float(query.path_cache.get(None, 0.0))
     from agentflow.scheduler.classes import call_band

@@ -35,10 +35,24 @@ class InstanceSpec:
     # prompt tokens the engine prefills per step (vLLM's max_num_batched_tokens); None: the
     # GPU's vLLM default (``hardware.default_max_num_batched_tokens``)
     max_num_batched_tokens: int | None = None
+    # The backend's type (``agentflow.llm.registry``), when known: instances of one GPU,
+    # model and backend are peers, priced alike until each has answered (``peer_key``).
+    backend: str | None = None
+    # Whether the time model's starting point describes this instance: a hardware profile,
+    # or the embedded CPU engines the CPU constants were measured on. False (no profile and
+    # another backend: a scripted one, a remote endpoint): its speed is unknown until it
+    # answers, so nothing is refused on the strength of that guess (``scheduler.backlog``)
+    # and its first answers replace the guess instead of nudging it.
+    speed_known: bool = True
 
     def __post_init__(self) -> None:
         if self.max_inflight < 1:
             raise ValueError(f"instance {self.name}: max_inflight must be >= 1")
+
+    @property
+    def peer_key(self) -> tuple[str | None, str | None, str | None]:
+        """What makes two instances alike for pricing: GPU, model and backend type."""
+        return self.gpu, self.model, self.backend
 
     @classmethod
     def from_config(cls, cfg: InstanceConfig, name: str | None = None) -> InstanceSpec:
@@ -61,7 +75,23 @@ class InstanceSpec:
                    kv_token_budget=kv, tensor_parallel=cfg.tensor_parallel,
                    max_pending_prefill=cfg.max_pending_prefill,
                    weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits,
-                   max_num_batched_tokens=cfg.max_num_batched_tokens)
+                   max_num_batched_tokens=cfg.max_num_batched_tokens,
+                   backend=backend_type(cfg.backend), speed_known=speed_known(cfg))
+
+
+# Backends whose speed the CPU constants of ``scheduler.time_model`` were measured on.
+MEASURED_CPU_BACKENDS = frozenset({"local", "llama_server"})
+
+
+def backend_type(backend: dict[str, object]) -> str | None:
+    kind = backend.get("type")
+    return kind if isinstance(kind, str) else None
+
+
+def speed_known(cfg: InstanceConfig) -> bool:
+    """Whether the scheduler's time model has a real starting point for ``cfg``: a GPU
+    profile, or an embedded CPU engine (``MEASURED_CPU_BACKENDS``)."""
+    return cfg.gpu is not None or backend_type(cfg.backend) in MEASURED_CPU_BACKENDS
 
 
 BLOCK_SIZE = 16  # vLLM's default KV block size (tokens)

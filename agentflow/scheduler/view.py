@@ -49,6 +49,10 @@ class ClusterView:
         self._mean_coef: tuple[int, float, float, float] | None = None
         self._coef_cache: tuple[Any, ...] | None = None
         self._batch_cache: dict[bool, tuple[Any, ...]] = {}  # clean -> (epoch, arrays)
+        self._peer_keys = [s.peer_key for s in instances]
+        self._names = names
+        self._untried = set(range(len(instances)))  # indices that have answered no call
+        self._peer_cache: tuple[int, dict[int, tuple[float, float, float]]] | None = None
 
     @property
     def up_instances(self) -> list[str]:
@@ -61,11 +65,57 @@ class ClusterView:
     def expected_s(self, call: ScheduledCall, instance: str) -> float:
         model = self.time_models[instance]
         cached = call.time_cache.get(instance)
-        if cached is None or cached[0] != model.observations:
-            cached = (model.observations,
-                      model.expected_s(call.tokens_on(instance), call.mean_output))
+        borrowed = self._peer_ratios().get(self._index[instance]) \
+            if not model.observations else None
+        # an instance pricing by its peers' ratios sees them move without learning itself:
+        # stamped by the epoch then (negative, apart from its own observation counts)
+        stamp = model.observations if borrowed is None else -1 - self._models_epoch
+        if cached is None or cached[0] != stamp:
+            tokens, out = call.tokens_on(instance), call.mean_output
+            time_s = model.expected_s(tokens, out) if borrowed is None else (
+                model.overhead_s + tokens * model.prefill_s_per_token * borrowed[0]
+                + out * model.decode_s_per_token * borrowed[1])
+            cached = (stamp, time_s)
             call.time_cache[instance] = cached
         return cached[1]
+
+    def _peer_ratios(self) -> dict[int, tuple[float, float, float]]:
+        """Instances that have finished no call yet, by construction index, with the mean
+        (prefill, decode, clean decode) ratios of their peers that have (same GPU, model and
+        backend: ``InstanceSpec.peer_key``); refreshed when a model learns.
+
+        Why: an instance that has answered nothing is priced at its starting rates, and its
+        twin that has answered at what it measured. Where the two differ — the CPU
+        constants on a loaded host, a guess for a scripted backend or a remote endpoint —
+        the untried twin looks faster or slower than the one it is identical to, and
+        dispatch piles calls on one of them while the other sits idle (issue 39: a keyword
+        call timed out on local-0 and ran on local-1; local-1, having measured the loaded
+        host, then looked 3x slower than the untried local-0, and all three candidates
+        queued on local-0). Its peers' measurements are the best estimate of it, as
+        ``call_deadline`` already reads them for its deadlines."""
+        cached = self._peer_cache
+        if cached is not None and cached[0] == self._models_epoch:
+            return cached[1]
+        out: dict[int, tuple[float, float, float]] = {}
+        names = self._names
+        # instances only ever gain answers, so the untried set only shrinks (it is reset
+        # when a model is replaced): once all have answered this is O(1) per refresh
+        self._untried = {i for i in self._untried
+                         if not self.time_models[names[i]].observations}
+        if self._untried:
+            models = [self.time_models[n] for n in names]
+            seen: dict[Any, list[InstanceTimeModel]] = {}
+            for key, m in zip(self._peer_keys, models):
+                if m.observations:
+                    seen.setdefault(key, []).append(m)
+            for i in sorted(self._untried):
+                peers = seen.get(self._peer_keys[i])
+                if peers:
+                    out[i] = (float(np.mean([p.prefill_ratio for p in peers])),
+                              float(np.mean([p.decode_ratio for p in peers])),
+                              float(np.mean([p.clean_decode_ratio for p in peers])))
+        self._peer_cache = (self._models_epoch, out)
+        return out
 
     def outstanding_work(self, instance: str, now: float) -> float:
         return float(self.work_vector(now)[self._index[instance]])
@@ -155,11 +205,12 @@ class ClusterView:
         if cached is None or cached[0] != self._models_epoch:
             models = [self.time_models[n] for n in self.queues]
             fits = [m.co_runner_slope(clean=clean) for m in models]
+            borrowed = self._peer_ratios()
+            ratios = [(m.clean_decode_ratio if clean else m.decode_ratio) if i not in borrowed
+                      else borrowed[i][2 if clean else 1] for i, m in enumerate(models)]
             cached = self._batch_cache[clean] = (
                 self._models_epoch,
-                np.array([m.decode_s_per_token
-                          * (m.clean_decode_ratio if clean else m.decode_ratio)
-                          for m in models]),
+                np.array([m.decode_s_per_token * r for m, r in zip(models, ratios)]),
                 np.array([m.decode_s_per_token * f[0] for m, f in zip(models, fits)]),
                 np.array([f[1] for f in fits]))
         return cached[1], cached[2], cached[3]
@@ -209,10 +260,13 @@ class ClusterView:
         key = self._models_epoch
         if cached is None or cached[0] != key:
             models = [self.time_models[n] for n in self.queues]
+            borrowed = self._peer_ratios()  # untried instances: their peers' ratios
+            ratios = [(m.prefill_ratio, m.decode_ratio) if i not in borrowed
+                      else borrowed[i][:2] for i, m in enumerate(models)]
             cached = self._coef_cache = (
                 key, np.array([m.overhead_s for m in models]),
-                np.array([m.prefill_s_per_token * m.prefill_ratio for m in models]),
-                np.array([m.decode_s_per_token * m.decode_ratio for m in models]))
+                np.array([m.prefill_s_per_token * r[0] for m, r in zip(models, ratios)]),
+                np.array([m.decode_s_per_token * r[1] for m, r in zip(models, ratios)]))
         return cached[1], cached[2], cached[3]
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
@@ -267,3 +321,4 @@ class _TimeModels(dict[str, InstanceTimeModel]):
         owner = self.__dict__.get("_owner")  # absent while copy.deepcopy rebuilds the dict
         if owner is not None and hasattr(owner, "_models_epoch"):
             owner._models_epoch += 1
+            owner._untried = set(range(len(owner._names)))  # the new model may be untried
