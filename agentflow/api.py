@@ -238,10 +238,13 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
                tenant: str | Tenant | None = None,
                slo_seconds: float | None = None,
                min_confidence: float | None = None,
-               slo_class: str | None = None) -> QueryHandle:
+               slo_class: str | None = None,
+               query_id: str | None = None) -> QueryHandle:
         """Start answering without waiting: bad input raises here, at once; the handle has
         the query id, live stage events and, later, the answer. Each question is a turn of a
-        conversation: a new one unless ``conversation`` names an earlier answer's."""
+        conversation: a new one unless ``conversation`` names an earlier answer's.
+        ``query_id``: run it under this id (a server replica re-running a query whose
+        replica died); by default a new one."""
         if self._closed or self._closing:
             raise ShuttingDownError("agentflow is shutting down; not accepting questions")
         from agentflow.slo_names import one_slo
@@ -271,7 +274,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
             history = self.conversations.follow(conversation, entry.db_id, viewer=who)
         else:
             conversation, history = self.conversations.start(entry.db_id, owner_of(who)), ()
-        query_id = f"q-{uuid.uuid4().hex[:12]}"
+        query_id = query_id or f"q-{uuid.uuid4().hex[:12]}"
         handle = QueryHandle(query_id, question, entry.db_id, pipeline_obj.name, slo,
                              conversation_id=conversation, history=history)
         handle.tenant, handle.slo_class = owner_of(who), klass.name

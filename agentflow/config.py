@@ -25,7 +25,7 @@ class InstanceConfig(BaseModel):
 
     Serving runs ``backend`` (see ``agentflow.llm.registry``); the simulator models an engine
     from ``gpu``/``model``/precision/parallelism and the engine limits; the scheduler is given
-    the same ``InstanceSpec`` in both (``InstanceSpec.from_config``), so a policy or alpha
+    the same ``InstanceSpec`` in both (``scheduler.setup.instance_spec``), so a policy or alpha
     chosen in simulation means the same thing in serving. ``count`` > 1 stands for that many
     identical instances (named ``<name>-<i>``, or ``<gpu>-<i>`` without a name).
     """

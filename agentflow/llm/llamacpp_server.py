@@ -151,8 +151,8 @@ def configure_engine(engine: Any, backend: dict[str, Any], model: Any) -> None:
     """A simulated engine (``SimInstance``) made to batch as this llama-server does: its
     checkpoint breaks (``prompt_breaks``) and, with one KV stream per slot (agentflow's
     ``--no-kv-unified``, unless ``extra_args`` ask for ``--kv-unified``), its slots and
-    ubatches (``agentflow.sim.llama_batches``)."""
-    from agentflow.sim.llama_batches import SlotTable
+    ubatches (``agentflow.llm.llama_batches``)."""
+    from agentflow.llm.llama_batches import SlotTable
 
     engine.prompt_breaks = prompt_breaks(backend, model)
     fields = LlamaServerSpec.model_fields

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from agentflow.scheduler.call import CallState
+from agentflow.scheduler.classes import call_band, ranks_by_class
 from agentflow.scheduler.decisions import QueryRejected
 
 
@@ -45,7 +47,7 @@ def pending_query_s(coordinator: Any, query: Any, now: float) -> float:
 def backlog_clear_s(coordinator: Any, now: float, band: int | None = None) -> float:
     """Seconds the up instances need to clear the committed work, sharing it evenly; with
     ``band``, only the work a query in that band waits behind
-    (``classes.work_ahead_excluded_s``)."""
+    (``work_ahead_excluded_s``)."""
     up = coordinator.up_instances
     if not up:
         return float("inf")
@@ -53,12 +55,28 @@ def backlog_clear_s(coordinator: Any, now: float, band: int | None = None) -> fl
     queued = sum(float(work[coordinator._index[name]]) for name in up)
     pending = sum(pending_query_s(coordinator, q, now) for q in coordinator.queries.values())
     if band is not None:
-        from agentflow.scheduler.classes import work_ahead_excluded_s
-
         excluded = work_ahead_excluded_s(coordinator, band, now)
         if excluded > 0:
             return max(0.0, queued + pending - excluded) / len(up)
     return (queued + pending) / len(up)
+
+
+def work_ahead_excluded_s(coordinator: Any, band: int, now: float) -> float:
+    """Expected seconds of committed work a new query in ``band`` does not wait behind (0
+    unless the queue ranks by class): waiting calls of worse bands (lower classes, tenants
+    over their share), and such queries with no call out yet. Running calls count — they
+    hold their slots."""
+    if not ranks_by_class(coordinator._queue_policy):
+        return 0.0
+    excluded = 0.0
+    for query in coordinator.queries.values():
+        if call_band(coordinator, query) <= band:
+            continue
+        for call in query.calls:
+            if call.state == CallState.WAITING and call.instance is not None:
+                excluded += coordinator.expected_s(call, call.instance)
+        excluded += pending_query_s(coordinator, query, now)
+    return excluded
 
 
 def speed_unmeasured(coordinator: Any) -> bool:
@@ -108,8 +126,6 @@ def deadline_verdict(coordinator: Any, query: Any, now: float
         return None  # (a guessed speed refuses nothing: ``speed_unmeasured``)
     coordinator._critical_paths(query, now)
     path = float(query.path_cache.get(None, 0.0))
-    from agentflow.scheduler.classes import call_band
-
     wait = backlog_clear_s(coordinator, now, call_band(coordinator, query))
     finish = wait + path
     if now + finish <= query.deadline:

@@ -141,6 +141,13 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
     app.state.tenants = settings.tenant_table()  # key -> tenant; empty: keys are off
     check_against_catalog(app.state.tenants, af.catalog, af.config.scheduler.slo_classes)
     apply_share_weights(app.state.tenants, af.router)  # tenants' weights into fair shares
+    if settings.state:  # queries, conversations, usage shared by replicas (agentflow.state)
+        from agentflow.state import open_store
+
+        service.use_state(open_store(settings.state, keep_per_tenant=settings.keep_per_tenant,
+                                     max_row_bytes=settings.max_row_bytes),
+                          app.state.tenants, replica_id=settings.replica_id,
+                          lease_s=settings.lease_s)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s, on_error=metrics.error)
     errors.install(app, on_error=metrics.error)

@@ -97,13 +97,8 @@ import numpy as np
 
 from agentflow import hardware
 from agentflow.hardware import GPUProfile, ModelProfile
-from agentflow.sim.llama_batches import (
-    Piece,
-    SlotTable,
-    decode_run_seconds,
-    fill_key,
-    iteration_seconds,
-)
+from agentflow.llm.llama_batches import Piece, SlotTable, fill_key
+from agentflow.sim.llama_batches import decode_run_seconds, iteration_seconds
 from agentflow.step_time import OperatorModel, StepShape, step_sums
 
 _WAITING, _PENDING, _RUNNING, _DONE, _ABORTED = range(5)
@@ -586,7 +581,7 @@ class SimInstance:
                 self._push_waiting(s)
         B = self.block_size
         budget = self.max_num_batched_tokens
-        if self.llama_slots is not None:  # llama-server's slots: agentflow.sim.llama_batches
+        if self.llama_slots is not None:  # llama-server's slots: agentflow.llm.llama_batches
             self._launch_into_slots()
             self._running.sort(key=fill_key(self.llama_slots))
         running = self._running

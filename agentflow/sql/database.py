@@ -9,6 +9,7 @@ so a runaway query stops consuming CPU instead of being merely abandoned.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -25,13 +26,14 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 
 from agentflow.sql import errors as E
 from agentflow.sql.allowlist import warm as warm_allowlist
 from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_postgres_sizes, bound_value_sizes
 from agentflow.sql.dialect import PLAIN_SQLITE_DRIVER, sqlglot_dialect, transpile
 from agentflow.sql.guard import parse_single_query, strip_trailing
+from agentflow.sql.schema import Schema, introspect, schema_prompt
 from agentflow.sql.watchdog import WATCHDOG
 
 log = logging.getLogger(__name__)
@@ -146,11 +148,38 @@ class Database:
         if backend == "duckdb" and url.database and url.database != ":memory:":
             return cls.open(url.database, db_id=db_id, kind="duckdb")
         if backend == "postgresql":
-            from agentflow.sql.postgres import open_postgres
-
-            return open_postgres(cls, url, db_id=db_id, **options)
+            return cls._open_postgres(url, db_id=db_id, **options)
         engine = sa.create_engine(url)
         return cls(id=db_id or (url.database or backend), engine=engine, kind=backend)
+
+    @classmethod
+    def _open_postgres(cls, url: URL, *, db_id: str | None,
+                       require_read_only_role: bool = False, **options: Any) -> Database:
+        from agentflow.sql import postgres
+
+        pg = postgres.postgres_engine(url, **options)
+        db = cls(id=db_id or url.database or "postgres", engine=pg.engine, kind="postgresql",
+                 _secrets=pg.secrets, search_path=pg.search_path)
+        if require_read_only_role:
+            try:
+                postgres.require_read_only_role(db)
+            except postgres.ReadOnlyRoleError:
+                db.close()
+                raise
+        return db
+
+    def with_role(self, role: str) -> Database:
+        """A view of this PostgreSQL database whose statements run as ``role`` (its own
+        caches, the same pool; ``sql.postgres`` says why a role per transaction)."""
+        from agentflow.sql.postgres import ROLE_OPTION
+
+        if self.kind != "postgresql":
+            raise ValueError(f"database {self.id!r} is {self.kind}: database roles (db_roles) "
+                             "need PostgreSQL")
+        if not role or "\x00" in role or len(role) > 63:
+            raise ValueError(f"invalid database role name {role!r}")
+        return dataclasses.replace(self, engine=self.engine.execution_options(
+            **{ROLE_OPTION: role}), _schema_cache=None, _lock=threading.Lock())
 
     def __post_init__(self) -> None:
         # The guard's allow-list for this dialect is derived once per process; do it now
@@ -290,19 +319,20 @@ class Database:
                                     sql=sql)
 
     # ----------------------------------------------------------------------------- schema
-    def schema(self):
+    def schema(self) -> Schema:
         """The introspected schema (cached; the database is read-only so it cannot change)."""
-        from agentflow.sql.schema import introspect
-
         with self._lock:
             if self._schema_cache is None:
-                self._schema_cache = introspect(self)
+                if self.kind == "postgresql":
+                    from agentflow.sql.postgres import introspect_postgres
+
+                    self._schema_cache = introspect_postgres(self)
+                else:
+                    self._schema_cache = introspect(self)
             return self._schema_cache
 
     def schema_prompt(self, **kwargs: Any) -> str:
         """Compact schema text for prompts; see ``agentflow.sql.schema.schema_prompt``."""
-        from agentflow.sql.schema import schema_prompt
-
         return schema_prompt(self, **kwargs)
 
 
