@@ -82,14 +82,14 @@ def work_ahead_excluded_s(coordinator: Any, band: int, now: float) -> float:
 def speed_unmeasured(coordinator: Any) -> bool:
     """Whether an up instance's speed is still a guess: no hardware profile and a backend the
     CPU constants were not measured on (``InstanceSpec.speed_known``), and neither it nor a
-    peer of it (``ClusterView._peer_ratios``) has finished a call. Then the backlog in
+    peer of it (``ClusterView._borrowed``) has finished a call. Then the backlog in
     seconds is a guess too — the CPU constants price a scripted instance that answers in
     0.2 s at several seconds a call (issue 39: 2 and 4 of 10 queries refused on a near-idle
     scripted cluster) — so nothing is refused on it; the count limits still hold, and the
     first answer makes the estimate real for the instance and its peers."""
-    borrowed = coordinator._peer_ratios()
-    return any(not q.spec.speed_known and not coordinator.time_models[name].observations
-               and coordinator._index[name] not in borrowed
+    models = coordinator.time_models
+    return any(not q.spec.speed_known and not models[name].observations
+               and coordinator._borrowed(coordinator._index[name], models[name]) is None
                for name, q in coordinator.queues.items() if q.up)
 
 

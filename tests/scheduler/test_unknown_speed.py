@@ -15,6 +15,7 @@ import pytest
 from agentflow.config import InstanceConfig
 from agentflow.scheduler import Coordinator, InstanceSpec, QueryRejected
 from agentflow.scheduler.backlog import speed_unmeasured
+from agentflow.scheduler.setup import instance_spec
 from agentflow.scheduler.time_model import CPU_DECODE_S_PER_TOKEN, InstanceTimeModel
 from agentflow.workflow import ManualClock
 from tests.scheduler.utils import FixedLengths, chain_run
@@ -22,7 +23,7 @@ from tests.scheduler.utils import FixedLengths, chain_run
 
 def _cluster(backend: str, *, n: int = 2, **kw) -> Coordinator:
     cfgs = [InstanceConfig(name=f"local-{i}", backend={"type": backend}) for i in range(n)]
-    return Coordinator([InstanceSpec.from_config(c) for c in cfgs], clock=ManualClock(0.0),
+    return Coordinator([instance_spec(c) for c in cfgs], clock=ManualClock(0.0),
                        policy="flowsage", length_model=FixedLengths({"s": 100}), **kw)
 
 
@@ -32,7 +33,7 @@ def _admit(c: Coordinator, qid: str, deadline: float) -> None:
 
 def test_the_config_says_which_instances_have_a_known_speed() -> None:
     def spec(**kw) -> InstanceSpec:
-        return InstanceSpec.from_config(InstanceConfig(name="i", **kw))
+        return instance_spec(InstanceConfig(name="i", **kw))
 
     assert spec(gpu="H100", model="Llama-3.1-8B").speed_known
     assert spec(backend={"type": "local"}).speed_known  # the CPU constants' own engine
@@ -103,6 +104,6 @@ def test_an_instance_with_answers_of_its_own_keeps_them() -> None:
     a.observe(1000, 50, 3 * a.prefill_s(1000), 3 * a.prefill_s(1000) + 49 * 0.1)
     b.observe(1000, 50, b.prefill_s(1000), b.prefill_s(1000) + 49 * b.decode_s_per_token)
     c._models_epoch += 1
-    assert c._peer_ratios() == {}
+    assert c._borrowed(0, a) is None and c._borrowed(1, b) is None
     assert c._coef_vectors()[1].tolist() == [a.prefill_s_per_token * a.prefill_ratio,
                                              b.prefill_s_per_token * b.prefill_ratio]
