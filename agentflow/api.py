@@ -268,7 +268,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
         from agentflow.query_class import choose_class, deadline_s
 
         klass = choose_class(slo_class, who.slo_class if who else None,
-                             self.config.scheduler.slo_classes)  # UnknownSloClassError
+                             self.config.scheduler.slo_classes,  # UnknownSloClassError
+                             ceiling=who is not None and not who.admin)
         slo = deadline_s(slo, klass, self.config.slo_s)
         if conversation is not None:
             history = self.conversations.follow(conversation, entry.db_id, viewer=who)
