@@ -27,14 +27,33 @@ class UnknownSloClassError(InvalidRequest):
         super().__init__(f"unknown SLO class {name!r}; choose from {', '.join(self.classes)}")
 
 
+class SloClassNotAllowedError(InvalidRequest):
+    """A tenant asked for a class ranked above its own: its class is a ceiling."""
+
+    def __init__(self, name: str, ceiling: str):
+        self.name = name
+        self.ceiling = ceiling
+        super().__init__(f"SLO class {name!r} is ranked above this key's class {ceiling!r}; "
+                         f"a request may ask for {ceiling!r} or a class ranked below it")
+
+
 def choose_class(requested: str | None, tenant_class: str | None,
-                 classes: Mapping[str, SloClass]) -> SloClass:
-    """The request's class, else the tenant's default, else ``DEFAULT_CLASS``."""
+                 classes: Mapping[str, SloClass], *, ceiling: bool = False) -> SloClass:
+    """The request's class, else the tenant's default, else ``DEFAULT_CLASS``.
+
+    With ``ceiling`` (a tenant's request, not an admin's) the tenant's class (else the
+    default) is the best it may have: a ``standard`` key asking for ``interactive`` would
+    otherwise be served ahead of every standard tenant. Asking for a lower class is fine."""
     name = requested if requested is not None else tenant_class
     key = DEFAULT_CLASS if name is None else name
     if key not in classes:
         raise UnknownSloClassError(key, classes)
-    return classes[key]
+    chosen = classes[key]
+    if ceiling and requested is not None:
+        own = classes.get(tenant_class or DEFAULT_CLASS)
+        if own is not None and chosen.rank < own.rank:
+            raise SloClassNotAllowedError(chosen.name, own.name)
+    return chosen
 
 
 def deadline_s(requested_slo: float | None, slo_class: SloClass,
@@ -65,4 +84,5 @@ def class_table(configured: Mapping[str, Mapping[str, Any]] | None) -> dict[str,
     return table
 
 
-__all__ = ["UnknownSloClassError", "choose_class", "class_table", "deadline_s"]
+__all__ = ["SloClassNotAllowedError", "UnknownSloClassError", "choose_class", "class_table",
+           "deadline_s"]
