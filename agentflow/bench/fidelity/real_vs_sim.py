@@ -93,6 +93,7 @@ from agentflow.bench.fidelity.attribution import (
 )
 from agentflow.bench.fidelity.chain import print_worst_queries
 from agentflow.bench.fidelity.environment import Quietness
+from agentflow.bench.fidelity.figures import call_figures, p95
 from agentflow.bench.fidelity.normalise import instance_slowdowns, lone_calls, machine_factors
 from agentflow.bench.fidelity.precalibrate import describe, fit_speed, measure_lone, workload_shapes
 from agentflow.bench.fidelity.probe import probe
@@ -947,10 +948,13 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
     print_worst_queries(w, real.submit, real.finish, real.split, sim)
     median_call = float(np.median(call_err))
     p95_query = float(np.percentile(q_err, 95))
-    return {"median_call_error": median_call, "p95_query_error": p95_query,
+    extra = call_figures(s_call, r_call, [c.output_tokens for cs in w.calls for c in cs])
+    return {**extra, "median_call_error": median_call, "p95_query_error": p95_query,
             "call_real_s": r_call.tolist(), "call_sim_s": s_call.tolist(),
             "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy,
             "call_submit_s": [real.submit[i] for i in ids],
+            "call_instance": [c.instance for cs in w.calls for c in cs],
+            "call_output_tokens": [c.output_tokens for cs in w.calls for c in cs],
             "call_finish_s": [real.finish[i] for i in ids],
             "attribution": table,
             "calls": per_call_records(ids, real.split, sim.split, conc, real.engine_timings)}
@@ -1044,6 +1048,8 @@ def calibrated_first(w: Workload, real: Outcome, cluster_path: str,
                                   "rows_error_stored": before, "rows_error_fitted": after}
     sim = replay_sim(w, sim_engines(cluster_path, profiles))
     out["figures"] = error_figures(w, real, sim)
+    out["call_sim_s"] = [sim.call_latency(c.id) for cs in w.calls for c in cs]
+    out["query_sim_s"] = [sim.query_latency(w, q) for q in range(len(w.calls))]
     print(f"calibrate-first: median per call {out['figures']['median_call_error']:.4f}, "
           f"P95 per query {out['figures']['p95_query_error']:.4f}")
     if real.split:
@@ -1096,12 +1102,20 @@ def lone_normalised(w: Workload, real: Outcome, cluster_path: str) -> dict[str, 
 
 
 def error_figures(w: Workload, real: Outcome, sim: Outcome) -> dict[str, float]:
-    ids = [c.id for cs in w.calls for c in cs]
-    call = [relative(sim.call_latency(i), real.call_latency(i)) for i in ids]
+    """``figures.call_figures`` of the calls and the P95 per query."""
+    calls = [c for cs in w.calls for c in cs]
     query = [relative(sim.query_latency(w, q), real.query_latency(w, q))
              for q in range(len(w.calls))]
-    return {"median_call_error": float(np.median(call)),
-            "p95_query_error": float(np.percentile(query, 95))}
+    return {**call_figures([sim.call_latency(c.id) for c in calls],
+                           [real.call_latency(c.id) for c in calls],
+                           [c.output_tokens for c in calls]),
+            "p95_query_error": p95(query)}
+
+
+def figures_line(f: dict[str, float]) -> str:
+    """The per-call figures beside the headline median."""
+    return (f"per call time-weighted {f['time_weighted_call_error']:.4f}, median over calls "
+            f"of > 2 output tokens {f['median_call_error_gt2']:.4f}")
 
 
 def save_plot(path: Path, r_call, s_call, r_q, s_q) -> None:
@@ -1286,16 +1300,19 @@ def main(argv: list[str] | None = None) -> None:
     normalised = lone_normalised(w, real, args.cluster)
     if normalised is not None:
         result["lone_normalised"] = normalised
-    median, p95 = result["median_call_error"], result["p95_query_error"]
+    median, p95_q = result["median_call_error"], result["p95_query_error"]
+    headline: dict[str, Any] = result
     if first_rows is not None:
         result["calibrate_first"] = calibrated_first(w, real, args.cluster, first_rows)
-        print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
-        median = result["calibrate_first"]["figures"]["median_call_error"]
-        p95 = result["calibrate_first"]["figures"]["p95_query_error"]
+        print(f"stored profile: median per call {median:.4f}, P95 per query {p95_q:.4f}; "
+              + figures_line(result))
+        headline = result["calibrate_first"]["figures"]
+        median, p95_q = headline["median_call_error"], headline["p95_query_error"]
     save()
+    print(figures_line(headline))
     print(engine_work_line(work))
     print(f"median |sim-real|/real per call: {median:.4f}")
-    print(f"P95 error per query: {p95:.4f}")
+    print(f"P95 error per query: {p95_q:.4f}")
 
 
 if __name__ == "__main__":
