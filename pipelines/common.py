@@ -54,6 +54,7 @@ class Execution:
     rows: list[tuple] = field(default_factory=list)
     error: str | None = None
     error_kind: str | None = None
+    truncated_by: str | None = None  # a cap cut the rows short: "rows" or "bytes"
 
     @property
     def empty(self) -> bool:
@@ -85,7 +86,8 @@ async def execute_sql(env: PipelineEnv, sql: str) -> Execution:
     if isinstance(result, SqlError):
         return Execution(sql=sql, ok=False, error=result.message, error_kind=result.kind)
     assert isinstance(result, QueryResult)
-    return Execution(sql=sql, ok=True, columns=result.columns, rows=result.rows)
+    return Execution(sql=sql, ok=True, columns=result.columns, rows=result.rows,
+                     truncated_by=result.truncated_by)
 
 
 def needs_revision(execution: Execution) -> bool:
