@@ -486,6 +486,7 @@ class _Interrupter:
     _PG_CANCEL_FACTOR = 1.5
     _PG_ABANDON_FACTOR = 1.8
     _PG_SERVER_TIMEOUT = True  # tests turn it off to show the client-side cancel alone
+    _SQLITE_BACKSTOP_FACTOR = 1.1
 
     def __init__(self, kind: str, raw: Any, timeout_s: float | None):
         self.kind = kind
@@ -528,7 +529,8 @@ class _Interrupter:
                                                self._abandon)
         else:
             if self.kind == "sqlite" and hasattr(self.raw, "set_progress_handler"):
-                deadline = time.monotonic() + self.timeout_s
+                # a backstop just after the watchdog's interrupt, which stays the first stop
+                deadline = time.monotonic() + self.timeout_s * self._SQLITE_BACKSTOP_FACTOR
                 self._deadline = deadline
                 self.raw.set_progress_handler(lambda: time.monotonic() > deadline,
                                               SQLITE_PROGRESS_STEPS)
