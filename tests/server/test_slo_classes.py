@@ -24,8 +24,8 @@ from agentflow.api import AgentFlow, InvalidRequest  # noqa: E402
 from agentflow.config import AgentFlowConfig  # noqa: E402
 from agentflow.evaluation import EvalError, run_eval  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
-from agentflow.query_class import UnknownSloClassError, class_table  # noqa: E402
 from agentflow.server.testing import LiveServer  # noqa: E402
+from agentflow.slo_classes import UnknownSloClassError, class_table  # noqa: E402
 from tests.server.utils import error_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
