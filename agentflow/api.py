@@ -268,7 +268,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
         from agentflow.slo_classes import choose_class, deadline_s
 
         klass = choose_class(slo_class, who.slo_class if who else None,
-                             self.config.scheduler.slo_classes)  # UnknownSloClassError
+                             self.config.scheduler.slo_classes,  # UnknownSloClassError
+                             ceiling=who is not None and not who.admin)
         slo = deadline_s(slo, klass, self.config.slo_s)
         if conversation is not None:
             history = self.conversations.follow(conversation, entry.db_id, viewer=who)
@@ -410,6 +411,11 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
         by_name = {i.name: i for i in self.config.instances}
         # Backends passed in code without a configured instance run as plain CPU instances.
         instances = [by_name.get(name) or InstanceConfig(name=name) for name in self.backends]
+        if self.config.scheduler.shards > 1:  # K coordinators (agentflow.scheduler.shards)
+            from agentflow.scheduler.shard_router import build_sharded_router
+
+            return build_sharded_router(self.config, instances, self.backends,
+                                        MonotonicClock())
         coordinator = build_coordinator(instances, clock=MonotonicClock(),
                                         **scheduler_settings(self.config.scheduler))
         return ScheduledRouter(coordinator, self.backends,
@@ -419,6 +425,9 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
     async def _close_backends(self) -> None:
         for backend in self.backends.values():
             await backend.close()
+        close = getattr(self.router, "close", None)  # a sharded router's shard actors
+        if close is not None:
+            await close()
 
     def pipeline(self, name: str | None) -> Pipeline:
         from pipelines import get_pipeline

@@ -143,6 +143,13 @@ class SchedulerConfig(BaseModel):
     # many calls at once; null: off. Under the flowsage queue only
     # (agentflow.scheduler.fast_lane).
     fast_lane: int | None = Field(FAST_LANE_CALLS, ge=1)
+    # Sharded coordinators (agentflow.scheduler.shards): the instances split into this many
+    # shards (a share of every GPU kind each), each with its own coordinator; each query is
+    # routed to one by shard_route (p2c over load summaries, least, or hash). shard_hosts:
+    # local (this process) or ray (one Ray actor per shard, restarted when it dies).
+    shards: int = Field(1, ge=1)
+    shard_route: Literal["p2c", "least", "hash"] = "p2c"
+    shard_hosts: Literal["local", "ray"] = "local"
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the

@@ -91,10 +91,29 @@ def resolve_class(name: str | None, classes: Mapping[str, SloClass] | None = Non
     return table[key]
 
 
+class SloClassNotAllowedError(InvalidRequest):
+    """A tenant asked for a class ranked above its own: its class is a ceiling."""
+
+    def __init__(self, name: str, ceiling: str):
+        self.name = name
+        self.ceiling = ceiling
+        super().__init__(f"SLO class {name!r} is ranked above this key's class {ceiling!r}; "
+                         f"a request may ask for {ceiling!r} or a class ranked below it")
+
+
 def choose_class(requested: str | None, tenant_class: str | None,
-                 classes: Mapping[str, SloClass]) -> SloClass:
-    """The request's class, else the tenant's default, else ``DEFAULT_CLASS``."""
-    return resolve_class(requested if requested is not None else tenant_class, classes)
+                 classes: Mapping[str, SloClass], *, ceiling: bool = False) -> SloClass:
+    """The request's class, else the tenant's default, else ``DEFAULT_CLASS``.
+
+    With ``ceiling`` (a tenant's request, not an admin's) the tenant's class (else the
+    default) is the best it may have: a ``standard`` key asking for ``interactive`` would
+    otherwise be served ahead of every standard tenant. Asking for a lower class is fine."""
+    chosen = resolve_class(requested if requested is not None else tenant_class, classes)
+    if ceiling and requested is not None:
+        own = classes.get(tenant_class or DEFAULT_CLASS)
+        if own is not None and chosen.rank < own.rank:
+            raise SloClassNotAllowedError(chosen.name, own.name)
+    return chosen
 
 
 def check_weight(value: Any, what: str) -> float:

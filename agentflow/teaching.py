@@ -175,10 +175,15 @@ class TeachingStore:
         return [TaughtExample(r["id"], r["db"], r["question"], r["sql"], r["tenant"] or None,
                               r["created"]) for r in rows]
 
-    def delete_example(self, db: str, example_id: int, *, tenant: str | None = None) -> bool:
-        """Delete one of ``tenant``'s own pairs; False when there is none with that id."""
+    def delete_example(self, db: str, example_id: int | str, *,
+                       tenant: str | None = None) -> bool:
+        """Delete one of ``tenant``'s own pairs; False when there is none with that id (an id
+        that cannot be one — negative, past int64, not ASCII digits — is simply not found)."""
+        row_id = row_id_of(example_id)
+        if row_id is None:
+            return False
         rows = self._run("DELETE FROM examples WHERE id = ? AND db = ? AND tenant = ? "
-                         "RETURNING id", (int(example_id), db, _scope(tenant)))
+                         "RETURNING id", (row_id, db, _scope(tenant)))
         return bool(rows)
 
     # -------------------------------------------------------------------------- glossary
@@ -206,9 +211,13 @@ class TeachingStore:
     def delete_term(self, db: str, term: str | int, *, tenant: str | None = None) -> bool:
         """Delete one of ``tenant``'s own terms, by id or by the term itself."""
         scope = _scope(tenant)
-        if isinstance(term, int) or (isinstance(term, str) and term.isdigit()):
+        if isinstance(term, int) or (isinstance(term, str) and term.isascii() and
+                                     term.isdigit()):
+            row_id = row_id_of(term)
+            if row_id is None:
+                return False
             rows = self._run("DELETE FROM glossary WHERE id = ? AND db = ? AND tenant = ? "
-                             "RETURNING id", (int(term), db, scope))
+                             "RETURNING id", (row_id, db, scope))
         else:
             rows = self._run("DELETE FROM glossary WHERE term = ? AND db = ? AND tenant = ? "
                              "RETURNING id", (" ".join(str(term).split()), db, scope))
@@ -341,6 +350,25 @@ class TaughtFewShots:
         return getattr(self.base, name)
 
 
+# SQLite's INTEGER is a signed 64-bit number: a larger Python int cannot even be bound.
+_MAX_ROW_ID = 2 ** 63 - 1
+
+
+def row_id_of(value: object) -> int | None:
+    """``value`` as a row id, or None when it cannot be one: an int in 1..2^63-1, or a string
+    of at most 19 ASCII digits (``"²".isdigit()`` is true, and ``int()`` of 4,300+ digits
+    raises), so every id parse is total."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        if not (value.isascii() and value.isdigit()) or len(value) > 19:
+            return None
+        value = int(value)
+    if not isinstance(value, int) or not 0 < value <= _MAX_ROW_ID:
+        return None
+    return value
+
+
 # --------------------------------------------------------------------------- the API's verbs
 DEMO_SEED_TAG = "demo-v1"
 
@@ -433,4 +461,4 @@ class TeachingMixin:
 
 __all__ = ["GlossaryEntry", "TaughtExample", "TaughtFewShots", "TeachingError",
            "TeachingMixin", "TeachingStore", "default_path", "glossary_block", "open_store",
-           "validate_sql"]
+           "row_id_of", "validate_sql"]

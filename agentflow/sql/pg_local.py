@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# What one reader's query may use on the server: disk for spills, memory per sort/hash, and a
+# backstop time limit for any statement (agentflow sets a tighter one per query).
+READER_LIMITS = {"temp_file_limit": "256MB", "work_mem": "32MB", "statement_timeout": "120s"}
+
 
 class PostgresUnavailable(RuntimeError):
     """The PostgreSQL server binaries are not installed (or cannot run here)."""
@@ -158,6 +162,11 @@ class LocalPostgres:
                 conn.execute(f'CREATE ROLE "{role}" LOGIN')
             conn.execute(f'ALTER ROLE "{role}" LOGIN PASSWORD {literal}')
             conn.execute(f'ALTER ROLE "{role}" SET default_transaction_read_only = on')
+            # Limits the server enforces per query (issue 35 §2); temp_file_limit only a
+            # superuser may set, so the reader cannot raise it. agentflow lowers
+            # statement_timeout and work_mem per query (SET LOCAL) within these.
+            for name, value in READER_LIMITS.items():
+                conn.execute(f'ALTER ROLE "{role}" SET {name} = \'{value}\'')
             conn.execute('REVOKE CREATE ON SCHEMA public FROM PUBLIC')
         with self.admin_connect(dbname) as conn:
             conn.execute('REVOKE CREATE ON SCHEMA public FROM PUBLIC')
