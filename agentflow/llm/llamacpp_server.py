@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentflow.children import popen_tied
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 
 log = logging.getLogger(__name__)
@@ -335,9 +336,9 @@ class LlamaServerProcess:
             self._ready.clear()
             handle = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
             try:
-                self._proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
+                # Tied: it dies with this process however this process ends (issue 35 §10).
+                self._proc = popen_tied(cmd, stdout=handle, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
                 raise BackendError(f"{self.spec.name}: cannot run {cmd[0]}: {exc}",
                                    retryable=False) from exc
