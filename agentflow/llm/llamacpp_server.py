@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentflow.children import popen_tied
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 
 log = logging.getLogger(__name__)
@@ -151,8 +152,8 @@ def configure_engine(engine: Any, backend: dict[str, Any], model: Any) -> None:
     """A simulated engine (``SimInstance``) made to batch as this llama-server does: its
     checkpoint breaks (``prompt_breaks``) and, with one KV stream per slot (agentflow's
     ``--no-kv-unified``, unless ``extra_args`` ask for ``--kv-unified``), its slots and
-    ubatches (``agentflow.sim.llama_batches``)."""
-    from agentflow.sim.llama_batches import SlotTable
+    ubatches (``agentflow.llm.llama_batches``)."""
+    from agentflow.llm.llama_batches import SlotTable
 
     engine.prompt_breaks = prompt_breaks(backend, model)
     fields = LlamaServerSpec.model_fields
@@ -335,9 +336,9 @@ class LlamaServerProcess:
             self._ready.clear()
             handle = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
             try:
-                self._proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
+                # Tied: it dies with this process however this process ends (issue 35 §10).
+                self._proc = popen_tied(cmd, stdout=handle, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
                 raise BackendError(f"{self.spec.name}: cannot run {cmd[0]}: {exc}",
                                    retryable=False) from exc
