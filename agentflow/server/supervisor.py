@@ -55,9 +55,13 @@ class Supervisor:
         self.restarts = 0
 
     def _start(self, index: int) -> None:
+        from agentflow.children import popen_tied
+
         env = {**self.env, REPLICA_ENV: str(index)}
-        self.children[index] = subprocess.Popen([*self.command, "--replica-index", str(index)],
-                                                env=env)
+        # tied: a supervisor killed outright takes its replicas with it (they drain on
+        # SIGTERM), rather than leaving them serving the port unsupervised
+        self.children[index] = popen_tied([*self.command, "--replica-index", str(index)],
+                                          env=env)
         log.info("replica %d started (pid %d)", index, self.children[index].pid)
 
     def _signal(self, signum: int, frame: FrameType | None) -> None:
