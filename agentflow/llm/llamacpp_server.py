@@ -240,7 +240,8 @@ def cache_ram_args(spec: LlamaServerSpec) -> list[str]:
     copies each idle slot's whole state (KV cells and sliding-window checkpoints) into host
     RAM (``server_prompt_cache::alloc``, ``cache_idle_slots``), on the thread that also runs
     the batch, so every call in flight on the instance stalls for it. Measured on the
-    2-core cluster (``agentflow bench rvs_kvstate``): the server's resident memory grew by
+    2-core cluster (the one-off ``rvs_kvstate`` investigation, ``git show 1baee9e:agentflow/
+    bench/fidelity/rvs_kvstate.py``): the server's resident memory grew by
     ~18 MiB a call (445 -> 1545 MiB in 59 calls; up to 8 GiB per server, two of them on a
     23 GiB machine) and the time a lone call spent outside the server's own prompt/decode
     timings grew from 40 to 85 ms, against a flat 8-12 ms with ``--cache-ram 0``. The
