@@ -191,6 +191,13 @@ GPUS["Xeon-core"] = GPUProfile(
     prefill_attn_efficiency=0.6215, step_overhead_s=1.717e-05, request_overhead_s=1e-05,
     interconnect_gbs=0.0, overlap_compute_memory=False)
 
+# What each stored CPU profile was fitted on: a description, and the words a CPU model name
+# must hold to count as the same hardware (agentflow.sim.host_profiles warns otherwise; the
+# check tells vendors and lines apart, not generations within a line).
+FITTED_ON: dict[str, tuple[str, tuple[str, ...]]] = {
+    "Xeon-core": ("one core of an Intel Xeon (Sapphire Rapids)", ("Intel", "Xeon")),
+}
+
 
 @dataclass(frozen=True)
 class Calibration:

@@ -57,6 +57,23 @@ def _private_teaching_store(tmp_path_factory):
         os.environ["AGENTFLOW_TEACHING"] = old
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_host_profiles(tmp_path_factory):
+    """Tests simulate local instances with the stored profiles, never with a host profile
+    the user's ``agentflow calibrate`` left in the cache (tests that store one set their
+    own path)."""
+    import os
+
+    path = tmp_path_factory.mktemp("host-profiles") / "host-profiles.json"
+    old = os.environ.get("AGENTFLOW_HOST_PROFILES")
+    os.environ["AGENTFLOW_HOST_PROFILES"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("AGENTFLOW_HOST_PROFILES", None)
+    else:
+        os.environ["AGENTFLOW_HOST_PROFILES"] = old
+
+
 def make_library_sqlite(path: Path) -> Path:
     """A tiny library database: 3 tables with keys, a NULL, a date column."""
     path.parent.mkdir(parents=True, exist_ok=True)

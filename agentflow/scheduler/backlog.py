@@ -79,13 +79,27 @@ def work_ahead_excluded_s(coordinator: Any, band: int, now: float) -> float:
     return excluded
 
 
+def speed_unmeasured(coordinator: Any) -> bool:
+    """Whether an up instance's speed is still a guess: no hardware profile and a backend the
+    CPU constants were not measured on (``InstanceSpec.speed_known``), and neither it nor a
+    peer of it (``ClusterView._borrowed``) has finished a call. Then the backlog in
+    seconds is a guess too — the CPU constants price a scripted instance that answers in
+    0.2 s at several seconds a call (issue 39: 2 and 4 of 10 queries refused on a near-idle
+    scripted cluster) — so nothing is refused on it; the count limits still hold, and the
+    first answer makes the estimate real for the instance and its peers."""
+    models = coordinator.time_models
+    return any(not q.spec.speed_known and not models[name].observations
+               and coordinator._borrowed(coordinator._index[name], models[name]) is None
+               for name, q in coordinator.queues.items() if q.up)
+
+
 def backlog_rejection(coordinator: Any, now: float, deadline: float | None,
                       max_backlog_s: float | None, band: int | None = None
                       ) -> tuple[str, float] | None:
     """(reason, retry_after_s) when a query arriving at ``now`` with ``deadline`` (of class
     ``band``, ``scheduler.classes.call_band``) should be refused; None to admit it."""
     budget = (deadline - now) if deadline is not None else max_backlog_s
-    if budget is None:
+    if budget is None or speed_unmeasured(coordinator):
         return None
     clear = backlog_clear_s(coordinator, now, band)
     if clear <= budget:
@@ -108,8 +122,8 @@ def deadline_verdict(coordinator: Any, query: Any, now: float
     Expected finish: the work ahead of it (``backlog_clear_s`` for its band) cleared,
     then its own remaining critical path at expected lengths. Both are the coordinator's
     own estimates, the ones its queue keys use."""
-    if query.deadline is None or query.run is None:
-        return None
+    if query.deadline is None or query.run is None or speed_unmeasured(coordinator):
+        return None  # (a guessed speed refuses nothing: ``speed_unmeasured``)
     coordinator._critical_paths(query, now)
     path = float(query.path_cache.get(None, 0.0))
     wait = backlog_clear_s(coordinator, now, call_band(coordinator, query))

@@ -81,7 +81,23 @@ def instance_spec(cfg: InstanceConfig, name: str | None = None) -> InstanceSpec:
                         tensor_parallel=cfg.tensor_parallel,
                         max_pending_prefill=cfg.max_pending_prefill,
                         weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits,
-                        max_num_batched_tokens=cfg.max_num_batched_tokens)
+                        max_num_batched_tokens=cfg.max_num_batched_tokens,
+                        backend=backend_type(cfg.backend), speed_known=speed_known(cfg))
+
+
+# Backends whose speed the CPU constants of ``scheduler.time_model`` were measured on.
+MEASURED_CPU_BACKENDS = frozenset({"local", "llama_server"})
+
+
+def backend_type(backend: dict[str, object]) -> str | None:
+    kind = backend.get("type")
+    return kind if isinstance(kind, str) else None
+
+
+def speed_known(cfg: InstanceConfig) -> bool:
+    """Whether the scheduler's time model has a real starting point for ``cfg``: a GPU
+    profile, or an embedded CPU engine (``MEASURED_CPU_BACKENDS``)."""
+    return cfg.gpu is not None or backend_type(cfg.backend) in MEASURED_CPU_BACKENDS
 
 
 BLOCK_SIZE = 16  # vLLM's default KV block size (tokens)

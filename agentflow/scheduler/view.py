@@ -73,6 +73,15 @@ class ClusterView:
         self._mean_coef: tuple[float, ...] | None = None
         # (up instance names, their indices: a slice when all are up) until one goes up/down
         self._up: tuple[list[str], slice | np.ndarray] | None = None
+        # Peers (same GPU, model and backend: ``InstanceSpec.peer_key``) by key, the members
+        # that have answered no call yet, and a count of the group's learns (which moves the
+        # ratios its untried members borrow: ``_borrowed``)
+        self._peer_keys = [s.peer_key for s in instances]
+        self._groups: dict[tuple[str | None, ...], list[int]] = {}
+        for i, key in enumerate(self._peer_keys):
+            self._groups.setdefault(key, []).append(i)
+        self._untried: set[int] = set(range(n))
+        self._group_learns: dict[tuple[str | None, ...], int] = dict.fromkeys(self._groups, 0)
 
     @property
     def up_instances(self) -> list[str]:
@@ -98,8 +107,14 @@ class ClusterView:
     def _model_learned(self, instance: str) -> None:
         """``instance``'s time model learned from a finished call: its row is rewritten at
         the next read (from the model as it is then, as a rebuild would read it)."""
-        self._stale_rows.add(self._index[instance])
+        i = self._index[instance]
+        self._stale_rows.add(i)
         self._mean_coef = None
+        key = self._peer_keys[i]
+        self._group_learns[key] += 1
+        self._untried.discard(i)
+        if self._untried:  # its untried peers price by its ratios: their rows move too
+            self._stale_rows.update(j for j in self._groups[key] if j in self._untried)
 
     def _positions(self, instances: list[str]) -> slice | np.ndarray:
         """Indices of ``instances`` into the per-instance arrays: a slice (a view, no copy)
@@ -116,11 +131,45 @@ class ClusterView:
     def expected_s(self, call: ScheduledCall, instance: str) -> float:
         model = self.time_models[instance]
         cached = call.time_cache.get(instance)
-        if cached is None or cached[0] != model.observations:
-            cached = (model.observations,
-                      model.expected_s(call.tokens_on(instance), call.mean_output))
+        i = self._index[instance]
+        borrowed = self._borrowed(i, model) if not model.observations else None
+        # an instance pricing by its peers' ratios sees them move without learning itself:
+        # stamped by its group's learns then (negative, apart from its own answer counts)
+        stamp = model.observations if borrowed is None \
+            else -1 - self._group_learns[self._peer_keys[i]]
+        if cached is None or cached[0] != stamp:
+            tokens, out = call.tokens_on(instance), call.mean_output
+            time_s = model.expected_s(tokens, out) if borrowed is None else (
+                model.overhead_s + tokens * model.prefill_s_per_token * borrowed[0]
+                + out * model.decode_s_per_token * borrowed[1])
+            cached = (stamp, time_s)
             call.time_cache[instance] = cached
         return cached[1]
+
+    def _borrowed(self, i: int, model: InstanceTimeModel) -> tuple[float, float, float] | None:
+        """For an instance that has finished no call (``model``: its time model), the mean
+        (prefill, decode, clean decode) ratios of its peers that have (same GPU, model and
+        backend: ``InstanceSpec.peer_key``); None once it has answered, or no peer has.
+
+        Why: an instance that has answered nothing is priced at its starting rates, and its
+        twin that has answered at what it measured. Where the two differ — the CPU
+        constants on a loaded host, a guess for a scripted backend or a remote endpoint —
+        the untried twin looks faster or slower than the one it is identical to, and
+        dispatch piles calls on one of them while the other sits idle (issue 39: a keyword
+        call timed out on local-0 and ran on local-1; local-1, having measured the loaded
+        host, then looked 3x slower than the untried local-0, and all three candidates
+        queued on local-0). Its peers' measurements are the best estimate of it, as
+        ``call_deadline`` already reads them for its deadlines."""
+        if model.observations:
+            return None
+        peers = [m for m in (self.time_models[self._names[j]]
+                             for j in self._groups[self._peer_keys[i]] if j != i)
+                 if m.observations]
+        if not peers:
+            return None
+        k = len(peers)
+        return (sum(p.prefill_ratio for p in peers) / k, sum(p.decode_ratio for p in peers) / k,
+                sum(p.clean_decode_ratio for p in peers) / k)
 
     def outstanding_work(self, instance: str, now: float) -> float:
         return float(self.work_vector(now)[self._index[instance]])
@@ -253,6 +302,8 @@ class ClusterView:
         """Per-instance overhead, prefill and decode seconds per token (with the online
         corrections): the current rows (every row rebuilt after ``_models_epoch`` moved)."""
         if self._rows_epoch != self._models_epoch:
+            self._untried = {i for i in range(len(self._names))
+                             if not self.time_models[self._names[i]].observations}
             for i, name in enumerate(self.queues):
                 self._fill_row(i, self.time_models[name])
             self._rows_epoch = self._models_epoch
@@ -267,14 +318,17 @@ class ClusterView:
     def _fill_row(self, i: int, m: InstanceTimeModel) -> None:
         """Instance ``i``'s entries in every coefficient array, from its time model (one
         expression per entry, the same whether one row or all are written)."""
+        borrowed = self._borrowed(i, m) if i in self._untried else None
+        prefill_ratio, decode_ratio, clean_ratio = borrowed if borrowed is not None else (
+            m.prefill_ratio, m.decode_ratio, m.clean_decode_ratio)  # untried: its peers'
         self._oh[i] = m.overhead_s
-        self._pf[i] = m.prefill_s_per_token * m.prefill_ratio
-        self._df[i] = m.decode_s_per_token * m.decode_ratio
+        self._pf[i] = m.prefill_s_per_token * prefill_ratio
+        self._df[i] = m.decode_s_per_token * decode_ratio
         self._sums.set_row(i, (self._oh[i], self._pf[i], self._df[i]))
         self._solo[i] = m.decode_s_per_token
         for clean, (rate, slope, seen) in self._batch_rows.items():
             fit = m.co_runner_slope(clean=clean)
-            rate[i] = m.decode_s_per_token * (m.clean_decode_ratio if clean else m.decode_ratio)
+            rate[i] = m.decode_s_per_token * (clean_ratio if clean else decode_ratio)
             slope[i] = m.decode_s_per_token * fit[0]
             seen[i] = fit[1]
 

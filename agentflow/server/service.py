@@ -29,7 +29,6 @@ from agentflow.api import (
     ShuttingDownError,
 )
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
-from agentflow.query_class import UnknownSloClassError
 from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
@@ -48,6 +47,7 @@ from agentflow.server.prometheus import ServerMetrics
 from agentflow.server.replica import RemoteHandle, Replica
 from agentflow.server.results import result_links
 from agentflow.server.settings import ServerSettings
+from agentflow.slo_classes import SloClassNotAllowedError, UnknownSloClassError
 from agentflow.sql import DatabaseNotFoundError, json_value
 from agentflow.state import StateStore
 from agentflow.state.limits import StoreLimits
@@ -263,6 +263,9 @@ class QueryService:
         except BaseException as err:
             if holds_slot:
                 self.limits.release(caller)
+            if isinstance(err, SloClassNotAllowedError):
+                raise ApiError(403, "slo_class_not_allowed", str(err),
+                               ceiling=err.ceiling) from None
             if isinstance(err, UnknownSloClassError):
                 raise ApiError(400, "unknown_slo_class", str(err),
                                classes=err.classes) from None

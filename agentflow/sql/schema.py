@@ -224,7 +224,7 @@ def _planner_values(db: SchemaSource, table: Table, column: Column, k: int
     result = db.try_execute(
         "SELECT most_common_vals::text::text[] FROM pg_stats WHERE schemaname = "
         f"{_lit(table.schema)} AND tablename = {_lit(table.bare_name)} AND attname = "
-        f"{_lit(column.name)}", timeout_s=5.0, max_rows=1)
+        f"{_lit(column.name)}", timeout_s=5.0, max_rows=1, allow_catalog=True)
     rows = getattr(result, "rows", None)
     if not rows or rows[0][0] is None:
         return None

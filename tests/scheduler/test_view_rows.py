@@ -296,6 +296,20 @@ def test_every_decision_matches_the_rebuild_everything_view(policy):
     assert len(new) == len(old)
 
 
+def _priced_ratios(c: Coordinator, i: int) -> tuple[float, float]:
+    """(prefill, decode) ratio instance ``i`` is priced with, from the time models alone:
+    its own once it has answered, else the mean of its answered peers' (same GPU, model and
+    backend), else its own starting ones (issue 39: an untried twin is priced as its peers)."""
+    specs = [q.spec for q in c.queues.values()]
+    models = [c.time_models[s.name] for s in specs]
+    peers = [m for j, m in enumerate(models)
+             if j != i and m.observations and specs[j].peer_key == specs[i].peer_key]
+    if models[i].observations or not peers:
+        return models[i].prefill_ratio, models[i].decode_ratio
+    k = len(peers)
+    return sum(p.prefill_ratio for p in peers) / k, sum(p.decode_ratio for p in peers) / k
+
+
 def _exact_mean(values) -> float:
     return float(sum(Fraction(v) for v in values) / len(values))
 
@@ -306,9 +320,12 @@ def test_rows_equal_a_fresh_build_after_every_event():
     def check(c: Coordinator) -> None:
         models = [c.time_models[n] for n in c.queues]
         oh, pf, df = c._coef_vectors()
+        ratios = [_priced_ratios(c, i) for i in range(len(models))]
         assert np.array_equal(oh, [m.overhead_s for m in models])
-        assert np.array_equal(pf, [m.prefill_s_per_token * m.prefill_ratio for m in models])
-        assert np.array_equal(df, [m.decode_s_per_token * m.decode_ratio for m in models])
+        assert np.array_equal(pf, [m.prefill_s_per_token * r[0]
+                                   for m, r in zip(models, ratios)])
+        assert np.array_equal(df, [m.decode_s_per_token * r[1]
+                                   for m, r in zip(models, ratios)])
         assert np.array_equal(c._solo_df(), [m.decode_s_per_token for m in models])
         for clean in (False, True):
             rate, slope, seen = c._batch_coefs(clean=clean)
