@@ -100,7 +100,7 @@ class WorkflowPaths(ClusterView):
         oh, pf, df = self._mean_coefs()
         calls = {c.node_id: c for c in query.calls}
         done = query.done_nodes
-        states = run.states
+        state_of = run.state  # a WorkflowRun, or a shard's mirror of one
         pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
         rem: dict[str, tuple[float, float, float]] = {}
         after: dict[str | None, float] = {}
@@ -109,7 +109,7 @@ class WorkflowPaths(ClusterView):
         total = total_lo = total_hi = work = 0.0
         prompt: float
         for n, node, succ in reverse_order:
-            state = states[n]
+            state = state_of(n)
             if (state != pending and state != running) or n in done:
                 continue
             if node.kind == llm:

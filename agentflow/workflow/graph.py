@@ -9,7 +9,7 @@ executor and a virtual-time simulator drive the very same object.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -86,11 +86,6 @@ class WorkflowRun:
 
     def state(self, node_id: str) -> str:
         return self._state[node_id]
-
-    @property
-    def states(self) -> Mapping[str, str]:
-        """Every node's state by id (read-only; the scheduler's per-event paths read it)."""
-        return self._state
 
     def ready(self) -> list[Node]:
         """Pending nodes whose parents have all finished, in a stable (topological) order."""
