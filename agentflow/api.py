@@ -25,7 +25,7 @@ from agentflow.catalog import DatabaseCatalog
 from agentflow.config import AgentFlowConfig
 from agentflow.llm.base import LLMBackend
 from agentflow.sql import SqlError
-from agentflow.teaching_api import TeachingMixin
+from agentflow.teaching import TeachingMixin
 from agentflow.tenants import DatabaseLogin, Tenant, as_tenant, owner_of, sees
 from agentflow.workflow import (
     MonotonicClock,
@@ -168,7 +168,7 @@ def usage_of(query: Query) -> dict[str, Any]:
     return {**total, "by_stage": dict(by_stage)}
 
 
-class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_api)
+class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.teaching)
     def __init__(self, config: AgentFlowConfig | None = None, *,
                  backends: dict[str, LLMBackend] | None = None,
                  router: CallRouter | None = None):
@@ -247,7 +247,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
         replica died); by default a new one."""
         if self._closed or self._closing:
             raise ShuttingDownError("agentflow is shutting down; not accepting questions")
-        from agentflow.slo_names import one_slo
+        from agentflow.slo_classes import one_slo
 
         slo = one_slo(slo, slo_seconds)  # the HTTP/MCP name works here too
         question = self._validate(question, slo)
@@ -265,7 +265,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
             mine = [d for d in self.catalog.ids if who.may_use(d)]
             raise DatabaseNotFoundError(f"unknown database {db!r} (known: "
                                         f"{', '.join(mine) or 'none'})")
-        from agentflow.query_class import choose_class, deadline_s
+        from agentflow.slo_classes import choose_class, deadline_s
 
         klass = choose_class(slo_class, who.slo_class if who else None,
                              self.config.scheduler.slo_classes,  # UnknownSloClassError

@@ -17,7 +17,7 @@ from agentflow.datasets.types import EngineKind
 from agentflow.distributed.placement import RayPlacement
 from agentflow.scheduler.fast_lane import FAST_LANE_CALLS
 from agentflow.scheduler.health import HealthSettings
-from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass
+from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass, class_table
 
 
 class InstanceConfig(BaseModel):
@@ -159,8 +159,6 @@ class SchedulerConfig(BaseModel):
     @field_validator("slo_classes", mode="before")
     @classmethod
     def _slo_classes(cls, value: Any) -> Any:
-        from agentflow.query_class import class_table
-
         if value is None:
             return dict(DEFAULT_SLO_CLASSES)
         if not isinstance(value, dict):

@@ -11,6 +11,7 @@ Everything lives in one SQLite file (``<cache>/teaching.sqlite``; ``AGENTFLOW_CA
 it), keyed by (tenant, database). ``tenant=None`` is the shared scope: everyone sees it; a
 tenant sees the shared entries and its own, and changes only its own. A pair is stored only
 after its SQL passed the read-only guard and ran on the database (``validate_sql``).
+``TeachingMixin`` is how the Python API (and through it the CLI, HTTP and MCP) teaches.
 """
 
 from __future__ import annotations
@@ -349,10 +350,6 @@ class TaughtFewShots:
         return getattr(self.base, name)
 
 
-__all__ = ["GlossaryEntry", "TaughtExample", "TaughtFewShots", "TeachingError",
-           "TeachingStore", "default_path", "glossary_block", "validate_sql"]
-
-
 # SQLite's INTEGER is a signed 64-bit number: a larger Python int cannot even be bound.
 _MAX_ROW_ID = 2 ** 63 - 1
 
@@ -370,3 +367,98 @@ def row_id_of(value: object) -> int | None:
     if not isinstance(value, int) or not 0 < value <= _MAX_ROW_ID:
         return None
     return value
+
+
+# --------------------------------------------------------------------------- the API's verbs
+DEMO_SEED_TAG = "demo-v1"
+
+
+def _owner(tenant: Any) -> str | None:
+    """The store's key for ``tenant``: its name (a ``Tenant`` or a name), None = shared."""
+    from agentflow.tenants import as_tenant, owner_of
+
+    return owner_of(as_tenant(tenant))
+
+
+def open_store(path: str | None = None) -> TeachingStore:
+    """The store at ``path`` (the cache default when None), with the demo's shipped pairs
+    and terms seeded into it once."""
+    from agentflow.datasets.demo import DEMO_DB_ID, demo_teaching
+
+    store = TeachingStore(path)
+    examples, terms = demo_teaching()
+    store.seed(DEMO_DB_ID, DEMO_SEED_TAG, examples, terms)
+    return store
+
+
+class TeachingMixin:
+    """The Python API's teaching verbs (``af.teach``, ``af.define`` and their list/delete),
+    mixed into ``AgentFlow`` so that ``api.py`` stays about answering questions; the CLI,
+    HTTP routes and MCP tool all call these. Needs ``self.catalog`` (a DatabaseCatalog) and
+    ``self.config`` (an AgentFlowConfig): nothing else of the API."""
+
+    catalog: Any
+    config: Any
+    _teaching_store: TeachingStore | None = None
+    _teaching_lock = threading.Lock()
+
+    @property
+    def teaching(self) -> TeachingStore:
+        with self._teaching_lock:
+            if self._teaching_store is None:
+                self._teaching_store = open_store(getattr(self.config, "teaching_store", None))
+            return self._teaching_store
+
+    def _db_id(self, db: str) -> str:
+        return self.catalog.entry(db).db_id  # raises DatabaseNotFoundError for unknown ids
+
+    # ----------------------------------------------------------------------- examples
+    def teach(self, question: str, sql: str, *, db: str,
+              tenant: Any = None) -> TaughtExample:
+        """Teach a question/SQL pair for ``db``. The SQL must pass the read-only guard and
+        run on the database, or ``TeachingError`` (an ``InvalidRequest``) says why and
+        nothing is stored. Teaching the same question again replaces its SQL."""
+        if not isinstance(question, str) or not question.strip():
+            raise TeachingError("the question is empty")
+        db_id = self._db_id(db)
+        validate_sql(self.catalog.open(db), sql, timeout_s=self.config.sql_timeout_s)
+        return self.teaching.add_example(db_id, question, sql, tenant=_owner(tenant))
+
+    def examples(self, db: str, *, tenant: Any = None) -> list[TaughtExample]:
+        """The taught pairs for ``db`` that ``tenant`` sees (shared ones and its own)."""
+        return self.teaching.examples(self._db_id(db), tenant=_owner(tenant))
+
+    def forget_example(self, db: str, example_id: int, *, tenant: Any = None) -> bool:
+        """Delete a taught pair by id; False when ``tenant`` has none with that id."""
+        return self.teaching.delete_example(self._db_id(db), example_id, tenant=_owner(tenant))
+
+    # ----------------------------------------------------------------------- glossary
+    def define(self, term: str, meaning: str, *, db: str,
+               tenant: Any = None) -> GlossaryEntry:
+        """Teach what a word means in ``db`` in SQL terms ("active customer" -> "placed an
+        order in the last 90 days"); questions that use the term get it with the schema."""
+        return self.teaching.add_term(self._db_id(db), term, meaning, tenant=_owner(tenant))
+
+    def glossary(self, db: str, *, tenant: Any = None) -> list[GlossaryEntry]:
+        return self.teaching.glossary(self._db_id(db), tenant=_owner(tenant))
+
+    def forget_term(self, db: str, term: str | int, *, tenant: Any = None) -> bool:
+        return self.teaching.delete_term(self._db_id(db), term, tenant=_owner(tenant))
+
+    # ------------------------------------------------------------------ for pipelines
+    def _taught_context(self, db_id: str, handle: Any,
+                        tenant: Any = None) -> tuple[TaughtFewShots, str]:
+        """For one query (a ``QueryHandle``): the few-shot source (taught pairs ahead of the
+        dataset pool) and the glossary text for the terms its question, read with the
+        conversation's earlier turns, uses. Blocking: call it off the event loop."""
+        store = self.teaching
+        asked = " ".join([t.question for t in handle.history] + [handle.question])
+        terms = store.terms_in(db_id, asked, tenant=_owner(tenant))
+        base = self.fewshot_pool()  # type: ignore[attr-defined]
+        return (TaughtFewShots(store, db_id, tenant=_owner(tenant), base=base),
+                glossary_block(terms))
+
+
+__all__ = ["GlossaryEntry", "TaughtExample", "TaughtFewShots", "TeachingError",
+           "TeachingMixin", "TeachingStore", "default_path", "glossary_block", "open_store",
+           "row_id_of", "validate_sql"]

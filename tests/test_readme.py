@@ -36,3 +36,19 @@ def test_the_readme_starts_with_a_venv() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     first = _bash_blocks(readme)[0]
     assert "python3 -m venv" in first
+
+
+def test_the_readme_says_how_to_reach_real_accuracy_with_a_file_that_loads() -> None:
+    """The first screen's next step: one command against an OpenAI-compatible endpoint, with
+    a config file that is valid as shipped."""
+    from agentflow.config import AgentFlowConfig
+    from agentflow.llm import parse_backend_spec
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first_screen = readme.split("## Five ways in")[0]
+    command = next(line for block in _bash_blocks(first_screen) for line in block.splitlines()
+                   if "--config" in line)
+    path = command.split("--config ")[1].split()[0]
+    config = AgentFlowConfig.load(ROOT / path)
+    spec = parse_backend_spec(config.instances[0].backend)
+    assert spec.type == "openai" and spec.base_url.endswith("/v1")  # type: ignore[attr-defined]

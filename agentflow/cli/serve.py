@@ -43,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default <cache>/server-state.sqlite), postgresql://... for replicas "
                         "on many hosts, or 'off' (this process only); also server.state or "
                         "AGENTFLOW_STATE")
+    p.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="run N server processes on the port (SO_REUSEPORT), sharing the "
+                        "state store: any replica answers for any query, limits hold across "
+                        "them, a replica that dies has its queries moved to another")
+    p.add_argument("--replica-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--drain", type=float, default=None, metavar="SECONDS",
                    help="on shutdown, let queries in flight finish for this long before "
                         "cancelling them (default 10)")
@@ -115,13 +120,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.drain_s = args.drain
     from agentflow.server.settings import resolve_state
 
-    settings.state = resolve_state(args.state, settings.state)
+    settings.state = resolve_state(args.state, settings.state, args.port)
+    replica = args.replica_index is not None  # one of --replicas N, started by the supervisor
+    if args.replicas < 1:
+        print(f"agentflow: error: --replicas must be at least 1, got {args.replicas}",
+              file=sys.stderr)
+        return 2
+    if args.replicas > 1 and settings.state is None:
+        print("agentflow: error: --replicas needs a state store the replicas share "
+              "(--state FILE or postgresql://...), not --state off", file=sys.stderr)
+        return 2
+    if args.replicas > 1 and args.ray:
+        print("agentflow: error: --replicas with --ray (a Ray Serve deployment) is not "
+              "available yet; run --replicas N on each host with a shared postgresql:// "
+              "--state instead", file=sys.stderr)
+        return 2
     # Everything that can fail without the model fails first, in a second.
-    problem = port_problem(args.host, args.port)
+    problem = None if replica else port_problem(args.host, args.port)
     if problem:
         print(f"agentflow: error: {problem}", file=sys.stderr)
         return 2
     DatabaseCatalog.from_config(config).close()  # bad --data folders
+    if args.replicas > 1:
+        from agentflow.server.supervisor import Supervisor, replica_command
+
+        assert settings.state is not None
+        log.info("starting %d replicas on %s:%d, state in %s", args.replicas, args.host,
+                 args.port, redacted(settings.state))
+        return Supervisor(replica_command(args, settings.state), args.replicas).run()
     log.info("starting %d instance(s) (%s); pipeline %s", len(config.instances),
              ", ".join(i.label for i in config.instances), config.pipeline)
     app = create_app(config, settings)
@@ -134,9 +160,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("serving %s", databases_line(ids))
     log.info("web page http://%s:%d/ · API docs http://%s:%d/docs", args.host, args.port,
              args.host, args.port)
+    sockets = None
+    if replica:
+        from agentflow.server.supervisor import reuse_port_socket
+
+        sockets = [reuse_port_socket(args.host, args.port)]
     try:
         run(app, args.host, args.port, log_level=args.log_level,
-            access_log=not args.no_access_log)
+            access_log=not args.no_access_log, sockets=sockets)
     finally:
         service.close()  # if uvicorn never started (port taken), still release the engine
     return 0

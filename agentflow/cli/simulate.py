@@ -26,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Replay a trace on a simulated heterogeneous cluster under "
                                    "each policy, with identical arrivals.")
     p.add_argument("--trace", default=None,
-                   help="HexGen-Flow JSON or agentflow JSONL trace (required unless a "
-                        "subcommand is given)")
+                   help="HexGen-Flow JSON or agentflow JSONL trace (default: the demo trace "
+                        "that ships with agentflow, databases/demo/trace.jsonl: chess "
+                        "queries recorded by agentflow on the demo database)")
     p.add_argument("--format", choices=["auto", "hexgen", "agentflow"], default="auto",
                    help="trace format: HexGen-Flow JSON, agentflow JSONL, or auto (default: "
                         "by content)")
@@ -156,9 +157,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from agentflow.sim.slo import IdleLatency
     from agentflow.sim.workload import load_trace
 
-    if args.trace is None:
-        args.simulate_parser.error("the following arguments are required: --trace")
     console = Console(stderr=True)
+    if args.trace is None:
+        from agentflow.datasets.demo import TRACE_FILE
+
+        if not TRACE_FILE.is_file():
+            args.simulate_parser.error(f"no --trace given and the shipped demo trace is not "
+                                       f"here ({TRACE_FILE}): give --trace FILE")
+        args.trace = str(TRACE_FILE)
+        console.print(f"no --trace: replaying the demo trace {TRACE_FILE}", highlight=False)
     if args.ray is not None:
         try:
             require_ray()

@@ -38,6 +38,10 @@ DEMO_SOURCE_DIR = _REPO / "databases" / "demo"
 DEFAULT_OUT_DIR = DEMO_SOURCE_DIR / "build"
 SCHEMA_FILE = DEMO_SOURCE_DIR / "schema.sql"
 QUESTIONS_FILE = DEMO_SOURCE_DIR / "questions.json"
+# Chess-pipeline queries on this database, recorded by ``agentflow eval --dataset demo`` with
+# the embedded model: what ``agentflow simulate`` replays when given no trace (its README
+# says how it was made).
+TRACE_FILE = DEMO_SOURCE_DIR / "trace.jsonl"
 
 _MANIFEST = "build.json"
 

@@ -224,7 +224,7 @@ def build_server(af: AgentFlow, tenants: TenantTable | None = None):
                   slo: float | None = None,
                   min_confidence: float | None = None,
                   slo_class: str | None = None) -> dict[str, Any]:
-        from agentflow.slo_names import one_slo
+        from agentflow.slo_classes import one_slo
 
         async def run() -> dict[str, Any]:  # ``slo``, the Python/CLI name, works too
             return await tools.ask(question, db, one_slo(slo, slo_seconds), pipeline,

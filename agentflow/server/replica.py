@@ -199,9 +199,7 @@ class Replica:
         move = record.moves[-1]
         log.warning("query %s moved here from replica %s (no heartbeat for %.0fs)",
                     record.query_id, move["from"], self.lease_s)
-        seq = self.store.last_seq(record.query_id)
-        self.store.add_event(record.query_id, seq + 1, {"type": "moved",
-                                                        "query_id": record.query_id, **move})
+        seq = self.store.last_seq(record.query_id)  # the dead replica's events stay first
         try:
             handle = self.af.submit(r.question, r.db, slo=r.slo_s, pipeline=r.pipeline,
                                     evidence=r.evidence, conversation=r.conversation_id,
@@ -223,7 +221,9 @@ class Replica:
             if not f.cancelled() and f.exception() is None:
                 f.result().details["moved"] = record.moves
         handle.future.add_done_callback(note)
-        self.track(handle, created=True, start_seq=seq + 1)
+        with handle._lock:  # the move heads this run's events, here and in the store
+            handle.events.insert(0, {"type": "moved", "query_id": record.query_id, **move})
+        self.track(handle, created=True, start_seq=seq)
         if self.on_moved is not None:
             self.on_moved(handle)
 

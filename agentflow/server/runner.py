@@ -69,5 +69,8 @@ def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
     return AgentFlowServer(config, service)
 
 
-def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, **kwargs) -> None:
-    make_server(app, host, port, **kwargs).run()
+def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
+        sockets: list[socket.socket] | None = None, **kwargs) -> None:
+    """Serve until shut down; ``sockets``: already bound ones (a replica's SO_REUSEPORT
+    socket) instead of binding ``host:port``."""
+    make_server(app, host, port, **kwargs).run(sockets=sockets)

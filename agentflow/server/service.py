@@ -29,7 +29,6 @@ from agentflow.api import (
     ShuttingDownError,
 )
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
-from agentflow.query_class import SloClassNotAllowedError, UnknownSloClassError
 from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
@@ -48,6 +47,7 @@ from agentflow.server.prometheus import ServerMetrics
 from agentflow.server.replica import RemoteHandle, Replica
 from agentflow.server.results import result_links
 from agentflow.server.settings import ServerSettings
+from agentflow.slo_classes import SloClassNotAllowedError, UnknownSloClassError
 from agentflow.sql import DatabaseNotFoundError, json_value
 from agentflow.state import StateStore
 from agentflow.state.limits import StoreLimits

@@ -80,14 +80,15 @@ class ServerSettings(BaseModel):
 STATE_ENV = "AGENTFLOW_STATE"
 
 
-def resolve_state(option: str | None, setting: str | None) -> str | None:
+def resolve_state(option: str | None, setting: str | None, port: int = 8000) -> str | None:
     """The state store ``agentflow serve`` uses: ``--state``, else ``server.state``, else
-    ``AGENTFLOW_STATE``, else ``<cache>/server-state.sqlite`` (answers and conversations
-    survive a restart by default); ``off`` keeps them in the process only."""
+    ``AGENTFLOW_STATE``, else ``<cache>/server-state-<port>.sqlite`` (answers and
+    conversations survive a restart by default; the replicas of one port share it, servers
+    on other ports do not); ``off`` keeps them in the process only."""
     from agentflow.datasets.types import cache_dir
 
     chosen = option or setting or os.environ.get(STATE_ENV) or str(
-        cache_dir() / "server-state.sqlite")
+        cache_dir() / f"server-state-{port}.sqlite")
     return None if chosen.strip().lower() == "off" else chosen
 
 

@@ -205,4 +205,37 @@ def test_resolve_state_order(monkeypatch, tmp_path) -> None:
     assert resolve_state(None, "y.sqlite") == "y.sqlite"
     monkeypatch.delenv("AGENTFLOW_STATE")
     monkeypatch.setenv("AGENTFLOW_CACHE", str(tmp_path))
-    assert resolve_state(None, None) == str(tmp_path / "server-state.sqlite")
+    assert resolve_state(None, None, 8123) == str(tmp_path / "server-state-8123.sqlite")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--replicas", "2", "--state", "off"], "--replicas needs a state store"),
+    (["--replicas", "0"], "at least 1"),
+])
+def test_replicas_options_fail_clearly_before_anything_starts(argv, says) -> None:
+    import subprocess
+    import sys
+
+    from tests.utils import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "agentflow", "serve", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_the_supervisor_restarts_a_replica_that_dies_and_stops_on_request() -> None:
+    import sys
+    import time
+
+    from agentflow.server.supervisor import Supervisor
+
+    sup = Supervisor([sys.executable, "-c", "import sys; sys.exit(3)"], 1, restart_after_s=0.1)
+    thread = threading.Thread(target=lambda: setattr(sup, "code", sup.run(
+        install_signals=False)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while sup.restarts < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sup.stop()
+    thread.join(30)
+    assert sup.restarts >= 2 and not thread.is_alive()

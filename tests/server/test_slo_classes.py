@@ -24,8 +24,8 @@ from agentflow.api import AgentFlow, InvalidRequest  # noqa: E402
 from agentflow.config import AgentFlowConfig  # noqa: E402
 from agentflow.evaluation import EvalError, run_eval  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
-from agentflow.query_class import UnknownSloClassError, class_table  # noqa: E402
 from agentflow.server.testing import LiveServer  # noqa: E402
+from agentflow.slo_classes import UnknownSloClassError, class_table  # noqa: E402
 from tests.server.utils import error_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -206,7 +206,7 @@ def test_mcp_ask_takes_slo_class_over_the_tenants() -> None:
         runner = Tenant(name="runner", slo_class="batch")
         answer = asyncio.run(tools.ask("How many stores?", "bookshop", caller=runner))
         assert answer["slo_class"] == "batch" and ranks_of(backend, answer["query_id"]) == {2}
-        from agentflow.query_class import SloClassNotAllowedError
+        from agentflow.slo_classes import SloClassNotAllowedError
 
         with pytest.raises(SloClassNotAllowedError):  # its class is a ceiling (issue 35 §7)
             asyncio.run(tools.ask("How many stores?", "bookshop", caller=runner,

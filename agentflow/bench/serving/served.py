@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,21 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def serve(config: dict[str, Any], *, prefix: str = "agentflow-bench-",
-          start_timeout_s: float = 90.0) -> tuple[subprocess.Popen[str], str, Path]:
+          start_timeout_s: float = 90.0, extra_args: Sequence[str] = ()
+          ) -> tuple[subprocess.Popen[str], str, Path]:
     """Start ``serve.py --config`` with ``config``; (process, base URL, config path) once
     healthy. SystemExit if it exits or is not healthy within ``start_timeout_s``."""
     path = Path(tempfile.mkdtemp(prefix=prefix)) / "serve.json"
+    server = config.setdefault("server", {})  # its state beside its config, not in the cache
+    server.setdefault("state", str(path.parent / "state.sqlite"))
     path.write_text(json.dumps(config))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTFLOW_")}
     proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--config", str(path),
-                             "--port", str(port), "--log-level", "warning", "--no-access-log"],
+                             "--port", str(port), "--log-level", "warning", "--no-access-log",
+                             *extra_args],
                             cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
