@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agentflow.scheduler.policies.base import QueuePolicy
-from agentflow.scheduler.ranking import Segment, key_at
+from agentflow.scheduler.ranking import Segment, segment_at
 from agentflow.slo_classes import DEFAULT_CLASS, SloClass, resolve_class
 
 if TYPE_CHECKING:
@@ -195,14 +195,23 @@ _RANK_SPAN = 36.0
 
 
 def queue_rank(call: ScheduledCall, now: float) -> int:
-    """The call's queue key at ``now`` as an integer in [0, PRIORITY_BAND), order-preserving:
-    its policy's tier (the class band's shift removed) picks one of ``TIER_BAND`` equal
+    """The call's queue key at ``now``, read as an instant (below), as an integer in
+    [0, PRIORITY_BAND), order-preserving: its policy's tier (the class band's shift removed) picks one of ``TIER_BAND`` equal
     slices, the key's value a place within it (a signed log scale: about 2e-6 relative
     resolution, so seconds-valued keys of a long run and z-scores alike stay in order). A
     call without a key (admitted without being ranked) goes last in its band."""
     if not call.rank_key:
         return PRIORITY_BAND - 1
-    tier, value = key_at(call.rank_key, now)
+    seg = segment_at(call.rank_key, now)
+    tier = seg.tier
+    # A key falling with time (``a - s t``, s > 0: flowsage's z, llf's laxity) is told as the
+    # instant it reaches 0 (flowsage: the latest start at the mean path, D - R), not as its
+    # value now: the engine keeps the number while it waits, and a value taken at admission
+    # makes every call admitted earlier look less urgent than it has since become — measured
+    # on paper-4gpu with no engine-side bound, flowsage / md+fcfs P95 1.066 read at admission
+    # (a last-come-first tilt). A flat key (fcfs's ready time, a no-deadline finish tag) is
+    # an instant already.
+    value = seg.a / seg.s if seg.s > 0 else seg.a - seg.s * now
     width = PRIORITY_BAND // TIER_BAND
     if not math.isfinite(value):
         place = 0 if value < 0 else width - 1
