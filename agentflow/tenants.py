@@ -243,6 +243,8 @@ def apply_share_weights(table: TenantTable, router: Any) -> None:
 
     if isinstance(router, ScheduledRouter):
         router.coordinator.fairness.set_weights(share_weights(table))
+    elif hasattr(router, "set_share_weights"):  # sharded: every shard weighs its tenants
+        router.set_share_weights(share_weights(table))
 
 
 def env_keys(name: str) -> list[str]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from agentflow.distributed import connect_ray
@@ -141,6 +141,9 @@ class ShardHost:
                 except BaseException:  # noqa: BLE001 - cancelled on purpose
                     pass
 
+    async def set_share_weights(self, weights: dict[str, float]) -> None:
+        self.router.coordinator.fairness.set_weights(weights)
+
     async def cancel_query(self, query_id: str) -> None:
         if query_id in self.runs:
             self.router.cancel_query(query_id)
@@ -175,12 +178,15 @@ class RayShard:
         self._load = ShardLoad(up=len(instances), work_s=0.0)
         self._queries: set[str] = set()
         self._pending: set[Any] = set()  # fire-and-forget refs, kept until done
+        self._weights: dict[str, float] = {}  # tenants' share weights, sent to each start
         self._start()
 
     def _start(self) -> None:
         self.actor = self._remote.options(num_cpus=0, max_restarts=0, max_task_retries=0,
                                           max_concurrency=1000).remote(*self._args)
         self.generation += 1
+        if self._weights:
+            self._tell("set_share_weights", self._weights)
 
     def wait_ready(self) -> str:
         incarnation: str = self.ray.get(self.actor.ready.remote(),
@@ -193,6 +199,10 @@ class RayShard:
 
     def load(self) -> ShardLoad:
         return self._load
+
+    def set_share_weights(self, weights: Mapping[str, float]) -> None:
+        self._weights = dict(weights)
+        self._tell("set_share_weights", self._weights)
 
     def cancel_query(self, query_id: str) -> None:
         self._tell("cancel_query", query_id)

@@ -14,7 +14,7 @@ of the run, which the shard mirrors (``agentflow.scheduler.run_mirror``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from agentflow.llm.base import ProgressCallback
@@ -53,6 +53,8 @@ class ShardHandle(Protocol):
 
     def load(self) -> ShardLoad: ...
 
+    def set_share_weights(self, weights: Mapping[str, float]) -> None: ...
+
 
 class LocalShard:
     """A shard in this process: its ``ScheduledRouter``, whose coordinator gives a fresh
@@ -77,6 +79,9 @@ class LocalShard:
     def load(self) -> ShardLoad:
         coordinator = self.router.coordinator
         return coordinator_load(coordinator, coordinator.clock.now())
+
+    def set_share_weights(self, weights: Mapping[str, float]) -> None:
+        self.router.coordinator.fairness.set_weights(weights)
 
 
 class ShardedRouter:
@@ -110,6 +115,12 @@ class ShardedRouter:
         i = self.route.pop(query.id, None)
         if i is not None:
             self.shards[i].end_query(query)
+
+    def set_share_weights(self, weights: Mapping[str, float]) -> None:
+        """Tenants' share weights (``agentflow.tenants``) for every shard: each keeps the
+        shares of its own queries' tenants."""
+        for shard in self.shards:
+            shard.set_share_weights(weights)
 
     async def close(self) -> None:
         """Stop the shards that run elsewhere (a local shard's backends are the app's)."""

@@ -42,6 +42,12 @@ def test_two_shards_answer_every_query_each_on_its_own_instances() -> None:
         assert all(r > 0 for r in router.router.routed)
         assert not router.route  # every query left its shard
         assert all(not s.router.coordinator.queries for s in router.shards)  # type: ignore[attr-defined]
+        from agentflow.tenants import Tenant, TenantTable, apply_share_weights
+
+        table = TenantTable([("key-1", Tenant(name="big", weight=3.0))])
+        apply_share_weights(table, router)  # every shard weighs the tenant
+        assert all(s.router.coordinator.fairness.weights == {"big": 3.0}  # type: ignore[attr-defined]
+                   for s in router.shards)
 
 
 def test_too_many_shards_is_a_clear_error() -> None:
