@@ -25,7 +25,7 @@ from agentflow.catalog import DatabaseCatalog
 from agentflow.config import AgentFlowConfig
 from agentflow.llm.base import LLMBackend
 from agentflow.sql import SqlError
-from agentflow.teaching_api import TeachingMixin
+from agentflow.teaching import TeachingMixin
 from agentflow.tenants import DatabaseLogin, Tenant, as_tenant, owner_of, sees
 from agentflow.workflow import (
     MonotonicClock,
@@ -168,7 +168,7 @@ def usage_of(query: Query) -> dict[str, Any]:
     return {**total, "by_stage": dict(by_stage)}
 
 
-class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_api)
+class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.teaching)
     def __init__(self, config: AgentFlowConfig | None = None, *,
                  backends: dict[str, LLMBackend] | None = None,
                  router: CallRouter | None = None):
@@ -238,13 +238,16 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
                tenant: str | Tenant | None = None,
                slo_seconds: float | None = None,
                min_confidence: float | None = None,
-               slo_class: str | None = None) -> QueryHandle:
+               slo_class: str | None = None,
+               query_id: str | None = None) -> QueryHandle:
         """Start answering without waiting: bad input raises here, at once; the handle has
         the query id, live stage events and, later, the answer. Each question is a turn of a
-        conversation: a new one unless ``conversation`` names an earlier answer's."""
+        conversation: a new one unless ``conversation`` names an earlier answer's.
+        ``query_id``: run it under this id (a server replica re-running a query whose
+        replica died); by default a new one."""
         if self._closed or self._closing:
             raise ShuttingDownError("agentflow is shutting down; not accepting questions")
-        from agentflow.slo_names import one_slo
+        from agentflow.slo_classes import one_slo
 
         slo = one_slo(slo, slo_seconds)  # the HTTP/MCP name works here too
         question = self._validate(question, slo)
@@ -262,16 +265,17 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
             mine = [d for d in self.catalog.ids if who.may_use(d)]
             raise DatabaseNotFoundError(f"unknown database {db!r} (known: "
                                         f"{', '.join(mine) or 'none'})")
-        from agentflow.query_class import choose_class, deadline_s
+        from agentflow.slo_classes import choose_class, deadline_s
 
         klass = choose_class(slo_class, who.slo_class if who else None,
-                             self.config.scheduler.slo_classes)  # UnknownSloClassError
+                             self.config.scheduler.slo_classes,  # UnknownSloClassError
+                             ceiling=who is not None and not who.admin)
         slo = deadline_s(slo, klass, self.config.slo_s)
         if conversation is not None:
             history = self.conversations.follow(conversation, entry.db_id, viewer=who)
         else:
             conversation, history = self.conversations.start(entry.db_id, owner_of(who)), ()
-        query_id = f"q-{uuid.uuid4().hex[:12]}"
+        query_id = query_id or f"q-{uuid.uuid4().hex[:12]}"
         handle = QueryHandle(query_id, question, entry.db_id, pipeline_obj.name, slo,
                              conversation_id=conversation, history=history)
         handle.tenant, handle.slo_class = owner_of(who), klass.name
@@ -407,6 +411,11 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
         by_name = {i.name: i for i in self.config.instances}
         # Backends passed in code without a configured instance run as plain CPU instances.
         instances = [by_name.get(name) or InstanceConfig(name=name) for name in self.backends]
+        if self.config.scheduler.shards > 1:  # K coordinators (agentflow.scheduler.shards)
+            from agentflow.scheduler.shard_router import build_sharded_router
+
+            return build_sharded_router(self.config, instances, self.backends,
+                                        MonotonicClock())
         coordinator = build_coordinator(instances, clock=MonotonicClock(),
                                         **scheduler_settings(self.config.scheduler))
         return ScheduledRouter(coordinator, self.backends,
@@ -416,6 +425,9 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (teaching_ap
     async def _close_backends(self) -> None:
         for backend in self.backends.values():
             await backend.close()
+        close = getattr(self.router, "close", None)  # a sharded router's shard actors
+        if close is not None:
+            await close()
 
     def pipeline(self, name: str | None) -> Pipeline:
         from pipelines import get_pipeline

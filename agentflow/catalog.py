@@ -134,9 +134,7 @@ class DatabaseCatalog:
                 return self._open[key]
             if isinstance(role, str):
                 if (key, role) not in self._roles:
-                    from agentflow.sql.postgres import with_role
-
-                    self._roles[(key, role)] = with_role(self._open[key], role)
+                    self._roles[(key, role)] = self._open[key].with_role(role)
                 return self._roles[(key, role)]
             if self._open[key].kind != "postgresql":
                 raise ValueError(f"database {entry.db_id!r}: a tenant's own login needs "

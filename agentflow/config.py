@@ -17,7 +17,7 @@ from agentflow.datasets.types import EngineKind
 from agentflow.distributed.placement import RayPlacement
 from agentflow.scheduler.fast_lane import FAST_LANE_CALLS
 from agentflow.scheduler.health import HealthSettings
-from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass
+from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass, class_table
 
 
 class InstanceConfig(BaseModel):
@@ -25,7 +25,7 @@ class InstanceConfig(BaseModel):
 
     Serving runs ``backend`` (see ``agentflow.llm.registry``); the simulator models an engine
     from ``gpu``/``model``/precision/parallelism and the engine limits; the scheduler is given
-    the same ``InstanceSpec`` in both (``InstanceSpec.from_config``), so a policy or alpha
+    the same ``InstanceSpec`` in both (``scheduler.setup.instance_spec``), so a policy or alpha
     chosen in simulation means the same thing in serving. ``count`` > 1 stands for that many
     identical instances (named ``<name>-<i>``, or ``<gpu>-<i>`` without a name).
     """
@@ -143,6 +143,13 @@ class SchedulerConfig(BaseModel):
     # many calls at once; null: off. Under the flowsage queue only
     # (agentflow.scheduler.fast_lane).
     fast_lane: int | None = Field(FAST_LANE_CALLS, ge=1)
+    # Sharded coordinators (agentflow.scheduler.shards): the instances split into this many
+    # shards (a share of every GPU kind each), each with its own coordinator; each query is
+    # routed to one by shard_route (p2c over load summaries, least, or hash). shard_hosts:
+    # local (this process) or ray (one Ray actor per shard, restarted when it dies).
+    shards: int = Field(1, ge=1)
+    shard_route: Literal["p2c", "least", "hash"] = "p2c"
+    shard_hosts: Literal["local", "ray"] = "local"
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the
@@ -152,8 +159,6 @@ class SchedulerConfig(BaseModel):
     @field_validator("slo_classes", mode="before")
     @classmethod
     def _slo_classes(cls, value: Any) -> Any:
-        from agentflow.query_class import class_table
-
         if value is None:
             return dict(DEFAULT_SLO_CLASSES)
         if not isinstance(value, dict):

@@ -24,18 +24,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-# Written by agentflow bench fit_operators (run it to re-derive and print the fit error per
-# operator class against the measured rows).
+# Written by agentflow bench fit_operators on the even half of Vidur's rows (sorted by their
+# key, alternate rows); it prints every class's error on the odd, held-out half.
 OPERATOR_FIT: dict[str, float] = {
-    "linear_latency_s": 3.919e-06,
-    "compute_efficiency": 0.692,
-    "bw_efficiency": 0.768,
-    "elementwise_latency_s": 2.935e-06,
-    "elementwise_bw_efficiency": 0.4887,
-    "decode_attn_latency_s": 1.708e-05,
-    "attn_bw_efficiency": 0.7977,
-    "prefill_attn_latency_s": 2.39e-05,
-    "prefill_attn_efficiency": 0.4762,
+    "linear_latency_s": 6.977e-06,
+    "compute_efficiency": 0.7133,
+    "bw_efficiency": 0.8246,
+    "gemm_knee_p": 3.627,
+    "elementwise_latency_s": 3.01e-06,
+    "elementwise_bw_efficiency": 0.4882,
+    "decode_attn_latency_s": 1.682e-05,
+    "attn_bw_efficiency": 0.8394,
+    "attn_wave_penalty": 0.3212,
+    "prefill_attn_latency_s": 1.1e-05,
+    "prefill_attn_efficiency": 0.5567,
+    "prefill_attn_half_tokens": 532.4,
     "kv_write_latency_s": 2.55e-05,
 }
 _F = OPERATOR_FIT
@@ -62,12 +65,24 @@ class GPUProfile:
     elementwise_bw_efficiency: float = _F["elementwise_bw_efficiency"]
     elementwise_latency_s: float = _F["elementwise_latency_s"]
     kv_write_latency_s: float = _F["kv_write_latency_s"]
+    # How a GEMM's compute and weight-streaming terms meet near the knee: their p-norm
+    # (infinity: the plain maximum); and the M tile of its tensor-core kernels (a batch of
+    # T tokens computes T rounded up to the tile, or to a power of two below it).
+    gemm_knee_p: float = _F["gemm_knee_p"]
+    gemm_tile_tokens: int = 128
     # Decode attention reading the KV cache: fraction of peak bandwidth and kernel latency.
     attn_bw_efficiency: float = _F["attn_bw_efficiency"]
     decode_attn_latency_s: float = _F["decode_attn_latency_s"]
-    # Prefill attention (and attention FLOPs in general): fraction of peak FLOP/s, latency.
+    # Streaming multiprocessors, and the share of a wave a partial last wave of decode
+    # attention's (sequence, KV head) thread blocks costs (agentflow.step_time.wave_factor).
+    sm_count: int = 108
+    attn_wave_penalty: float = _F["attn_wave_penalty"]
+    # Prefill attention (and attention FLOPs in general): fraction of peak FLOP/s, latency;
+    # a chunk of n tokens reaches n / (n + half) of that efficiency (fewer query tiles than
+    # SMs can hold).
     prefill_attn_efficiency: float = _F["prefill_attn_efficiency"]
     prefill_attn_latency_s: float = _F["prefill_attn_latency_s"]
+    prefill_attn_half_tokens: float = _F["prefill_attn_half_tokens"]
     # Fixed cost of one engine iteration: scheduling, input preparation, sampling and the
     # launch of the (CUDA-graph) forward pass. Not identifiable from single-request timings
     # (it trades off against bw_efficiency) nor from kernel profiles (they time the GPU
@@ -129,11 +144,13 @@ GPUS: dict[str, GPUProfile] = {g.name: g for g in (
     GPUProfile("A100-80G", peak_tflops=312, mem_bw_gbs=2039, mem_gb=80,
                interconnect_gbs=300),  # NVLink3: 600 GB/s both directions
     GPUProfile("A100-40G", peak_tflops=312, mem_bw_gbs=1555, mem_gb=40, interconnect_gbs=300),
-    GPUProfile("H100", peak_tflops=989, mem_bw_gbs=3350, mem_gb=80, interconnect_gbs=450),
-    GPUProfile("H200", peak_tflops=989, mem_bw_gbs=4800, mem_gb=141, interconnect_gbs=450),
-    GPUProfile("A6000", peak_tflops=154.8, mem_bw_gbs=768, mem_gb=48),
-    GPUProfile("L40S", peak_tflops=362, mem_bw_gbs=864, mem_gb=48),
-    GPUProfile("A40", peak_tflops=149.7, mem_bw_gbs=696, mem_gb=48),
+    GPUProfile("H100", peak_tflops=989, mem_bw_gbs=3350, mem_gb=80, interconnect_gbs=450,
+               sm_count=132),
+    GPUProfile("H200", peak_tflops=989, mem_bw_gbs=4800, mem_gb=141, interconnect_gbs=450,
+               sm_count=132),
+    GPUProfile("A6000", peak_tflops=154.8, mem_bw_gbs=768, mem_gb=48, sm_count=84),
+    GPUProfile("L40S", peak_tflops=362, mem_bw_gbs=864, mem_gb=48, sm_count=142),
+    GPUProfile("A40", peak_tflops=149.7, mem_bw_gbs=696, mem_gb=48, sm_count=84),
 )}
 
 MODELS: dict[str, ModelProfile] = {m.name: m for m in (
@@ -173,6 +190,13 @@ GPUS["Xeon-core"] = GPUProfile(
     decode_compute_efficiency=0.312, bw_efficiency=0.6276, attn_bw_efficiency=0.8034,
     prefill_attn_efficiency=0.6215, step_overhead_s=1.717e-05, request_overhead_s=1e-05,
     interconnect_gbs=0.0, overlap_compute_memory=False)
+
+# What each stored CPU profile was fitted on: a description, and the words a CPU model name
+# must hold to count as the same hardware (agentflow.sim.host_profiles warns otherwise; the
+# check tells vendors and lines apart, not generations within a line).
+FITTED_ON: dict[str, tuple[str, tuple[str, ...]]] = {
+    "Xeon-core": ("one core of an Intel Xeon (Sapphire Rapids)", ("Intel", "Xeon")),
+}
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ to steps computed one at a time.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,28 @@ def _max(a, b):
 def _add(a, b):
     """The serial roofline: compute and memory time do not hide each other."""
     return a + b
+
+
+def tile_rows(T: int, tile: int) -> int:
+    """Rows a tensor-core GEMM computes for ``T`` tokens: its M tile is the smallest power of
+    two >= ``T`` up to ``tile``, and larger batches fill whole tiles, so the padding rows
+    cost compute time (why a step of 136 tokens costs what one of 256 does on an A100)."""
+    if tile <= 1 or T <= 0:
+        return T
+    if T >= tile:
+        return -(-T // tile) * tile
+    return 1 << (T - 1).bit_length()
+
+
+def wave_factor(ctas: float, slots: int, penalty: float) -> float:
+    """Time of ``ctas`` equal thread blocks on ``slots`` SMs over the time at full
+    occupancy: above one wave, the last partial wave leaves SMs idle for the fraction
+    ``penalty`` of a wave's time (0: work spreads evenly, 1: a whole wave is paid). Below
+    one wave the kernel splits its work to fill the GPU (FlashInfer's split-KV), so 1."""
+    w = ctas / slots if slots > 0 else 0.0
+    if w <= 1.0 or penalty <= 0.0:
+        return 1.0
+    return ((1.0 - penalty) * w + penalty * math.ceil(w)) / w
 
 
 @dataclass(frozen=True)
@@ -150,6 +173,8 @@ class OperatorModel:
                        (ffn, m.hidden, mlp_total / mlp_active))
         self._wb = wb
         self._lat_lin = gpu.linear_latency_s
+        self._tile = gpu.gemm_tile_tokens
+        self._knee_p = gpu.gemm_knee_p
         # Element-wise bytes per token and layer (2-byte activations): two RMS norms
         # (read + write hidden), rotary embedding (q and k in place), gated activation
         # (read 2 ffn, write ffn), residual add (two reads, one write).
@@ -169,6 +194,11 @@ class OperatorModel:
         self._lat_dec = gpu.decode_attn_latency_s
         self._f_pf = peak * gpu.prefill_attn_efficiency
         self._lat_pf = gpu.prefill_attn_latency_s
+        # decode attention runs one thread block per (sequence, KV head) on each GPU
+        self._kv_heads_gpu = max(1, kv // tp)
+        self._slots = gpu.sm_count
+        self._wave = gpu.attn_wave_penalty
+        self._pf_half = gpu.prefill_attn_half_tokens
         self._lm = (m.hidden, m.vocab / tp, m.hidden * m.vocab * m.head_bits / 8 / tp)
         self._overhead = gpu.step_overhead_s
         # T (serial: (T, B)) -> linear + element-wise seconds per layer; S (or (S, B)) -> head
@@ -196,7 +226,17 @@ class OperatorModel:
         flops, nbytes = self.gemm_work(i, T)
         if self._serial:
             return self._lat_lin + self._compute_s(flops, T, B) + nbytes / self._b_lin
-        return self._lat_lin + _max(flops / self._f_lin, nbytes / self._b_lin)
+        return self._lat_lin + self._gpu_roof(flops * tile_rows(T, self._tile) / T
+                                              if T else flops, nbytes)
+
+    def _gpu_roof(self, flops, nbytes):
+        """A GPU GEMM's roofline: near the knee the kernel is slower than either asymptote,
+        so the two terms meet as a p-norm (``gemm_knee_p``; infinity: the plain max)."""
+        c, m = flops / self._f_lin, nbytes / self._b_lin
+        p = self._knee_p
+        if math.isinf(p):
+            return _max(c, m)
+        return (c ** p + m ** p) ** (1.0 / p)
 
     def _compute_s(self, flops, rows, decode_rows):
         """Compute seconds of a serial (CPU) GEMM whose ``decode_rows`` of ``rows`` are
@@ -237,15 +277,23 @@ class OperatorModel:
         """One decode-attention kernel: ``B`` sequences attending to ``kv_tokens`` in all."""
         if not B:
             return 0.0
-        return self._lat_dec + self._roof(self._flop_pair * kv_tokens / self._f_pf,
-                                          (self._kv_tok * kv_tokens + self._q_tok * B)
-                                          / self._b_dec)
+        mem = (self._kv_tok * kv_tokens + self._q_tok * B) / self._b_dec
+        if not self._serial:
+            mem = mem * wave_factor(B * self._kv_heads_gpu, self._slots, self._wave)
+        return self._lat_dec + self._roof(self._flop_pair * kv_tokens / self._f_pf, mem)
 
     def prefill_attention(self, tokens, pairs, kv_tokens):
         """One prefill-attention kernel over chunks of ``tokens`` in all."""
         if not tokens:
             return 0.0
-        return self._lat_pf + self._roof(self._flop_pair * pairs / self._f_pf,
+        compute = self._flop_pair * pairs / self._f_pf
+        if not self._serial:
+            # a chunk of n tokens reaches n / (n + half) of the efficiency (fewer query
+            # tiles than the SMs hold); below ``half`` tokens other kernels take over, so
+            # the factor stops at 2
+            n = max(tokens, self._pf_half)
+            compute = compute * (n + self._pf_half) / n
+        return self._lat_pf + self._roof(compute,
                                          (self._kv_tok * kv_tokens + self._q_tok * tokens)
                                          / self._b_dec)
 

@@ -11,6 +11,7 @@ Everything lives in one SQLite file (``<cache>/teaching.sqlite``; ``AGENTFLOW_CA
 it), keyed by (tenant, database). ``tenant=None`` is the shared scope: everyone sees it; a
 tenant sees the shared entries and its own, and changes only its own. A pair is stored only
 after its SQL passed the read-only guard and ran on the database (``validate_sql``).
+``TeachingMixin`` is how the Python API (and through it the CLI, HTTP and MCP) teaches.
 """
 
 from __future__ import annotations
@@ -174,10 +175,15 @@ class TeachingStore:
         return [TaughtExample(r["id"], r["db"], r["question"], r["sql"], r["tenant"] or None,
                               r["created"]) for r in rows]
 
-    def delete_example(self, db: str, example_id: int, *, tenant: str | None = None) -> bool:
-        """Delete one of ``tenant``'s own pairs; False when there is none with that id."""
+    def delete_example(self, db: str, example_id: int | str, *,
+                       tenant: str | None = None) -> bool:
+        """Delete one of ``tenant``'s own pairs; False when there is none with that id (an id
+        that cannot be one — negative, past int64, not ASCII digits — is simply not found)."""
+        row_id = row_id_of(example_id)
+        if row_id is None:
+            return False
         rows = self._run("DELETE FROM examples WHERE id = ? AND db = ? AND tenant = ? "
-                         "RETURNING id", (int(example_id), db, _scope(tenant)))
+                         "RETURNING id", (row_id, db, _scope(tenant)))
         return bool(rows)
 
     # -------------------------------------------------------------------------- glossary
@@ -205,9 +211,13 @@ class TeachingStore:
     def delete_term(self, db: str, term: str | int, *, tenant: str | None = None) -> bool:
         """Delete one of ``tenant``'s own terms, by id or by the term itself."""
         scope = _scope(tenant)
-        if isinstance(term, int) or (isinstance(term, str) and term.isdigit()):
+        if isinstance(term, int) or (isinstance(term, str) and term.isascii() and
+                                     term.isdigit()):
+            row_id = row_id_of(term)
+            if row_id is None:
+                return False
             rows = self._run("DELETE FROM glossary WHERE id = ? AND db = ? AND tenant = ? "
-                             "RETURNING id", (int(term), db, scope))
+                             "RETURNING id", (row_id, db, scope))
         else:
             rows = self._run("DELETE FROM glossary WHERE term = ? AND db = ? AND tenant = ? "
                              "RETURNING id", (" ".join(str(term).split()), db, scope))
@@ -352,5 +362,115 @@ class TaughtFewShots:
         return getattr(self.base, name)
 
 
+# SQLite's INTEGER is a signed 64-bit number: a larger Python int cannot even be bound.
+_MAX_ROW_ID = 2 ** 63 - 1
+
+
+def row_id_of(value: object) -> int | None:
+    """``value`` as a row id, or None when it cannot be one: an int in 1..2^63-1, or a string
+    of at most 19 ASCII digits (``"²".isdigit()`` is true, and ``int()`` of 4,300+ digits
+    raises), so every id parse is total."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        if not (value.isascii() and value.isdigit()) or len(value) > 19:
+            return None
+        value = int(value)
+    if not isinstance(value, int) or not 0 < value <= _MAX_ROW_ID:
+        return None
+    return value
+
+
+# --------------------------------------------------------------------------- the API's verbs
+DEMO_SEED_TAG = "demo-v1"
+
+
+def _owner(tenant: Any) -> str | None:
+    """The store's key for ``tenant``: its name (a ``Tenant`` or a name), None = shared."""
+    from agentflow.tenants import as_tenant, owner_of
+
+    return owner_of(as_tenant(tenant))
+
+
+def open_store(path: str | None = None) -> TeachingStore:
+    """The store at ``path`` (the cache default when None), with the demo's shipped pairs
+    and terms seeded into it once."""
+    from agentflow.datasets.demo import DEMO_DB_ID, demo_teaching
+
+    store = TeachingStore(path)
+    examples, terms = demo_teaching()
+    store.seed(DEMO_DB_ID, DEMO_SEED_TAG, examples, terms)
+    return store
+
+
+class TeachingMixin:
+    """The Python API's teaching verbs (``af.teach``, ``af.define`` and their list/delete),
+    mixed into ``AgentFlow`` so that ``api.py`` stays about answering questions; the CLI,
+    HTTP routes and MCP tool all call these. Needs ``self.catalog`` (a DatabaseCatalog) and
+    ``self.config`` (an AgentFlowConfig): nothing else of the API."""
+
+    catalog: Any
+    config: Any
+    _teaching_store: TeachingStore | None = None
+    _teaching_lock = threading.Lock()
+
+    @property
+    def teaching(self) -> TeachingStore:
+        with self._teaching_lock:
+            if self._teaching_store is None:
+                self._teaching_store = open_store(getattr(self.config, "teaching_store", None))
+            return self._teaching_store
+
+    def _db_id(self, db: str) -> str:
+        return self.catalog.entry(db).db_id  # raises DatabaseNotFoundError for unknown ids
+
+    # ----------------------------------------------------------------------- examples
+    def teach(self, question: str, sql: str, *, db: str,
+              tenant: Any = None) -> TaughtExample:
+        """Teach a question/SQL pair for ``db``. The SQL must pass the read-only guard and
+        run on the database, or ``TeachingError`` (an ``InvalidRequest``) says why and
+        nothing is stored. Teaching the same question again replaces its SQL."""
+        if not isinstance(question, str) or not question.strip():
+            raise TeachingError("the question is empty")
+        db_id = self._db_id(db)
+        validate_sql(self.catalog.open(db), sql, timeout_s=self.config.sql_timeout_s)
+        return self.teaching.add_example(db_id, question, sql, tenant=_owner(tenant))
+
+    def examples(self, db: str, *, tenant: Any = None) -> list[TaughtExample]:
+        """The taught pairs for ``db`` that ``tenant`` sees (shared ones and its own)."""
+        return self.teaching.examples(self._db_id(db), tenant=_owner(tenant))
+
+    def forget_example(self, db: str, example_id: int, *, tenant: Any = None) -> bool:
+        """Delete a taught pair by id; False when ``tenant`` has none with that id."""
+        return self.teaching.delete_example(self._db_id(db), example_id, tenant=_owner(tenant))
+
+    # ----------------------------------------------------------------------- glossary
+    def define(self, term: str, meaning: str, *, db: str,
+               tenant: Any = None) -> GlossaryEntry:
+        """Teach what a word means in ``db`` in SQL terms ("active customer" -> "placed an
+        order in the last 90 days"); questions that use the term get it with the schema."""
+        return self.teaching.add_term(self._db_id(db), term, meaning, tenant=_owner(tenant))
+
+    def glossary(self, db: str, *, tenant: Any = None) -> list[GlossaryEntry]:
+        return self.teaching.glossary(self._db_id(db), tenant=_owner(tenant))
+
+    def forget_term(self, db: str, term: str | int, *, tenant: Any = None) -> bool:
+        return self.teaching.delete_term(self._db_id(db), term, tenant=_owner(tenant))
+
+    # ------------------------------------------------------------------ for pipelines
+    def _taught_context(self, db_id: str, handle: Any,
+                        tenant: Any = None) -> tuple[TaughtFewShots, str]:
+        """For one query (a ``QueryHandle``): the few-shot source (taught pairs ahead of the
+        dataset pool) and the glossary text for the terms its question, read with the
+        conversation's earlier turns, uses. Blocking: call it off the event loop."""
+        store = self.teaching
+        asked = " ".join([t.question for t in handle.history] + [handle.question])
+        terms = store.terms_in(db_id, asked, tenant=_owner(tenant))
+        base = self.fewshot_pool()  # type: ignore[attr-defined]
+        return (TaughtFewShots(store, db_id, tenant=_owner(tenant), base=base),
+                glossary_block(terms))
+
+
 __all__ = ["GlossaryEntry", "TaughtExample", "TaughtFewShots", "TeachingError",
-           "TeachingStore", "default_path", "glossary_block", "validate_sql"]
+           "TeachingMixin", "TeachingStore", "default_path", "glossary_block", "open_store",
+           "row_id_of", "validate_sql"]

@@ -27,6 +27,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _no_shared_server_state():
+    """Servers the tests start keep their state in the process unless a test gives them a
+    store of its own: the default file in the user's cache would be shared by every test's
+    server (and a killed one's queries re-run by the next)."""
+    import os
+
+    old = os.environ.get("AGENTFLOW_STATE")
+    os.environ["AGENTFLOW_STATE"] = "off"
+    yield
+    if old is None:
+        os.environ.pop("AGENTFLOW_STATE", None)
+    else:
+        os.environ["AGENTFLOW_STATE"] = old
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _private_teaching_store(tmp_path_factory):
     """Tests (and the CLIs they start) teach into their own store, never the user's."""
     import os
@@ -39,6 +55,23 @@ def _private_teaching_store(tmp_path_factory):
         os.environ.pop("AGENTFLOW_TEACHING", None)
     else:
         os.environ["AGENTFLOW_TEACHING"] = old
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_host_profiles(tmp_path_factory):
+    """Tests simulate local instances with the stored profiles, never with a host profile
+    the user's ``agentflow calibrate`` left in the cache (tests that store one set their
+    own path)."""
+    import os
+
+    path = tmp_path_factory.mktemp("host-profiles") / "host-profiles.json"
+    old = os.environ.get("AGENTFLOW_HOST_PROFILES")
+    os.environ["AGENTFLOW_HOST_PROFILES"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("AGENTFLOW_HOST_PROFILES", None)
+    else:
+        os.environ["AGENTFLOW_HOST_PROFILES"] = old
 
 
 def make_library_sqlite(path: Path) -> Path:

@@ -12,7 +12,7 @@ from agentflow.api import AgentFlow
 from agentflow.config import AgentFlowConfig, InstanceConfig
 from agentflow.llm.scripted import ScriptedBackend
 from agentflow.scheduler import StartCall
-from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.setup import instance_spec
 from agentflow.sim.cluster import SimClusterConfig, load_cluster
 from agentflow.sim.driver import Simulation
 from agentflow.sim.experiment import build_workload
@@ -124,11 +124,11 @@ def test_instances_expand_and_name_alike_everywhere() -> None:
         InstanceConfig(name="solo", gpu="L40S", model="Llama-3.1-8B")])
     assert [n for n, _ in sim.expanded()] == names
     # defaults: a GPU instance admits up to its batch limit, a CPU instance one call
-    assert InstanceSpec.from_config(cfg.instances[0]).max_inflight == 64
-    cpu = InstanceSpec.from_config(InstanceConfig(name="cpu"))
+    assert instance_spec(cfg.instances[0]).max_inflight == 64
+    cpu = instance_spec(InstanceConfig(name="cpu"))
     assert (cpu.max_inflight, cpu.kv_token_budget) == (1, None)
     explicit = InstanceConfig(name="x", gpu="H100", model="Llama-3.1-8B", kv_token_budget=1234)
-    assert InstanceSpec.from_config(explicit).kv_token_budget == 1234
+    assert instance_spec(explicit).kv_token_budget == 1234
 
 
 def test_bad_cluster_files_are_refused_with_the_reason(tmp_path: Path) -> None:
@@ -153,6 +153,6 @@ def test_a_cpu_model_is_a_label_and_an_impossible_gpu_instance_says_what_to_set(
     with pytest.raises(ValidationError, match="unknown model"):
         InstanceConfig(name="g", gpu="H100", model="my-finetune")
     with pytest.raises(ValueError, match="set its tensor_parallel or weight_bits"):
-        InstanceSpec.from_config(InstanceConfig(name="x", gpu="L40S", model="Llama-3.1-70B"))
+        instance_spec(InstanceConfig(name="x", gpu="L40S", model="Llama-3.1-70B"))
     given = InstanceConfig(name="x", gpu="L40S", model="Llama-3.1-70B", kv_token_budget=9000)
-    assert InstanceSpec.from_config(given).kv_token_budget == 9000
+    assert instance_spec(given).kv_token_budget == 9000

@@ -15,7 +15,7 @@ import pytest
 from agentflow import hardware
 from agentflow.cli.main import main as agentflow_main
 from agentflow.config import InstanceConfig
-from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.setup import instance_spec
 from agentflow.sim.engine import SimInstance, engine_for
 from agentflow.step_time import OperatorModel, StepShape, step_sums
 
@@ -45,12 +45,55 @@ def test_a_chunk_beside_long_decodes_adds_its_own_time():
 def test_decode_attention_grows_with_batch_and_context_at_the_fitted_bandwidth():
     ops = OperatorModel(A100, L8B)
     kv_per_token_layer = 2 * L8B.kv_heads * L8B.head_dim * 2
+    bw = A100.mem_bw_gbs * 1e9 * A100.attn_bw_efficiency
     b1 = ops.decode_attention(1, 12289)
+    b12 = ops.decode_attention(12, 12 * 12289)
+    # 11 more sequences read 11 more KV caches at attn_bw_efficiency of peak bandwidth
+    # (12 x 8 KV heads = 96 thread blocks: one wave of the A100's 108 SMs)
+    assert b12 - b1 == pytest.approx(11 * 12289 * kv_per_token_layer / bw, rel=0.01)
+    # 32 sequences are 256 blocks, 2.37 waves: the partial third wave costs its share
     b32 = ops.decode_attention(32, 32 * 12289)
-    # 31 more sequences read 31 more KV caches at attn_bw_efficiency of peak bandwidth
-    extra = 31 * 12289 * kv_per_token_layer / (A100.mem_bw_gbs * 1e9 * A100.attn_bw_efficiency)
-    assert b32 - b1 == pytest.approx(extra, rel=0.01)
+    w = 256 / 108
+    factor = ((1 - A100.attn_wave_penalty) * w + A100.attn_wave_penalty * 3) / w
+    assert factor > 1.05
+    assert b32 - A100.decode_attn_latency_s == pytest.approx(
+        factor * 32 * 12289 * kv_per_token_layer / bw, rel=0.01)
     assert ops.decode_attention(0, 0) == 0.0 and ops.prefill_attention(0, 0, 0) == 0.0
+
+
+def test_gemm_padding_rows_cost_compute_and_the_knee_is_soft():
+    """A step of 136 tokens computes two 128-row tiles (as long as 256 tokens); below the
+    tile a power of two; near the knee the GEMM is slower than either asymptote."""
+    from agentflow.step_time import tile_rows
+
+    assert [tile_rows(T, 128) for T in (1, 3, 64, 65, 128, 129, 256, 257)] == [
+        1, 4, 64, 128, 128, 256, 256, 384]
+    assert tile_rows(100, 1) == 100
+    ops = OperatorModel(A100, L8B)
+    assert ops.linear(136) == pytest.approx(ops.linear(256), rel=0.02)
+    assert ops.linear(136) > 1.3 * ops.linear(128)
+    flops, nbytes = ops.gemm_work(2, 128)
+    c = flops / (A100.peak_tflops * 1e12 * A100.compute_efficiency)
+    m = nbytes / (A100.mem_bw_gbs * 1e9 * A100.bw_efficiency)
+    assert ops.gemm(2, 128) - A100.linear_latency_s > 1.1 * max(c, m)
+    sharp = OperatorModel(replace(A100, gemm_knee_p=float("inf")), L8B)
+    assert sharp.gemm(2, 128) - A100.linear_latency_s == pytest.approx(max(c, m))
+
+
+def test_a_short_prefill_chunk_reaches_less_of_the_attention_efficiency():
+    """Efficiency n / (n + half): a 1k chunk after 4k cached tokens costs more per pair
+    than an 8k one; below ``half`` tokens the factor stops at 2."""
+    ops = OperatorModel(A100, L8B)
+
+    def per_pair(n, c):
+        pairs = n * c + n * (n + 1) // 2
+        return (ops.prefill_attention(n, pairs, n + c) - A100.prefill_attn_latency_s) / pairs
+
+    h = A100.prefill_attn_half_tokens
+    assert per_pair(1024, 4096) / per_pair(8192, 4096) == pytest.approx(
+        ((1024 + h) / 1024) / ((8192 + h) / 8192), rel=0.02)
+    assert per_pair(64, 4096) / per_pair(16384, 0) == pytest.approx(
+        2 / ((16384 + h) / 16384), rel=0.05)
 
 
 def test_step_shape_classifies_decodes_and_prefills():
@@ -92,14 +135,14 @@ def test_serving_kv_budget_is_the_simulated_engines_capacity(kw):
                          if kw.get("tensor_parallel") or kw.get("weight_bits") else
                          "Llama-3.1-8B", **kw)
     engine = engine_for("x", cfg)
-    assert InstanceSpec.from_config(cfg).kv_token_budget == \
+    assert instance_spec(cfg).kv_token_budget == \
         engine.kv_blocks_total * engine.block_size > 0
 
 
 def test_a_model_that_does_not_fit_is_a_clear_error():
     cfg = InstanceConfig(name="big", gpu="A100-80G", model="Llama-3.1-70B")
     with pytest.raises(ValueError, match="does not fit"):
-        InstanceSpec.from_config(cfg)
+        instance_spec(cfg)
 
 
 def test_serving_does_not_import_the_simulator():
@@ -108,14 +151,13 @@ def test_serving_does_not_import_the_simulator():
     code = """
 import sys
 from agentflow.config import InstanceConfig
-from agentflow.scheduler.cluster import InstanceSpec
-from agentflow.scheduler.setup import build_coordinator
+from agentflow.scheduler.setup import build_coordinator, instance_spec
 from agentflow.scheduler.time_model import InstanceTimeModel
 from agentflow.workflow.clock import ManualClock
 import agentflow.scheduler.serving, agentflow.server.app
 cfgs = [InstanceConfig(name="a", gpu="A100-80G", model="Llama-3.1-8B"),
         InstanceConfig(name="b", gpu="L40S", model="Llama-3.1-70B", weight_bits=4, kv_bits=4)]
-specs = [InstanceSpec.from_config(c) for c in cfgs]
+specs = [instance_spec(c) for c in cfgs]
 assert all(s.kv_token_budget > 0 for s in specs)
 [InstanceTimeModel.for_spec(s) for s in specs]
 build_coordinator(cfgs, clock=ManualClock(), policy="flowsage")

@@ -183,7 +183,7 @@ def test_the_demo_ships_taught_pairs_and_terms_that_are_not_its_evaluation_quest
 
 
 def test_a_deleted_shipped_entry_stays_deleted(tmp_path) -> None:
-    from agentflow.teaching_api import open_store
+    from agentflow.teaching import open_store
 
     store = open_store(str(tmp_path / "t.sqlite"))
     first = store.examples("bookshop")[0]

@@ -11,7 +11,7 @@ from agentflow.api import AgentFlow
 from agentflow.config import AgentFlowConfig
 from agentflow.llm.scripted import ScriptedBackend
 from agentflow.sql import Database
-from agentflow.sql.postgres import role_of, with_role
+from agentflow.sql.postgres import role_of
 from agentflow.tenants import Tenant
 
 PASSWORD = "rls-Pa55-word"
@@ -70,7 +70,7 @@ def _login_role(db: Database) -> str:
 
 def test_role_view_sees_only_its_rows_and_the_pool_is_reset_after(url) -> None:
     with Database.open(url, db_id="rls", pool_size=1, max_overflow=0) as base:
-        a, b = with_role(base, "tenant_a"), with_role(base, "tenant_b")
+        a, b = base.with_role("tenant_a"), base.with_role("tenant_b")
         assert role_of(a) == "tenant_a" and role_of(base) is None
         # One pooled connection serves all three in turn: each transaction starts as its
         # own role, and the login role (no policy of its own) sees no row at all.
@@ -88,7 +88,7 @@ def test_role_view_sees_only_its_rows_and_the_pool_is_reset_after(url) -> None:
 def test_a_role_not_granted_fails_the_query_instead_of_running_as_the_login(url) -> None:
     with Database.open(url, db_id="rls", pool_size=1, max_overflow=0) as base:
         for role in ("stranger", "no_such_role"):
-            err = with_role(base, role).try_execute(ORDERS_SQL)
+            err = base.with_role(role).try_execute(ORDERS_SQL)
             assert not hasattr(err, "rows"), role
         assert _login_role(base) == "rls_reader"
 
@@ -99,7 +99,7 @@ SWITCH_ROLE = ("SELECT \"set_config\"('role', 'tenant_b', true) AS r, (SELECT "
 
 def test_a_statement_cannot_switch_a_shared_pool_role_to_another_tenants(url) -> None:
     with Database.open(url, db_id="rls", pool_size=1, max_overflow=0) as base:
-        result = with_role(base, "tenant_a").try_execute(SWITCH_ROLE)
+        result = base.with_role("tenant_a").try_execute(SWITCH_ROLE)
         assert not hasattr(result, "rows"), result.rows  # was [('tenant_b', 'bucket,brush')]
         assert "set_config" in str(result) and "allow-list" in str(result)
 
@@ -126,7 +126,7 @@ def test_a_tenants_own_login_sees_its_rows_and_cannot_switch_to_another(rls, url
 
 def test_role_views_need_postgres(library_db) -> None:
     with Database.open(library_db) as db, pytest.raises(ValueError, match="PostgreSQL"):
-        with_role(db, "tenant_a")
+        db.with_role("tenant_a")
 
 
 def test_tenant_questions_return_only_their_rows_through_the_python_api(url) -> None:

@@ -8,6 +8,7 @@ import sys
 from agentflow import __version__
 from agentflow.cli import ask as ask_cli
 from agentflow.cli import bench as bench_cli
+from agentflow.cli import calibrate as calibrate_cli
 from agentflow.cli import datasets as datasets_cli
 from agentflow.cli import evaluate as evaluate_cli
 from agentflow.cli import mcp as mcp_cli
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     ask_cli.register(sub)
     bench_cli.register(sub)
+    calibrate_cli.register(sub)
     datasets_cli.register(sub)
     evaluate_cli.register(sub)
     mcp_cli.register(sub)

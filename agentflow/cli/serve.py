@@ -38,6 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run every instance as a Ray actor placed by its GPU type, on the "
                         "cluster at ADDRESS (auto, HOST:6379, ray://HOST:10001, or 'local'); "
                         "the same as 'placement: ray' in the config (needs agentflow[ray])")
+    p.add_argument("--state", default=None, metavar="URL",
+                   help="where queries, conversations and tenant usage live: a SQLite file "
+                        "(default <cache>/server-state.sqlite), postgresql://... for replicas "
+                        "on many hosts, or 'off' (this process only); also server.state or "
+                        "AGENTFLOW_STATE")
     p.add_argument("--drain", type=float, default=None, metavar="SECONDS",
                    help="on shutdown, let queries in flight finish for this long before "
                         "cancelling them (default 10)")
@@ -108,6 +113,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
     if args.drain is not None:
         settings.drain_s = args.drain
+    from agentflow.server.settings import resolve_state
+
+    settings.state = resolve_state(args.state, settings.state)
     # Everything that can fail without the model fails first, in a second.
     problem = port_problem(args.host, args.port)
     if problem:
@@ -120,6 +128,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service = app.state.service
     if settings.keys():
         log.info("API keys required (%d configured)", len(settings.keys()))
+    if service.replica is not None:
+        log.info("state in %s (replica %s)", redacted(settings.state), service.replica.id)
     ids = service.af.catalog.ids
     log.info("serving %s", databases_line(ids))
     log.info("web page http://%s:%d/ · API docs http://%s:%d/docs", args.host, args.port,
@@ -130,6 +140,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         service.close()  # if uvicorn never started (port taken), still release the engine
     return 0
+
+
+def redacted(url: str | None) -> str:
+    """A store URL for the log, without its password."""
+    import re
+
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url or "")
 
 
 def databases_line(ids: list[str], shown: int = 8) -> str:

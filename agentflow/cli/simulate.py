@@ -18,6 +18,7 @@ from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, parse_fast_lane
 from agentflow.scheduler.lengths import LENGTH_MODELS
 from agentflow.scheduler.policies import policy_help
 from agentflow.scheduler.preemption import AUTO, PREEMPTION_SETTINGS
+from agentflow.scheduler.shards import DEFAULT_ROUTE, ROUTES, SUMMARY_S
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +68,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="on the fastest instance, a tenant outranked by a present one runs "
                         "at most N calls at once (scheduler.fast_lane; default "
                         f"{FAST_LANE_CALLS}, as in serving; off: never held)")
+    p.add_argument("--coordinators", type=_shards, default=1, metavar="K",
+                   help="split the instances into K shards, each with its own coordinator "
+                        "(a share of every GPU kind each), and route each query to one "
+                        "(scheduler.shards; default 1: one coordinator)")
+    p.add_argument("--shard-route", choices=ROUTES, default=DEFAULT_ROUTE,
+                   help="how a query picks its shard with --coordinators > 1: p2c (default: "
+                        "the less loaded of two drawn shards, by load summaries at most "
+                        f"{SUMMARY_S:g} s old), least (the least loaded of all), hash (the "
+                        "query id, no load read)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed for arrivals and sampling; same seed, same result (default 0)")
     p.add_argument("--slo-scale", type=float, default=2.0,
@@ -114,6 +124,17 @@ def _tenant(value: str) -> Any:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _shards(value: str) -> int:
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of shards, got "
+                                         f"{value!r}") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"the number of shards must be >= 1, got {k}")
+    return k
+
+
 def _cached_prefix(value: str) -> float | str:
     if value == "auto":
         return value
@@ -147,6 +168,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from agentflow.sim.faults import Fault
 
     cluster = load_cluster(args.cluster)
+    if args.coordinators > 1:
+        from agentflow.scheduler.shards import check_shards
+
+        try:
+            check_shards(args.coordinators, len(cluster.expanded()))
+        except ValueError as err:
+            args.simulate_parser.error(str(err))
+        if args.tune_alpha:
+            args.simulate_parser.error("--tune-alpha forks one coordinator; it does not run "
+                                       "with --coordinators > 1")
     faults = [Fault.parse(f) for f in args.fault]
     trace = load_trace(args.trace, args.format)
     from agentflow.scheduler.policies import parse_policy, with_length_model
@@ -198,6 +229,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out["config"]["preemption"] = args.preemption
     if args.fast_lane != FAST_LANE_CALLS:
         out["config"]["fast_lane"] = args.fast_lane
+    if args.coordinators > 1:  # one coordinator writes what it always wrote
+        out["config"]["coordinators"] = args.coordinators
+        out["config"]["shard_route"] = args.shard_route
     print_table(table_console(140), out)
     if args.tenant:
         print_tenant_table(table_console(140), out)
@@ -234,7 +268,7 @@ def _cell_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("slo_scale", "alpha", "tune_alpha", "cached_prefix",
                                           "goodput", "queries", "arrival", "seed",
                                           "deadline", "deadline_admission", "preemption",
-                                          "fast_lane")}
+                                          "fast_lane", "coordinators", "shard_route")}
 
 
 def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
@@ -260,7 +294,7 @@ def policy_cell(policy: str, inputs: PolicyCellInputs) -> dict[str, Any]:
                                          slo_scale=o["slo_scale"], arrival=o["arrival"],
                                          seed=o["seed"], idle=inputs.idle,
                                          cached_prefix=o["cached_prefix"],
-                                         deadline=o["deadline"])
+                                         deadline=o["deadline"], **_shard_options(o))
     return summary
 
 
@@ -272,7 +306,18 @@ def _scheduler_options(o: dict[str, Any]) -> dict[str, Any]:
         out["preemption"] = o["preemption"]
     if o.get("fast_lane", FAST_LANE_CALLS) != FAST_LANE_CALLS:
         out["fast_lane"] = o["fast_lane"]
+    if o.get("coordinators", 1) > 1:
+        out["coordinators"] = o["coordinators"]
+        out["shard_route"] = o.get("shard_route", DEFAULT_ROUTE)
     return out
+
+
+def _shard_options(o: dict[str, Any]) -> dict[str, Any]:
+    """The sharding settings alone (the goodput search runs the same coordinators)."""
+    if o.get("coordinators", 1) <= 1:
+        return {}
+    return {"coordinators": o["coordinators"], "shard_route": o.get("shard_route",
+                                                                    DEFAULT_ROUTE)}
 
 
 def print_tenant_table(console: Console, out: dict) -> None:

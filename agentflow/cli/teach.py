@@ -31,7 +31,7 @@ class _Teacher:
 
 
 def _teacher_class():
-    from agentflow.teaching_api import TeachingMixin
+    from agentflow.teaching import TeachingMixin
 
     return type("Teacher", (TeachingMixin, _Teacher), {})
 

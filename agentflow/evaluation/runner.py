@@ -208,7 +208,7 @@ def _real(dataset: str, *, out: Path, pipelines: list[str], policies: list[str],
           plots: bool, progress: bool, console, keep_distinct: bool = False,
           slo_class: str = "batch") -> dict[str, Any]:
     from agentflow.evaluation.real import arrival_offsets, run_config, run_real
-    from agentflow.query_class import choose_class
+    from agentflow.slo_classes import choose_class
 
     spec = parse_dataset_spec(dataset)
     base = _load_config(config)

@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentflow.children import popen_tied
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult, ProgressCallback
 
 log = logging.getLogger(__name__)
@@ -151,8 +152,8 @@ def configure_engine(engine: Any, backend: dict[str, Any], model: Any) -> None:
     """A simulated engine (``SimInstance``) made to batch as this llama-server does: its
     checkpoint breaks (``prompt_breaks``) and, with one KV stream per slot (agentflow's
     ``--no-kv-unified``, unless ``extra_args`` ask for ``--kv-unified``), its slots and
-    ubatches (``agentflow.sim.llama_batches``)."""
-    from agentflow.sim.llama_batches import SlotTable
+    ubatches (``agentflow.llm.llama_batches``)."""
+    from agentflow.llm.llama_batches import SlotTable
 
     engine.prompt_breaks = prompt_breaks(backend, model)
     fields = LlamaServerSpec.model_fields
@@ -239,7 +240,8 @@ def cache_ram_args(spec: LlamaServerSpec) -> list[str]:
     copies each idle slot's whole state (KV cells and sliding-window checkpoints) into host
     RAM (``server_prompt_cache::alloc``, ``cache_idle_slots``), on the thread that also runs
     the batch, so every call in flight on the instance stalls for it. Measured on the
-    2-core cluster (``agentflow bench rvs_kvstate``): the server's resident memory grew by
+    2-core cluster (the one-off ``rvs_kvstate`` investigation, ``git show 1baee9e:agentflow/
+    bench/fidelity/rvs_kvstate.py``): the server's resident memory grew by
     ~18 MiB a call (445 -> 1545 MiB in 59 calls; up to 8 GiB per server, two of them on a
     23 GiB machine) and the time a lone call spent outside the server's own prompt/decode
     timings grew from 40 to 85 ms, against a flat 8-12 ms with ``--cache-ram 0``. The
@@ -335,9 +337,9 @@ class LlamaServerProcess:
             self._ready.clear()
             handle = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
             try:
-                self._proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
+                # Tied: it dies with this process however this process ends (issue 35 §10).
+                self._proc = popen_tied(cmd, stdout=handle, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
                 raise BackendError(f"{self.spec.name}: cannot run {cmd[0]}: {exc}",
                                    retryable=False) from exc

@@ -224,7 +224,7 @@ def build_server(af: AgentFlow, tenants: TenantTable | None = None):
                   slo: float | None = None,
                   min_confidence: float | None = None,
                   slo_class: str | None = None) -> dict[str, Any]:
-        from agentflow.slo_names import one_slo
+        from agentflow.slo_classes import one_slo
 
         async def run() -> dict[str, Any]:  # ``slo``, the Python/CLI name, works too
             return await tools.ask(question, db, one_slo(slo, slo_seconds), pipeline,
@@ -246,7 +246,13 @@ def build_server(af: AgentFlow, tenants: TenantTable | None = None):
 
 class KeyGate:
     """ASGI middleware: with keys on, an HTTP request without a valid key gets 401 (the HTTP
-    API's error shape) before the MCP transport sees it — no session for strangers."""
+    API's error shape) before the MCP transport sees it — no session for strangers.
+
+    A session is bound to the key that opened it: the request carries that key's identity
+    (a digest, never the key) as the ASGI ``user``, and the SDK's session manager answers a
+    request for a session opened by another credential exactly as for an unknown session
+    (404). Without it another tenant holding a session id could end the session or read its
+    event stream."""
 
     def __init__(self, app: Any, tenants: TenantTable):
         self.app = app
@@ -266,7 +272,20 @@ class KeyGate:
                                           "the API key is not valid"}},
                     status_code=401, headers={"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send)
+            scope = {**scope, "user": _key_principal(key)}
         await self.app(scope, receive, send)
+
+
+def _key_principal(key: str) -> Any:
+    """The SDK's authenticated user for ``key``: what it compares to bind sessions."""
+    import hashlib
+
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from mcp.server.auth.provider import AccessToken
+
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return AuthenticatedUser(AccessToken(token=f"key-{digest}", client_id=f"key-{digest}",
+                                         scopes=[]))
 
 
 def serve_http(af: AgentFlow, host: str, port: int, tenants: TenantTable | None = None) -> None:

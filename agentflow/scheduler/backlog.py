@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from agentflow.scheduler.call import CallState
+from agentflow.scheduler.classes import call_band, ranks_by_class
 from agentflow.scheduler.decisions import QueryRejected
 
 
@@ -45,7 +47,7 @@ def pending_query_s(coordinator: Any, query: Any, now: float) -> float:
 def backlog_clear_s(coordinator: Any, now: float, band: int | None = None) -> float:
     """Seconds the up instances need to clear the committed work, sharing it evenly; with
     ``band``, only the work a query in that band waits behind
-    (``classes.work_ahead_excluded_s``)."""
+    (``work_ahead_excluded_s``)."""
     up = coordinator.up_instances
     if not up:
         return float("inf")
@@ -53,12 +55,42 @@ def backlog_clear_s(coordinator: Any, now: float, band: int | None = None) -> fl
     queued = sum(float(work[coordinator._index[name]]) for name in up)
     pending = sum(pending_query_s(coordinator, q, now) for q in coordinator.queries.values())
     if band is not None:
-        from agentflow.scheduler.classes import work_ahead_excluded_s
-
         excluded = work_ahead_excluded_s(coordinator, band, now)
         if excluded > 0:
             return max(0.0, queued + pending - excluded) / len(up)
     return (queued + pending) / len(up)
+
+
+def work_ahead_excluded_s(coordinator: Any, band: int, now: float) -> float:
+    """Expected seconds of committed work a new query in ``band`` does not wait behind (0
+    unless the queue ranks by class): waiting calls of worse bands (lower classes, tenants
+    over their share), and such queries with no call out yet. Running calls count — they
+    hold their slots."""
+    if not ranks_by_class(coordinator._queue_policy):
+        return 0.0
+    excluded = 0.0
+    for query in coordinator.queries.values():
+        if call_band(coordinator, query) <= band:
+            continue
+        for call in query.calls:
+            if call.state == CallState.WAITING and call.instance is not None:
+                excluded += coordinator.expected_s(call, call.instance)
+        excluded += pending_query_s(coordinator, query, now)
+    return excluded
+
+
+def speed_unmeasured(coordinator: Any) -> bool:
+    """Whether an up instance's speed is still a guess: no hardware profile and a backend the
+    CPU constants were not measured on (``InstanceSpec.speed_known``), and neither it nor a
+    peer of it (``ClusterView._borrowed``) has finished a call. Then the backlog in
+    seconds is a guess too — the CPU constants price a scripted instance that answers in
+    0.2 s at several seconds a call (issue 39: 2 and 4 of 10 queries refused on a near-idle
+    scripted cluster) — so nothing is refused on it; the count limits still hold, and the
+    first answer makes the estimate real for the instance and its peers."""
+    models = coordinator.time_models
+    return any(not q.spec.speed_known and not models[name].observations
+               and coordinator._borrowed(coordinator._index[name], models[name]) is None
+               for name, q in coordinator.queues.items() if q.up)
 
 
 def backlog_rejection(coordinator: Any, now: float, deadline: float | None,
@@ -67,7 +99,7 @@ def backlog_rejection(coordinator: Any, now: float, deadline: float | None,
     """(reason, retry_after_s) when a query arriving at ``now`` with ``deadline`` (of class
     ``band``, ``scheduler.classes.call_band``) should be refused; None to admit it."""
     budget = (deadline - now) if deadline is not None else max_backlog_s
-    if budget is None:
+    if budget is None or speed_unmeasured(coordinator):
         return None
     clear = backlog_clear_s(coordinator, now, band)
     if clear <= budget:
@@ -90,12 +122,10 @@ def deadline_verdict(coordinator: Any, query: Any, now: float
     Expected finish: the work ahead of it (``backlog_clear_s`` for its band) cleared,
     then its own remaining critical path at expected lengths. Both are the coordinator's
     own estimates, the ones its queue keys use."""
-    if query.deadline is None or query.run is None:
-        return None
+    if query.deadline is None or query.run is None or speed_unmeasured(coordinator):
+        return None  # (a guessed speed refuses nothing: ``speed_unmeasured``)
     coordinator._critical_paths(query, now)
     path = float(query.path_cache.get(None, 0.0))
-    from agentflow.scheduler.classes import call_band
-
     wait = backlog_clear_s(coordinator, now, call_band(coordinator, query))
     finish = wait + path
     if now + finish <= query.deadline:

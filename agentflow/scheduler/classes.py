@@ -13,7 +13,7 @@ only calls in:
   work-conservation (an idle slot always serves whoever waits) keeps batch from starving
   while the higher classes leave capacity, which is what the isolation measurement checks;
 * **work ahead** — under class ranking a query waits only behind work of its own class or a
-  higher one, so admission by backlog counts only that (``work_ahead_excluded_s``);
+  higher one, so admission by backlog counts only that (``backlog.work_ahead_excluded_s``);
 * **shedding** — count limits refuse the classes ranked below the default class earlier
   (``shed_limit``): a batch flood is refused while there is still room for standard and
   interactive queries.
@@ -136,27 +136,6 @@ def with_classes(queue: QueuePolicy) -> QueuePolicy:
 
 def ranks_by_class(queue: QueuePolicy) -> bool:
     return isinstance(queue, ClassRankedQueue)
-
-
-def work_ahead_excluded_s(coordinator: Any, band: int, now: float) -> float:
-    """Expected seconds of committed work a new query in ``band`` does not wait behind (0
-    unless the queue ranks by class): waiting calls of worse bands (lower classes, tenants
-    over their share), and such queries with no call out yet. Running calls count — they
-    hold their slots."""
-    if not ranks_by_class(coordinator._queue_policy):
-        return 0.0
-    from agentflow.scheduler.backlog import pending_query_s
-    from agentflow.scheduler.call import CallState
-
-    excluded = 0.0
-    for query in coordinator.queries.values():
-        if call_band(coordinator, query) <= band:
-            continue
-        for call in query.calls:
-            if call.state == CallState.WAITING and call.instance is not None:
-                excluded += coordinator.expected_s(call, call.instance)
-        excluded += pending_query_s(coordinator, query, now)
-    return excluded
 
 
 # The backend priority of an admitted call (vLLM: lower runs first, and a lower value

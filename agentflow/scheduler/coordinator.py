@@ -277,7 +277,7 @@ class Coordinator(WorkflowPaths):
                 co_runners=co_runners, prefill_ahead_tokens=call.prefill_ahead_at_start,
                 co_runners_at_start=call.co_runners_at_start,
                 prefill_during_tokens=prefill_during)
-            self._models_epoch += 1
+            self._model_learned(call.instance)  # its row of the view's arrays, not all
         if call.query.id in self.queries:
             self._refresh(call.query, now)
         return self._admit(queue, now)
@@ -338,7 +338,7 @@ class Coordinator(WorkflowPaths):
         now = self.clock.now()
         queue = self.queues[name]
         queue.up = False
-        self._models_epoch += 1
+        self._instances_changed()
         if self.prefix_index is not None:  # its cache is lost with it
             self.prefix_index.forget_instance(name)
         decisions: list[Decision] = []
@@ -351,7 +351,7 @@ class Coordinator(WorkflowPaths):
     def on_instance_up(self, name: str) -> list[Decision]:
         queue = self.queues[name]
         queue.up = True
-        self._models_epoch += 1
+        self._instances_changed()
         return self._admit(queue, self.clock.now())
 
     @observed
@@ -431,8 +431,8 @@ class Coordinator(WorkflowPaths):
 
     def _dispatch(self, call: ScheduledCall, now: float, *,
                   reason_if_none: str = "no instance is up") -> list[Decision]:
-        candidates = [n for n in self.up_instances if n not in call.excluded] \
-            or self.up_instances
+        up = self.up_instances  # the cached list: the view indexes it without a lookup
+        candidates = ([n for n in up if n not in call.excluded] or up) if call.excluded else up
         if not candidates:
             call.state = CallState.FAILED
             call.query.calls.discard(call)
@@ -508,6 +508,6 @@ class Coordinator(WorkflowPaths):
 
     def _retry_after(self, now: float) -> float:
         """Seconds until the least loaded instance would drain its queue (>= 1)."""
-        work = self.work_vector(now)
-        loads = [float(work[self._index[n]]) for n in self.up_instances] or [5.0]
-        return max(1.0, min(loads))
+        names, index = self._up_set()
+        least = float(self.work_vector(now)[index].min()) if names else 5.0
+        return max(1.0, least)

@@ -97,6 +97,12 @@ class InstanceTimeModel:
     # stood when the call finished (call deadlines read how far healthy calls run over:
     # agentflow.scheduler.call_deadline)
     call_ratios: deque[float] = field(default_factory=lambda: deque(maxlen=64), repr=False)
+    # False: the starting rates are a guess (no hardware profile, a backend the CPU
+    # constants were not measured on; ``InstanceSpec.speed_known``). Then the decode ratios
+    # are the plain mean of the calls seen until there are ``1 / smoothing`` of them, so
+    # the first answer replaces the guess (the prefill fit has no prior term either way).
+    speed_known: bool = True
+    decode_observations: int = 0
 
     @classmethod
     def from_profile(cls, gpu: GPUProfile, model: ModelProfile,
@@ -112,7 +118,8 @@ class InstanceTimeModel:
     @classmethod
     def for_spec(cls, spec: InstanceSpec) -> InstanceTimeModel:
         if spec.gpu is None:
-            return cls(CPU_PREFILL_S_PER_TOKEN, CPU_DECODE_S_PER_TOKEN)
+            return cls(CPU_PREFILL_S_PER_TOKEN, CPU_DECODE_S_PER_TOKEN,
+                       speed_known=spec.speed_known)
         model = model_profile(spec.model or "Llama-3.1-8B")
         if spec.weight_bits is not None or spec.kv_bits is not None:
             model = model.quantized(spec.weight_bits or model.weight_bits, spec.kv_bits)
@@ -148,6 +155,8 @@ class InstanceTimeModel:
         ``prefill_during_tokens``: prompt tokens of other calls prefilled on the instance
         while this one decoded (None: unknown, the clean ratio follows the plain one)."""
         a = self.smoothing
+        if not self.speed_known:  # a guess, not a prior: the running mean at first
+            a = max(a, 1.0 / (self.decode_observations + 1))
         uncached = max(0, prompt_tokens - cached_tokens)
         priced = self.expected_s(uncached, output_tokens)
         if priced > 1e-9 and total_s > 0:
@@ -161,6 +170,7 @@ class InstanceTimeModel:
             ratio = (total_s - ttft_s) / ((output_tokens - 1) * self.decode_s_per_token)
             ratio = min(max(ratio, RATIO_FLOOR), RATIO_CEILING)
             self.decode_ratio = (1 - a) * self.decode_ratio + a * ratio
+            self.decode_observations += 1
             clean: float | None = ratio
             if prefill_during_tokens is not None and math.isfinite(prefill_during_tokens):
                 clean = self._net_of_prefill(total_s - ttft_s, output_tokens,

@@ -3,20 +3,30 @@ expected call times, outstanding work, batch and KV room, prefix savings — as 
 over the instances, with the caches that keep them cheap at every decision.
 
 ``ClusterView`` is the coordinator's base class: the coordinator owns the queues and the
-load book and moves them at events; the view only reads them. Its caches are keyed by
-``_models_epoch``, which the coordinator bumps when a time model learns or an instance goes
-up or down, so a cluster of hundreds of instances is summed again only then.
+load book and moves them at events; the view only reads them.
+
+Why its caches are kept row by row: a decision's cost must not grow with the fleet. The
+per-instance coefficients every decision reads (overhead, prefill and decode seconds per
+token, the co-runner slopes, the solo decode rate) live in arrays over all instances; a
+finished call teaches one instance's time model, so ``_model_learned`` rewrites that one
+instance's row (the same float expressions as a full build, so the arrays are identical to
+rebuilding them), instead of throwing the arrays of 1,024 instances away at every finish.
+The list of up instances and its index vector depend only on the instance set and are kept
+until an instance goes up or down (``_instances_changed``). ``_models_epoch`` is the blunt
+tool kept for whoever edits time models in place (tests, calibration): bumping it rebuilds
+every array at the next read.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agentflow.scheduler import classes
 from agentflow.scheduler.call import ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.exact_mean import ExactColumnMeans
 from agentflow.scheduler.instance import InstanceQueue, LoadBook
 from agentflow.scheduler.policies.base import BatchView
 from agentflow.scheduler.time_model import InstanceTimeModel
@@ -36,6 +46,7 @@ class ClusterView:
         ``instances`` (every vector here is in that order)."""
         names = [s.name for s in instances]
         self._index = {s.name: i for i, s in enumerate(instances)}
+        self._names = names
         self._name_rank = np.argsort(np.argsort(np.array(names, dtype=object)))
         # What a batching engine can hold at once (``batch_view``): call slots and KV tokens.
         self._max_inflight = np.array([s.max_inflight for s in instances], dtype=float)
@@ -43,16 +54,75 @@ class ClusterView:
                                     else np.inf for s in instances], dtype=float)
         self.time_models = _TimeModels(self, {s.name: InstanceTimeModel.for_spec(s)
                                               for s in instances})
-        # Bumped whenever a time model learns or an instance goes up/down: the cluster-mean
-        # stage-time coefficients are recomputed only then.
+        # Bumped when time models are replaced or edited outside ``observe`` (tests,
+        # calibration): every coefficient row is rebuilt at the next read.
         self._models_epoch = 0
-        self._mean_coef: tuple[int, float, float, float] | None = None
-        self._coef_cache: tuple[Any, ...] | None = None
-        self._batch_cache: dict[bool, tuple[Any, ...]] = {}  # clean -> (epoch, arrays)
+        self._rows_epoch = -1  # the epoch the rows below were built at
+        self._stale_rows: set[int] = set()  # rows whose model learned since they were read
+        n = len(instances)
+        # per instance (construction order): overhead, prefill and decode s/token with the
+        # online corrections; per ``clean``: decode s/token, co-runner slope, mean co-runners
+        # (``_batch_coefs``); the profile's solo decode s/token (``_solo_df``)
+        self._oh, self._pf, self._df = np.zeros(n), np.zeros(n), np.zeros(n)
+        self._batch_rows = {clean: (np.zeros(n), np.zeros(n), np.zeros(n))
+                            for clean in (False, True)}
+        self._solo = np.zeros(n)
+        # exact column sums of (overhead, prefill, decode) over the up instances, moved row
+        # by row (``exact_mean``), and their means; None: stale
+        self._sums = ExactColumnMeans(n, 3)
+        self._mean_coef: tuple[float, ...] | None = None
+        # (up instance names, their indices: a slice when all are up) until one goes up/down
+        self._up: tuple[list[str], slice | np.ndarray] | None = None
+        # Peers (same GPU, model and backend: ``InstanceSpec.peer_key``) by key, the members
+        # that have answered no call yet, and a count of the group's learns (which moves the
+        # ratios its untried members borrow: ``_borrowed``)
+        self._peer_keys = [s.peer_key for s in instances]
+        self._groups: dict[tuple[str | None, ...], list[int]] = {}
+        for i, key in enumerate(self._peer_keys):
+            self._groups.setdefault(key, []).append(i)
+        self._untried: set[int] = set(range(n))
+        self._group_learns: dict[tuple[str | None, ...], int] = dict.fromkeys(self._groups, 0)
 
     @property
     def up_instances(self) -> list[str]:
-        return [name for name, q in self.queues.items() if q.up]
+        """The up instances in construction order. Cached until an instance goes up or down
+        (``_instances_changed``): callers read the list, never change it."""
+        return self._up_set()[0]
+
+    def _up_set(self) -> tuple[list[str], slice | np.ndarray]:
+        up = self._up
+        if up is None:
+            names = [name for name, q in self.queues.items() if q.up]
+            index: slice | np.ndarray = slice(None) if len(names) == len(self.queues) \
+                else np.array([self._index[n] for n in names], dtype=np.intp)
+            up = self._up = (names, index)
+        return up
+
+    def _instances_changed(self) -> None:
+        """An instance went up or down: the up list and the cluster mean are stale."""
+        self._up = None
+        self._sums.set_counted([q.up for q in self.queues.values()])
+        self._mean_coef = None
+
+    def _model_learned(self, instance: str) -> None:
+        """``instance``'s time model learned from a finished call: its row is rewritten at
+        the next read (from the model as it is then, as a rebuild would read it)."""
+        i = self._index[instance]
+        self._stale_rows.add(i)
+        self._mean_coef = None
+        key = self._peer_keys[i]
+        self._group_learns[key] += 1
+        self._untried.discard(i)
+        if self._untried:  # its untried peers price by its ratios: their rows move too
+            self._stale_rows.update(j for j in self._groups[key] if j in self._untried)
+
+    def _positions(self, instances: list[str]) -> slice | np.ndarray:
+        """Indices of ``instances`` into the per-instance arrays: a slice (a view, no copy)
+        when they are the cached up list of a cluster whose instances are all up."""
+        up = self._up
+        if up is not None and instances is up[0]:
+            return up[1]
+        return np.array([self._index[n] for n in instances], dtype=np.intp)
 
     @property
     def waiting_calls(self) -> int:
@@ -61,11 +131,45 @@ class ClusterView:
     def expected_s(self, call: ScheduledCall, instance: str) -> float:
         model = self.time_models[instance]
         cached = call.time_cache.get(instance)
-        if cached is None or cached[0] != model.observations:
-            cached = (model.observations,
-                      model.expected_s(call.tokens_on(instance), call.mean_output))
+        i = self._index[instance]
+        borrowed = self._borrowed(i, model) if not model.observations else None
+        # an instance pricing by its peers' ratios sees them move without learning itself:
+        # stamped by its group's learns then (negative, apart from its own answer counts)
+        stamp = model.observations if borrowed is None \
+            else -1 - self._group_learns[self._peer_keys[i]]
+        if cached is None or cached[0] != stamp:
+            tokens, out = call.tokens_on(instance), call.mean_output
+            time_s = model.expected_s(tokens, out) if borrowed is None else (
+                model.overhead_s + tokens * model.prefill_s_per_token * borrowed[0]
+                + out * model.decode_s_per_token * borrowed[1])
+            cached = (stamp, time_s)
             call.time_cache[instance] = cached
         return cached[1]
+
+    def _borrowed(self, i: int, model: InstanceTimeModel) -> tuple[float, float, float] | None:
+        """For an instance that has finished no call (``model``: its time model), the mean
+        (prefill, decode, clean decode) ratios of its peers that have (same GPU, model and
+        backend: ``InstanceSpec.peer_key``); None once it has answered, or no peer has.
+
+        Why: an instance that has answered nothing is priced at its starting rates, and its
+        twin that has answered at what it measured. Where the two differ — the CPU
+        constants on a loaded host, a guess for a scripted backend or a remote endpoint —
+        the untried twin looks faster or slower than the one it is identical to, and
+        dispatch piles calls on one of them while the other sits idle (issue 39: a keyword
+        call timed out on local-0 and ran on local-1; local-1, having measured the loaded
+        host, then looked 3x slower than the untried local-0, and all three candidates
+        queued on local-0). Its peers' measurements are the best estimate of it, as
+        ``call_deadline`` already reads them for its deadlines."""
+        if model.observations:
+            return None
+        peers = [m for m in (self.time_models[self._names[j]]
+                             for j in self._groups[self._peer_keys[i]] if j != i)
+                 if m.observations]
+        if not peers:
+            return None
+        k = len(peers)
+        return (sum(p.prefill_ratio for p in peers) / k, sum(p.decode_ratio for p in peers) / k,
+                sum(p.clean_decode_ratio for p in peers) / k)
 
     def outstanding_work(self, instance: str, now: float) -> float:
         return float(self.work_vector(now)[self._index[instance]])
@@ -91,7 +195,7 @@ class ClusterView:
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(W, t, name rank) for ``instances``, aligned with that list: what every dispatch
         policy reads, in a few vector operations whatever the cluster size."""
-        idx = [self._index[n] for n in instances]
+        idx = self._positions(instances)
         work = self.work_vector(now)
         behind = self._work_behind(call)
         if behind is not None:
@@ -110,7 +214,7 @@ class ClusterView:
     def batch_view(self, call: ScheduledCall, instances: list[str], now: float) -> BatchView:
         """How each of ``instances`` would take ``call`` now, as arrays aligned with the list:
         see ``BatchView``."""
-        idx = [self._index[n] for n in instances]
+        idx = self._positions(instances)
         oh, pf, df = self._coef_vectors()
         book = self.loads
         queued_all = book.n_wait * oh + book.wait_prompt * pf + book.wait_output * df
@@ -139,7 +243,7 @@ class ClusterView:
                          co_runners_seen=seen[idx], name_rank=self._name_rank[idx],
                          n_peers=self._peers(call, idx), solo_s=solo_s)
 
-    def _peers(self, call: ScheduledCall, idx: list[int]) -> np.ndarray | None:
+    def _peers(self, call: ScheduledCall, idx: slice | np.ndarray) -> np.ndarray | None:
         load = getattr(self, "_class_load", None)
         return None if load is None else load.peers_running(call)[idx]
 
@@ -148,21 +252,11 @@ class ClusterView:
         """Per instance: decode seconds per output token, the decode seconds per output token
         that each co-runner adds (the learned ``InstanceTimeModel.co_runner_slope``, a decode
         ratio, times the model's base decode rate, which the ratio is relative to), and the
-        mean co-runners the ratio was learned at; refreshed when a time model learns.
+        mean co-runners the ratio was learned at; a row is rewritten when its model learns.
         ``clean``: all three learned net of the prefill chunks calls sat through
         (``InstanceTimeModel.clean_decode_ratio``; see ``_shielded`` for who is priced so)."""
-        cached = self._batch_cache.get(clean)
-        if cached is None or cached[0] != self._models_epoch:
-            models = [self.time_models[n] for n in self.queues]
-            fits = [m.co_runner_slope(clean=clean) for m in models]
-            cached = self._batch_cache[clean] = (
-                self._models_epoch,
-                np.array([m.decode_s_per_token
-                          * (m.clean_decode_ratio if clean else m.decode_ratio)
-                          for m in models]),
-                np.array([m.decode_s_per_token * f[0] for m, f in zip(models, fits)]),
-                np.array([f[1] for f in fits]))
-        return cached[1], cached[2], cached[3]
+        self._coef_vectors()  # rows current
+        return self._batch_rows[clean]
 
     def _solo_df(self) -> np.ndarray:
         """Per instance: decode seconds per output token of a call running alone, by the
@@ -173,8 +267,10 @@ class ClusterView:
         expert union grows fastest with the first co-runners): mixed-qwen, 2 x L1, seed 1,
         priced a 12k-token candidate at 0.7 s on an idle A40 that then took 13.1 s. It bounds
         every call's correction, on the plain ratio as on the clean one: the line undercuts
-        the solo rate whatever queue ranks the call."""
-        return np.array([self.time_models[n].decode_s_per_token for n in self.queues])
+        the solo rate whatever queue ranks the call. Kept with the other rows (it moves
+        only when a model is replaced)."""
+        self._coef_vectors()  # rows current
+        return self._solo
 
     def _shielded(self, call: ScheduledCall) -> bool:
         """Whether the headroom gate keeps worse-band prefill from starting beside ``call``:
@@ -204,16 +300,37 @@ class ClusterView:
 
     def _coef_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-instance overhead, prefill and decode seconds per token (with the online
-        corrections), refreshed only when a time model learns."""
-        cached = self._coef_cache
-        key = self._models_epoch
-        if cached is None or cached[0] != key:
-            models = [self.time_models[n] for n in self.queues]
-            cached = self._coef_cache = (
-                key, np.array([m.overhead_s for m in models]),
-                np.array([m.prefill_s_per_token * m.prefill_ratio for m in models]),
-                np.array([m.decode_s_per_token * m.decode_ratio for m in models]))
-        return cached[1], cached[2], cached[3]
+        corrections): the current rows (every row rebuilt after ``_models_epoch`` moved)."""
+        if self._rows_epoch != self._models_epoch:
+            self._untried = {i for i in range(len(self._names))
+                             if not self.time_models[self._names[i]].observations}
+            for i, name in enumerate(self.queues):
+                self._fill_row(i, self.time_models[name])
+            self._rows_epoch = self._models_epoch
+            self._stale_rows.clear()
+            self._mean_coef = None
+        elif self._stale_rows:
+            for i in self._stale_rows:
+                self._fill_row(i, self.time_models[self._names[i]])
+            self._stale_rows.clear()
+        return self._oh, self._pf, self._df
+
+    def _fill_row(self, i: int, m: InstanceTimeModel) -> None:
+        """Instance ``i``'s entries in every coefficient array, from its time model (one
+        expression per entry, the same whether one row or all are written)."""
+        borrowed = self._borrowed(i, m) if i in self._untried else None
+        prefill_ratio, decode_ratio, clean_ratio = borrowed if borrowed is not None else (
+            m.prefill_ratio, m.decode_ratio, m.clean_decode_ratio)  # untried: its peers'
+        self._oh[i] = m.overhead_s
+        self._pf[i] = m.prefill_s_per_token * prefill_ratio
+        self._df[i] = m.decode_s_per_token * decode_ratio
+        self._sums.set_row(i, (self._oh[i], self._pf[i], self._df[i]))
+        self._solo[i] = m.decode_s_per_token
+        for clean, (rate, slope, seen) in self._batch_rows.items():
+            fit = m.co_runner_slope(clean=clean)
+            rate[i] = m.decode_s_per_token * (clean_ratio if clean else decode_ratio)
+            slope[i] = m.decode_s_per_token * fit[0]
+            seen[i] = fit[1]
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
         """A stage's time averaged over the cluster's up instances (HexGen-Flow's budget
@@ -223,18 +340,14 @@ class ClusterView:
 
     def _mean_coefs(self) -> tuple[float, float, float]:
         """The time models are linear in tokens, so their average over the up instances (all
-        when none is up) is the mean of their coefficients (``_coef_vectors``), refreshed
-        when a model learns or an instance goes up or down."""
+        when none is up) is the mean of their coefficients (``_coef_vectors``). Kept as exact
+        sums (``ExactColumnMeans``) that a learn moves by one row, so reading it costs the
+        same on 4 instances as on 4,096; the mean is the exact one, rounded once."""
+        self._coef_vectors()  # rows current (a rebuild marks the mean stale)
         coef = self._mean_coef
-        key = self._models_epoch
-        if coef is None or coef[0] != key:
-            up = [q.up for q in self.queues.values()]
-            vectors: tuple[np.ndarray, ...] = self._coef_vectors()
-            if any(up):
-                vectors = tuple(v[up] for v in vectors)
-            k = len(vectors[0])
-            coef = self._mean_coef = (key, *(sum(v.tolist()) / k for v in vectors))
-        return coef[1], coef[2], coef[3]
+        if coef is None:
+            coef = self._mean_coef = self._sums.means()
+        return coef[0], coef[1], coef[2]
 
     def _kv_tokens(self, call: ScheduledCall) -> int:
         """KV-cache tokens a call may hold on its instance: prompt + ``_output_reserve``."""
@@ -266,4 +379,4 @@ class _TimeModels(dict[str, InstanceTimeModel]):
         super().__setitem__(name, model)
         owner = self.__dict__.get("_owner")  # absent while copy.deepcopy rebuilds the dict
         if owner is not None and hasattr(owner, "_models_epoch"):
-            owner._models_epoch += 1
+            owner._models_epoch += 1  # every row is rebuilt at the next read

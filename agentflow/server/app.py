@@ -141,6 +141,13 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
     app.state.tenants = settings.tenant_table()  # key -> tenant; empty: keys are off
     check_against_catalog(app.state.tenants, af.catalog, af.config.scheduler.slo_classes)
     apply_share_weights(app.state.tenants, af.router)  # tenants' weights into fair shares
+    if settings.state:  # queries, conversations, usage shared by replicas (agentflow.state)
+        from agentflow.state import open_store
+
+        service.use_state(open_store(settings.state, keep_per_tenant=settings.keep_per_tenant,
+                                     max_row_bytes=settings.max_row_bytes),
+                          app.state.tenants, replica_id=settings.replica_id,
+                          lease_s=settings.lease_s)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s, on_error=metrics.error)
     errors.install(app, on_error=metrics.error)
@@ -206,7 +213,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
         """Server-Sent Events: stage_started / stage_finished / stage_failed, then done
         (with the answer). Events so far are replayed first."""
         handle = service.handle(query_id, caller)
-        start = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
+        start = event_position(last_event_id)
         return StreamingResponse(stream(service, handle, start), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
                                           "X-Accel-Buffering": "no"})
@@ -288,3 +295,15 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
 
 
 __all__ = ["create_app"]
+
+
+def event_position(last_event_id: str | None) -> int:
+    """The ``Last-Event-ID`` header as a stream position (0: from the start); anything that is
+    not a plain count (``²``, 4,300+ digits, text) is a 422, never a 500."""
+    if last_event_id is None or last_event_id.strip() == "":
+        return 0
+    text = last_event_id.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise ApiError(422, "invalid_request", "Last-Event-ID must be the id of an event of "
+                       "this stream (a count of at most 18 digits)")
+    return int(text)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter as Counter_
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -29,12 +29,27 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from agentflow.slo_classes import DEFAULT_CLASS, DEFAULT_SLO_CLASSES, UNKNOWN_CLASS
 
 if TYPE_CHECKING:
-    from agentflow.api import Answer, QueryHandle
-    from agentflow.server.service import QueryService
+    from agentflow.api import AgentFlow, Answer, QueryHandle
+    from agentflow.scheduler.coordinator import Coordinator
+    from agentflow.server.models import InstanceInfo
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
                     0.05, 0.1, 0.25)
+
+
+class ServiceState(Protocol):
+    """What the scrape-time gauges read from the query service (``server.service.
+    QueryService``, which feeds these metrics): named here so that this module stays below
+    the service instead of importing it back."""
+
+    @property
+    def af(self) -> AgentFlow: ...
+
+    @property
+    def coordinator(self) -> Coordinator | None: ...
+
+    def instances(self) -> list[InstanceInfo]: ...
 
 
 def class_label(name: str | None, classes: Collection[str]) -> str:
@@ -85,7 +100,7 @@ class ServerMetrics:
         # the configured SLO classes (labels any other class name maps away from)
         self.classes: Callable[[], Collection[str]] = lambda: DEFAULT_SLO_CLASSES
 
-    def bind(self, service: QueryService) -> None:
+    def bind(self, service: ServiceState) -> None:
         coordinator = service.coordinator  # its table, where a router passed in code has one
         self.classes = lambda: {*service.af.config.scheduler.slo_classes,
                                 *(coordinator.slo_classes if coordinator is not None else ())}
@@ -124,7 +139,7 @@ class ServerMetrics:
 class _ClusterCollector:
     """Gauges read at scrape time from the coordinator and the service."""
 
-    def __init__(self, service: QueryService, metrics: ServerMetrics):
+    def __init__(self, service: ServiceState, metrics: ServerMetrics):
         self.service = service
         self.metrics = metrics
 

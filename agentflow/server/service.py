@@ -29,7 +29,6 @@ from agentflow.api import (
     ShuttingDownError,
 )
 from agentflow.llm.base import BackendError, LLMBackend, LLMRequest, LLMResult
-from agentflow.query_class import UnknownSloClassError
 from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.server.errors import ApiError, retry_after_header
 from agentflow.server.examples import ExampleQuestions
@@ -45,10 +44,14 @@ from agentflow.server.models import (
     valid_text,
 )
 from agentflow.server.prometheus import ServerMetrics
+from agentflow.server.replica import RemoteHandle, Replica
 from agentflow.server.results import result_links
 from agentflow.server.settings import ServerSettings
+from agentflow.slo_classes import SloClassNotAllowedError, UnknownSloClassError
 from agentflow.sql import DatabaseNotFoundError, json_value
-from agentflow.tenants import LimitExceeded, Tenant, TenantLimits, sees
+from agentflow.state import StateStore
+from agentflow.state.limits import StoreLimits
+from agentflow.tenants import LimitExceeded, Tenant, TenantLimits, TenantTable, sees
 
 log = logging.getLogger("agentflow.server")
 
@@ -177,7 +180,10 @@ class QueryService:
         self.metrics = metrics
         self.owns_agentflow = owns_agentflow
         self.failures = FailureLog()
-        self.limits = TenantLimits()  # per-tenant rate and concurrency (agentflow.tenants)
+        # per-tenant rate and concurrency (agentflow.tenants); across replicas once a state
+        # store is attached (use_state)
+        self.limits: TenantLimits | StoreLimits = TenantLimits()
+        self.replica: Replica | None = None
         self.draining = False
         self._close_lock = threading.Lock()
         self._closed = False
@@ -196,6 +202,21 @@ class QueryService:
         if self.coordinator is not None:
             self.coordinator.add_observer(DecisionTimer(metrics))
         metrics.bind(self)
+
+    def use_state(self, store: StateStore, tenants: TenantTable, *,
+                  replica_id: str | None = None, lease_s: float = 5.0) -> Replica:
+        """Keep queries, conversations and tenant usage in ``store`` (shared with the
+        other replicas and kept across restarts); see ``agentflow.server.replica``."""
+        from agentflow.state.conversations import StoreConversations
+
+        self.af.conversations = StoreConversations(store)  # type: ignore[assignment]
+        rid = replica_id or None
+        replica = Replica(store, self.af, StoreLimits(store, "", lease_s), tenants,
+                          replica_id=rid, lease_s=lease_s)
+        replica.limits.replica = replica.id
+        self.limits = replica.limits
+        self.replica = replica
+        return replica
 
     def _abandoned(self, request: LLMRequest, instance: str, error: BackendError) -> None:
         self.failures.add(request, instance, error)
@@ -242,6 +263,9 @@ class QueryService:
         except BaseException as err:
             if holds_slot:
                 self.limits.release(caller)
+            if isinstance(err, SloClassNotAllowedError):
+                raise ApiError(403, "slo_class_not_allowed", str(err),
+                               ceiling=err.ceiling) from None
             if isinstance(err, UnknownSloClassError):
                 raise ApiError(400, "unknown_slo_class", str(err),
                                classes=err.classes) from None
@@ -258,6 +282,9 @@ class QueryService:
             raise
         if holds_slot:
             handle.future.add_done_callback(lambda _: self.limits.release(caller))
+        if self.replica is not None:
+            handle.evidence = req.evidence  # type: ignore[attr-defined]  # for a re-run
+            self.replica.track(handle)
         self.metrics.submitted.inc()
         handle.future.add_done_callback(lambda f: self._finished(handle, f))
         self.failures.forget(set(self.af.handles))
@@ -274,6 +301,8 @@ class QueryService:
         """The query ``query_id`` if ``caller`` may see it; another tenant's query is the
         same 404 as an unknown id (never 403: that would confirm the id exists)."""
         handle = self.af.handles.get(query_id)
+        if handle is None and self.replica is not None:  # another replica's, or older
+            handle = self.replica.lookup(query_id)
         if handle is None or not sees(caller, handle.tenant):
             raise ApiError(404, "query_not_found",
                            f"unknown query id {query_id!r} (the server keeps the last "
@@ -347,6 +376,13 @@ class QueryService:
 
     def cancel(self, query_id: str, caller: Tenant | None) -> QueryHandle:
         handle = self.handle(query_id, caller)
+        if isinstance(handle, RemoteHandle):  # its replica cancels it (via the store)
+            if handle.done() or self.replica is None \
+                    or not self.replica.request_cancel(query_id):
+                status = self.result(handle).status if handle.done() else "finishing"
+                raise ApiError(409, "already_finished", f"query {query_id} already finished "
+                               f"({status}); nothing to cancel", query_status=status)
+            return handle
         if handle.done() or not self.af.cancel(query_id):
             status = self.result(handle).status if handle.done() else "finishing"
             raise ApiError(409, "already_finished",
@@ -396,14 +432,29 @@ class QueryService:
         """Newest first, only ``caller``'s own (all for an admin, or with keys off). Each
         record is checked on its own, so one that cannot be shown (text that is not valid
         Unicode, from any source) is repaired, never allowed to break the listing."""
-        handles = [h for h in list(self.af.handles.values())
-                   if sees(caller, h.tenant)][-limit:]
+        if self.replica is not None:
+            handles = self._recent_stored(limit, caller)
+        else:
+            handles = [h for h in list(self.af.handles.values())
+                       if sees(caller, h.tenant)][-limit:]
         out = []
         for h in reversed(handles):
             try:
                 out.append(_serialisable(self.summary(h)))
             except Exception:  # noqa: BLE001 - one record must not break the listing
                 log.exception("query %s cannot be listed", h.query_id)
+        return out
+
+    def _recent_stored(self, limit: int, caller: Tenant | None) -> list[QueryHandle]:
+        """Every replica's queries from the store, oldest first (as ``af.handles``); this
+        replica's own live handles where it has them."""
+        assert self.replica is not None
+        everyone = caller is None or caller.admin
+        records = self.replica.recent(caller.name if caller else None, limit, everyone)
+        out: list[QueryHandle] = []
+        for record in reversed(records):
+            local = self.af.handles.get(record.query_id)
+            out.append(local if local is not None else RemoteHandle(record, []))
         return out
 
     def _stages_from_events(self, handle: QueryHandle) -> list[StageView]:
@@ -529,6 +580,8 @@ class QueryService:
                 return
             self._closed = True
             if not self.owns_agentflow:
+                if self.replica is not None:
+                    self.replica.close()
                 return
             drain = self.settings.drain_s if drain_s is None else drain_s
             in_flight = [h for h in self.af.handles.values() if not h.done()]
@@ -538,6 +591,8 @@ class QueryService:
                 self.af.close(drain_s=drain)
             except Exception:  # noqa: BLE001 - shutdown must finish; say what went wrong
                 log.exception("closing agentflow failed")
+            if self.replica is not None:  # after the answers of the cancelled are stored
+                self.replica.close()
             # Only the queries the shutdown met: a query a user cancelled an hour ago is no
             # reason to warn on a normal Ctrl+C.
             statuses: dict[str, int] = defaultdict(int)

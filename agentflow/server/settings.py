@@ -57,6 +57,15 @@ class ServerSettings(BaseModel):
     body_timeout_s: float = Field(30.0, gt=0)
     max_connections: int = Field(1000, gt=0)
     recent_limit: int = Field(50, gt=0)  # queries listed by GET /v1/queries
+    # Where queries, conversations and tenant usage live (agentflow.state): a SQLite file
+    # path (sqlite:///path; one host) or postgresql://... (many hosts). Replicas sharing it
+    # see each other's queries and share limits; answers survive restarts. None: in this
+    # process only (`agentflow serve` defaults to a file in the cache).
+    state: str | None = None
+    keep_per_tenant: int = Field(1000, gt=0)  # finished queries kept per tenant
+    max_row_bytes: int = Field(1_000_000, ge=0)  # rows of an answer kept in the store
+    lease_s: float = Field(5.0, gt=0)  # a replica silent this long is dead: queries move
+    replica_id: str | None = None  # default: host-pid-random
 
     def keys(self) -> list[str]:
         """Configured keys plus those from ``AGENTFLOW_API_KEYS``."""
@@ -66,6 +75,20 @@ class ServerSettings(BaseModel):
         """Every key the server accepts, each mapped to its tenant (empty: keys are off)."""
         return tenant_table(self.keys(), [*self.admin_keys, *env_keys(ADMIN_KEYS_ENV)],
                             self.tenants, self.tenants_file)
+
+
+STATE_ENV = "AGENTFLOW_STATE"
+
+
+def resolve_state(option: str | None, setting: str | None) -> str | None:
+    """The state store ``agentflow serve`` uses: ``--state``, else ``server.state``, else
+    ``AGENTFLOW_STATE``, else ``<cache>/server-state.sqlite`` (answers and conversations
+    survive a restart by default); ``off`` keeps them in the process only."""
+    from agentflow.datasets.types import cache_dir
+
+    chosen = option or setting or os.environ.get(STATE_ENV) or str(
+        cache_dir() / "server-state.sqlite")
+    return None if chosen.strip().lower() == "off" else chosen
 
 
 def tenant_table(keys: list[str], admin_keys: list[str], tenants: list[TenantEntry],

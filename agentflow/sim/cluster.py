@@ -71,6 +71,21 @@ CLUSTERS: dict[str, SimClusterConfig] = {
 }
 
 
+def _hetero(copies: int) -> SimClusterConfig:
+    """``hetero-64``'s mix, ``copies`` times over: the fleet sizes of issue 36 (1,024 and
+    4,096 instances), where a decision's and a simulated event's cost must not grow with
+    the fleet."""
+    mix = [(inst.gpu, inst.count) for inst in CLUSTERS["hetero-64"].instances]
+    return SimClusterConfig(name=f"hetero-{64 * copies}", instances=[
+        SimInstanceConfig(gpu=gpu, model="Llama-3.1-8B", count=count * copies)
+        for gpu, count in mix])
+
+
+# 128 H200 / 256 H100 / 256 A100-80G / 192 L40S / 192 A6000, and four times that
+CLUSTERS["hetero-1024"] = _hetero(16)
+CLUSTERS["hetero-4096"] = _hetero(64)
+
+
 def load_cluster(name_or_path: str) -> SimClusterConfig:
     """A named cluster, or a cluster file: ``name`` + ``instances``, or a whole agentflow
     config (its other settings are validated as serving would, then left to serving)."""

@@ -119,7 +119,8 @@ class Simulation:
                  on_stage: Callable[[StageTiming], None] | None = None,
                  slo_classes: Mapping[str, SloClass] | None = None,
                  deadline_admission: str | None = None, preemption: str | None = "auto",
-                 fast_lane: int | None = FAST_LANE_CALLS):
+                 fast_lane: int | None = FAST_LANE_CALLS, coordinators: int | None = None,
+                 shard_route: str = "p2c", shard_summary_s: float = 0.5):
         """``on_stage`` is called with each stage's ``StageTiming`` as the stage finishes.
 
         ``cached_prefix``: a fixed fraction of every prompt served from a prefix cache (0:
@@ -135,7 +136,10 @@ class Simulation:
         is aborted on its engine (KV freed, its prompt's prefix blocks left in the cache) and
         runs again from its prompt when the scheduler admits it again — its generated tokens
         are lost (recompute), as in vLLM's preemption. ``fast_lane``: serving's
-        ``scheduler.fast_lane`` (None: off)."""
+        ``scheduler.fast_lane`` (None: off). ``coordinators``: K sharded coordinators
+        (``agentflow.scheduler.shards``: a stratified split of the instances, each query
+        routed at arrival by ``shard_route`` over load summaries at most
+        ``shard_summary_s`` old); None: the one coordinator."""
         self.prefix_cache = cached_prefix == "auto"
         if self.prefix_cache:
             cached_prefix = 0.0
@@ -153,12 +157,26 @@ class Simulation:
         # The coordinator serving builds from the same description (build_coordinator): it
         # admits no more than each engine's KV cache holds, so calls wait in its queues —
         # ordered by the queue policy — rather than inside the engines.
-        self.length_model = make_length_model(parse_policy(policy).length_model, embedder=embedder)
-        self.coordinator = build_coordinator(
-            instances, clock=self.clock, policy=policy, alpha=alpha, length_model=self.length_model,
-            max_waiting_calls=max_waiting_calls, max_active_queries=max_active_queries,
-            admit_by_backlog=admit_by_backlog, max_backlog_s=max_backlog_s,
-            preemption=preemption, fast_lane=fast_lane)
+        settings: dict[str, Any] = dict(
+            alpha=alpha, max_waiting_calls=max_waiting_calls,
+            max_active_queries=max_active_queries, admit_by_backlog=admit_by_backlog,
+            max_backlog_s=max_backlog_s, preemption=preemption, fast_lane=fast_lane)
+        self.coordinator: Any
+        self.length_model: Any  # one model, or every shard's (``ShardLengths``)
+        if coordinators is not None:  # K shards, each with its own length model
+            if alpha_tuner is not None:
+                raise ValueError("the online alpha tuner forks one coordinator; it does not "
+                                 "run with sharded coordinators")
+            from agentflow.scheduler.shards import build_sharded
+
+            self.coordinator, self.length_model = build_sharded(
+                instances, coordinators, clock=self.clock, policy=policy, embedder=embedder,
+                rule=shard_route, summary_s=shard_summary_s, **settings)
+        else:
+            model = make_length_model(parse_policy(policy).length_model, embedder=embedder)
+            self.length_model = model
+            self.coordinator = build_coordinator(
+                instances, clock=self.clock, policy=policy, length_model=model, **settings)
         if slo_classes is not None:
             self.coordinator.slo_classes = slo_classes
         if deadline_admission is not None:

@@ -97,13 +97,8 @@ import numpy as np
 
 from agentflow import hardware
 from agentflow.hardware import GPUProfile, ModelProfile
-from agentflow.sim.llama_batches import (
-    Piece,
-    SlotTable,
-    decode_run_seconds,
-    fill_key,
-    iteration_seconds,
-)
+from agentflow.llm.llama_batches import Piece, SlotTable, fill_key
+from agentflow.sim.llama_batches import decode_run_seconds, iteration_seconds
 from agentflow.step_time import OperatorModel, StepShape, step_sums
 
 _WAITING, _PENDING, _RUNNING, _DONE, _ABORTED = range(5)
@@ -288,6 +283,9 @@ class SimInstance:
         self._buf: list = []  # (time, order, kind rank, SeqEvent)
         self._order = 0
         self.steps = 0  # iterations simulated
+        # seconds spent in iterations (what a real engine's busy time or its server's CPU
+        # seconds measure: agentflow bench real_vs_sim's engine-work figure)
+        self.busy_s = 0.0
         self.tokens_computed = 0  # prefill + decode tokens over all iterations
         self.plans = 0  # scheduling decisions (a decode run counts once)
         self.preemptions = 0
@@ -586,7 +584,7 @@ class SimInstance:
                 self._push_waiting(s)
         B = self.block_size
         budget = self.max_num_batched_tokens
-        if self.llama_slots is not None:  # llama-server's slots: agentflow.sim.llama_batches
+        if self.llama_slots is not None:  # llama-server's slots: agentflow.llm.llama_batches
             self._launch_into_slots()
             self._running.sort(key=fill_key(self.llama_slots))
         running = self._running
@@ -786,6 +784,7 @@ class SimInstance:
                     self._token_event(s, s.generated, t, events)
             p.m = 1
             self.steps += 1
+            self.busy_s += float(t - p.t0)
             self.tokens_computed += sum(p.ns)
             return
         evs, k = p.evs, p.ev_ptr
@@ -804,6 +803,8 @@ class SimInstance:
                     events.append((t, s.order, 1, SeqEvent("progress", s.id, t, pw,
                                                             preempted=s.preempted)))
         p.ev_ptr = k
+        if m > p.m:
+            self.busy_s += float(p.ends[m - 1] - (p.ends[p.m - 1] if p.m else p.t0))
         self.steps += m - p.m
         self.tokens_computed += (m - p.m) * len(p.seqs)
         p.m = m
@@ -865,15 +866,21 @@ class SimInstance:
 def engine_for(name: str, cfg, gpu: hardware.GPUProfile | None = None) -> SimInstance:
     """The engine an ``InstanceConfig`` describes: its GPU and model profiles at its weight
     and KV precision, tensor parallelism and vLLM limits (``gpu``: a profile to use in
-    place of the named one, e.g. one calibrated on the machine at hand)."""
+    place of the named one; a ``llama_server`` instance without one takes this host's
+    profile from ``agentflow calibrate`` where one is stored: ``sim.host_profiles``)."""
     model = hardware.model(cfg.model)
     if (cfg.weight_bits, cfg.kv_bits) != (16, 16):
         model = model.quantized(cfg.weight_bits, cfg.kv_bits)
+    backend = getattr(cfg, "backend", None) or {}
+    if gpu is None and backend.get("type") == "llama_server":
+        # a local engine: this host is its hardware, so its host profile if one is stored
+        from agentflow.sim.host_profiles import local_profile
+
+        gpu = local_profile(cfg.gpu, cfg.model)
     engine = SimInstance(gpu=gpu or hardware.gpu(cfg.gpu), model=model,
                          tensor_parallel=cfg.tensor_parallel, max_num_seqs=cfg.max_num_seqs,
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, name=name)
-    backend = getattr(cfg, "backend", None) or {}
     if backend.get("type") == "llama_server":
         from agentflow.llm.llamacpp_server import configure_engine
 

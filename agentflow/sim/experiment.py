@@ -148,17 +148,18 @@ def goodput(cluster: SimClusterConfig, trace: list[TraceQuery], policy: str, *, 
             seed: int = 0,
             low: float = 0.001, high: float | None = None, iterations: int = 7,
             idle: IdleLatency | None = None, cached_prefix: float = 0.0,
-            deadline: str = DEFAULT_DEADLINE) -> float:
+            deadline: str = DEFAULT_DEADLINE, **scheduler: Any) -> float:
     """The highest rate (queries/s) at which at least ``target`` of queries meet
     ``slo_scale`` x their idle latency — found by doubling then bisection. The criterion is
-    the report's (``agentflow.metrics``); ``deadline`` is what the scheduler is told."""
+    the report's (``agentflow.metrics``); ``deadline`` is what the scheduler is told;
+    ``scheduler``: more ``Simulation`` settings (e.g. sharded coordinators)."""
     idle = idle or IdleLatency(cluster, cached_prefix=cached_prefix)
 
     def ok(rate: float) -> bool:
         wl = build_workload(trace, cluster, n=n, rate=rate, arrival=arrival, seed=seed,
                             idle=idle)
         result = run_policy(cluster, wl, policy, slo_scale=slo_scale,
-                            cached_prefix=cached_prefix, deadline=deadline)
+                            cached_prefix=cached_prefix, deadline=deadline, **scheduler)
         return meets_goodput_target(outcomes(result), slo_scale, target)
 
     if not ok(low):

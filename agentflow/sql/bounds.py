@@ -145,3 +145,71 @@ def _bound(node: exp.Func, arg: exp.Expression | None, cap: int, sql: str,
         return False
     arg.replace(_guarded(arg, _size_expr(arg, unit, start, dialect), cap, dialect))
     return True
+
+
+# ------------------------------------------------------------------------ growth without a size
+# Concatenation and replacement build values from values: nested CTEs doubling a string with
+# ``s || s`` built a 268 MB value (32,768x the cap) in 2.3 s, and ``list_reduce(l, (a, b) ->
+# a || b)`` took a server from 212 MB to 1,740 MB, with no size argument anywhere for the
+# bounds above to read. Each such result is checked where it is built (a lambda over a
+# one-element list evaluates the operands once), so a value can exceed the cap by at most one
+# doubling, within one vector step of 2,048 rows: 64 KiB x 2,048 = 128 MiB at most.
+DUCKDB_GROWTH_CHARS = 32 * 1024
+
+_GROWTH = tuple(getattr(exp, name) for name in ("DPipe", "Concat", "ConcatWs", "ArrayConcat")
+                if hasattr(exp, name))
+_LIST_CONCAT = {"list_concat", "list_cat", "array_concat", "array_cat", "concat"}
+_VAR = "af_bounded_value"
+
+
+def bound_growth(tree: exp.Expr, *, cap: int = DUCKDB_GROWTH_CHARS) -> bool:
+    """Wrap every concatenation (``||``, ``concat``, ``list_concat``) and replacement
+    (``replace``, ``regexp_replace``) of a DuckDB tree in a size check, in place: ``error()``
+    past ``cap`` characters (or list elements) instead of building more. True when changed."""
+    message = (f"value too large: a concatenated or replaced value may hold at most {cap:,} "
+               "characters or elements")
+    changed = False
+    for node in list(tree.find_all(exp.Func, exp.DPipe)):
+        if isinstance(node, (exp.Replace, exp.RegexpReplace)):
+            _wrap_replace(node, cap, message)
+            changed = True
+        elif isinstance(node, _GROWTH) or (isinstance(node, exp.Anonymous) and
+                                           str(node.this).lower() in _LIST_CONCAT):
+            check = parse_one(f"list_transform([NULL], lambda {_VAR}: CASE WHEN "
+                              f"length({_VAR}) > {cap} THEN error('{message}') "
+                              f"ELSE {_VAR} END)[1]", read="duckdb")
+            holder = check.find(exp.Null)
+            assert holder is not None
+            node.replace(check)
+            holder.replace(node)
+            changed = True
+    return changed
+
+
+def _wrap_replace(node: exp.Expr, cap: int, message: str) -> None:
+    """``replace(s, a, b)`` can build ``length(s) x length(b)`` in one step, so the size is
+    checked before, from the operands (evaluated once: the lambda receives them as a list)."""
+    if isinstance(node, exp.Replace):
+        args = [node.this, node.expression, node.args.get("replacement")]
+    else:
+        args = [node.this, node.expression, node.args.get("replacement")]
+    if any(a is None for a in args):
+        return
+    v = _VAR
+    if isinstance(node, exp.Replace):
+        size = f"length({v}[1]) * greatest(1, length({v}[3]))"
+        call = f"replace({v}[1], {v}[2], {v}[3])"
+    else:
+        # a back-reference (\0, \1) copies the match: up to the whole input per replacement
+        size = (f"length({v}[1]) * greatest(1, length({v}[3])) * CASE WHEN "
+                f"contains({v}[3], '\\') THEN greatest(1, length({v}[1])) ELSE 1 END")
+        modifiers = node.args.get("modifiers")
+        extra = f", {modifiers.sql(dialect='duckdb')}" if modifiers is not None else ""
+        call = f"regexp_replace({v}[1], {v}[2], {v}[3]{extra})"
+    check = parse_one(f"list_transform([[NULL, NULL, NULL]], lambda {v}: CASE WHEN {size} > "
+                      f"{cap} THEN error('{message}') ELSE {call} END)[1]", read="duckdb")
+    holders = list(check.find_all(exp.Null))
+    cast_args = [exp.cast(a.copy(), "VARCHAR") for a in args]
+    for holder, arg in zip(holders[:3], cast_args):
+        holder.replace(arg)
+    node.replace(check)

@@ -9,6 +9,7 @@ so a runaway query stops consuming CPU instead of being merely abandoned.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -25,13 +26,26 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 
 from agentflow.sql import errors as E
 from agentflow.sql.allowlist import warm as warm_allowlist
-from agentflow.sql.bounds import MAX_VALUE_BYTES, bound_postgres_sizes, bound_value_sizes
+from agentflow.sql.bounds import (
+    MAX_VALUE_BYTES,
+    bound_growth,
+    bound_postgres_sizes,
+    bound_value_sizes,
+)
 from agentflow.sql.dialect import PLAIN_SQLITE_DRIVER, sqlglot_dialect, transpile
+from agentflow.sql.engine_check import (
+    SqliteAuthorizer,
+    approved_tables,
+    engine_names,
+    regenerate,
+    verify,
+)
 from agentflow.sql.guard import parse_single_query, strip_trailing
+from agentflow.sql.schema import Schema, introspect, schema_prompt
 from agentflow.sql.watchdog import WATCHDOG
 
 log = logging.getLogger(__name__)
@@ -53,6 +67,17 @@ _POOL_OVERFLOW = 8
 SQLITE_SOFT_HEAP_LIMIT = 256 * 1024 * 1024
 SQLITE_HARD_HEAP_LIMIT = 1024 * 1024 * 1024
 DUCKDB_MEMORY_LIMIT = "512MB"
+# What a DuckDB query may spill to disk, and how many of the host's cores one database may use
+# (its threads serve every query on it), so one question cannot take the disk or every core.
+DUCKDB_MAX_TEMP = "1GB"
+DUCKDB_THREADS = max(1, min(4, os.cpu_count() or 1))
+# PostgreSQL, per query (SET LOCAL): memory per sort/hash before it spills to disk. The spill
+# itself (temp_file_limit) can only be set by a superuser: ``pg_local.create_reader`` and the
+# security docs set it on the reader role.
+POSTGRES_WORK_MEM = "32MB"
+# SQLite calls the progress handler every this many VM steps: the engine stops the query
+# itself at its deadline, whether or not the watchdog's interrupt has landed.
+SQLITE_PROGRESS_STEPS = 10_000
 
 _SQLITE_SUFFIXES = {".sqlite", ".sqlite3", ".db"}
 _DUCKDB_SUFFIXES = {".duckdb", ".ddb"}
@@ -131,8 +156,8 @@ class Database:
                 connect_args={"read_only": True,
                               "config": {"enable_external_access": False,
                                          "memory_limit": DUCKDB_MEMORY_LIMIT,
-                                         **({"threads": duckdb_threads}
-                                            if duckdb_threads else {})}})
+                                         "max_temp_directory_size": DUCKDB_MAX_TEMP,
+                                         "threads": duckdb_threads or DUCKDB_THREADS}})
         else:
             raise ValueError(f"unknown engine kind {kind!r}; expected 'sqlite' or 'duckdb'")
         return cls(id=name, engine=engine, kind=kind, path=path)
@@ -146,16 +171,45 @@ class Database:
         if backend == "duckdb" and url.database and url.database != ":memory:":
             return cls.open(url.database, db_id=db_id, kind="duckdb")
         if backend == "postgresql":
-            from agentflow.sql.postgres import open_postgres
-
-            return open_postgres(cls, url, db_id=db_id, **options)
+            return cls._open_postgres(url, db_id=db_id, **options)
         engine = sa.create_engine(url)
         return cls(id=db_id or (url.database or backend), engine=engine, kind=backend)
+
+    @classmethod
+    def _open_postgres(cls, url: URL, *, db_id: str | None,
+                       require_read_only_role: bool = False, **options: Any) -> Database:
+        from agentflow.sql import postgres
+
+        pg = postgres.postgres_engine(url, **options)
+        db = cls(id=db_id or url.database or "postgres", engine=pg.engine, kind="postgresql",
+                 _secrets=pg.secrets, search_path=pg.search_path)
+        if require_read_only_role:
+            try:
+                postgres.require_read_only_role(db)
+            except postgres.ReadOnlyRoleError:
+                db.close()
+                raise
+        return db
+
+    def with_role(self, role: str) -> Database:
+        """A view of this PostgreSQL database whose statements run as ``role`` (its own
+        caches, the same pool; ``sql.postgres`` says why a role per transaction)."""
+        from agentflow.sql.postgres import ROLE_OPTION
+
+        if self.kind != "postgresql":
+            raise ValueError(f"database {self.id!r} is {self.kind}: database roles (db_roles) "
+                             "need PostgreSQL")
+        if not role or "\x00" in role or len(role) > 63:
+            raise ValueError(f"invalid database role name {role!r}")
+        return dataclasses.replace(self, engine=self.engine.execution_options(
+            **{ROLE_OPTION: role}), _schema_cache=None, _lock=threading.Lock())
 
     def __post_init__(self) -> None:
         # The guard's allow-list for this dialect is derived once per process; do it now
         # rather than inside the first query's time limit.
         warm_allowlist(self.dialect)
+        if self.dialect in ("sqlite", "duckdb", "postgres"):
+            engine_names(self.dialect)
 
     @property
     def dialect(self) -> str:
@@ -173,23 +227,40 @@ class Database:
 
     # ----------------------------------------------------------------------------- queries
     def execute(self, sql: str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S,
-                max_rows: int | None = DEFAULT_MAX_ROWS, dialect: str | None = None) -> QueryResult:
+                max_rows: int | None = DEFAULT_MAX_ROWS, dialect: str | None = None,
+                allow_catalog: bool = False) -> QueryResult:
         """Run one read-only query and return at most ``max_rows`` rows.
 
         ``dialect`` is the dialect ``sql`` is written in; it is transpiled to this database's
         dialect when they differ. The time limit covers the whole call: transpiling and the
         guard's parse are charged to it before the engine gets the rest. Raises a subclass of
         ``SqlError`` on any failure.
+
+        What runs is the guard's parse tree written out again (``engine_check``), read first by
+        the engine's own parser (DuckDB, PostgreSQL); SQLite runs the text as written, checked
+        by its authorizer as it prepares it. One text is checked and run, and where the engine
+        reads it differently from the guard it does not run.
+        ``allow_catalog`` lets catalog tables through (admins, agentflow's introspection).
         """
         start = time.monotonic()
         if dialect and dialect != self.dialect:
             sql = transpile(sql, read=dialect, write=self.dialect)
-        tree = parse_single_query(sql, self.dialect)
-        run_sql = strip_trailing(sql, self.dialect)
+        tree = parse_single_query(sql, self.dialect, allow_catalog=allow_catalog)
         if self.kind == "duckdb":
-            run_sql = bound_value_sizes(tree, sql) or run_sql
+            bound_value_sizes(tree, sql)
+            bound_growth(tree)
         elif self.kind == "postgresql":
-            run_sql = bound_postgres_sizes(tree, sql) or run_sql
+            bound_postgres_sizes(tree, sql)
+        # SQLite runs the text as written (the evaluators' text, with its column names): the
+        # authorizer checks every function and table SQLite itself resolves in it, and its
+        # per-value limit (SQLITE_LIMIT_LENGTH) and progress handler bound it, so no reading
+        # of sqlglot's matters. Elsewhere the guard's tree is what runs.
+        run_sql = (strip_trailing(sql, self.dialect) if self.kind == "sqlite"
+                   else regenerate(tree, self.dialect))
+        tables = approved_tables(tree)
+        verify(run_sql, dialect=self.dialect, tables=tables, allow_catalog=allow_catalog)
+        authorizer = (SqliteAuthorizer(tables, allow_catalog=allow_catalog)
+                      if self.kind == "sqlite" else None)
         remaining = None
         if timeout_s is not None:
             remaining = timeout_s - (time.monotonic() - start)
@@ -198,17 +269,24 @@ class Database:
                     f"query exceeded the {timeout_s:g}s time limit while being checked",
                     sql=sql, limit_s=timeout_s)
         try:
-            columns, rows, truncated = self._run(run_sql, sql, remaining, timeout_s, max_rows)
+            columns, rows, truncated = self._run(run_sql, sql, remaining, timeout_s, max_rows,
+                                                 authorizer)
         except sa.exc.DBAPIError as err:  # checkout failed: the server is unreachable
             raise self._connection_error(err, sql, connected=False) from err
         return QueryResult(columns=columns, rows=rows, truncated=truncated,
                            elapsed_s=time.monotonic() - start, sql=sql)
 
     def _run(self, run_sql: str, sql: str, remaining: float | None, timeout_s: float | None,
-             max_rows: int | None) -> tuple[list[str], list[tuple], bool]:
+             max_rows: int | None, authorizer: SqliteAuthorizer | None = None,
+             ) -> tuple[list[str], list[tuple], bool]:
         with self.engine.connect() as conn:
             raw = conn.connection.dbapi_connection
             interrupter = _Interrupter(self.kind, raw, remaining)
+            if authorizer is not None:
+                # Setting an authorizer expires the connection's prepared statements, so a
+                # cached statement is prepared again, through it.
+                sqlite_raw: Any = raw
+                sqlite_raw.set_authorizer(authorizer)
             if self.kind == "postgresql":
                 # A server-side cursor: only the rows asked for cross the network.
                 conn = conn.execution_options(stream_results=True, max_row_buffer=1000)
@@ -229,6 +307,9 @@ class Database:
                     cursor.close()
             except sa.exc.DBAPIError as err:
                 orig = err.orig if err.orig is not None else err
+                refused = authorizer.error(sql) if authorizer is not None else None
+                if refused is not None:
+                    raise refused from err
                 if interrupter.abandoned:
                     conn.invalidate()
                 if interrupter.timed_out(orig):
@@ -254,6 +335,8 @@ class Database:
                     raise self._connection_error(err, sql) from err
                 raise _translate(err, sql, self._secrets) from err
             finally:
+                if authorizer is not None:
+                    sqlite_raw.set_authorizer(None)
                 try:
                     conn.rollback()
                 except Exception:  # noqa: BLE001 - a dead connection cannot roll back
@@ -290,19 +373,20 @@ class Database:
                                     sql=sql)
 
     # ----------------------------------------------------------------------------- schema
-    def schema(self):
+    def schema(self) -> Schema:
         """The introspected schema (cached; the database is read-only so it cannot change)."""
-        from agentflow.sql.schema import introspect
-
         with self._lock:
             if self._schema_cache is None:
-                self._schema_cache = introspect(self)
+                if self.kind == "postgresql":
+                    from agentflow.sql.postgres import introspect_postgres
+
+                    self._schema_cache = introspect_postgres(self)
+                else:
+                    self._schema_cache = introspect(self)
             return self._schema_cache
 
     def schema_prompt(self, **kwargs: Any) -> str:
         """Compact schema text for prompts; see ``agentflow.sql.schema.schema_prompt``."""
-        from agentflow.sql.schema import schema_prompt
-
         return schema_prompt(self, **kwargs)
 
 
@@ -379,6 +463,7 @@ class _Interrupter:
         self.abandoned = False
         self._token: int | None = None
         self._abandon_token: int | None = None
+        self._deadline: float | None = None  # SQLite: the progress handler's
 
     def _fire(self) -> None:
         self.fired = True
@@ -404,11 +489,17 @@ class _Interrupter:
                 cur = self.raw.cursor()
                 # SET LOCAL lasts until the end of this (read-only) transaction only.
                 cur.execute(f"SET LOCAL statement_timeout = {max(1, int(self.timeout_s * 1000))}")
+                cur.execute(f"SET LOCAL work_mem = '{POSTGRES_WORK_MEM}'")
                 cur.close()
             delay = self.timeout_s * self._PG_CANCEL_FACTOR
             self._abandon_token = WATCHDOG.arm(self.timeout_s * self._PG_ABANDON_FACTOR,
                                                self._abandon)
         else:
+            if self.kind == "sqlite" and hasattr(self.raw, "set_progress_handler"):
+                deadline = time.monotonic() + self.timeout_s
+                self._deadline = deadline
+                self.raw.set_progress_handler(lambda: time.monotonic() > deadline,
+                                              SQLITE_PROGRESS_STEPS)
             if getattr(self.raw, "interrupt", None) is None and \
                     getattr(self.raw, "cancel", None) is None:
                 raise E.ExecutionError(
@@ -419,6 +510,8 @@ class _Interrupter:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._deadline is not None:
+            self.raw.set_progress_handler(None, 0)
         if self._token is not None:
             WATCHDOG.cancel(self._token)
         if self._abandon_token is not None:
@@ -427,6 +520,9 @@ class _Interrupter:
     def timed_out(self, err: BaseException) -> bool:
         if self.fired:
             return True
+        if self._deadline is not None and time.monotonic() > self._deadline and \
+                "interrupted" in str(err):
+            return True  # SQLite's progress handler stopped it at the deadline
         text = str(err)
         return "statement timeout" in text or "canceling statement due to user request" in text
 

@@ -23,6 +23,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from agentflow.sql.allowlist import check_function, normalised_name
+from agentflow.sql.engine_check import catalog_problem, is_catalog_function
 from agentflow.sql.errors import QueryTooComplexError, RejectedStatementError, SqlSyntaxError
 from agentflow.sql.formats import format_problem
 
@@ -55,8 +56,12 @@ _PATH_LIKE = re.compile(r"[/\\:]|\.(?:csv|tsv|txt|parquet|json|jsonl|ndjson|xlsx
 _QUERY_ROOTS = (exp.Select, exp.SetOperation, exp.Subquery, exp.Values)
 
 
-def parse_single_query(sql: str, dialect: str | None = None) -> exp.Expression:
+def parse_single_query(sql: str, dialect: str | None = None, *,
+                       allow_catalog: bool = False) -> exp.Expression:
     """Parse ``sql`` and return its tree if it is exactly one read-only query, else raise.
+
+    Catalog tables (``pragma_database_list``, ``duckdb_settings()``, ``pg_roles``: server
+    paths, settings, other users) are refused unless ``allow_catalog`` (admins, introspection).
 
     Raises SqlSyntaxError (with line/column) when sqlglot cannot parse it and
     RejectedStatementError when it parses but is not an allowed query.
@@ -89,7 +94,7 @@ def parse_single_query(sql: str, dialect: str | None = None) -> exp.Expression:
             f"only read-only queries (SELECT, WITH, UNION/INTERSECT/EXCEPT) are allowed, "
             f"got {_describe(tree)}", sql=sql)
     try:
-        _check_nodes(tree, sql, dialect)
+        _check_nodes(tree, sql, dialect, allow_catalog)
     except RecursionError as err:
         raise QueryTooComplexError("query too deeply nested", sql=sql) from err
     return tree
@@ -132,12 +137,20 @@ def check_size(sql: str, dialect: str | None = None) -> None:
             sql=sql)
 
 
-def _check_nodes(tree: exp.Expression, sql: str, dialect: str | None) -> None:
+def _check_nodes(tree: exp.Expression, sql: str, dialect: str | None,
+                 allow_catalog: bool = False) -> None:
     for node in tree.walk():
+        if isinstance(node, exp.Table) and not allow_catalog and \
+                not isinstance(node.this, exp.Func):  # table functions: the allow-list's
+            problem = catalog_problem(dialect or "", node.db, node.name)
+            if problem:
+                raise RejectedStatementError(problem, sql=sql)
         if isinstance(node, _FORBIDDEN_NODES):
             raise RejectedStatementError(
                 f"{_describe(node)} is not allowed inside a query", sql=sql)
         if isinstance(node, exp.Func):
+            if allow_catalog and is_catalog_function(dialect or "", normalised_name(node)):
+                continue
             verdict = check_function(node, dialect)
             if verdict is not None:
                 raise RejectedStatementError(
@@ -152,12 +165,12 @@ def _check_nodes(tree: exp.Expression, sql: str, dialect: str | None) -> None:
                 "and a query may only read the database's own tables", sql=sql)
 
 
-def check_query(sql: str, dialect: str | None = None) -> float:
+def check_query(sql: str, dialect: str | None = None, *, allow_catalog: bool = False) -> float:
     """Raise unless ``sql`` is a single read-only query (see ``parse_single_query``).
 
     Returns the seconds the check took, so callers can charge it to the query's budget."""
     start = time.monotonic()
-    parse_single_query(sql, dialect)
+    parse_single_query(sql, dialect, allow_catalog=allow_catalog)
     return time.monotonic() - start
 
 

@@ -14,6 +14,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -21,6 +22,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from agentflow.children import popen_tied
+
+# What one reader's query may use on the server: disk for spills, memory per sort/hash, and a
+# backstop time limit for any statement (agentflow sets a tighter one per query).
+READER_LIMITS = {"temp_file_limit": "256MB", "work_mem": "32MB", "statement_timeout": "120s"}
 
 
 class PostgresUnavailable(RuntimeError):
@@ -58,6 +65,7 @@ class LocalPostgres:
     root: Path | None = None  # None: a temporary folder, removed by close()
     bindir: Path = field(default_factory=find_bindir)
     _run_as: str | None = None
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.port = self.port or _free_port()
@@ -93,21 +101,54 @@ class LocalPostgres:
                       "--no-sync")
         return self
 
-    def start(self) -> LocalPostgres:
-        opts = (f"-p {self.port} -c listen_addresses=127.0.0.1 "
-                f"-c unix_socket_directories={self.socket_dir} -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=60 "
-                "-c shared_buffers=32MB -c autovacuum=off")
-        out = self._cmd("pg_ctl", "-D", str(self.data), "-l", str(self.home / "server.log"),
-                        "-o", opts, "-w", "-t", "60", "start", check=False)
-        if out.returncode != 0:
-            log = (self.home / "server.log")
-            tail = log.read_text()[-1500:] if log.exists() else ""
-            raise PostgresUnavailable(f"pg_ctl start failed: {out.stderr.strip()}\n{tail}")
+    def start(self, timeout_s: float = 60.0) -> LocalPostgres:
+        """Run ``postgres`` itself as this process's child, tied to it (``children``): it
+        stops when this process dies, however it dies. (``pg_ctl start`` daemonises the
+        server, so a test run killed midway left it running.)"""
+        cmd = [str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port),
+               "-c", "listen_addresses=127.0.0.1",
+               "-c", f"unix_socket_directories={self.socket_dir}", "-c", "fsync=off",
+               "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+               "-c", "max_connections=60", "-c", "shared_buffers=32MB", "-c", "autovacuum=off"]
+        log = self.home / "server.log"
+        kwargs: dict[str, Any] = {"user": self._run_as} if self._run_as else {}
+        with open(log, "ab") as out:
+            # SIGQUIT: PostgreSQL's immediate shutdown (the postmaster stops its backends)
+            self._proc = popen_tied(cmd, death_signal=signal.SIGQUIT, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=self.home, **kwargs)
+        deadline = time.monotonic() + timeout_s
+        while not self._accepting():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self._proc.kill()
+                self._proc.wait()
+                tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+                raise PostgresUnavailable(f"postgres did not start:\n{tail}")
+            time.sleep(0.1)
         return self
 
+    def _accepting(self) -> bool:
+        out = self._cmd("pg_isready", "-q", "-h", str(self.socket_dir), "-p", str(self.port),
+                        check=False)
+        return out.returncode == 0
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's process id while it runs."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
     def stop(self, mode: str = "fast") -> None:
-        self._cmd("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal({"smart": signal.SIGTERM, "fast": signal.SIGINT,
+                          "immediate": signal.SIGQUIT}[mode])
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
     def restart(self, down_s: float = 0.0) -> None:
         """Stop (terminating sessions, as an operator's restart does), wait, start again."""
@@ -158,6 +199,11 @@ class LocalPostgres:
                 conn.execute(f'CREATE ROLE "{role}" LOGIN')
             conn.execute(f'ALTER ROLE "{role}" LOGIN PASSWORD {literal}')
             conn.execute(f'ALTER ROLE "{role}" SET default_transaction_read_only = on')
+            # Limits the server enforces per query (issue 35 §2); temp_file_limit only a
+            # superuser may set, so the reader cannot raise it. agentflow lowers
+            # statement_timeout and work_mem per query (SET LOCAL) within these.
+            for name, value in READER_LIMITS.items():
+                conn.execute(f'ALTER ROLE "{role}" SET {name} = \'{value}\'')
             conn.execute('REVOKE CREATE ON SCHEMA public FROM PUBLIC')
         with self.admin_connect(dbname) as conn:
             conn.execute('REVOKE CREATE ON SCHEMA public FROM PUBLIC')

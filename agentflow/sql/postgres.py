@@ -21,14 +21,12 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Engine
 
-if TYPE_CHECKING:
-    from agentflow.sql.database import Database
-    from agentflow.sql.schema import Schema
+from agentflow.sql.schema import Column, ForeignKey, Schema, SchemaSource, Table
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +62,22 @@ class RoleCheck:
         return out
 
 
-def open_postgres(cls: type[Database], url: URL, *, db_id: str | None = None,
-                  search_path: list[str] | tuple[str, ...] | str | None = None,
-                  pool_size: int = 4, max_overflow: int = 4, pool_timeout_s: float = 30.0,
-                  connect_timeout_s: int = 10, password_env: str | None = None,
-                  passfile: str | None = None, require_read_only_role: bool = False
-                  ) -> Database:
-    """Open a pooled, read-only PostgreSQL database (psycopg 3 driver).
+@dataclass(frozen=True)
+class PostgresEngine:
+    """A pooled, read-only PostgreSQL engine and what a ``Database`` over it keeps: the
+    passwords to scrub from its messages and its schema search path."""
+
+    engine: Engine
+    secrets: tuple[str, ...]
+    search_path: tuple[str, ...]
+
+
+def postgres_engine(url: URL, *,
+                    search_path: list[str] | tuple[str, ...] | str | None = None,
+                    pool_size: int = 4, max_overflow: int = 4, pool_timeout_s: float = 30.0,
+                    connect_timeout_s: int = 10, password_env: str | None = None,
+                    passfile: str | None = None) -> PostgresEngine:
+    """A pooled, read-only PostgreSQL engine (psycopg 3 driver); ``Database.open`` wraps it.
 
     ``pool_pre_ping`` tests a pooled connection before each use, so after a server restart
     the first query gets a fresh connection instead of a dead one."""
@@ -103,17 +110,17 @@ def open_postgres(cls: type[Database], url: URL, *, db_id: str | None = None,
                               pool_pre_ping=True, hide_parameters=True,
                               connect_args=connect_args)
     sa.event.listen(engine, "begin", _set_role_on_begin)
-    db = cls(id=db_id or url.database or "postgres", engine=engine, kind="postgresql",
-             _secrets=tuple(secrets), search_path=search_path)
-    if require_read_only_role:
-        check = check_role(db)
-        if not check.read_only:
-            db.close()
-            raise ReadOnlyRoleError(
-                f"database {db.id!r}: role {check.role!r} {'; '.join(check.problems())}; "
-                "give agentflow a role with only SELECT grants (docs/serving.md, PostgreSQL "
-                "databases)")
-    return db
+    return PostgresEngine(engine=engine, secrets=tuple(secrets), search_path=search_path)
+
+
+def require_read_only_role(db: SchemaSource) -> None:
+    """Refuse (``ReadOnlyRoleError``) a login role that could write."""
+    check = check_role(db)
+    if not check.read_only:
+        raise ReadOnlyRoleError(
+            f"database {db.id!r}: role {check.role!r} {'; '.join(check.problems())}; "
+            "give agentflow a role with only SELECT grants (docs/serving.md, PostgreSQL "
+            "databases)")
 
 
 # --------------------------------------------------------------------------- tenant roles
@@ -130,21 +137,7 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def with_role(db: Database, role: str) -> Database:
-    """A view of ``db`` whose statements run as ``role`` (its own caches, the same pool)."""
-    import dataclasses
-    import threading
-
-    if db.kind != "postgresql":
-        raise ValueError(f"database {db.id!r} is {db.kind}: database roles (db_roles) need "
-                         "PostgreSQL")
-    if not role or "\x00" in role or len(role) > 63:
-        raise ValueError(f"invalid database role name {role!r}")
-    return dataclasses.replace(db, engine=db.engine.execution_options(**{ROLE_OPTION: role}),
-                               _schema_cache=None, _lock=threading.Lock())
-
-
-def role_of(db: Database) -> str | None:
+def role_of(db: SchemaSource) -> str | None:
     """The tenant role ``db``'s statements run as (None: the login role)."""
     return db.engine.get_execution_options().get(ROLE_OPTION)
 
@@ -163,7 +156,7 @@ def _set_role_on_begin(conn: Any) -> None:
     _apply_role(conn.connection.dbapi_connection, conn.get_execution_options().get(ROLE_OPTION))
 
 
-def check_role(db: Database) -> RoleCheck:
+def check_role(db: SchemaSource) -> RoleCheck:
     """Ask the server what the login role may do (read-only catalog queries)."""
     with db.engine.connect() as conn:
         role, superuser, ro = conn.exec_driver_sql(
@@ -222,14 +215,12 @@ WHERE con.contype IN ('p', 'f') AND con.conrelid = ANY(%(oids)s)
 """
 
 
-def introspect_postgres(db: Database) -> Schema:
+def introspect_postgres(db: SchemaSource) -> Schema:
     """Tables, views and their columns from ``pg_catalog``, in ``search_path`` order.
 
     Tables in the first schema of the search path keep bare names; others are named
     ``schema.table`` (what a query must write to reach them). Comments (``COMMENT ON``) and
     enum labels come along: they are the documentation users write."""
-    from agentflow.sql.schema import Column, ForeignKey, Schema, Table
-
     with db.engine.connect() as conn:
         raw = conn.connection.dbapi_connection
         if raw is None:
@@ -275,22 +266,3 @@ def introspect_postgres(db: Database) -> Schema:
                             kind="view" if relkind in ("v", "m") else "table",
                             schema=nsp, bare_name=rel, row_estimate=int(reltuples)))
     return Schema(tables=tuple(tables))
-
-
-def sample_values_postgres(db: Database, table, column, k: int) -> list[Any] | None:
-    """Most common values from the planner's statistics (``pg_stats``: no scan at all), or
-    ``None`` when the column has none (not analysed yet, or a view)."""
-    if table.schema is None:
-        return None
-    result = db.try_execute(
-        "SELECT most_common_vals::text::text[] FROM pg_stats WHERE schemaname = "
-        f"{_lit(table.schema)} AND tablename = {_lit(table.bare_name)} AND attname = "
-        f"{_lit(column.name)}", timeout_s=5.0, max_rows=1)
-    rows = getattr(result, "rows", None)
-    if not rows or rows[0][0] is None:
-        return None
-    return [v for v in rows[0][0] if v is not None][:k]
-
-
-def _lit(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"

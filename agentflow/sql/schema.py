@@ -3,19 +3,37 @@
 Introspection reads each engine's own catalog (SQLite pragmas, DuckDB's ``duckdb_*()``
 functions) rather than SQLAlchemy's generic inspector: both are exact about keys, and
 duckdb-engine's inspector goes through a PostgreSQL catalog emulation that is incomplete.
-Other engines use SQLAlchemy's inspector.
+Other engines use SQLAlchemy's inspector; PostgreSQL's catalog is read by
+``postgres.introspect_postgres``, which builds this module's types.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
-if TYPE_CHECKING:
-    from agentflow.sql.database import Database
+
+class SchemaSource(Protocol):
+    """An open database as introspection reads it (``sql.database.Database`` is one). A
+    protocol, so that this module and ``sql.postgres`` stand below the database whose
+    ``schema()`` calls them instead of importing it back."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def engine(self) -> Engine: ...
+
+    def schema(self) -> Schema: ...
+
+    def try_execute(self, sql: str, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -72,16 +90,14 @@ class Schema:
         return [t.name for t in self.tables]
 
 
-def introspect(db: Database) -> Schema:
+def introspect(db: SchemaSource) -> Schema:
+    """The schema of a SQLite, DuckDB or other SQLAlchemy database (PostgreSQL:
+    ``postgres.introspect_postgres``)."""
     with db.engine.connect() as conn:
         if db.kind == "sqlite":
             return _introspect_sqlite(conn)
         if db.kind == "duckdb":
             return _introspect_duckdb(conn)
-    if db.kind == "postgresql":
-        from agentflow.sql.postgres import introspect_postgres
-
-        return introspect_postgres(db)
     return _introspect_generic(db.engine)
 
 
@@ -151,7 +167,7 @@ BIG_TABLE_ROWS = 100_000
 _SAMPLE_ROWS = 10_000
 
 
-def sampled_source(db: Database, table: Table, rows: int = _SAMPLE_ROWS) -> str:
+def sampled_source(db: SchemaSource, table: Table, rows: int = _SAMPLE_ROWS) -> str:
     """What to put after FROM to read ``table`` without a full scan when it is big: on
     PostgreSQL a ``TABLESAMPLE SYSTEM`` of about ``rows`` rows above ``BIG_TABLE_ROWS``
     (planner estimate); the table itself otherwise."""
@@ -162,7 +178,7 @@ def sampled_source(db: Database, table: Table, rows: int = _SAMPLE_ROWS) -> str:
     return table.quoted
 
 
-def sample_values(db: Database, table: str | Table, column: str | Column, k: int = 3,
+def sample_values(db: SchemaSource, table: str | Table, column: str | Column, k: int = 3,
                   max_len: int = 40) -> list[Any]:
     """Up to ``k`` distinct non-NULL values of a column (the most frequent first), for prompts.
 
@@ -174,10 +190,8 @@ def sample_values(db: Database, table: str | Table, column: str | Column, k: int
     q = quote_ident
     values = None
     if db.kind == "postgresql":
-        from agentflow.sql.postgres import sample_values_postgres
-
         col = table.column(col_name) or Column(col_name, "")
-        values = sample_values_postgres(db, table, col, k)
+        values = _planner_values(db, table, col, k)
         if values is None:
             source = sampled_source(db, table)
             sql = (f"SELECT v FROM (SELECT {q(col_name)} AS v FROM {source} WHERE "
@@ -201,7 +215,23 @@ def sample_values(db: Database, table: str | Table, column: str | Column, k: int
     return out
 
 
-def schema_prompt(db: Database, *, tables: Mapping[str, Sequence[str] | None] | None = None,
+def _planner_values(db: SchemaSource, table: Table, column: Column, k: int
+                    ) -> list[Any] | None:
+    """PostgreSQL: the most common values from the planner's statistics (``pg_stats``: no
+    scan at all), or ``None`` when the column has none (not analysed yet, or a view)."""
+    if table.schema is None:
+        return None
+    result = db.try_execute(
+        "SELECT most_common_vals::text::text[] FROM pg_stats WHERE schemaname = "
+        f"{_lit(table.schema)} AND tablename = {_lit(table.bare_name)} AND attname = "
+        f"{_lit(column.name)}", timeout_s=5.0, max_rows=1, allow_catalog=True)
+    rows = getattr(result, "rows", None)
+    if not rows or rows[0][0] is None:
+        return None
+    return [v for v in rows[0][0] if v is not None][:k]
+
+
+def schema_prompt(db: SchemaSource, *, tables: Mapping[str, Sequence[str] | None] | None = None,
                   samples: int = 3, max_value_len: int = 40) -> str:
     """Render the schema as CREATE TABLE statements with example values in comments.
 

@@ -12,14 +12,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import networkx as nx
 
 from agentflow.workflow.query import Query, StageRecord
-
-if TYPE_CHECKING:
-    from agentflow.workflow.context import StageContext
 
 
 class NodeKind(str, Enum):
@@ -27,7 +24,9 @@ class NodeKind(str, Enum):
     TOOL = "tool"
 
 
-StageFn = Callable[["StageContext"], Awaitable[Any]]
+# A stage's coroutine; its argument is the node's ``workflow.context.StageContext`` (typed Any
+# here: the context is built from a run and its nodes, so it stands above this module).
+StageFn = Callable[[Any], Awaitable[Any]]
 
 
 @dataclass

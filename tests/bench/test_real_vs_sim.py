@@ -266,11 +266,39 @@ def test_resim_checks_the_current_simulator_against_a_saved_real_side(tmp_path, 
         saved = tmp_path / f"run{factor}.json"
         saved.write_text(json.dumps({"args": args, "call_real_s": [
             factor * sim.call_latency(i) for i in ids], "query_real_s": [
-            factor * sim.query_latency(w, q) for q in range(len(w.calls))]}))
+            factor * sim.query_latency(w, q) for q in range(len(w.calls))],
+            "engine_real_cpu_s": {n: factor * v for n, v in sim.engine_s.items()}}))
         real_vs_sim.main(["--cluster", str(CLUSTER), "--resim", str(saved)])
         last = capsys.readouterr().out.strip().splitlines()
+        work = f"{1 / factor:.3f}"
+        busy = [n for n, v in sim.engine_s.items() if v > 0]
+        assert last[-3] == (f"engine work sim/real per instance: "
+                            f"{', '.join([work] * len(busy))} ({', '.join(busy)})")
         assert last[-2] == f"median |sim-real|/real per call: {expected}"
         assert last[-1] == f"P95 error per query: {expected}"
+
+
+def test_a_lone_calls_engine_work_is_its_latency_and_a_batch_shares_its_steps():
+    """The simulated side of the engine-work figure: seconds in iterations. One call alone
+    keeps its engine busy for its whole latency; two at once share steps, so the engine is
+    busy for less than the sum of their latencies."""
+    lone = [TraceQuery("q0", [TraceNode("a", "generate", "llm", (), 400, 30)])]
+    engines = sim_engines(str(CLUSTER))
+    w = build_workload(lone, ["cpu-0"], rate=1.0, seed=0, scale=1.0, max_prompt=None,
+                       max_output=None, assign="query")
+    sim = replay_sim(w, engines)
+    (cid,) = [c.id for cs in w.calls for c in cs]
+    assert sim.engine_s["cpu-0"] == pytest.approx(sim.call_latency(cid), rel=1e-3)
+    assert sim.engine_s["cpu-1"] == 0.0
+    pair = [TraceQuery("q0", [TraceNode("a", "generate", "llm", (), 400, 30),
+                              TraceNode("b", "generate", "llm", (), 400, 30)])]
+    w = build_workload(pair, ["cpu-0"], rate=1.0, seed=0, scale=1.0, max_prompt=None,
+                       max_output=None, assign="query")
+    sim = replay_sim(w, sim_engines(str(CLUSTER)))
+    total = sum(sim.call_latency(c.id) for cs in w.calls for c in cs)
+    longest = max(sim.call_latency(c.id) for cs in w.calls for c in cs)
+    # (a call's latency also holds the per-request front-end cost, outside the iterations)
+    assert longest * (1 - 1e-3) <= sim.engine_s["cpu-0"] < 0.8 * total
 
 
 def test_the_probe_prices_a_single_request_as_the_replay_would():

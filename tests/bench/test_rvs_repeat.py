@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agentflow.bench.fidelity import rvs_repeat
@@ -17,13 +18,21 @@ ARGS = {"trace": "t.json", "rate": 0.05, "queries": 2, "skip": 0, "scale": 0.1,
 
 
 def write(path: Path, calls: list[float], queries: list[float], *, sim=(0.1, 0.2),
-          first=None, **args) -> str:
+          first=None, lone=None, instances=None, outputs=None, sim_s=None, **args) -> str:
     saved = {"args": {**ARGS, **args}, "calls": [{"id": f"q0/{i}"} for i in range(len(calls))],
              "call_real_s": calls, "query_real_s": queries,
              "median_call_error": sim[0], "p95_query_error": sim[1]}
     if first is not None:
         saved["calibrate_first"] = {"figures": {"median_call_error": first[0],
                                                 "p95_query_error": first[1]}}
+        if lone is not None:
+            saved["calibrate_first"]["instances"] = {n: {"rows": r} for n, r in lone.items()}
+        if sim_s is not None:
+            saved["calibrate_first"].update(call_sim_s=sim_s[0], query_sim_s=sim_s[1])
+    if instances is not None:
+        saved["call_instance"] = instances
+    if outputs is not None:
+        saved["call_output_tokens"] = outputs
     path.write_text(json.dumps(saved))
     return str(path)
 
@@ -85,3 +94,53 @@ def test_main_prints_the_two_last_lines(tmp_path, capsys):
     assert lines[-2].startswith("repeat error, median per call: ")
     assert lines[-1].startswith("repeat error, P95 per query: ")
     assert json.loads((tmp_path / "out.json").read_text())["pairs"]
+
+
+def test_the_second_run_is_speed_matched_as_the_simulator_is(tmp_path):
+    """Run B on a machine 10% slower throughout: its lone requests took 1.1x, and so did
+    every call; matched to A by those lone requests, B predicts A exactly, where unmatched
+    it is 1/11 off on every call."""
+    lone_a = {"i0": [[100, 8, 0.1, 0.5], [400, 1, 0.4, 0.4]], "i1": [[100, 8, 0.1, 0.6]]}
+    lone_b = {"i0": [[101, 8, 0.11, 0.55], [400, 1, 0.44, 0.44]],
+              "i1": [[100, 8, 0.11, 0.66]]}
+    common = {"first": (0.2, 0.3), "instances": ["i0", "i1", "i0"], "outputs": [8, 1, 30]}
+    a = write(tmp_path / "a.json", [1.0, 2.0, 4.0], [7.0], lone=lone_a,
+              sim_s=([1.5, 2.0, 4.0], [7.7]), **common)
+    b = write(tmp_path / "b.json", [1.1, 2.2, 4.4], [7.7], lone=lone_b, **common)
+    ra, rb = rvs_repeat.load_runs([a, b])
+    assert rvs_repeat.speed_factors(ra, rb) == pytest.approx({"i0": 1 / 1.1, "i1": 1 / 1.1})
+    out = rvs_repeat.summarise([ra, rb])
+    pair = out["pairs"][0]
+    assert pair["speed_matched"] and pair["median_call_error"] == pytest.approx(0.1)
+    assert pair["matched"]["median_call_error"] == pytest.approx(0.0, abs=1e-12)
+    assert out["repeat_p95_query_error"] == pytest.approx(0.0, abs=1e-12)
+    # the simulator on A, the same figures: errors 0.5, 0, 0 of latencies 1, 2, 4
+    sim = out["sim"][0]["figures"]
+    assert sim["median_call_error"] == 0.0
+    assert sim["time_weighted_call_error"] == pytest.approx(0.5 / 7)
+    assert sim["median_call_error_gt2"] == pytest.approx(0.25)  # calls of 8 and 30 tokens
+    assert sim["p95_query_error"] == pytest.approx(0.1)
+    # other lone shapes, or none: compared as recorded, and said so
+    c = write(tmp_path / "c.json", [1.1, 2.2, 4.4], [7.7], first=(0.2, 0.3),
+              instances=["i0", "i1", "i0"], lone={"i0": [[100, 9, 0.1, 0.5]] * 2,
+                                                  "i1": [[100, 8, 0.1, 0.6]]})
+    assert rvs_repeat.speed_factors(ra, rvs_repeat.load_runs([a, c])[1]) is None
+    plain = rvs_repeat.summarise(rvs_repeat.load_runs([a, write(tmp_path / "d.json",
+                                                                [1.1, 2.2, 4.4], [7.7])]))
+    assert not plain["all_speed_matched"]
+    assert plain["repeat_median_call_error"] == pytest.approx((0.1 + 1 / 11) / 2)  # both pairs
+
+
+def test_the_floor_is_the_repeat_over_root_two_and_p95_is_pooled(tmp_path, capsys):
+    a = write(tmp_path / "a.json", [1.0, 2.0], [4.0, 5.0])
+    b = write(tmp_path / "b.json", [1.2, 2.0], [5.0, 5.0])
+    rvs_repeat.main([a, b])
+    lines = capsys.readouterr().out.strip().splitlines()
+    median = float(lines[-2].rsplit(" ", 1)[1])
+    floor = [ln for ln in lines if ln.startswith("sqrt(2) floor")][0]
+    assert f"median per call {median / 2 ** 0.5:.4f}" in floor
+    out = rvs_repeat.summarise(rvs_repeat.load_runs([a, b]))
+    # pooled: both pairs' 2 queries each (errors 0.25, 0 and 0.2, 0)
+    assert out["repeat_pooled_queries"] == 4
+    assert out["repeat_pooled_p95_query_error"] == pytest.approx(
+        float(np.percentile([0.25, 0.0, 0.2, 0.0], 95)))

@@ -24,7 +24,7 @@ from agentflow.llm.llamacpp_server import (
     parse_metrics,
     server_command,
 )
-from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.setup import instance_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-llama-server.yaml"
 
@@ -56,7 +56,7 @@ def test_cpu_lists():
 def test_slots_are_the_instance_max_inflight():
     inst = InstanceConfig(name="l", backend={"type": "llama_server", "parallel": 3})
     assert inst.inflight_limit == 3
-    assert InstanceSpec.from_config(inst).max_inflight == 3
+    assert instance_spec(inst).max_inflight == 3
     assert InstanceConfig(name="d", backend={"type": "llama_server"}).inflight_limit == 4
     explicit = InstanceConfig(name="e", max_inflight=2,
                               backend={"type": "llama_server", "parallel": 6})

@@ -132,6 +132,35 @@ def test_tenants_over_mcp_keep_to_their_own(mcp_url) -> None:
     assert "retry after" in text_of(limited)
 
 
+def test_a_session_answers_only_the_key_that_opened_it(mcp_url) -> None:
+    """Issue 35 §6: with acme's session id, bolt's key can neither read the session's event
+    stream nor end it (404, as for an unknown session); acme's own key still can."""
+    accept = {"Accept": "application/json, text/event-stream"}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "1"}}}
+    opened = httpx.post(mcp_url, json=body, headers={
+        **accept, "Authorization": f"Bearer {KEYS['acme']}"}, timeout=30)
+    assert opened.status_code == 200, opened.text
+    sid = opened.headers["mcp-session-id"]
+
+    def as_(who: str, extra: dict | None = None) -> dict:
+        return {**accept, "Authorization": f"Bearer {KEYS[who]}", "mcp-session-id": sid,
+                "mcp-protocol-version": "2025-03-26", **(extra or {})}
+
+    unknown = httpx.delete(mcp_url, headers={**as_("bolt"), "mcp-session-id": "0" * 32},
+                           timeout=30)
+    ended = httpx.delete(mcp_url, headers=as_("bolt"), timeout=30)
+    with httpx.stream("GET", mcp_url, headers=as_("bolt"), timeout=30) as stream:
+        stream_status = stream.status_code
+    assert ended.status_code == stream_status == unknown.status_code == 404
+    assert ended.text == unknown.text
+    closed = httpx.delete(mcp_url, headers=as_("acme"), timeout=30)
+    assert closed.status_code in (200, 204), closed.text
+    after = httpx.delete(mcp_url, headers=as_("acme"), timeout=30)
+    assert after.status_code == 404
+
+
 def test_tools_act_for_the_callers_tenant_without_a_transport() -> None:
     backend = ScriptedBackend({"extract_keywords": "stores"},
                               default="SELECT count(*) FROM stores", latency_s=0.01)

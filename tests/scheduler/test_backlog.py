@@ -64,7 +64,9 @@ def test_serving_turns_it_on_from_the_config() -> None:
 def test_a_burst_on_a_slow_cpu_cluster_gets_429_with_retry_after() -> None:
     """The issue's case: every request of a burst got 202 on a CPU cluster. One scripted
     instance (not a model) taking 2 s a call, one call at a time, a 3 s SLO: once one
-    query is admitted, the next cannot be served within its SLO."""
+    query is admitted, the next cannot be served within its SLO. A scripted instance's
+    speed is unknown until it answers (``InstanceSpec.speed_known``: nothing is refused on a
+    guess), so one query is answered first; the burst then meets a measured speed."""
     pytest.importorskip("fastapi")
     import httpx
 
@@ -73,6 +75,9 @@ def test_a_burst_on_a_slow_cpu_cluster_gets_429_with_retry_after() -> None:
     config = {"instances": [scripted_instance("cpu-0", latency_s=2.0, max_inflight=1)],
               "pipeline": "single", "slo_s": 3}
     with LiveServer(config) as live:
+        first = httpx.post(f"{live.url}/v1/queries", timeout=60, json={
+            "question": "How many stores are there?", "db": "bookshop", "wait": True})
+        assert first.status_code == 200, first.text
         responses = [httpx.post(f"{live.url}/v1/queries", timeout=30, json={
             "question": f"How many stores are there? ({i})", "db": "bookshop", "wait": False})
             for i in range(6)]

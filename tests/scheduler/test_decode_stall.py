@@ -202,8 +202,9 @@ def test_in_the_simulator_the_clean_slope_is_the_decode_physics_and_the_plain_on
     clean_slope, _ = m.co_runner_slope(clean=True)
     assert seen > 4 and plain_slope > 0.1  # what dispatch would price 5+ co-runners at
     # each co-runner's KV read at 4-12k tokens of context is a few percent of a weight-bound
-    # 8B decode step on an A100: that, not tens of percent, is what the clean slope holds
-    assert clean_slope < 0.1 * plain_slope and 0.0 < clean_slope < 0.05
+    # 8B decode step on an A100 (Vidur's rows: 1.9% per co-runner at 2k, 8.5% at 12k, B = 1
+    # -> 32): that, not tens of percent, is what the clean slope holds
+    assert clean_slope < 0.25 * plain_slope and 0.0 < clean_slope < 0.09
     assert abs(m.clean_decode_ratio - alone.clean_decode_ratio) < 0.1 * alone.clean_decode_ratio
 
 

@@ -24,8 +24,8 @@ from agentflow.api import AgentFlow, InvalidRequest  # noqa: E402
 from agentflow.config import AgentFlowConfig  # noqa: E402
 from agentflow.evaluation import EvalError, run_eval  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
-from agentflow.query_class import UnknownSloClassError, class_table  # noqa: E402
 from agentflow.server.testing import LiveServer  # noqa: E402
+from agentflow.slo_classes import UnknownSloClassError, class_table  # noqa: E402
 from tests.server.utils import error_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -100,9 +100,10 @@ def ask(live: LiveServer, who: str, **body: Any) -> httpx.Response:
     ("page", {}, "interactive", 0, 12),            # the tenant's class and its deadline
     ("evalrun", {}, "batch", 2, 900),
     ("plain", {}, "standard", 1, 45),               # no class: standard, the config's slo_s
-    ("evalrun", {"slo_class": "interactive"}, "interactive", 0, 12),  # the request wins
+    ("page", {"slo_class": "standard"}, "standard", 1, 45),  # the request wins, downwards
     ("page", {"slo_class": "batch", "slo_seconds": 30}, "batch", 2, 30),  # given slo wins
-    ("plain", {"slo_class": "gold"}, "gold", 0, 45),  # a configured class, no deadline
+    ("page", {"slo_class": "gold"}, "gold", 0, 45),  # a configured class, no deadline
+    ("plain", {"slo_class": "batch"}, "batch", 2, 900),
 ])
 def test_class_from_request_or_tenant_reaches_every_call(served, who, body, klass, rank,
                                                          slo) -> None:
@@ -119,6 +120,23 @@ def test_class_from_request_or_tenant_reaches_every_call(served, who, body, klas
     listed = httpx.get(f"{live.url}/v1/queries",
                        headers={"Authorization": f"Bearer {KEYS[who]}"}).json()["queries"]
     assert {q["query_id"]: q["slo_class"] for q in listed}[answer["query_id"]] == klass
+
+
+@pytest.mark.parametrize("who, asked, ceiling", [
+    ("evalrun", "interactive", "batch"), ("evalrun", "standard", "batch"),
+    ("plain", "interactive", "standard"), ("plain", "gold", "standard"),
+])
+def test_a_tenants_class_is_a_ceiling(served, who: str, asked: str, ceiling: str) -> None:
+    """Issue 35 §7: a batch (or class-less, so standard) key cannot ask to be served ahead of
+    its class; nothing runs, and the error names the ceiling."""
+    live, backend = served
+    before = len(backend.calls)
+    r = ask(live, who, slo_class=asked)
+    assert r.status_code == 403, r.text
+    err = error_of(r)
+    assert err["code"] == "slo_class_not_allowed" and err["ceiling"] == ceiling
+    assert f"'{asked}'" in err["message"]
+    assert len(backend.calls) == before
 
 
 def test_unknown_class_is_a_400_that_lists_the_classes(served) -> None:
@@ -188,10 +206,16 @@ def test_mcp_ask_takes_slo_class_over_the_tenants() -> None:
         runner = Tenant(name="runner", slo_class="batch")
         answer = asyncio.run(tools.ask("How many stores?", "bookshop", caller=runner))
         assert answer["slo_class"] == "batch" and ranks_of(backend, answer["query_id"]) == {2}
-        answer = asyncio.run(tools.ask("How many stores?", "bookshop", caller=runner,
-                                       slo_class="interactive"))
-        assert answer["slo_class"] == "interactive"
-        assert ranks_of(backend, answer["query_id"]) == {0}
+        from agentflow.slo_classes import SloClassNotAllowedError
+
+        with pytest.raises(SloClassNotAllowedError):  # its class is a ceiling (issue 35 §7)
+            asyncio.run(tools.ask("How many stores?", "bookshop", caller=runner,
+                                  slo_class="interactive"))
+        page = Tenant(name="page", slo_class="interactive")
+        answer = asyncio.run(tools.ask("How many stores?", "bookshop", caller=page,
+                                       slo_class="batch"))
+        assert answer["slo_class"] == "batch"
+        assert ranks_of(backend, answer["query_id"]) == {2}
 
 
 # ------------------------------------------------------------------ eval

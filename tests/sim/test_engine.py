@@ -47,10 +47,15 @@ def formula_step(n_tokens: list[int], contexts: list[int], gpu=A100, model=L8B) 
     def roof(lat, flops, f_eff, nbytes, b_eff):
         return lat + max(flops / (peak * f_eff), nbytes / (bw * b_eff))
 
+    # GEMMs: compute on whole 128-row tiles (a power of two below one), the two terms
+    # meeting as a p-norm
+    rows = 2 ** math.ceil(math.log2(T)) if T < 128 else 128 * math.ceil(T / 128)
+    p = gpu.gemm_knee_p
     layer = 0.0
     for k, n in ((d, q + 2 * kv), (q, d), (d, 2 * f), (f, d)):  # qkv, o, gate+up, down
-        layer += roof(gpu.linear_latency_s, 2 * k * n * T, gpu.compute_efficiency,
-                      2 * k * n + 2 * (k + n) * T, gpu.bw_efficiency)
+        c = 2 * k * n * rows / (peak * gpu.compute_efficiency)
+        m = (2 * k * n + 2 * (k + n) * T) / (bw * gpu.bw_efficiency)
+        layer += gpu.linear_latency_s + (c ** p + m ** p) ** (1 / p)
     # norms x2, rope, act, add; then the KV write (read 2 B + write 2 B per K/V element)
     per_token = 2 * (2 * 2 * d + 2 * (q + kv) + 3 * f + 3 * d)
     layer += 5 * gpu.elementwise_latency_s + T * per_token / (bw * gpu.elementwise_bw_efficiency)
@@ -59,12 +64,18 @@ def formula_step(n_tokens: list[int], contexts: list[int], gpu=A100, model=L8B) 
     pre = [(n, c) for n, c in zip(n_tokens, contexts) if n > 1]
     if dec:
         L = sum(c + 1 for _, c in dec)
+        waves = len(dec) * model.kv_heads / gpu.sm_count  # a block per (sequence, KV head)
+        a = gpu.attn_wave_penalty
+        wave = 1.0 if waves <= 1 else ((1 - a) * waves + a * math.ceil(waves)) / waves
         layer += roof(gpu.decode_attn_latency_s, 4 * q * L, gpu.prefill_attn_efficiency,
-                      2 * kv * 2 * L + 4 * q * len(dec), gpu.attn_bw_efficiency)
+                      (2 * kv * 2 * L + 4 * q * len(dec)) * wave, gpu.attn_bw_efficiency)
     if pre:
         pairs = sum(n * c + n * (n + 1) // 2 for n, c in pre)
         read = sum(c + n for n, c in pre)
-        layer += roof(gpu.prefill_attn_latency_s, 4 * q * pairs, gpu.prefill_attn_efficiency,
+        chunk = max(sum(n for n, _ in pre), gpu.prefill_attn_half_tokens)
+        ramp = (chunk + gpu.prefill_attn_half_tokens) / chunk
+        layer += roof(gpu.prefill_attn_latency_s, 4 * q * pairs * ramp,
+                      gpu.prefill_attn_efficiency,
                       2 * kv * 2 * read + 4 * q * sum(n for n, _ in pre),
                       gpu.attn_bw_efficiency)
     head = roof(gpu.linear_latency_s, 2 * d * model.vocab * S, gpu.compute_efficiency,

@@ -1,5 +1,6 @@
-"""llama-server's slots and ubatches in the simulator (agentflow.sim.llama_batches): the
-split llama.cpp makes with one KV stream per slot, and what it costs on a CPU core."""
+"""llama-server's slots and ubatches in the simulator (agentflow.sim.llama_batches): what the
+split llama.cpp makes with one KV stream per slot (tests/llm/test_llama_batches.py) costs on
+a CPU core, and the simulated engine that follows it."""
 
 from __future__ import annotations
 
@@ -7,15 +8,9 @@ import pytest
 
 from agentflow import hardware
 from agentflow.config import InstanceConfig
+from agentflow.llm.llama_batches import Piece
 from agentflow.sim.engine import SimInstance, engine_for
-from agentflow.sim.llama_batches import (
-    Piece,
-    SlotTable,
-    batch_order,
-    decode_groups,
-    iteration_seconds,
-    ubatches,
-)
+from agentflow.sim.llama_batches import iteration_seconds
 from agentflow.step_time import OperatorModel
 
 
@@ -27,34 +22,6 @@ def llama_engine(**kw) -> SimInstance:
     for k, v in kw.items():
         setattr(engine, k, v)
     return engine
-
-
-def test_slots_go_to_the_idle_slot_released_longest_ago():
-    t = SlotTable(4)
-    assert [t.take(x) for x in "abcd"] == [3, 2, 1, 0]  # never used: the last one first
-    t.release("c", 5.0)
-    t.release("a", 7.0)
-    assert t.take("e") == 1
-    t.release("d", 8.0)
-    t.release("b", 2.0)
-    assert t.take("f") == 2 and t.take("g") == 3 and t.take("h") == 0
-    with pytest.raises(RuntimeError, match="no idle slot"):
-        t.take("i")
-
-
-def test_a_ubatch_holds_only_consecutive_slots_and_equal_token_counts():
-    dec = [Piece(0, 1, 100, True, True), Piece(1, 1, 50, True, True)]
-    assert [[p.slot for p in u] for u in ubatches(dec, 512)] == [[0, 1]]
-    apart = [Piece(0, 1, 100, True, True), Piece(2, 1, 50, True, True)]
-    assert [[p.slot for p in u] for u in ubatches(apart, 512)] == [[0], [2]]
-    # decode in slot 1, prompts in slots 0 (600 tokens) and 2 (300): the server's batch is
-    # [1, 0 x 600, 2 x 300]; slot 2 follows 1, so it joins the first ubatch with one token
-    mixed = batch_order([Piece(0, 600, 0, False, True), Piece(2, 300, 0, False, False),
-                         Piece(1, 1, 80, True, True)])
-    got = [[(p.slot, p.n, p.context, p.samples) for p in u] for u in ubatches(mixed, 512)]
-    assert got == [[(1, 1, 80, True), (2, 1, 0, False)], [(0, 512, 0, False)],
-                   [(0, 88, 512, True)], [(2, 299, 1, False)]]
-    assert decode_groups([3, 0, 1, 5]) == [[1, 2], [0], [3]]
 
 
 def test_two_passes_cost_a_cpu_core_about_twice_one_shared_pass():

@@ -26,7 +26,14 @@ go to both sides, and the header says what was used.
 
 Errors: per call, ``|sim - real| / real`` of the call's latency (submit to last token, as
 the caller sees it); per query, of its end-to-end latency (arrival to last call done). The
-last two lines are ``median |sim-real|/real per call: X`` and ``P95 error per query: Y``.
+last three lines are ``engine work sim/real per instance: X, Y, ...`` (simulated busy
+seconds of each engine over its server's CPU seconds during the replay, from /proc: the
+figure contention on a shared machine barely moves, since a server waiting for a core is
+not charged CPU time; n/a where a backend reports none, e.g. remote vLLM servers),
+``median |sim-real|/real per call: X`` and ``P95 error per query: Y``. A local instance is
+simulated on this host's profile where ``agentflow calibrate --cluster FILE`` stored one
+(the header says which profile each instance uses), and the engine work on the stored
+profiles is printed beside it.
 
 Where the error lives (``rvs_attribution``): each call split into queue / prefill / decode on
 both sides (llama-server's own ``timings`` on the real side), summed by how many calls were
@@ -86,6 +93,7 @@ from agentflow.bench.fidelity.attribution import (
 )
 from agentflow.bench.fidelity.chain import print_worst_queries
 from agentflow.bench.fidelity.environment import Quietness
+from agentflow.bench.fidelity.figures import call_figures, p95
 from agentflow.bench.fidelity.normalise import instance_slowdowns, lone_calls, machine_factors
 from agentflow.bench.fidelity.precalibrate import describe, fit_speed, measure_lone, workload_shapes
 from agentflow.bench.fidelity.probe import probe
@@ -194,6 +202,9 @@ class Outcome:
     # Real side: per instance, the share of a core its server got while it had work (CPU
     # seconds of the process over the wall seconds with a call in flight).
     cpu_share: dict[str, float] = field(default_factory=dict)
+    # Per instance, the engine's work: real side, the server process's CPU seconds over the
+    # replay (/proc); simulated side, the seconds its engine spent in iterations.
+    engine_s: dict[str, float] = field(default_factory=dict)
 
     def call_latency(self, cid: str) -> float:
         return self.finish[cid] - self.submit[cid]
@@ -291,6 +302,47 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance],
                     out.submit[child.id] = ev.time
                     order += 1
     out.wall_s = time.perf_counter() - t_start
+    out.engine_s = {n: e.busy_s for n, e in engines.items()}
+    return out
+
+
+def engine_work(real: Outcome, sim: Outcome) -> dict[str, float]:
+    """Per instance, simulated busy seconds over the server's CPU seconds: the figure noise
+    on a shared machine barely moves (a server that waits for a core is not charged CPU
+    time, where its wall-clock latencies stretch), so it tests the engine physics."""
+    return {n: sim.engine_s[n] / real.engine_s[n] for n in sim.engine_s
+            if real.engine_s.get(n)}
+
+
+def engine_work_line(work: dict[str, float]) -> str:
+    return ("engine work sim/real per instance: "
+            + (", ".join(f"{v:.3f}" for v in work.values()) or "n/a (no CPU seconds)")
+            + (f" ({', '.join(work)})" if work else ""))
+
+
+def stored_engines(cluster_path: str) -> dict[str, SimInstance]:
+    """``sim_engines`` with every instance on its named profile (no host profile)."""
+    cluster = load_cluster(cluster_path)
+    return sim_engines(cluster_path, {n: hardware.gpu(str(c.gpu))
+                                      for n, c in cluster.expanded()})
+
+
+def profile_sources(cluster_path: str) -> dict[str, str]:
+    """Per instance: which profile the simulator uses for it, and where it was fitted."""
+    from agentflow.sim import host_profiles
+
+    out = {}
+    for name, cfg in load_cluster(cluster_path).expanded():
+        entry = None
+        if (cfg.backend or {}).get("type") == "llama_server":
+            entry = host_profiles.lookup(str(cfg.gpu), str(cfg.model))
+        if entry is not None:
+            out[name] = (f"host profile of {entry.base} ({entry.host.describe()}, fitted "
+                         f"{entry.fitted_at})")
+        else:
+            where = hardware.FITTED_ON.get(str(cfg.gpu))
+            out[name] = f"stored profile {cfg.gpu}" + (f" (fitted on {where[0]})"
+                                                       if where else "")
     return out
 
 
@@ -418,8 +470,10 @@ async def replay_real(w: Workload, backends: dict[str, Any], prompts: dict[str, 
         used, start = cpu_seconds(b), cpu0[name]
         busy = busy_seconds([(out.submit[c.id], out.finish[c.id]) for cs in w.calls
                              for c in cs if c.instance == name])
-        if used is not None and start is not None and busy > 0:
-            out.cpu_share[name] = min(1.0, (used - start) / busy)
+        if used is not None and start is not None:
+            out.engine_s[name] = used - start
+            if busy > 0:
+                out.cpu_share[name] = min(1.0, (used - start) / busy)
     return out
 
 
@@ -719,6 +773,20 @@ def batched_rows(saved: list[tuple], by_share: bool) -> list[tuple]:
     return out
 
 
+def profile_residuals(g: hardware.GPUProfile, model: hardware.ModelProfile,
+                      limits: InstanceConfig, rows: list[tuple], batched: list[tuple] = ()
+                      ) -> np.ndarray:
+    """Relative errors of ``g`` on the single rows (prefill and decode time) and the
+    batched rows."""
+    res = []
+    for p, o, ttft, total in rows:
+        s_ttft, s_total = sim_single(g, model, limits, p, o)
+        res.append((s_ttft - ttft) / ttft)
+        if o > 1:
+            res.append(((s_total - s_ttft) - (total - ttft)) / (total - ttft))
+    return np.concatenate([np.asarray(res), batch_residuals(g, model, limits, list(batched))])
+
+
 def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.ModelProfile,
                 limits: InstanceConfig, batched: list[tuple] = ()) -> hardware.GPUProfile:
     """Least squares on the single rows (prefill and decode time) and, if given, the
@@ -729,15 +797,7 @@ def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.Mo
         return replace(base, **dict(zip(FIT_FIELDS, np.exp(x).tolist(), strict=True)))
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        g = profile(x)
-        res = []
-        for p, o, ttft, total in rows:
-            s_ttft, s_total = sim_single(g, model, limits, p, o)
-            res.append((s_ttft - ttft) / ttft)
-            if o > 1:
-                res.append(((s_total - s_ttft) - (total - ttft)) / (total - ttft))
-        return np.concatenate([np.asarray(res), batch_residuals(g, model, limits,
-                                                                list(batched))])
+        return profile_residuals(profile(x), model, limits, rows, batched)
 
     upper = np.log([_UPPER.get(f, 10.0) for f in FIT_FIELDS])
     x0 = np.minimum(np.log([getattr(base, f) or 1e-3 for f in FIT_FIELDS]), upper - 1e-3)
@@ -791,6 +851,45 @@ def print_batch_check(label: str, g: hardware.GPUProfile, model: hardware.ModelP
           f"{np.median(np.abs(err)) * 100:.1f}%")
 
 
+@dataclass
+class CalibrationFit:
+    """A profile fitted on measured rows, with the rows and how well it fits them."""
+
+    profile: hardware.GPUProfile
+    median_error: float
+    max_error: float
+    rows: list[tuple]
+    batched: list[tuple]
+    joined: list[tuple]
+
+
+def fit_rows(base: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+             rows: list[tuple], batched: list[tuple], joined: list[tuple], *,
+             cpu_share: bool, fit_batched: bool) -> CalibrationFit:
+    """``--calibrate``'s fit of measured rows (``measure_calibration``) on top of ``base``,
+    printing each check as it goes."""
+    if fit_batched and not batched:
+        raise SystemExit("--fit-batched: no batched rows to fit")
+    saved_rows, saved_batched = rows, batched
+    single_rows = dedicated(rows, slice(2, 4), cpu_share)  # prompt, output, ttft, total
+    batch_rows = batched_rows(batched, cpu_share)  # batch, prompt, output, total[, lone]
+    print_batch_check("current profile", base, model, limits, batch_rows)
+    if joined:
+        print_joined_check("current profile", base, model, limits, joined)
+    single = fit_profile(single_rows, base, model, limits)
+    print_batch_check("fitted on single requests", single, model, limits, batch_rows)
+    fitted = fit_profile(single_rows, base, model, limits, batch_rows) if fit_batched \
+        else single
+    if fit_batched:
+        print_batch_check("fitted on single + batched", fitted, model, limits, batch_rows)
+    if joined:
+        print_joined_check("fitted", fitted, model, limits, joined)
+    err = np.abs(profile_residuals(fitted, model, limits, single_rows,
+                                   batch_rows if fit_batched else []))
+    return CalibrationFit(fitted, float(np.median(err)), float(err.max()), saved_rows,
+                          saved_batched, joined)
+
+
 def calibrate(args: argparse.Namespace) -> None:
     cluster = load_cluster(args.cluster)
     name, cfg = cluster.expanded()[0]
@@ -802,27 +901,14 @@ def calibrate(args: argparse.Namespace) -> None:
     else:
         rows, batched, joined = measure_calibration(args, name, cfg)
     model = engine_for(name, engine_limits(cfg)).model
-    limits = engine_limits(cfg)
-    if args.fit_batched and not batched:
-        raise SystemExit("--fit-batched: no batched rows to fit")
-    saved_rows, saved_batched = rows, batched
-    rows = dedicated(rows, slice(2, 4), args.cpu_share)  # prompt, output, ttft, total
-    batched = batched_rows(batched, args.cpu_share)  # batch, prompt, output, total[, lone]
-    base = hardware.gpu(cfg.gpu)
-    print_batch_check("current profile", base, model, limits, batched)
-    if joined:
-        print_joined_check("current profile", base, model, limits, joined)
-    single = fit_profile(rows, base, model, limits)
-    print_batch_check("fitted on single requests", single, model, limits, batched)
-    fitted = fit_profile(rows, base, model, limits, batched) if args.fit_batched else single
-    if args.fit_batched:
-        print_batch_check("fitted on single + batched", fitted, model, limits, batched)
-    if joined:
-        print_joined_check("fitted", fitted, model, limits, joined)
-    print("# fitted profile (paste into agentflow/hardware.py):")
+    fit = fit_rows(hardware.gpu(cfg.gpu), model, engine_limits(cfg), rows, batched, joined,
+                   cpu_share=args.cpu_share, fit_batched=args.fit_batched)
+    fitted = fit.profile
+    print("# fitted profile (paste into agentflow/hardware.py, or store it for this host "
+          "with agentflow calibrate --cluster FILE):")
     print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in FIT_FIELDS))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": saved_rows, "batched": saved_batched,
+        Path(args.json).write_text(json.dumps({"rows": fit.rows, "batched": fit.batched,
                                                "joined": joined,
                                                "cpu_share": args.cpu_share, "fitted": {
             f: getattr(fitted, f) for f in FIT_FIELDS}}, indent=1))
@@ -862,10 +948,13 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
     print_worst_queries(w, real.submit, real.finish, real.split, sim)
     median_call = float(np.median(call_err))
     p95_query = float(np.percentile(q_err, 95))
-    return {"median_call_error": median_call, "p95_query_error": p95_query,
+    extra = call_figures(s_call, r_call, [c.output_tokens for cs in w.calls for c in cs])
+    return {**extra, "median_call_error": median_call, "p95_query_error": p95_query,
             "call_real_s": r_call.tolist(), "call_sim_s": s_call.tolist(),
             "query_real_s": r_q.tolist(), "query_sim_s": s_q.tolist(), "busy_slots": busy,
             "call_submit_s": [real.submit[i] for i in ids],
+            "call_instance": [c.instance for cs in w.calls for c in cs],
+            "call_output_tokens": [c.output_tokens for cs in w.calls for c in cs],
             "call_finish_s": [real.finish[i] for i in ids],
             "attribution": table,
             "calls": per_call_records(ids, real.split, sim.split, conc, real.engine_timings)}
@@ -905,6 +994,9 @@ def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
         print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
         figures = calibrated_first(w, real, cluster_path, rows)["figures"]
         median, p95 = figures["median_call_error"], figures["p95_query_error"]
+    if "engine_real_cpu_s" in saved:  # runs saved since the engine-work figure
+        measured = Outcome(engine_s=saved["engine_real_cpu_s"])
+        print(engine_work_line(engine_work(measured, sim)))
     print(f"median |sim-real|/real per call: {median:.4f}")
     print(f"P95 error per query: {p95:.4f}")
 
@@ -956,6 +1048,8 @@ def calibrated_first(w: Workload, real: Outcome, cluster_path: str,
                                   "rows_error_stored": before, "rows_error_fitted": after}
     sim = replay_sim(w, sim_engines(cluster_path, profiles))
     out["figures"] = error_figures(w, real, sim)
+    out["call_sim_s"] = [sim.call_latency(c.id) for cs in w.calls for c in cs]
+    out["query_sim_s"] = [sim.query_latency(w, q) for q in range(len(w.calls))]
     print(f"calibrate-first: median per call {out['figures']['median_call_error']:.4f}, "
           f"P95 per query {out['figures']['p95_query_error']:.4f}")
     if real.split:
@@ -1008,12 +1102,20 @@ def lone_normalised(w: Workload, real: Outcome, cluster_path: str) -> dict[str, 
 
 
 def error_figures(w: Workload, real: Outcome, sim: Outcome) -> dict[str, float]:
-    ids = [c.id for cs in w.calls for c in cs]
-    call = [relative(sim.call_latency(i), real.call_latency(i)) for i in ids]
+    """``figures.call_figures`` of the calls and the P95 per query."""
+    calls = [c for cs in w.calls for c in cs]
     query = [relative(sim.query_latency(w, q), real.query_latency(w, q))
              for q in range(len(w.calls))]
-    return {"median_call_error": float(np.median(call)),
-            "p95_query_error": float(np.percentile(query, 95))}
+    return {**call_figures([sim.call_latency(c.id) for c in calls],
+                           [real.call_latency(c.id) for c in calls],
+                           [c.output_tokens for c in calls]),
+            "p95_query_error": p95(query)}
+
+
+def figures_line(f: dict[str, float]) -> str:
+    """The per-call figures beside the headline median."""
+    return (f"per call time-weighted {f['time_weighted_call_error']:.4f}, median over calls "
+            f"of > 2 output tokens {f['median_call_error_gt2']:.4f}")
 
 
 def save_plot(path: Path, r_call, s_call, r_q, s_q) -> None:
@@ -1111,9 +1213,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {len(queries)} queries ({n_calls} LLM calls) of {args.trace} at {args.rate}/s, "
           f"tokens x{scale} (caps: prompt {args.max_prompt}, output {args.max_output}), "
           f"assign by {args.assign}, instances {', '.join(engines)}")
+    sources = profile_sources(args.cluster)
     for name, e in engines.items():
         print(f"  sim {name}: {e.gpu.name} / {e.model.name}, max_num_seqs {e.max_num_seqs}, "
-              f"token budget {e.max_num_batched_tokens}")
+              f"token budget {e.max_num_batched_tokens}; {sources[name]}")
     sim = replay_sim(w, engines)
     print(f"simulated in {sim.wall_s:.2f} s wall")
     if args.resim:
@@ -1149,6 +1252,15 @@ def main(argv: list[str] | None = None) -> None:
     result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
     print(real.environment_line)
     result["environment"] = real.environment
+    work = engine_work(real, sim)
+    result["engine_work"] = work
+    result["engine_real_cpu_s"] = real.engine_s
+    result["engine_sim_busy_s"] = sim.engine_s
+    if any(v.startswith("host profile") for v in sources.values()):
+        stored = replay_sim(w, stored_engines(args.cluster))
+        result["engine_work_stored"] = engine_work(real, stored)
+        print(engine_work_line(result["engine_work_stored"]).replace(
+            "per instance:", "per instance, stored profile:"))
 
     def save() -> None:
         # Written as soon as the replay is in hand, then again with each later figure: an
@@ -1188,15 +1300,19 @@ def main(argv: list[str] | None = None) -> None:
     normalised = lone_normalised(w, real, args.cluster)
     if normalised is not None:
         result["lone_normalised"] = normalised
-    median, p95 = result["median_call_error"], result["p95_query_error"]
+    median, p95_q = result["median_call_error"], result["p95_query_error"]
+    headline: dict[str, Any] = result
     if first_rows is not None:
         result["calibrate_first"] = calibrated_first(w, real, args.cluster, first_rows)
-        print(f"stored profile: median per call {median:.4f}, P95 per query {p95:.4f}")
-        median = result["calibrate_first"]["figures"]["median_call_error"]
-        p95 = result["calibrate_first"]["figures"]["p95_query_error"]
+        print(f"stored profile: median per call {median:.4f}, P95 per query {p95_q:.4f}; "
+              + figures_line(result))
+        headline = result["calibrate_first"]["figures"]
+        median, p95_q = headline["median_call_error"], headline["p95_query_error"]
     save()
+    print(figures_line(headline))
+    print(engine_work_line(work))
     print(f"median |sim-real|/real per call: {median:.4f}")
-    print(f"P95 error per query: {p95:.4f}")
+    print(f"P95 error per query: {p95_q:.4f}")
 
 
 if __name__ == "__main__":

@@ -70,7 +70,8 @@ async def measure(url: str, maker: PromptMaker, repeats: int, prompt: int, outpu
 def simulated_ratio(cluster: str, pair: tuple[int, int], prompt: int, output: int) -> float:
     """The simulator's pair / lone decode step at the mean context of the decode, from the
     first instance's profile (agentflow.sim.llama_batches)."""
-    from agentflow.sim.llama_batches import Piece, iteration_seconds
+    from agentflow.llm.llama_batches import Piece
+    from agentflow.sim.llama_batches import iteration_seconds
 
     engine = next(iter(sim_engines(cluster).values()))
     ctx = prompt + output // 2

@@ -1,15 +1,23 @@
 """Cost of one scheduling decision (dispatch + queue) as the waiting queue grows.
 
     agentflow bench scheduler_overhead [--sizes 10,1000,10000] [--repeat 200]
-        [--clusters paper-4gpu,hetero-64] [--check] [--clock wall|cpu]
+        [--clusters hetero-64,hetero-1024,hetero-4096 | --cluster FILE ...] [--no-learn]
+        [--check] [--clock wall|cpu]
 
-A cluster (``paper-4gpu``: A100, A100, A6000, L40S serving Llama-3.1-70B; ``hetero-64``: 64
-Llama-3.1-8B instances on five GPU kinds) is filled with N waiting calls from N/20 queries,
+A cluster (a name: ``paper-4gpu``, four GPUs serving Llama-3.1-70B; ``hetero-64``, 64
+Llama-3.1-8B instances on five GPU kinds; ``hetero-1024`` and ``hetero-4096``, that mix 16
+and 64 times over; or a cluster file, as ``agentflow simulate --cluster`` reads) is filled
+with N waiting calls from N/20 queries,
 each query a 20-call CHESS-shaped workflow, so time-dependent policies (urgency, llf,
 flowsage) see real critical paths. Then, repeatedly, a call of one of the queries becomes
 ready (dispatch + enqueue) and one running call finishes (its query is re-keyed and the queue
 picks the next call to admit), while the clock advances, so moving keys really move.
-Prints median and p99 microseconds per decision for every preset plus ``least_loaded+edf``.
+Each finished call reports its time-to-first-token and total time (0.2 s and 2 s), as
+serving and the simulator do, so the instance's time model learns at every finish, as it
+does in a real run (``--no-learn``: report no times, the cost of a model that never learns).
+Prints median and p99 microseconds per decision for every preset plus ``least_loaded+edf``,
+and, for two clusters or more, how the cost grows from the smallest to each larger one (the
+ratio of p99s at the largest size).
 Timed from outside the scheduler with perf_counter; the scheduler itself reads no clock.
 ``--check`` also asserts at every pick that the O(log n) queue chose the same call as the
 O(n) reference scan (slow; for verification, not timing).
@@ -61,8 +69,12 @@ def specs_for(cluster: str) -> list[InstanceSpec]:
             for name, cfg in load_cluster(cluster).expanded()]
 
 
+# What a finished call reports when the benchmark learns (serving and the simulator send both).
+TTFT_S, TOTAL_S = 0.2, 2.0
+
+
 def measure(policy: str, waiting: int, repeat: int, cluster: str = "paper-4gpu",
-            check: bool = False, timer=time.perf_counter) -> list[float]:
+            check: bool = False, timer=time.perf_counter, learn: bool = True) -> list[float]:
     clock = ManualClock(0.0)
     specs = specs_for(cluster)
     c = Coordinator(specs, clock=clock, policy=policy, length_model=LearnedLengthModel())
@@ -94,14 +106,16 @@ def measure(policy: str, waiting: int, repeat: int, cluster: str = "paper-4gpu",
                                           prompt_tokens=900)
         running += [d.call for d in decisions]
         done = running.pop(0)
-        running += [d.call for d in c.on_call_done(done, output_tokens=80)]
+        times = {"ttft_s": TTFT_S, "total_s": TOTAL_S} if learn else {}
+        running += [d.call for d in c.on_call_done(done, output_tokens=80, **times)]
         if i >= WARMUP:  # the first rounds fill cold per-query caches once
             costs.append((timer() - start) / 2)  # two decisions per round
     return costs
 
 
 # `agentflow bench NAME --quick`: a short run (registry.expand_quick)
-QUICK_ARGS: tuple[str, ...] = ("--sizes", "10,1000", "--repeat", "20", "--clusters", "paper-4gpu")
+QUICK_ARGS: tuple[str, ...] = ("--sizes", "10,1000", "--repeat", "20",
+                               "--clusters", "paper-4gpu,hetero-64")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,7 +123,12 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10,1000,10000")
     p.add_argument("--repeat", type=int, default=200)
-    p.add_argument("--clusters", default="paper-4gpu,hetero-64")
+    p.add_argument("--clusters", default="hetero-64,hetero-1024,hetero-4096",
+                   help="comma-separated cluster names or cluster files")
+    p.add_argument("--cluster", action="append", default=[], metavar="FILE",
+                   help="a cluster file (or name); repeatable; replaces --clusters")
+    p.add_argument("--no-learn", action="store_true",
+                   help="finished calls report no times, so no time model learns")
     p.add_argument("--policies", default=",".join([*PRESETS, "least_loaded+edf"]))
     p.add_argument("--check", action="store_true")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -118,21 +137,33 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     timer = time.process_time if args.clock == "cpu" else time.perf_counter
     sizes = [int(s) for s in args.sizes.split(",")]
-    for cluster in args.clusters.split(","):
+    clusters = args.cluster or args.clusters.split(",")
+    policies = args.policies.split(",")
+    p99s: dict[tuple[str, str], float] = {}
+    names = {c: load_cluster(c).name for c in clusters}  # a file's own name, not its path
+    for cluster in clusters:
         n_inst = len(specs_for(cluster))
-        print(f"\ncluster {cluster} ({n_inst} instances), microseconds per decision "
-              f"({args.clock} clock)")
+        print(f"\ncluster {names[cluster]} ({n_inst} instances), microseconds per decision "
+              f"({args.clock} clock, {'no learning' if args.no_learn else 'learning'})")
         print(f"{'policy':<20}" + "".join(f"{f'{n} waiting':>24}" for n in sizes))
         print(f"{'':<20}" + "".join(f"{'median / p99':>24}" for _ in sizes))
-        for policy in args.policies.split(","):
+        for policy in policies:
             cells = []
             for n in sizes:
-                costs = sorted(measure(policy, n, args.repeat, cluster, args.check, timer))
+                costs = sorted(measure(policy, n, args.repeat, cluster, args.check, timer,
+                                       learn=not args.no_learn))
                 med = statistics.median(costs) * 1e6
                 p99 = costs[min(len(costs) - 1, int(0.99 * len(costs)))] * 1e6
+                p99s[cluster, policy] = p99  # the last (largest) size
                 cells.append(f"{med:>11.0f} / {p99:<10.0f}")
             print(f"{policy:<20}" + "".join(f"{c:>24}" for c in cells), flush=True)
-
+    if len(clusters) > 1:
+        print(f"\ngrowth of the p99 at {sizes[-1]} waiting, {names[clusters[0]]} -> "
+              + " -> ".join(names[c] for c in clusters[1:]))
+        for policy in policies:
+            base = p99s[clusters[0], policy]
+            print(f"{policy:<20}" + "".join(f"{p99s[c, policy] / base:>10.2f}x"
+                                            for c in clusters[1:]))
 
 if __name__ == "__main__":
     main()

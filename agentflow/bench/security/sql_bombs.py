@@ -51,6 +51,23 @@ class Bomb:
 _DOUBLING = ("WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n + 1, s || s FROM r "
              "WHERE n < 40) SELECT max(length(s)) FROM r")
 _COUNTER = "(WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c)"
+# Issue 35 §2: growth no size argument shows. Nested (not recursive) CTEs doubling a string:
+# 8 bytes x 2^30 = 8 GiB at the end of the chain.
+_CHAIN = ("WITH a0 AS (SELECT 'xxxxxxxx' AS s), "
+          + ", ".join(f"a{i} AS (SELECT s || s AS s FROM a{i - 1})" for i in range(1, 31))
+          + " SELECT length(s) FROM a30")
+# A fold that doubles its accumulator (issue: 212 -> 1,740 MB through MCP).
+_FOLD = {"duckdb": "SELECT length(list_reduce(list_transform(range(40), lambda i: 'xx'), "
+                   "lambda a, b: a || a || b))"}
+# Replacing each character of a small value with a large one.
+_REPLACE = {
+    "duckdb": "SELECT sum(length(replace(repeat('x', 8000), 'x', repeat('y', 8000)))) "
+              "FROM range(1000)",
+    "sqlite": f"SELECT sum(length(replace(printf('%.8000c', 'x'), 'x', printf('%.8000c', 'y'))))"
+              f" FROM (SELECT x FROM {_COUNTER} LIMIT 1000)",
+    "postgresql": "SELECT sum(length(replace(repeat('x', 8000), 'x', repeat('y', 8000)))) "
+                  "FROM generate_series(1, 1000)",
+}
 
 # The issue's four first; then each idea on the other engines, written differently (width from
 # an argument, a computed format, nesting), and builders that stay under every cap of the
@@ -92,6 +109,10 @@ BOMBS: list[Bomb] = [
     Bomb("postgresql", "engine", "SELECT lpad('x', (SELECT 100000000))"),
     Bomb("postgresql", "engine",
          "SELECT sum(length(repeat('x', 30000000 + g % 2))) FROM generate_series(1, 1000) g"),
+    # issue 35 §2 (the guard's bounds only cover calls with a size argument)
+    *(Bomb(engine, "engine", _CHAIN) for engine in ("sqlite", "duckdb", "postgresql")),
+    *(Bomb(engine, "engine", sql) for engine, sql in _FOLD.items()),
+    *(Bomb(engine, "engine", sql) for engine, sql in _REPLACE.items()),
 ]
 
 # Peak RSS is the kernel's high-water mark of this process's own memory (VmHWM). On Linux

@@ -1,0 +1,123 @@
+"""``agentflow calibrate --cluster FILE``: fit this host's profile of the cluster's local
+instances and store it, so the simulator times them as this machine runs them.
+
+For every ``(profile, model)`` of the cluster's local instances (``llama_server`` backends:
+their hardware is this host) it times single requests over a grid of prompt and output
+lengths, batches of equal requests between lone ones, and a decode joined by a prompt, on
+each such instance one after another (``agentflow bench real_vs_sim --calibrate``'s
+measurements), fits the profile's efficiencies and overheads on all of their rows, and
+stores the fit keyed by this host's CPU model (and GPU model / driver:
+``agentflow.sim.host_profiles``). Instances on other machines (``openai`` backends) are
+listed and skipped: their hardware is not this host's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentflow.config import InstanceConfig
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit and store this host's profile of a cluster's "
+                       "local instances",
+                       description="Time the cluster's local (llama_server) instances on "
+                       "single and batched requests, fit their hardware profile, and store "
+                       "it for this host's CPU (and GPU); the simulator then times local "
+                       "instances with it.")
+    p.add_argument("--cluster", required=True, help="cluster file (as serve --config reads)")
+    p.add_argument("--repeats", type=int, default=2, help="rounds of the timing grid (2)")
+    p.add_argument("--instances", help="comma-separated instance names to time (default: "
+                   "every local instance)")
+    p.add_argument("--no-cpu-share", dest="cpu_share", action="store_false",
+                   help="fit the times as measured, not scaled to a dedicated core by the "
+                   "share of its core each server got (from /proc)")
+    p.add_argument("--single-only", dest="fit_batched", action="store_false",
+                   help="fit on single requests only (default: the batched rows too)")
+    p.add_argument("--tokenizer", help="a .gguf file or Hugging Face tokenizer for the prompts "
+                   "(default: the served model's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts (0)")
+    p.add_argument("--json", help="also write the measured rows and the fit to this file")
+    p.add_argument("--dry-run", action="store_true",
+                   help="fit and print, but do not store")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def local_groups(cluster_path: str, only: set[str] | None
+                 ) -> tuple[dict[tuple[str, str], list[tuple[str, InstanceConfig]]], list[str]]:
+    """The cluster's local instances grouped by (profile, model), and the names skipped."""
+    from agentflow.sim.cluster import load_cluster
+
+    groups: dict[tuple[str, str], list[tuple[str, InstanceConfig]]] = {}
+    skipped = []
+    names = []
+    for name, cfg in load_cluster(cluster_path).expanded():
+        names.append(name)
+        if only is not None and name not in only:
+            continue
+        if (cfg.backend or {}).get("type") != "llama_server":
+            skipped.append(name)
+            continue
+        groups.setdefault((str(cfg.gpu), str(cfg.model)), []).append((name, cfg))
+    if only is not None and only - set(names):
+        raise ValueError(f"no instance {sorted(only - set(names))} in {cluster_path}; it has "
+                         f"{', '.join(names)}")
+    return groups, skipped
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    from agentflow import hardware
+    from agentflow.bench.fidelity import real_vs_sim as rvs
+    from agentflow.sim import host_profiles
+    from agentflow.sim.engine import engine_for
+
+    if args.repeats < 1:
+        raise ValueError("--repeats must be >= 1")
+    only = set(args.instances.split(",")) if args.instances else None
+    groups, skipped = local_groups(args.cluster, only)
+    for name in skipped:
+        print(f"skipped {name}: not a local instance (its hardware is not this host's)")
+    if not groups:
+        raise ValueError(f"{args.cluster}: no local (llama_server) instance to calibrate")
+    host = host_profiles.this_host()
+    print(f"# host: {host.describe()}")
+    measure_args = argparse.Namespace(cluster=args.cluster, tokenizer=args.tokenizer,
+                                      seed=args.seed, repeats=args.repeats)
+    saved: dict[str, dict] = {}
+    for (base, model_name), members in groups.items():
+        rows: list[tuple] = []
+        batched: list[tuple] = []
+        joined: list[tuple] = []
+        for name, cfg in members:
+            r, b, j = rvs.measure_calibration(measure_args, name, cfg)
+            rows += r
+            batched += b
+            joined += j
+        name, cfg = members[0]
+        limits = rvs.engine_limits(cfg)
+        model = engine_for(name, limits, hardware.gpu(base)).model
+        fit = rvs.fit_rows(hardware.gpu(base), model, limits, rows, batched, joined,
+                           cpu_share=args.cpu_share, fit_batched=args.fit_batched)
+        constants: dict[str, float] = {str(f): float(getattr(fit.profile, f))
+                                       for f in rvs.FIT_FIELDS}
+        entry = host_profiles.HostProfile(
+            base=base, model=model_name, host=host, constants=constants,
+            fit_error={"median": fit.median_error, "max": fit.max_error},
+            instances=tuple(n for n, _ in members))
+        print(f"{base} / {model_name} on {host.describe()}: "
+              + ", ".join(f"{k}={v:.4g}" for k, v in constants.items())
+              + f"; fit median {fit.median_error * 100:.1f}%, max {fit.max_error * 100:.1f}% "
+              f"over {len(rows)} single and {len(batched)} batched rows")
+        if not args.dry_run:
+            path = host_profiles.save(entry)
+            print(f"stored in {path}")
+        saved[f"{base} / {model_name}"] = {**entry.to_json(), "rows": fit.rows,
+                                          "batched": fit.batched, "joined": fit.joined}
+    if args.json:
+        Path(args.json).write_text(json.dumps(saved, indent=1))
+    return 0

@@ -1,0 +1,295 @@
+"""Coordinator shards as Ray actors (``scheduler: {shards: K, shard_hosts: ray}``).
+
+``ShardHost`` is what runs in each shard's actor: a ``ScheduledRouter`` with its own
+coordinator over its share of the instances, and those instances' backends, built in the
+actor from their configured ``backend`` specs (an HTTP client to a vLLM engine, say; the
+scripted backend in tests). Its decisions are made in its own process, which is the point:
+K shards decide on K cores.
+
+``RayShard`` is the front end's handle (``agentflow.scheduler.shard_router.ShardHandle``).
+A call is a Ray streaming task on the actor carrying the query's identity and a snapshot of
+its DAG (the actor registers a query it does not know, so a restarted actor learns its
+queries from their next calls), streaming progress and then the outcome with the shard's
+load summary (the router's summaries cost no round trip of their own). When the actor dies
+(``ray.kill``, its node lost) every call in flight on it fails with ``RayActorError``: the
+handle starts a new actor once (the calls that noticed wait for it) and runs each of those
+calls again there. Nothing is lost: a query whose shard died sees its calls take longer.
+
+Differences from a shard in the front end's process: a query the shard refuses (overload)
+fails at its first call with the shard's reason instead of being answered ``rejected`` at
+once (``start_query`` makes no round trip); the mirror of the DAG is as fresh as the last
+call (``RunMirror``); instances placed as Ray actors themselves (``placement``) are not yet
+reachable from a shard actor (a clear error at start-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from agentflow.distributed import connect_ray
+from agentflow.llm.base import BackendError, LLMRequest, ProgressCallback
+from agentflow.scheduler.shards import ShardLoad
+from agentflow.workflow.router import CallOutcome, LLMCall
+
+if TYPE_CHECKING:
+    from agentflow.config import AgentFlowConfig, InstanceConfig
+    from agentflow.workflow.clock import Clock
+    from agentflow.workflow.graph import WorkflowRun
+    from agentflow.workflow.query import Query
+
+log = logging.getLogger("agentflow.distributed")
+
+
+class ShardHost:
+    """One shard, hosted in a Ray actor (``ray.remote`` is applied at start-up, so this
+    module imports without Ray)."""
+
+    def __init__(self, index: int, instances: list[dict[str, Any]],
+                 scheduler: dict[str, Any]):
+        from agentflow.config import InstanceConfig, SchedulerConfig
+        from agentflow.llm.registry import create_backend
+        from agentflow.scheduler.serving import ScheduledRouter
+        from agentflow.scheduler.setup import build_coordinator, scheduler_settings
+        from agentflow.workflow.clock import MonotonicClock
+
+        self.index = index
+        self.incarnation = uuid.uuid4().hex  # a new id per start
+        insts = [InstanceConfig.model_validate(d) for d in instances]
+        sched = SchedulerConfig.model_validate(scheduler)
+        backends = {inst.label: create_backend(inst.backend) for inst in insts}
+        self.clock = MonotonicClock()
+        coordinator = build_coordinator(insts, clock=self.clock, **scheduler_settings(sched))
+        self.router = ScheduledRouter(coordinator, backends,
+                                      revive_after_s=sched.revive_after_s, health=sched.health)
+        self.runs: dict[str, Any] = {}  # query id -> RunMirror
+
+    async def ready(self) -> str:
+        return self.incarnation
+
+    def _load(self) -> ShardLoad:
+        from agentflow.scheduler.shards import coordinator_load
+
+        return coordinator_load(self.router.coordinator, self.clock.now())
+
+    async def load(self) -> ShardLoad:
+        return self._load()
+
+    def _run(self, query: dict[str, Any], dag: dict[str, Any]) -> Any:
+        """The query's mirror, registered with the coordinator on first sight (raises
+        ``QueryRejected`` when the shard refuses it)."""
+        from agentflow.scheduler.run_mirror import RunMirror, query_from
+
+        now = self.clock.now()
+        run = self.runs.get(query["id"])
+        if run is None:
+            run = RunMirror(query_from(query, now))
+            run.update(dag, now)
+            # the mirror has what the coordinator reads of a WorkflowRun (duck-typed)
+            self.router.start_query(run.query, cast("WorkflowRun", run))
+            self.runs[query["id"]] = run
+        else:
+            run.update(dag, now)
+        return run
+
+    async def submit(self, query: dict[str, Any], dag: dict[str, Any], node_id: str,
+                     request: LLMRequest) -> AsyncIterator[tuple[Any, ...]]:
+        """Stream ``("progress", tokens)``, then ``("result", fields, load)`` or
+        ``("error", message, retryable)`` (failures travel as data, as in
+        ``agentflow.distributed.actor``)."""
+        from agentflow.scheduler import QueryRejected
+
+        try:
+            run = self._run(query, dag)
+        except QueryRejected as err:
+            yield ("error", f"shard {self.index} refused the query: {err.reason}", False)
+            return
+        call = LLMCall(request=request, run=run, node=run.node(node_id))
+        updates: asyncio.Queue[int] = asyncio.Queue()
+        task = asyncio.ensure_future(self.router.submit(call, updates.put_nowait))
+        try:
+            while True:
+                getter = asyncio.ensure_future(updates.get())
+                done, _ = await asyncio.wait({task, getter},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    tokens = getter.result()
+                    while not updates.empty():
+                        tokens = max(tokens, updates.get_nowait())
+                    yield ("progress", tokens)
+                else:
+                    getter.cancel()
+                if task in done:
+                    break
+            try:
+                out = task.result()
+            except BackendError as err:
+                yield ("error", str(err), err.retryable)
+                return
+            yield ("result", {"result": out.result, "instance": out.instance,
+                              "queue_s": out.started - out.submitted,
+                              "run_s": out.finished - out.started, "priority": out.priority,
+                              "failed_attempts": out.failed_attempts}, self._load())
+        finally:
+            if not task.done():  # the front end cancelled the call
+                task.cancel()
+                try:
+                    await task
+                except BaseException:  # noqa: BLE001 - cancelled on purpose
+                    pass
+
+    async def cancel_query(self, query_id: str) -> None:
+        if query_id in self.runs:
+            self.router.cancel_query(query_id)
+
+    async def end_query(self, query_id: str) -> None:
+        run = self.runs.pop(query_id, None)
+        if run is not None:
+            self.router.end_query(run.query)
+
+    async def close(self) -> None:
+        for backend in self.router.backends.values():
+            await backend.close()
+
+
+class RayShard:
+    """The front end's handle on one shard actor (see the module docstring)."""
+
+    def __init__(self, index: int, instances: list[dict[str, Any]],
+                 scheduler: dict[str, Any], *, ray: Any, clock: Clock,
+                 start_timeout_s: float = 60.0):
+        self.index = index
+        self.clock = clock  # the front end's: the run's times are kept in it
+        self.ray = ray
+        self._args = (index, instances, scheduler)
+        self.start_timeout_s = start_timeout_s
+        self._remote = ray.remote(ShardHost)
+        self.actor: Any = None
+        self.generation = 0  # bumped at each (re)start
+        self.restarts = 0
+        self.rerun_calls = 0  # calls run again because the actor died under them
+        self._restarting: asyncio.Future[None] | None = None
+        self._load = ShardLoad(up=len(instances), work_s=0.0)
+        self._queries: set[str] = set()
+        self._pending: set[Any] = set()  # fire-and-forget refs, kept until done
+        self._start()
+
+    def _start(self) -> None:
+        self.actor = self._remote.options(num_cpus=0, max_restarts=0, max_task_retries=0,
+                                          max_concurrency=1000).remote(*self._args)
+        self.generation += 1
+
+    def wait_ready(self) -> str:
+        incarnation: str = self.ray.get(self.actor.ready.remote(),
+                                        timeout=self.start_timeout_s)
+        return incarnation
+
+    # ------------------------------------------------------------------ ShardHandle
+    def start_query(self, query: Query, run: WorkflowRun) -> None:
+        self._queries.add(query.id)  # the shard learns it with its first call
+
+    def load(self) -> ShardLoad:
+        return self._load
+
+    def cancel_query(self, query_id: str) -> None:
+        self._tell("cancel_query", query_id)
+
+    def end_query(self, query: Query) -> None:
+        self._queries.discard(query.id)
+        self._tell("end_query", query.id)
+
+    async def submit(self, call: LLMCall,
+                     on_progress: ProgressCallback | None = None) -> CallOutcome:
+        from agentflow.scheduler.run_mirror import dag_snapshot, query_snapshot
+
+        ray = self.ray
+        submitted = self.clock.now()
+        while True:
+            generation = self.generation
+            now = self.clock.now()  # times cross as "seconds ago": no clock is shared
+            stream = self.actor.submit.options(num_returns="streaming").remote(
+                query_snapshot(call.query, now), dag_snapshot(call.run, now),
+                call.node.id, call.request)
+            try:
+                async for ref in stream:
+                    item = await ref
+                    if item[0] == "progress":
+                        if on_progress is not None:
+                            on_progress(item[1])
+                    elif item[0] == "error":
+                        raise BackendError(f"shard {self.index}: {item[1]}",
+                                           retryable=item[2])
+                    else:
+                        fields, self._load = item[1], item[2]
+                        finished = self.clock.now()
+                        return CallOutcome(
+                            result=fields["result"], instance=fields["instance"],
+                            submitted=submitted,
+                            started=max(submitted, finished - fields["run_s"]),
+                            finished=finished,
+                            priority=fields["priority"],
+                            failed_attempts=tuple(fields["failed_attempts"]))
+                raise BackendError(f"shard {self.index}: the stream ended without a result")
+            except asyncio.CancelledError:
+                try:
+                    ray.cancel(stream)
+                except Exception:  # noqa: BLE001 - the actor may be gone already
+                    pass
+                raise
+            except ray.exceptions.RayActorError:
+                log.warning("shard %d died under a call of query %s: restarting it, the "
+                            "call runs again there", self.index, call.query.id)
+                self.rerun_calls += 1
+                await self._restart(generation)
+
+    # ------------------------------------------------------------------ supervision
+    async def _restart(self, generation: int) -> None:
+        """Start a new actor unless one was started since ``generation`` (many calls notice
+        one death: one restart); every caller waits until it answers."""
+        if self.generation == generation:
+            self.ray.kill(self.actor, no_restart=True)
+            self.restarts += 1
+            self._start()
+            self._restarting = asyncio.ensure_future(self._ready_async())
+        if self._restarting is not None:
+            await asyncio.shield(self._restarting)
+
+    async def _ready_async(self) -> None:
+        await asyncio.wait_for(self.actor.ready.remote(), self.start_timeout_s)
+
+    def _tell(self, method: str, *args: Any) -> None:
+        """A call whose answer nobody waits for (a dead actor: its queries are gone too)."""
+        ref = getattr(self.actor, method).remote(*args)
+        self._pending.add(ref)
+        ref.future().add_done_callback(lambda _f, ref=ref: self._pending.discard(ref))
+
+    def kill(self) -> None:
+        """Kill the actor (tests; what a lost node does)."""
+        self.ray.kill(self.actor, no_restart=True)
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.actor.close.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - dead or slow: kill it anyway
+            pass
+        self.ray.kill(self.actor, no_restart=True)
+
+
+def start_shards(config: AgentFlowConfig, parts: Sequence[Sequence[InstanceConfig]],
+                 clock: Clock) -> list[RayShard]:
+    """One actor per shard, each answering before this returns (Ray: the config's
+    ``placement.address``, or a private local Ray)."""
+    if config.placement is not None:
+        raise ValueError("scheduler.shard_hosts: ray with instances placed as Ray actors "
+                         "(placement) is not supported yet: use shard_hosts: local, or "
+                         "instances reached over HTTP (vllm/openai backends)")
+    ray = connect_ray("local")
+    scheduler = config.scheduler.model_dump(mode="json")
+    shards = [RayShard(i, [inst.model_dump(mode="json") for inst in part], scheduler,
+                       ray=ray, clock=clock) for i, part in enumerate(parts)]
+    for shard in shards:
+        shard.wait_ready()
+    return shards

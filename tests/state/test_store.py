@@ -1,0 +1,222 @@
+"""The state store against a real SQLite file and a real PostgreSQL server (the session's
+``pg_server``): the same behaviour from both."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from agentflow.errors import ConversationNotFoundError
+from agentflow.state import QueryRecord, QueryRequest, open_store
+from agentflow.state.conversations import StoreConversations
+from agentflow.state.limits import StoreLimits
+from agentflow.tenants import LimitExceeded, Tenant
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _sqlite(tmp_path, **kw):
+    return open_store(f"sqlite:///{tmp_path / 'state.sqlite'}", **kw)
+
+
+def _pg(pg_server, **kw):
+    name = f"state_{uuid.uuid4().hex[:8]}"
+    pg_server.create_database(name)
+    url = (f"postgresql://postgres@/{name}?host={pg_server.socket_dir}"
+           f"&port={pg_server.port}")
+    return open_store(url, **kw)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def make(request, tmp_path):
+    def build(**kw):
+        if request.param == "sqlite":
+            return _sqlite(tmp_path, **kw)
+        return _pg(request.getfixturevalue("pg_server"), **kw)
+    stores = []
+
+    def tracked(**kw):
+        s = build(**kw)
+        stores.append(s)
+        return s
+    yield tracked
+    for s in stores:
+        s.close()
+
+
+def _query(qid: str, tenant: str | None = "a", owner: str = "r1") -> QueryRecord:
+    return QueryRecord(query_id=qid, tenant=tenant, owner=owner,
+                       request=QueryRequest(question="How many?", db="bookshop",
+                                            pipeline="chess"))
+
+
+def _answer(qid: str, rows=None) -> dict:
+    return {"query_id": qid, "status": "done", "rows": rows or [[1]], "columns": ["n"]}
+
+
+def test_answers_survive_a_reopen_and_are_written_once(make):
+    store = make()
+    store.register_replica("r1")
+    store.create_query(_query("q1"))
+    store.add_event("q1", 1, {"type": "stage_started", "node_id": "a"})
+    assert store.finish_query("q1", "r1", _answer("q1"))
+    assert not store.finish_query("q1", "r1", _answer("q1"))  # a second answer is refused
+    url = store.url
+    store.close()
+    again = open_store(url)
+    try:
+        got = again.get_query("q1")
+        assert got is not None and got.status == "done" and got.answer["rows"] == [[1]]
+        assert again.events("q1") == [{"type": "stage_started", "node_id": "a"}]
+        assert got.tenant == "a" and got.request.db == "bookshop"
+    finally:
+        again.close()
+
+
+def test_rows_are_capped_by_bytes(make):
+    store = make(max_row_bytes=100)
+    store.create_query(_query("q1"))
+    store.finish_query("q1", "r1", _answer("q1", rows=[[i, "x" * 20] for i in range(50)]))
+    got = store.get_query("q1").answer
+    assert 0 < len(got["rows"]) < 50 and got["truncated"] is True
+
+
+def test_a_tenants_flood_evicts_only_its_own(make, request):
+    """5,000 queries from tenant A (500 on PostgreSQL, where each commit waits for the
+    test server's fsync) leave tenant B's finished queries readable."""
+    flood = 500 if "postgres" in request.node.name else 5000
+    store = make(keep_per_tenant=50)
+    for i in range(5):
+        store.create_query(_query(f"b{i}", tenant="b"))
+        store.finish_query(f"b{i}", "r1", _answer(f"b{i}"))
+    for i in range(flood):
+        store.create_query(_query(f"a{i}", tenant="a"))
+        store.finish_query(f"a{i}", "r1", _answer(f"a{i}"))
+    assert all(store.get_query(f"b{i}").status == "done" for i in range(5))
+    assert store.count_queries("a") == 50
+    assert store.get_query("a0") is None and store.get_query(f"a{flood - 1}") is not None
+    assert [r.query_id for r in store.recent("b", 10)] == [f"b{i}" for i in range(4, -1, -1)]
+
+
+def test_orphans_move_once_to_a_live_replica(make):
+    clock = Clock()
+    store = make(clock=clock)
+    store.register_replica("r1")
+    store.register_replica("r2")
+    store.create_query(_query("q1", owner="r1"))
+    store.create_query(_query("q2", owner="r2"))
+    assert store.claim_orphans("r2", lease_s=5) == []  # r1 is alive
+    clock.t += 10
+    store.heartbeat("r2")
+    moved = store.claim_orphans("r2", lease_s=5)
+    assert [r.query_id for r in moved] == ["q1"] and moved[0].attempt == 2
+    assert moved[0].moves[0]["from"] == "r1" and moved[0].moves[0]["to"] == "r2"
+    assert store.claim_orphans("r2", lease_s=5) == []  # taken once
+    assert not store.finish_query("q1", "r1", _answer("q1"))  # the dead owner is refused
+    assert store.finish_query("q1", "r2", _answer("q1"))
+
+
+def test_cancel_requests_reach_the_owner(make):
+    store = make()
+    store.create_query(_query("q1", owner="r1"))
+    assert store.request_cancel("q1", "cancelled by request")
+    assert store.cancel_requests("r1") == [("q1", "cancelled by request")]
+    store.finish_query("q1", "r1", {"status": "cancelled"})
+    assert not store.request_cancel("q1", "again")
+    assert store.cancel_requests("r1") == []
+
+
+def test_conversations_follow_across_store_objects_and_tenants(make):
+    one = make()
+    two = open_store(one.url)
+    try:
+        a, b = StoreConversations(one), StoreConversations(two)
+        cid = a.start("bookshop", owner="acme")
+        a.add(cid, "How many stores?", "SELECT count(*) FROM stores")
+        turns = b.follow(cid, "bookshop", viewer=Tenant(name="acme"))
+        assert [t.sql for t in turns] == ["SELECT count(*) FROM stores"]
+        with pytest.raises(ConversationNotFoundError):
+            b.follow(cid, "bookshop", viewer=Tenant(name="other"))
+        with pytest.raises(ConversationNotFoundError):
+            b.follow("c-unknown", "bookshop", viewer=Tenant(name="other"))
+    finally:
+        two.close()
+
+
+def test_concurrency_limit_holds_across_replicas_under_races(make):
+    """Two replicas (two store objects, many threads) admitting one tenant with
+    max_concurrent=3: exactly 3 admitted, never 6."""
+    one = make()
+    two = open_store(one.url)
+    try:
+        one.register_replica("r1")
+        one.register_replica("r2")
+        tenant = Tenant(name="acme", max_concurrent=3)
+        limits = [StoreLimits(one, "r1", 30), StoreLimits(two, "r2", 30)]
+        admitted, refused = [], []
+        lock = threading.Lock()
+
+        def go(i: int) -> None:
+            try:
+                ok = limits[i % 2].acquire(tenant)
+                with lock:
+                    admitted.append((i % 2, ok))
+            except LimitExceeded as err:
+                with lock:
+                    refused.append(err.kind)
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(admitted) == 3 and set(refused) == {"concurrency"}
+        assert limits[0].inflight("acme") == 3
+        side = admitted[0][0]
+        limits[side].release(tenant)
+        assert limits[1 - side].acquire(tenant)  # a slot freed on one is usable on the other
+    finally:
+        two.close()
+
+
+def test_rate_bucket_is_shared(make):
+    clock = Clock()
+    store = make(clock=clock)
+    store.register_replica("r1")
+    tenant = Tenant(name="acme", rate_per_min=60, burst=2)
+    a, b = StoreLimits(store, "r1", 30), StoreLimits(store, "r2", 30)
+    a.acquire(tenant)
+    b.acquire(tenant)
+    with pytest.raises(LimitExceeded) as err:
+        a.acquire(tenant)
+    assert err.value.kind == "rate" and 0 < err.value.retry_after_s <= 1.0
+    clock.t += 1.0
+    b.acquire(tenant)
+
+
+def test_slots_of_a_dead_replica_do_not_count(make):
+    clock = Clock()
+    store = make(clock=clock)
+    store.register_replica("r1")
+    store.register_replica("r2")
+    tenant = Tenant(name="acme", max_concurrent=1)
+    StoreLimits(store, "r1", 5).acquire(tenant)
+    with pytest.raises(LimitExceeded):
+        StoreLimits(store, "r2", 5).acquire(tenant)
+    clock.t += 10
+    store.heartbeat("r2")
+    assert StoreLimits(store, "r2", 5).acquire(tenant)
+
+
+def test_bad_urls_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown state store"):
+        open_store("mysql://x")
+    with pytest.raises(ValueError, match="must be a file"):
+        open_store(":memory:")

@@ -1,0 +1,126 @@
+"""Issue 35 §10: the servers agentflow starts die with the process that started them.
+
+Each test starts a real parent Python process that starts a real child (a stand-in
+llama-server, ``sleep``, a PostgreSQL server), then ends the parent the way an operator or a
+crash would (SIGTERM with no handler, SIGKILL) and watches the child's pid. Before the change
+the llama-server and PostgreSQL children were reparented to PID 1 and kept running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from agentflow.children import ties_children
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not ties_children(), reason="needs Linux prctl")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone
+    except FileNotFoundError:
+        return False
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _parent(code: str) -> tuple[subprocess.Popen, int]:
+    """Run ``code`` in a fresh interpreter; it prints the child's pid on its first line."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.strip().isdigit(), (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, int(line)
+
+
+def _end(parent: subprocess.Popen, sig: int) -> None:
+    parent.send_signal(sig)
+    parent.wait(timeout=30)
+
+
+def test_a_child_started_from_a_worker_thread_outlives_the_thread_not_the_process() -> None:
+    parent, child = _parent("""
+        import threading, time
+        from agentflow.children import popen_tied
+        out = []
+        t = threading.Thread(target=lambda: out.append(popen_tied(["sleep", "600"])))
+        t.start(); t.join()          # the thread that asked is gone
+        print(out[0].pid, flush=True)
+        time.sleep(600)
+    """)
+    try:
+        time.sleep(1.0)
+        assert _alive(child)  # the kernel's "parent" is the spawner thread, still alive
+        _end(parent, signal.SIGKILL)  # no Python cleanup at all
+        assert _gone_within(child, 10)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_llama_server_dies_when_its_parent_is_terminated(tmp_path: Path) -> None:
+    from tests.llm.test_llamacpp_server import _STAND_IN
+
+    script = tmp_path / "fake-llama-server"
+    script.write_text(_STAND_IN.format(python=sys.executable))
+    script.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    parent, child = _parent(f"""
+        import time
+        from agentflow.llm.llamacpp_server import LlamaServerBackend
+        b = LlamaServerBackend({{"type": "llama_server", "binary": {str(script)!r},
+                                "model": {str(model)!r}, "log_file": {str(tmp_path / 's.log')!r}}})
+        print(b.process.pid, flush=True)
+        time.sleep(600)
+    """)
+    try:
+        assert _alive(child)
+        _end(parent, signal.SIGTERM)  # the default action: no atexit, no close()
+        assert _gone_within(child, 10), "llama-server outlived the process that started it"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.postgres
+def test_test_postgres_dies_when_its_parent_is_killed() -> None:
+    from agentflow.sql.pg_local import PostgresUnavailable, find_bindir
+
+    try:
+        find_bindir()
+    except PostgresUnavailable as err:
+        pytest.skip(str(err))
+    parent, child = _parent("""
+        import time
+        from agentflow.sql.pg_local import LocalPostgres
+        pg = LocalPostgres().init().start()
+        print((pg.data / "postmaster.pid").read_text().split()[0], flush=True)
+        time.sleep(600)
+    """)
+    try:
+        assert _alive(child)
+        _end(parent, signal.SIGKILL)
+        assert _gone_within(child, 30), "PostgreSQL outlived the process that started it"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
