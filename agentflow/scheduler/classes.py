@@ -199,7 +199,8 @@ def queue_rank(call: ScheduledCall, now: float) -> int:
     [0, PRIORITY_BAND), order-preserving: its policy's tier (the class band's shift
     removed) picks one of ``TIER_BAND`` equal slices, the key's value a place within it (a
     signed log scale: about 2e-6 relative resolution, so seconds-valued keys of a long run
-    and z-scores alike stay in order). A call without a key (admitted without being ranked) goes last in its band."""
+    and z-scores alike stay in order). A call without a key (admitted without being ranked)
+    goes last in its band."""
     if not call.rank_key:
         return PRIORITY_BAND - 1
     seg = segment_at(call.rank_key, now)
