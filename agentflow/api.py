@@ -25,6 +25,7 @@ from agentflow.catalog import DatabaseCatalog
 from agentflow.config import AgentFlowConfig
 from agentflow.llm.base import LLMBackend
 from agentflow.sql import SqlError
+from agentflow.sql.database import row_bytes
 from agentflow.teaching import TeachingMixin
 from agentflow.tenants import DatabaseLogin, Tenant, as_tenant, owner_of, sees
 from agentflow.workflow import (
@@ -49,6 +50,9 @@ from agentflow.errors import (  # noqa: E402
 )
 from agentflow.sql import DatabaseNotFoundError  # noqa: E402
 
+# Rows of finished answers kept in memory for GET /v1/queries/{id}, in all (about, in bytes).
+KEPT_ANSWER_BYTES = 256 * 1024 * 1024
+
 
 @dataclass
 class Answer:
@@ -62,6 +66,8 @@ class Answer:
     columns: list[str] = field(default_factory=list)
     rows: list[list[Any]] = field(default_factory=list)
     truncated: bool = False
+    # which cap cut the rows short: "rows" (max_rows) or "bytes" (the answer's byte cap)
+    truncated_by: str | None = None
     latency_s: float | None = None
     slo_s: float | None = None
     stages: list[dict[str, Any]] = field(default_factory=list)
@@ -126,6 +132,7 @@ class QueryHandle:
         self.events: list[dict[str, Any]] = []
         self.future: Future = Future()
         self._listeners: list[Any] = []
+        self.kept_bytes = 0  # about how many bytes its answer's rows hold (``_trim_handles``)
         self._lock = threading.Lock()
 
     def _emit(self, event: dict[str, Any]) -> None:
@@ -295,6 +302,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
             else:
                 answer = f.result()
                 answer.tenant, answer.slo_class = handle.tenant, handle.slo_class
+                handle.kept_bytes = sum(row_bytes(tuple(r)) for r in answer.rows)
                 handle.future.set_result(answer)
         task_future.add_done_callback(copy_result)
         return handle
@@ -382,15 +390,21 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
             raise RuntimeError("this AgentFlow is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def _trim_handles(self, keep: int = 1000) -> None:
-        """Forget the oldest finished queries beyond ``keep`` (never one still running)."""
-        if len(self.handles) <= keep:
+    def _trim_handles(self, keep: int = 1000, keep_bytes: int | None = None) -> None:
+        """Forget the oldest finished queries beyond ``keep``, and beyond ``keep_bytes`` of
+        answer rows in all (``KEPT_ANSWER_BYTES``: a thousand 16 MB answers would otherwise
+        stay in memory); never one still running."""
+        budget = KEPT_ANSWER_BYTES if keep_bytes is None else keep_bytes
+        kept = sum(h.kept_bytes for h in list(self.handles.values()))
+        if len(self.handles) <= keep and kept <= budget:
             return
         for query_id in list(self.handles):
-            if len(self.handles) <= keep:
+            if len(self.handles) <= keep and kept <= budget:
                 break
-            if self.handles[query_id].done():
-                del self.handles[query_id]
+            handle = self.handles.get(query_id)
+            if handle is not None and handle.done():
+                kept -= handle.kept_bytes
+                self.handles.pop(query_id, None)
 
     def _create_backends(self) -> dict[str, LLMBackend]:
         if self.config.placement is not None:  # instances as Ray actors on their nodes
@@ -545,7 +559,9 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
         if query.status == QueryStatus.DONE and final is not None and final.ok:
             answer.columns = list(final.columns)
             answer.rows = [list(r) for r in final.rows]
-            answer.truncated = len(final.rows) >= self.config.max_rows
+            answer.truncated_by = getattr(final, "truncated_by", None) or (
+                "rows" if len(final.rows) >= self.config.max_rows else None)
+            answer.truncated = answer.truncated_by is not None
         from agentflow.confidence import UNSURE, below, unsure_message
 
         threshold = handle.min_confidence

@@ -83,6 +83,14 @@ class _Spawner:
 
 
 _SPAWNER = _Spawner()
+_EXEC_TIED = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.prctl(1, int(sys.argv[1]), 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[2]):\n"
+    "    os._exit(1)\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n"
+)
 _CHILDREN: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()
 
 
@@ -93,8 +101,16 @@ def popen_tied(cmd: Sequence[str], *, death_signal: int = signal.SIGTERM,
     rather than switching users in one."""
     if "preexec_fn" in kwargs:
         raise TypeError("popen_tied sets preexec_fn itself")
-    preexec = _tie(int(death_signal), os.getpid())
-    proc = _SPAWNER.run(lambda: subprocess.Popen(list(cmd), preexec_fn=preexec, **kwargs))
+    if _PRCTL is None or "user" in kwargs:  # another user may not run this interpreter
+        preexec = _tie(int(death_signal), os.getpid())
+        proc = _SPAWNER.run(lambda: subprocess.Popen(list(cmd), preexec_fn=preexec, **kwargs))
+    else:
+        # No Python between fork and exec (preexec_fn in a process with many threads can crash
+        # the child, seen as llama-server "exiting with -11" mid-suite): a small interpreter asks
+        # for the signal and then execs the command in the same process, which keeps it.
+        tied = [sys.executable, "-S", "-c", _EXEC_TIED, str(int(death_signal)),
+                str(os.getpid()), *cmd]
+        proc = _SPAWNER.run(lambda: subprocess.Popen(tied, **kwargs))
     _CHILDREN.add(proc)
     return proc
 

@@ -13,8 +13,12 @@ explained to the user in one of its ``reasons``:
   had to repair before the SQL ran lowers the score a little.
 * unit tests: the model's verdicts on the disagreeing clusters count only when the tests were
   really written; missing tests are reported as missing, never as passed.
-* plausibility: an empty result, an all-NULL result, or a "how many" question answered without
-  counting (e.g. ``SELECT * FROM stores WHERE store_id = 1``) are signs of a wrong query.
+* plausibility: an empty result, an all-NULL result, a "how many" question answered without
+  counting (e.g. ``SELECT * FROM stores WHERE store_id = 1``), ``SELECT *`` for a question that
+  asks for something specific (``agentflow.answer_shape``), or a result cut at the row cap are
+  signs of a wrong query; candidates that agree only on ``SELECT *`` are no agreement.
+* teaching: a result produced by the SQL taught for this question (or a measured paraphrase
+  of it, ``agentflow.retrieval.paraphrase``) is the user's own answer.
 
 Whether the score means anything is measured, not assumed:
 ``agentflow bench confidence_calibration`` reports accuracy per level and the AUROC of the
@@ -43,6 +47,15 @@ IMPLAUSIBLE_FACTOR = 0.4
 REPAIR_FACTOR = 0.9
 TESTS_PASSED_BONUS = 0.1
 TESTS_FAILED_FACTOR = 0.8
+# The result was cut at the row cap: what the user sees is not all of it, and a query that
+# returns that many rows rarely answers a question (most ask for a value or a short list).
+TRUNCATED_FACTOR = 0.7
+# Candidates that agree only because each wrote SELECT * agree on nothing the question asked.
+DEGENERATE_AGREEMENT_BASE = 0.15
+# A taught SQL for this question (exactly, or a measured paraphrase) produced the result: the
+# user's own answer. Not fitted (no taught pairs in the calibration data): a stated rule.
+TAUGHT_EXACT_SCORE = 0.9
+TAUGHT_PARAPHRASE_SCORE = 0.8
 
 _COUNT_QUESTION = re.compile(r"\b(how many|number of|count of|count the|total number)\b", re.I)
 _GROUPED_QUESTION = re.compile(r"\b(each|every|per|for all|by)\b", re.I)
@@ -66,6 +79,11 @@ class Signals:
     other_clusters_passed: int = 0  # rival clusters that passed the same tests
     truncated: bool = False
     dialect: str = "sqlite"
+    # Members of the chosen cluster that are not degenerate (SELECT * for a specific
+    # question); None: not counted (every member votes).
+    votes: int | None = None
+    # The chosen result came from a taught SQL: its question's similarity (1.0: the same).
+    taught_similarity: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,9 @@ class Confidence:
     score: float
     level: Level
     reasons: list[str] = field(default_factory=list)
+    # The observed signals as numbers (agreement share, empty, degenerate, ...): what the
+    # calibration benchmark fits and analyses.
+    features: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,32 +108,47 @@ def level_of(score: float) -> Level:
 def assess(s: Signals) -> Confidence:
     """The score, its level and one reason per signal that moved it."""
     reasons: list[str] = []
+    features: dict[str, float] = {"executed": float(bool(s.sql and s.executed))}
     if not s.sql:
-        return Confidence(0.0, "low", ["no SQL was written"])
+        return Confidence(0.0, "low", ["no SQL was written"], features)
     if not s.executed:
-        return Confidence(0.0, "low", ["the SQL does not execute"])
+        return Confidence(0.0, "low", ["the SQL does not execute"], features)
+    from agentflow.answer_shape import degenerate
 
+    trivial = degenerate(s.question, s.sql, s.dialect)
+    agreeing = s.chosen_cluster or 1
+    votes = agreeing if s.votes is None else min(s.votes, agreeing)
+    features.update(single=float(s.n_candidates <= 1), candidates=float(s.n_candidates),
+                    share=(votes / s.n_candidates if s.n_candidates > 1 else 0.0),
+                    degenerate=float(bool(trivial)))
     if s.n_candidates <= 1:
         score = SINGLE_CANDIDATE_BASE
         reasons.append("one candidate only: no second attempt to agree or disagree with it, "
                        "so this pipeline cannot tell a consistent answer from a lucky one")
+    elif votes == 0:
+        score = DEGENERATE_AGREEMENT_BASE
+        reasons.append(f"{agreeing} of {s.n_candidates} candidates agree, but only on SELECT *: "
+                       "identical trivial answers are not evidence")
     else:
-        agreeing = s.chosen_cluster or 1
-        share = agreeing / s.n_candidates
+        share = votes / s.n_candidates
         score = 0.1 + 0.85 * share
-        if agreeing == s.n_candidates:
+        if agreeing == s.n_candidates and votes == agreeing:
             reasons.append(f"all {s.n_candidates} candidates return the same result")
         else:
             clusters = (f" ({s.n_clusters} different results)" if (s.n_clusters or 0) > 1
                         else "; the others did not run")
-            reasons.append(f"{agreeing} of {s.n_candidates} candidates agree{clusters}")
+            reasons.append(f"{votes} of {s.n_candidates} candidates agree{clusters}"
+                           + (f"; {agreeing - votes} more only by SELECT *"
+                              if votes < agreeing else ""))
 
     if s.unit_tests is not None:
+        features["tests_missing"] = float(not s.unit_tests)
         if not s.unit_tests:
             reasons.append("the candidates disagree and the model wrote no usable unit test: "
                            "the choice was not checked")
         elif s.tests_passed is True and s.other_clusters_passed == 0:
             score += TESTS_PASSED_BONUS
+            features["tests_passed_alone"] = 1.0
             reasons.append(f"only the chosen result passed the model's {len(s.unit_tests)} "
                            "unit test(s)")
         elif s.tests_passed is True:
@@ -120,28 +156,45 @@ def assess(s: Signals) -> Confidence:
                            f"{s.other_clusters_passed} rival result(s)")
         elif s.tests_passed is False:
             score *= TESTS_FAILED_FACTOR
+            features["tests_failed"] = 1.0
             reasons.append("no result passed the model's unit tests")
 
+    if s.taught_similarity is not None:
+        features["taught"] = s.taught_similarity
+        exact = s.taught_similarity >= 1.0
+        score = max(score, TAUGHT_EXACT_SCORE if exact else TAUGHT_PARAPHRASE_SCORE)
+        reasons.append("the SQL taught for this question returns this result" if exact else
+                       f"the SQL taught for a paraphrase of this question (similarity "
+                       f"{s.taught_similarity:.2f}) returns this result")
+
     if s.repairs:
+        features["repairs"] = float(s.repairs)
         score *= REPAIR_FACTOR ** s.repairs
         reasons.append(f"{s.repairs} failed or empty execution(s) had to be repaired first")
 
     if not s.rows:
+        features["empty"] = 1.0
         score *= EMPTY_FACTOR
         reasons.append("the result is empty")
     elif all(v is None for row in s.rows for v in row):
+        features["all_null"] = 1.0
         score *= ALL_NULL_FACTOR
         reasons.append("every value in the result is NULL")
 
-    implausible = implausibility(s.question, s.sql, s.rows, s.dialect)
-    if implausible:
+    implausible = [why for why in (trivial, implausibility(s.question, s.sql, s.rows, s.dialect))
+                   if why]
+    if implausible:  # one factor however many ways the shape is wrong
+        features["implausible"] = 1.0
         score *= IMPLAUSIBLE_FACTOR
-        reasons.append(implausible)
+        reasons.extend(implausible)
     if s.truncated:
-        reasons.append("the result was cut at the row cap")
+        features["truncated"] = 1.0
+        score *= TRUNCATED_FACTOR
+        reasons.append("the result was cut at the row cap: it is not all there, and so many "
+                       "rows rarely answer a question")
 
     score = round(min(1.0, max(0.0, score)), 3)
-    return Confidence(score, level_of(score), reasons)
+    return Confidence(score, level_of(score), reasons, features)
 
 
 def implausibility(question: str, sql: str, rows: Sequence[Sequence[Any]],

@@ -27,6 +27,18 @@ times the layers; plus, once per step, the LM head at ``S`` rows, the tensor-par
 all-reduces (``tp > 1``) and a fixed per-step overhead (scheduling, input preparation,
 sampling, launch).
 
+On a GPU three kernel effects Vidur's A100 rows show sit on top of the rooflines (fitted on
+half of the rows, checked on the other half: ``agentflow bench fit_operators``):
+
+* a GEMM computes whole M tiles (``gemm_tile_tokens``, 128; below it the next power of
+  two), so 136 tokens cost what 256 do, and near the knee its compute and weight-streaming
+  times meet as a p-norm (``gemm_knee_p``) rather than a sharp maximum;
+* decode attention runs a thread block per (sequence, KV head): above one wave of the
+  GPU's SMs (``sm_count``), a partial last wave costs ``attn_wave_penalty`` of a wave
+  (``wave_factor``);
+* a prefill chunk of ``n`` tokens reaches ``n / (n + half)`` of the attention efficiency
+  (``prefill_attn_half_tokens``; the factor stops at 2 below ``half`` tokens).
+
 Where compute and memory do not overlap (``GPUProfile.overlap_compute_memory`` false: one CPU
 core running llama.cpp, whose one thread both streams the weights and does the dequantising
 dot products), an operator's two terms add instead of taking their maximum. That is what makes

@@ -341,6 +341,18 @@ class TaughtFewShots:
                     break
         return out
 
+    def match(self, question: str, threshold: float | None = None) -> Any:
+        """The taught pair that answers ``question`` itself (``paraphrase.Match``): the same
+        question or a paraphrase at or above ``threshold`` (default: the measured
+        ``PARAPHRASE_THRESHOLD``); None otherwise. A tenant's own pair wins a tie over a
+        shared one. Pipelines run its SQL as one more candidate."""
+        from agentflow.retrieval.paraphrase import PARAPHRASE_THRESHOLD, best_match
+
+        taught = self.store.examples(self.db, tenant=self.tenant)
+        taught.sort(key=lambda e: e.tenant is None)  # own pairs first: they win ties
+        return best_match(question, [(e.question, e.sql) for e in taught],
+                          PARAPHRASE_THRESHOLD if threshold is None else threshold)
+
     def __len__(self) -> int:
         return len(self.store.examples(self.db, tenant=self.tenant)) + len(self.base or ())
 

@@ -28,11 +28,14 @@ from pipelines.common import (
     confidence_of,
     execute_sql,
     llm_node,
+    rank_clusters,
     record_attempt,
     result_preview,
     set_schema_grammar,
     sql_context,
     sql_params,
+    taught_match,
+    taught_node,
     tool_node,
 )
 from pipelines.sqltext import extract_sql, result_key
@@ -83,6 +86,10 @@ class ChessPipeline(Pipeline):
             add(tool_node(f"execute.{i}.0", "execute", self._executor(i)),
                 f"generate_candidate.{i}")
             g.add_edge(f"execute.{i}.0", "select")
+        match = taught_match(env, query.question)
+        if match is not None:  # a taught SQL answers this question: one more candidate
+            add(taught_node(match, self.n_candidates))
+            g.add_edge("taught_candidate", "select")
         return g
 
     # ------------------------------------------------------------------------------ stages
@@ -162,16 +169,21 @@ class ChessPipeline(Pipeline):
             run = candidates[i]
             if run.ok:
                 clusters.setdefault(result_key(run.rows), []).append(i)
-        ranked = sorted(clusters.values(), key=lambda members: (-len(members), members[0]))
+        ranked = rank_clusters(ctx.state, list(clusters.values()))
         ctx.state["clusters"] = ranked
         if not ranked:
             ctx.state["final"] = _last_attempt(candidates)
             ctx.summary = "no candidate executes"
             return None
-        if len(ranked) == 1 or self.n_tests <= 0:
+        taught = ctx.state.get("taught") or {}
+        taught_first = bool(taught.get("ok")) and taught.get("candidate") in ranked[0]
+        if len(ranked) == 1 or self.n_tests <= 0 or taught_first:
+            # A taught SQL that ran is the user's own answer to this question: the model's
+            # unit tests (a weaker judge) do not overrule it.
             ctx.state["final"] = candidates[ranked[0][0]]
             ctx.state["chosen_cluster"] = 0
-            ctx.summary = f"{len(ranked)} result clusters; chose candidate {ranked[0][0]}"
+            how = "; the taught SQL's result" if taught_first else ""
+            ctx.summary = f"{len(ranked)} result clusters; chose candidate {ranked[0][0]}{how}"
             return ranked[0][0]
         self._add_unit_tests(ctx, ranked)
         ctx.summary = f"{len(ranked)} result clusters disagree; writing unit tests"
@@ -243,8 +255,10 @@ class ChessPipeline(Pipeline):
         details = {"attempts": state.get("attempts", []),
                    "clusters": state.get("clusters", []),
                    "keywords": state.get("keywords", []),
-                   "unit_tests": state.get("unit_tests", [])}
-        confidence = confidence_of(state, n_candidates=self.n_candidates)
+                   "unit_tests": state.get("unit_tests", []),
+                   "taught": state.get("taught")}
+        confidence = confidence_of(state, n_candidates=len(state.get("candidates", {}))
+                                   or self.n_candidates)
         if final is None or not final.sql:
             return PipelineOutput(sql=None, error="no candidate produced SQL", details=details,
                                   confidence=confidence)

@@ -54,6 +54,7 @@ class Execution:
     rows: list[tuple] = field(default_factory=list)
     error: str | None = None
     error_kind: str | None = None
+    truncated_by: str | None = None  # a cap cut the rows short: "rows" or "bytes"
 
     @property
     def empty(self) -> bool:
@@ -85,12 +86,28 @@ async def execute_sql(env: PipelineEnv, sql: str) -> Execution:
     if isinstance(result, SqlError):
         return Execution(sql=sql, ok=False, error=result.message, error_kind=result.kind)
     assert isinstance(result, QueryResult)
-    return Execution(sql=sql, ok=True, columns=result.columns, rows=result.rows)
+    return Execution(sql=sql, ok=True, columns=result.columns, rows=result.rows,
+                     truncated_by=result.truncated_by)
 
 
-def needs_revision(execution: Execution) -> bool:
-    """CHESS revises candidates that fail or return nothing."""
-    return not execution.ok or execution.empty
+def needs_revision(execution: Execution, question: str = "", dialect: str = "sqlite") -> bool:
+    """CHESS revises candidates that fail or return nothing; agentflow also asks again when a
+    candidate answers a specific question with ``SELECT *`` (``agentflow.answer_shape``)."""
+    return not execution.ok or execution.empty or star_retry(execution, question, dialect)
+
+
+def star_retry(execution: Execution, question: str, dialect: str = "sqlite") -> bool:
+    """Whether ``execution`` ran but is a degenerate ``SELECT *`` answer to ``question``."""
+    from agentflow.answer_shape import degenerate
+
+    return bool(execution.ok and question and degenerate(question, execution.sql, dialect))
+
+
+# The retry of a SELECT * candidate samples differently (a greedy retry of the same prompt
+# tends to repeat it) and, when constrained, with a grammar that has no ``*`` column.
+STAR_RETRY_TEMPERATURE = 0.7
+STAR_FEEDBACK = ("the query returns every column (SELECT *), but the question asks for "
+                 "specific ones: select only the columns the question asks for")
 
 
 def shots(env: PipelineEnv, question: str, k: int) -> list[prompts.Shot]:
@@ -146,8 +163,10 @@ def add_revision_round(ctx: StageContext, *, candidate: int, round_: int, max_ro
                        exec_stage: str = "execute", revise_stage: str = "revise") -> bool:
     """If ``execution`` needs fixing and rounds remain, insert revise -> execute before
     ``downstream``. Returns whether a round was added."""
-    if not needs_revision(execution) or round_ >= max_rounds:
+    question, dialect = ctx.query.question, ctx.env.db.dialect
+    if not needs_revision(execution, question, dialect) or round_ >= max_rounds:
         return False
+    star = star_retry(execution, question, dialect)
     tried = [a["sql"] for a in ctx.state.get("attempts", [])[:-1] if a["candidate"] == candidate]
     if round_ > 0 and execution.sql in tried:
         # The revision repeated an SQL already tried: another round would only repeat it.
@@ -157,9 +176,13 @@ def add_revision_round(ctx: StageContext, *, candidate: int, round_: int, max_ro
 
     async def revise(c: StageContext) -> str:
         prefix = c.state[sql_context_key]
+        feedback = STAR_FEEDBACK if star else execution.feedback()
         prompt = prompts.revise_sql(prefix, c.query.question, c.query.evidence, execution.sql or
-                                    "(none)", execution.feedback())
-        result = await c.llm(prompt, sql_params(c.env, c.state), answer_prefix="SELECT")
+                                    "(none)", feedback)
+        params = sql_params(c.env, c.state)
+        if star:
+            params = star_retry_params(params, seed=100 * (candidate + 1) + nxt)
+        result = await c.llm(prompt, params, answer_prefix="SELECT")
         sql = extract_sql(result.text)
         c.summary = sql
         return sql
@@ -181,6 +204,65 @@ def add_revision_round(ctx: StageContext, *, candidate: int, round_: int, max_ro
          tool_node(exec_id, exec_stage, execute_revised)],
         [(ctx.node.id, rev_id), (rev_id, exec_id), (exec_id, downstream)])
     return True
+
+
+def star_retry_params(params: SamplingParams, *, seed: int) -> SamplingParams:
+    """The retry's sampling: warmer, its own seed, and no ``*`` column when constrained."""
+    from dataclasses import replace
+
+    from agentflow.llm.grammars import without_star
+
+    grammar = params.grammar
+    if grammar:
+        try:
+            grammar = without_star(grammar)
+        except ValueError:  # a grammar this module did not build: keep it
+            pass
+    return replace(params, temperature=max(params.temperature, STAR_RETRY_TEMPERATURE),
+                   seed=seed, grammar=grammar)
+
+
+# ------------------------------------------------------------------------- taught SQL
+def taught_match(env: PipelineEnv, question: str) -> Any:
+    """The taught pair that answers ``question`` (``paraphrase.Match``), or None: the same
+    question, or one whose similarity reaches ``PARAPHRASE_THRESHOLD``. Only taught pairs
+    count (``env.fewshot.match``), never dataset examples."""
+    match = getattr(env.fewshot, "match", None)
+    if match is None or env.history:  # a follow-up means something else than its words
+        return None
+    return match(question)
+
+
+def taught_node(match: Any, index: int) -> Node:
+    """A tool stage that runs the taught SQL as candidate ``index``: recorded like any other
+    attempt, so the selector clusters it with the model's candidates."""
+    async def run_taught(ctx: StageContext) -> Execution:
+        run = await execute_sql(ctx.env, match.sql)
+        record_attempt(ctx, index, run)
+        ctx.state["taught"] = {"candidate": index, "question": match.question,
+                               "similarity": match.similarity, "exact": match.exact,
+                               "ok": run.ok and not run.empty}
+        ctx.summary = (f"taught SQL of {match.question!r} (similarity {match.similarity:.2f}): "
+                       + ctx.summary)
+        return run
+    return tool_node("taught_candidate", "taught_candidate", run_taught)
+
+
+def rank_clusters(state: dict[str, Any], clusters: list[list[int]]) -> list[list[int]]:
+    """Result clusters, best first: the one holding a taught SQL that ran (and returned rows),
+    then by votes — members that are not degenerate ``SELECT *`` answers (identical trivial
+    candidates agreeing is not evidence) — then by size, then earlier."""
+    from agentflow.answer_shape import degenerate
+
+    candidates: dict[int, Execution] = state.get("candidates", {})
+    taught = state.get("taught") or {}
+    question, dialect = state.get("question", ""), state.get("dialect", "sqlite")
+
+    def key(members: list[int]) -> tuple:
+        has_taught = taught.get("ok") and taught.get("candidate") in members
+        votes = sum(1 for i in members if not degenerate(question, candidates[i].sql, dialect))
+        return (not has_taught, -votes, -len(members), members[0])
+    return sorted(clusters, key=key)
 
 
 def record_attempt(ctx: StageContext, candidate: int, execution: Execution) -> None:
@@ -217,6 +299,15 @@ def confidence_of(state: dict[str, Any], *, n_candidates: int = 1,
     tests = state.get("unit_tests")
     verdicts: dict[int, bool] = state.get("verdicts", {})
     rows = final.rows if final is not None and final.ok else []
+    from agentflow.answer_shape import degenerate
+
+    candidates: dict[int, Execution] = state.get("candidates", {})
+    question, dialect = state.get("question", ""), state.get("dialect", "sqlite")
+    votes = (sum(1 for i in chosen if i in candidates
+                 and not degenerate(question, candidates[i].sql, dialect)) if chosen else None)
+    taught = state.get("taught") or {}
+    from_taught = taught.get("ok") and (taught.get("candidate") in chosen if chosen
+                                        else taught.get("candidate") == final_candidate)
     return assess(Signals(
         question=state.get("question", ""), sql=final.sql if final else None,
         executed=bool(final is not None and final.ok), rows=rows,
@@ -228,4 +319,5 @@ def confidence_of(state: dict[str, Any], *, n_candidates: int = 1,
         else None,
         other_clusters_passed=sum(1 for r, ok in verdicts.items() if ok and r != chosen_rank),
         truncated=len(rows) >= state.get("max_rows", 1 << 62),
-        dialect=state.get("dialect", "sqlite")))
+        dialect=dialect, votes=votes,
+        taught_similarity=float(taught["similarity"]) if from_taught else None))

@@ -22,6 +22,8 @@ from pipelines.common import (
     set_schema_grammar,
     sql_context,
     sql_params,
+    taught_match,
+    taught_node,
     tool_node,
 )
 from pipelines.sqltext import extract_sql
@@ -54,13 +56,34 @@ class SinglePipeline(Pipeline):
             ctx.state["final"] = run
             return run
 
-        return chain(llm_node("generate_sql", "generate_sql", generate, prompt_tokens=900,
-                              output_tokens=40, max_tokens=SQL_PARAMS.max_tokens),
-                     tool_node("execute", "execute", execute))
+        g = chain(llm_node("generate_sql", "generate_sql", generate, prompt_tokens=900,
+                           output_tokens=40, max_tokens=SQL_PARAMS.max_tokens),
+                  tool_node("execute", "execute", execute))
+        match = taught_match(env, query.question)
+        if match is None:
+            return g
+
+        async def choose(ctx: StageContext):
+            # The taught SQL, when it ran and returned rows, is the user's own answer.
+            taught = ctx.state.get("taught") or {}
+            if taught.get("ok"):
+                ctx.state["final"] = ctx.state["candidates"][1]
+                ctx.summary = "the taught SQL's result"
+            else:
+                ctx.summary = "the model's SQL (the taught SQL did not return rows)"
+            return ctx.state["final"]
+
+        taught = taught_node(match, 1)
+        g.add_node(taught.id, node=taught)
+        pick = tool_node("choose", "choose", choose)
+        g.add_node(pick.id, node=pick)
+        g.add_edges_from([("execute", "choose"), (taught.id, "choose")])
+        return g
 
     def output(self, state: dict[str, Any]) -> PipelineOutput:
         final = state.get("final")
-        confidence = confidence_of(state)
+        taught = state.get("taught") or {}
+        confidence = confidence_of(state, final_candidate=1 if taught.get("ok") else 0)
         if final is None or not final.sql:
             return PipelineOutput(sql=None, error="the model wrote no SQL", confidence=confidence)
         if not final.ok:

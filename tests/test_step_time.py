@@ -246,13 +246,6 @@ def test_simulate_step_rejects_malformed_specs(capsys, spec, flag):
     assert f"argument {flag}" in capsys.readouterr().err
 
 
-def test_simulate_without_a_trace_still_asks_for_one(capsys):
-    with pytest.raises(SystemExit) as exc:
-        agentflow_main(["simulate"])
-    assert exc.value.code == 2
-    assert "--trace" in capsys.readouterr().err
-
-
 # ----------------------------------------------------------- serial (CPU-core) operators
 XEON = hardware.gpu("Xeon-core")
 GEMMA = hardware.model("gemma-3-270m")

@@ -39,9 +39,21 @@ class LLMRequest:
     answer_prefix: str = ""
     priority: int = 0  # the coordinator's order of admission (backends that queue use it)
     slo_rank: int = 0  # the query's SLO class rank: vLLM's per-request priority (lower first)
+    # True: ``priority`` is the coordinator's queue rank (band-major, then the queue policy's
+    # key: ``scheduler.classes.engine_priority``), which an engine that orders by priority
+    # (vLLM) is sent instead of ``slo_rank`` (``engine_priority`` below)
+    queue_ranked: bool = False
     stage: str = ""  # pipeline stage type, e.g. "generate_candidate" (for scripted/sim backends)
     query_id: str = ""
     request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")
+
+    @property
+    def engine_priority(self) -> int:
+        """What an engine that orders its own queue by priority (vLLM, lower first) is sent:
+        the coordinator's queue rank where it ranks by class (``queue_ranked``: class band,
+        then the queue policy's order within it, so the engine's waiting queue and
+        preemption follow the scheduler's ranking, issue 38), else the SLO class rank."""
+        return self.priority if self.queue_ranked else self.slo_rank
 
 
 @dataclass(frozen=True)

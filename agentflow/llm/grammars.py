@@ -130,6 +130,23 @@ def schema_sql_grammar(tables: dict[str, list[str]], answer_prefix: str = "SELEC
     return "\n".join(kept + rules) + "\n"
 
 
+def without_star(grammar: str) -> str:
+    """``grammar`` with ``*`` removed from the result columns (``SELECT *``, ``t.*``), for the
+    retry of a candidate that answered a specific question with whole rows; ``COUNT(*)`` and
+    multiplication stay. Works on ``SQL_*_GBNF`` and ``schema_sql_grammar`` output."""
+    lines = []
+    for line in grammar.splitlines():
+        if line.startswith("result-col  ::="):
+            line = line.replace('"*" | ', "", 1)
+        elif line.startswith("column      ::="):
+            line = line.replace('(column-name | "*")', "column-name").replace(' ("." "*")?', "")
+        lines.append(line)
+    out = "\n".join(lines) + ("\n" if grammar.endswith("\n") else "")
+    if out == grammar:
+        raise ValueError("not an agentflow SQL grammar: no result-col rule to change")
+    return out
+
+
 def _name_forms(name: str) -> list[str]:
     """GBNF literals for a name: quoted always, bare when the bare form parses as a name."""
     escaped = name.replace("\\", "\\\\").replace('"', '\\"\\"')  # SQL doubles a quote

@@ -35,14 +35,16 @@ def _import_openai() -> Any:
 
 
 class OpenAIBackend(LLMBackend):
-    """``vllm_priority=True`` sends the call's SLO class rank (``LLMRequest.slo_rank``:
-    interactive 0, standard 1, batch 2 by default) as ``priority`` in the body, for vLLM
-    served with ``--scheduling-policy priority``: lower runs earlier and may preempt a
-    running higher one, so a batch flood admitted to the engine does not hold up an
-    interactive query's calls; equal ranks keep their arrival order, which is the order the
-    coordinator admitted them in. Opt-in because a vLLM server without that policy rejects
-    non-zero priorities. ``grammar_param`` names the body
-    field a GBNF grammar goes in (``"grammar"`` for llama.cpp's servers, ``"guided_grammar"``
+    """``vllm_priority=True`` sends the call's rank (``LLMRequest.engine_priority``: under a
+    class-ranked queue the coordinator's band-major queue rank — class first, then the queue
+    policy's order, flowsage's miss risk; else the SLO class rank, interactive 0, standard 1,
+    batch 2 by default) as ``priority`` in the body, for vLLM served with
+    ``--scheduling-policy priority``: lower runs earlier and may preempt a running higher
+    one, so a batch flood admitted to the engine does not hold up an interactive query's
+    calls, and within a class the engine's waiting queue and preemption follow the
+    scheduler's order instead of first-come-first-served. Opt-in because a vLLM server
+    without that policy rejects non-zero priorities. ``grammar_param`` names the body field
+    a GBNF grammar goes in (``"grammar"`` for llama.cpp's servers, ``"guided_grammar"``
     for vLLM versions that take it); ``None`` drops grammars. ``timeout_s`` bounds the whole
     call, stream included. Client-side retries are off by default: the scheduler decides
     where a failed call goes next. ``send_request_id`` sends ``X-Request-Id`` (vLLM with
@@ -95,7 +97,7 @@ class OpenAIBackend(LLMBackend):
             kwargs["seed"] = params.seed
         body = dict(self.extra_body)
         if self.vllm_priority:
-            body["priority"] = request.slo_rank
+            body["priority"] = request.engine_priority
         if params.grammar is not None and self.grammar_param:
             body[self.grammar_param] = params.grammar
         if body:

@@ -2,10 +2,11 @@
 
 The engine batches concurrent calls itself (continuous batching), so this adapter adds no
 queue: every call goes straight to ``engine.generate(prompt, sampling_params, request_id,
-priority=...)`` with the call's SLO class rank (``LLMRequest.slo_rank``) as ``priority``
-(lower = earlier, and a lower one may preempt a running higher one); it takes effect when
-the engine runs with ``scheduling_policy="priority"`` (a non-zero priority is an error
-otherwise). Within a rank the engine keeps arrival order, i.e. the coordinator's. Outputs
+priority=...)`` with the call's rank (``LLMRequest.engine_priority``: the coordinator's
+class band and queue order where its queue ranks by class, else the SLO class rank) as
+``priority`` (lower = earlier, and a lower one may preempt a running higher one); it takes
+effect when the engine runs with ``scheduling_policy="priority"`` (a non-zero priority is an
+error otherwise). Equal priorities keep arrival order. Outputs
 are cumulative (vLLM's default output kind); progress is the length of
 ``outputs[0].token_ids``. A cancelled call is aborted in the engine so its KV blocks are
 freed at once.
@@ -112,7 +113,7 @@ class VLLMEngineBackend(LLMBackend):
         except (ValueError, TypeError) as exc:
             raise BackendError(f"{self.name}: bad sampling parameters: {exc}",
                                retryable=False) from exc
-        extra = {"priority": request.slo_rank} if self._priority_ok else {}
+        extra = {"priority": request.engine_priority} if self._priority_ok else {}
         start = time.perf_counter()
         first_token_at = 0.0
         n_out = 0

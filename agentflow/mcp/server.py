@@ -156,7 +156,8 @@ class AgentflowTools:
             if holds_slot:
                 self.limits.release(caller)
         return {"columns": [str(c) for c in result.columns], "rows": _rows(result.rows, limit),
-                "truncated": result.truncated, "elapsed_s": _round(result.elapsed_s)}
+                "truncated": result.truncated, "truncated_by": result.truncated_by,
+                "elapsed_s": _round(result.elapsed_s)}
 
 
 def build_server(af: AgentFlow, tenants: TenantTable | None = None):

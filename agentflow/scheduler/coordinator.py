@@ -462,7 +462,7 @@ class Coordinator(WorkflowPaths):
             rekey_tenants(self, flipped, now)
         if isinstance(self._queue_policy, ClassRankedQueue):  # the backend ranks by class too
             for c in started:
-                c.priority = engine_priority(self, c)
+                c.priority = engine_priority(self, c, now)
         decisions: list[Decision] = [StartCall(c, queue.name, c.priority, c.preemptions)
                                        for c in started]
         if started and self.can_preempt():

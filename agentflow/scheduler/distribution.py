@@ -211,6 +211,8 @@ class Distribution:
 
     def survival(self, x: float | np.ndarray) -> float | np.ndarray:
         """P(X > x)."""
+        if isinstance(x, float | int):  # the scalar path the scheduler takes per event
+            return float(self._tail_array()[self.values.searchsorted(x, side="right")])
         out = self._tail_array()[np.searchsorted(self.values, x, side="right")]
         return float(out) if np.ndim(out) == 0 else out
 
@@ -221,6 +223,11 @@ class Distribution:
 
     def quantile(self, q: float | np.ndarray) -> float | np.ndarray:
         """The smallest support value v with P(X <= v) >= q (the lower quantile), q in [0, 1]."""
+        if isinstance(q, float | int):  # one level: the same search without array wrappers
+            if not 0 <= q <= 1:
+                raise ValueError("quantile level must be in [0, 1]")
+            i = int(self._cdf_array().searchsorted(float(q) - 1e-12, side="left"))
+            return float(self.values[min(i, self.values.size - 1)])
         qa = np.asarray(q, dtype=np.float64)
         if np.any((qa < 0) | (qa > 1)):
             raise ValueError("quantile level must be in [0, 1]")
@@ -292,11 +299,26 @@ class Distribution:
     def conditional_above(self, a: float) -> Distribution:
         """The distribution of X given X > a (what remains possible once ``a`` was attained).
         Raises ValueError when P(X > a) = 0: the caller must decide what an over-run means."""
-        start = int(np.searchsorted(self.values, a, side="right"))
+        start = int(self.values.searchsorted(a, side="right"))
         if start >= self.values.size:
             raise ValueError(f"no probability mass above {a} (max {self.max()})")
         p = self.probs[start:]
         return Distribution._trusted(self.values[start:], p / p.sum())
+
+    def conditional_quantile(self, a: float, q: float) -> float:
+        """``conditional_above(a).quantile(q)`` without building the conditional
+        distribution (the same arithmetic, so the same float): what the scheduler reads
+        at every progress report of a running call (``ClusterView._output_reserve``)."""
+        start = int(self.values.searchsorted(a, side="right"))
+        if start >= self.values.size:
+            raise ValueError(f"no probability mass above {a} (max {self.max()})")
+        if not 0 <= q <= 1:
+            raise ValueError("quantile level must be in [0, 1]")
+        p = self.probs[start:]
+        cum = np.cumsum(p / p.sum())
+        cum[-1] = 1.0
+        i = int(cum.searchsorted(float(q) - 1e-12, side="left"))
+        return float(self.values[start + min(i, cum.size - 1)])
 
     def clip(self, upper: float) -> Distribution:
         """``min(X, upper)``: a call cannot produce more than its ``max_tokens``."""

@@ -100,18 +100,24 @@ class WorkflowPaths(ClusterView):
         oh, pf, df = self._mean_coefs()
         calls = {c.node_id: c for c in query.calls}
         done = query.done_nodes
+        state_of = run.state  # a WorkflowRun, or a shard's mirror of one
         pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
         rem: dict[str, tuple[float, float, float]] = {}
         after: dict[str | None, float] = {}
         after_lo: dict[str, float] = {}
         after_hi: dict[str, float] = {}
         total = total_lo = total_hi = work = 0.0
+        prompt: float
         for n, node, succ in reverse_order:
-            state = run.state(n)
+            state = state_of(n)
             if (state != pending and state != running) or n in done:
                 continue
             if node.kind == llm:
-                prompt, (mean, lo, hi) = self._stage_lengths(query, node, calls.get(n))
+                call = calls.get(n)
+                if call is not None and call.length_summary is not None:  # the common case
+                    prompt, (mean, lo, hi) = call.prompt_tokens, call.length_summary
+                else:
+                    prompt, (mean, lo, hi) = self._stage_lengths(query, node, call)
                 base = oh + prompt * pf
                 t, t_lo, t_hi = base + mean * df, base + lo * df, base + hi * df
                 work += t
@@ -167,7 +173,7 @@ class WorkflowPaths(ClusterView):
         if truth is not None:  # the oracle: this stage's real sizes
             o = float(truth.output_tokens)
             return truth.prompt_tokens, (o, o, o)
-        prompt, dist = self._future_lengths(query, node)
+        prompt, dist = self._future_lengths(query, node, truth)
         per_query = self._stage_summary.setdefault(query.id, {})
         summary = per_query.get(node.stage)
         if summary is None or summary[0] is not dist:
@@ -214,12 +220,15 @@ class WorkflowPaths(ClusterView):
             return Distribution.point(0.0)
         return cost.conditional_above(attained).shift(-attained)
 
-    def _future_lengths(self, query: QueryState, node: Node) -> tuple[int, Distribution]:
+    def _future_lengths(self, query: QueryState, node: Node, truth: Any = False
+                        ) -> tuple[int, Distribution]:
         """Prompt tokens and output distribution of an LLM stage that has no call yet, from
         what serving knows: the length model (the oracle knows the truth), the node's
         ``max_tokens``, and its prompt size from the pipeline's hint, else the stage's
-        calls so far, else ``DEFAULT_PROMPT_TOKENS``."""
-        truth = self.length_model.true_lengths(query.id, node.id)
+        calls so far, else ``DEFAULT_PROMPT_TOKENS``. ``truth``: the length model's true
+        lengths of the node, where the caller has just asked (False: ask)."""
+        if truth is False:
+            truth = self.length_model.true_lengths(query.id, node.id)
         if truth is not None:
             return truth.prompt_tokens, Distribution.point(truth.output_tokens)
         prompt = node.hints.get("prompt_tokens")

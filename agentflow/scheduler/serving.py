@@ -36,6 +36,7 @@ from agentflow.llm.base import (
 )
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.call_deadline import CallDeadlines
+from agentflow.scheduler.classes import ranks_by_class
 from agentflow.scheduler.coordinator import (
     Coordinator,
     Decision,
@@ -85,6 +86,8 @@ class ScheduledRouter:
         self.health = HealthTracker(list(coordinator.queues), self.health_settings,
                                     revive_after_s=revive_after_s)
         self.deadlines = CallDeadlines(coordinator, self.health_settings)
+        # whether a start's priority is the queue's band-major rank (sent to vLLM as is)
+        self._queue_ranked = ranks_by_class(coordinator._queue_policy)
         self._inflight: dict[ScheduledCall, asyncio.Task[LLMResult]] = {}
         self._moved: set[ScheduledCall] = set()
         # per running attempt: (its number, a future resolved the moment it is stopped or
@@ -157,7 +160,8 @@ class ScheduledRouter:
             if attempt != sc.preemptions:
                 continue  # that run was stopped before it began: wait for the next start
             started = self.clock.now()
-            request = replace(call.request, priority=priority, slo_rank=rank)
+            request = replace(call.request, priority=priority, slo_rank=rank,
+                              queue_ranked=self._queue_ranked)
 
             def progress(tokens: int, sc: ScheduledCall = sc, attempt: int = attempt) -> None:
                 if sc.preemptions != attempt:

@@ -363,7 +363,7 @@ class ClusterView:
         if written <= 0:
             return output.quantile(0.9)
         if output.survival(written) > 0:
-            return max(output.conditional_above(written).quantile(0.9), written)
+            return max(output.conditional_quantile(written, 0.9), written)
         return 2 * written
 
 

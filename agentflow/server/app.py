@@ -43,7 +43,7 @@ from agentflow.config import AgentFlowConfig
 from agentflow.server import errors
 from agentflow.server.auth import Caller, require_admin, require_key
 from agentflow.server.errors import ApiError, retry_after_header
-from agentflow.server.events import stream
+from agentflow.server.events import EventStreamResponse, stream
 from agentflow.server.models import (
     DatabaseList,
     Health,
@@ -214,7 +214,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
         (with the answer). Events so far are replayed first."""
         handle = service.handle(query_id, caller)
         start = event_position(last_event_id)
-        return StreamingResponse(stream(service, handle, start), media_type="text/event-stream",
+        return EventStreamResponse(stream(service, handle, start), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
                                           "X-Accel-Buffering": "no"})
 

@@ -220,6 +220,8 @@ class QueryView(QuerySummary):
     columns: list[str] = Field(default_factory=list)
     rows: list[list[Any]] = Field(default_factory=list)
     truncated: bool = False
+    truncated_by: str | None = Field(None, description="which cap cut the rows short: 'rows' "
+                                     "(max_rows) or 'bytes' (the answer's byte cap)")
     stages: list[StageView] = Field(default_factory=list)
     usage: dict[str, Any] = Field(default_factory=dict)
     details: dict[str, Any] = Field(default_factory=dict)

@@ -64,7 +64,7 @@ class Replica:
 
     def __init__(self, store: StateStore, af: AgentFlow, limits: StoreLimits,
                  tenants: TenantTable, *, replica_id: str | None = None, lease_s: float = 5.0,
-                 tick_s: float = 0.1, watch_s: float = 900.0,
+                 tick_s: float = 0.05, watch_s: float = 900.0,
                  on_moved: Callable[[QueryHandle], None] | None = None):
         self.store = store
         self.af = af
@@ -77,6 +77,11 @@ class Replica:
         self.on_moved = on_moved  # the service counts and watches a moved query like its own
         self._seq: dict[str, int] = {}
         self._seq_lock = threading.Lock()
+        # events and "running" marks wait here for the next batch (one commit per tick)
+        self._pending: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        self._running: set[str] = set()
+        self._pending_lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one batch (or one finish) written at a time
         self._watched: dict[str, RemoteHandle] = {}
         self._watch_lock = threading.Lock()
         self._stop = threading.Event()
@@ -98,16 +103,14 @@ class Replica:
         self._seq[handle.query_id] = start_seq
         state = {"running": False}
 
-        def write(event: dict[str, Any]) -> None:
+        def write(event: dict[str, Any]) -> None:  # queued: the next tick writes the batch
             with self._seq_lock:
                 seq = self._seq[handle.query_id] = self._seq.get(handle.query_id, 0) + 1
-            try:
-                self.store.add_event(handle.query_id, seq, event)
+            with self._pending_lock:
+                self._pending.setdefault(handle.query_id, []).append((seq, event))
                 if not state["running"] and event.get("type") == "stage_started":
                     state["running"] = True
-                    self.store.set_status(handle.query_id, self.id, "running")
-            except Exception:  # noqa: BLE001 - the store must never fail the query
-                log.exception("storing an event of %s failed", handle.query_id)
+                    self._running.add(handle.query_id)
 
         def listener(event: dict[str, Any]) -> None:
             with lock:
@@ -127,7 +130,12 @@ class Replica:
         else:
             data = future.result().to_dict()
         try:
-            if not self.store.finish_query(handle.query_id, self.id, data):
+            with self._flush_lock:  # after a batch in flight; its last events go with it
+                with self._pending_lock:
+                    events = self._pending.pop(handle.query_id, [])
+                    self._running.discard(handle.query_id)
+                stored = self.store.finish_query(handle.query_id, self.id, data, events)
+            if not stored:
                 log.warning("query %s was answered elsewhere (it moved); this answer is "
                             "dropped", handle.query_id)
         except Exception:  # noqa: BLE001 - say so; the answer is still served from memory
@@ -152,12 +160,22 @@ class Replica:
     def request_cancel(self, query_id: str, reason: str = "cancelled by request") -> bool:
         return self.store.request_cancel(query_id, reason)
 
+    def flush(self) -> None:
+        """Write the queued events and running marks, all queries in one transaction."""
+        with self._flush_lock:
+            with self._pending_lock:
+                events, self._pending = self._pending, {}
+                running, self._running = self._running, set()
+            if events or running:
+                self.store.add_events(events, running, owner=self.id)
+
     # ------------------------------------------------------------------ the background
     def _run(self) -> None:
         last_beat = last_scan = 0.0
         while not self._stop.wait(self.tick_s):
             now = time.monotonic()
             try:
+                self.flush()
                 if now - last_beat >= self.lease_s / 5:
                     self.store.heartbeat(self.id)
                     last_beat = now
@@ -237,6 +255,7 @@ class Replica:
         self._stop.set()
         self._thread.join(timeout=5)
         try:
+            self.flush()
             self.store.deregister_replica(self.id)
         except Exception:  # noqa: BLE001 - shutting down: say so, go on
             log.exception("replica %s: leaving the state store failed", self.id)

@@ -54,6 +54,10 @@ EngineKind = Literal["sqlite", "duckdb"]
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_ROWS = 10_000
+# Rows stop at about this many bytes of values (text and blobs by length, other values 8), so
+# one answer cannot fill the server's memory: 1,000 rows of 1 MB made a 1 GB response, kept.
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+_FETCH_BATCH = 256
 
 # Pooled connections: opening a DuckDB file costs tens of milliseconds, far more than a
 # typical benchmark query, so connections are kept and reused across queries.
@@ -92,10 +96,12 @@ class QueryResult:
     truncated: bool = False
     elapsed_s: float = 0.0
     sql: str = ""
+    truncated_by: str | None = None  # "rows" (the row cap) or "bytes" (the byte cap)
 
     def to_dict(self) -> dict[str, Any]:
         return {"columns": self.columns, "rows": [list(r) for r in self.rows],
-                "truncated": self.truncated, "elapsed_s": self.elapsed_s, "sql": self.sql}
+                "truncated": self.truncated, "truncated_by": self.truncated_by,
+                "elapsed_s": self.elapsed_s, "sql": self.sql}
 
 
 def json_value(value: Any) -> Any:
@@ -228,8 +234,10 @@ class Database:
     # ----------------------------------------------------------------------------- queries
     def execute(self, sql: str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S,
                 max_rows: int | None = DEFAULT_MAX_ROWS, dialect: str | None = None,
-                allow_catalog: bool = False) -> QueryResult:
-        """Run one read-only query and return at most ``max_rows`` rows.
+                allow_catalog: bool = False,
+                max_bytes: int | None = DEFAULT_MAX_BYTES) -> QueryResult:
+        """Run one read-only query and return at most ``max_rows`` rows and about
+        ``max_bytes`` bytes of values (``truncated_by`` says which cap cut it short).
 
         ``dialect`` is the dialect ``sql`` is written in; it is transpiled to this database's
         dialect when they differ. The time limit covers the whole call: transpiling and the
@@ -269,16 +277,18 @@ class Database:
                     f"query exceeded the {timeout_s:g}s time limit while being checked",
                     sql=sql, limit_s=timeout_s)
         try:
-            columns, rows, truncated = self._run(run_sql, sql, remaining, timeout_s, max_rows,
-                                                 authorizer)
+            columns, rows, truncated_by = self._run(run_sql, sql, remaining, timeout_s,
+                                                    max_rows, authorizer, max_bytes)
         except sa.exc.DBAPIError as err:  # checkout failed: the server is unreachable
             raise self._connection_error(err, sql, connected=False) from err
-        return QueryResult(columns=columns, rows=rows, truncated=truncated,
-                           elapsed_s=time.monotonic() - start, sql=sql)
+        return QueryResult(columns=columns, rows=rows, truncated=truncated_by is not None,
+                           elapsed_s=time.monotonic() - start, sql=sql,
+                           truncated_by=truncated_by)
 
     def _run(self, run_sql: str, sql: str, remaining: float | None, timeout_s: float | None,
              max_rows: int | None, authorizer: SqliteAuthorizer | None = None,
-             ) -> tuple[list[str], list[tuple], bool]:
+             max_bytes: int | None = DEFAULT_MAX_BYTES,
+             ) -> tuple[list[str], list[tuple], str | None]:
         with self.engine.connect() as conn:
             raw = conn.connection.dbapi_connection
             interrupter = _Interrupter(self.kind, raw, remaining)
@@ -297,13 +307,7 @@ class Database:
                 with interrupter:
                     cursor = conn.exec_driver_sql(run_sql)
                     columns = list(cursor.keys())
-                    if max_rows is None:
-                        rows = [tuple(r) for r in cursor.fetchall()]
-                        truncated = False
-                    else:
-                        rows = [tuple(r) for r in cursor.fetchmany(max_rows + 1)]
-                        truncated = len(rows) > max_rows
-                        rows = rows[:max_rows]
+                    rows, truncated = _fetch(cursor, max_rows, max_bytes)
                     cursor.close()
             except sa.exc.DBAPIError as err:
                 orig = err.orig if err.orig is not None else err
@@ -390,6 +394,34 @@ class Database:
         return schema_prompt(self, **kwargs)
 
 
+def _fetch(cursor: Any, max_rows: int | None,
+           max_bytes: int | None) -> tuple[list[tuple], str | None]:
+    """Rows in batches until the row cap or the byte cap (whichever comes first) is reached:
+    what is not fetched never crosses into this process's memory."""
+    rows: list[tuple] = []
+    used = 0
+    while True:
+        want = _FETCH_BATCH if max_rows is None else min(_FETCH_BATCH, max_rows + 1 - len(rows))
+        batch = cursor.fetchmany(want)
+        if not batch:
+            return rows, None
+        for raw in batch:
+            if max_rows is not None and len(rows) >= max_rows:
+                return rows, "rows"
+            row = tuple(raw)
+            size = row_bytes(row)
+            if max_bytes is not None and used + size > max_bytes:
+                return rows, "bytes"
+            rows.append(row)
+            used += size
+
+
+def row_bytes(row: tuple) -> int:
+    """About how many bytes a row's values take: text and blobs by length, others 8."""
+    return sum(len(v) if isinstance(v, (str, bytes, bytearray, memoryview)) else 8
+               for v in row) + 8
+
+
 def _lenient_text(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.text_factory = lambda b: b.decode("utf-8", errors="replace")
 
@@ -454,6 +486,7 @@ class _Interrupter:
     _PG_CANCEL_FACTOR = 1.5
     _PG_ABANDON_FACTOR = 1.8
     _PG_SERVER_TIMEOUT = True  # tests turn it off to show the client-side cancel alone
+    _SQLITE_BACKSTOP_FACTOR = 1.1
 
     def __init__(self, kind: str, raw: Any, timeout_s: float | None):
         self.kind = kind
@@ -496,7 +529,8 @@ class _Interrupter:
                                                self._abandon)
         else:
             if self.kind == "sqlite" and hasattr(self.raw, "set_progress_handler"):
-                deadline = time.monotonic() + self.timeout_s
+                # a backstop just after the watchdog's interrupt, which stays the first stop
+                deadline = time.monotonic() + self.timeout_s * self._SQLITE_BACKSTOP_FACTOR
                 self._deadline = deadline
                 self.raw.set_progress_handler(lambda: time.monotonic() > deadline,
                                               SQLITE_PROGRESS_STEPS)

@@ -25,7 +25,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -188,10 +188,18 @@ class StateStore:
               status, query_id, owner)
 
     def add_event(self, query_id: str, seq: int, event: dict[str, Any]) -> None:
+        self.add_events({query_id: [(seq, event)]})
+
+    def add_events(self, events: dict[str, list[tuple[int, dict[str, Any]]]],
+                   running: Iterable[str] = (), owner: str | None = None) -> None:
+        """Many queries' events (by query id: ``(seq, event)``) in one transaction, and the
+        queries of ``owner`` that have started running (a replica writes in batches: one
+        commit per event would cost more than the query's own work)."""
         with self._tx() as q:
-            q("INSERT INTO af_events (query_id, seq, body) VALUES (?, ?, ?) "
-              "ON CONFLICT (query_id, seq) DO NOTHING",
-              query_id, seq, json.dumps(event, default=str, separators=(",", ":")))
+            _insert_events(q, events)
+            for query_id in running:
+                q("UPDATE af_queries SET status = 'running' WHERE id = ? AND owner = ? AND "
+                  "finished IS NULL", query_id, owner)
 
     def events(self, query_id: str, after: int = 0) -> list[dict[str, Any]]:
         """Events with ``seq > after``, in order (seq counts from 1)."""
@@ -205,10 +213,12 @@ class StateStore:
             rows = q("SELECT max(seq) FROM af_events WHERE query_id = ?", query_id)
         return int(rows[0][0] or 0)
 
-    def finish_query(self, query_id: str, owner: str, answer: dict[str, Any]) -> bool:
+    def finish_query(self, query_id: str, owner: str, answer: dict[str, Any],
+                     events: Iterable[tuple[int, dict[str, Any]]] = ()) -> bool:
         """Store the answer — once: only the query's owner, and only the first time, may
-        (a replica taken for dead that still finishes is refused). Then forget the
-        tenant's oldest finished queries beyond ``keep_per_tenant``."""
+        (a replica taken for dead that still finishes is refused) — with the query's last
+        ``events`` in the same transaction. Then forget the tenant's oldest finished
+        queries beyond ``keep_per_tenant``."""
         status = answer.get("status", "failed")
         if status not in FINAL:
             raise ValueError(f"not a final status: {status!r}")
@@ -220,6 +230,7 @@ class StateStore:
                      status, self.clock(), body, query_id, owner)
             if not rows:
                 return False
+            _insert_events(q, {query_id: list(events)})
             self._retain(q, rows[0][0])
         return True
 
@@ -401,6 +412,15 @@ class StateStore:
             return int(q("SELECT count(*) FROM af_slots s JOIN af_replicas r ON "
                          "r.id = s.replica WHERE s.tenant = ? AND r.heartbeat > ?",
                          tenant, self.clock() - lease_s)[0][0])
+
+
+def _insert_events(q: Callable[..., list[tuple]],
+                   events: dict[str, list[tuple[int, dict[str, Any]]]]) -> None:
+    for query_id, items in events.items():
+        for seq, event in items:
+            q("INSERT INTO af_events (query_id, seq, body) VALUES (?, ?, ?) "
+              "ON CONFLICT (query_id, seq) DO NOTHING",
+              query_id, seq, json.dumps(event, default=str, separators=(",", ":")))
 
 
 _COLUMNS = "id, tenant, status, owner, attempt, created, finished, request, answer, moves"

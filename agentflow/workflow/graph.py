@@ -89,9 +89,21 @@ class WorkflowRun:
 
     def ready(self) -> list[Node]:
         """Pending nodes whose parents have all finished, in a stable (topological) order."""
-        return [self.node(n) for n in nx.lexicographical_topological_sort(self.graph)
-                if self._state[n] == self.PENDING
-                and all(self._state[p] == self.DONE for p in self.graph.predecessors(n))]
+        state, pending, done = self._state, self.PENDING, self.DONE
+        return [node for n, node, parents in self._lexical_order()
+                if state[n] == pending and all(state[p] == done for p in parents)]
+
+    def _lexical_order(self) -> list[tuple[str, Node, list[str]]]:
+        """(id, node, parents) in lexicographical topological order. Kept until the graph
+        grows (a graph only grows, by expansion, so its node and edge counts say when): the
+        simulator asks for the ready nodes at every finished stage."""
+        g = self.graph
+        shape = (g.number_of_nodes(), g.number_of_edges())
+        cached = self.__dict__.get("_order")
+        if cached is None or cached[0] != shape:
+            cached = self._order = (shape, [(n, self.node(n), list(g.predecessors(n)))
+                                            for n in nx.lexicographical_topological_sort(g)])
+        return cached[1]
 
     @property
     def finished(self) -> bool:

@@ -3,6 +3,7 @@ package finds its modules by name (no sys.path edits)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,23 @@ def test_python_dash_m_runs_the_same_command() -> None:
 def test_no_benchmark_edits_sys_path() -> None:
     offenders = [str(p) for p in BENCH_DIR.rglob("*.py") if "sys.path" in p.read_text()]
     assert offenders == []
+
+
+def test_every_benchmark_has_a_row_in_the_benchmarks_page() -> None:
+    """docs/benchmarks.md lists what `agentflow bench --help` lists: a benchmark added without
+    its row (or a row left for one removed) fails here."""
+    from agentflow.bench.registry import benchmarks
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    rows = set(re.findall(r"^\| `agentflow bench (\w+)`", doc, flags=re.M))
+    assert rows == set(benchmarks())
+
+
+def test_benchmarks_find_the_shared_data_through_one_path() -> None:
+    """AGENTFLOW_SHARED moves the shared data for every benchmark: none builds its own path
+    to a ``shared`` folder beside the checkout (seven did, so a fresh clone elsewhere could
+    not run them)."""
+    bench = Path(__file__).resolve().parents[2] / "agentflow" / "bench"
+    own = [str(p.relative_to(bench)) for p in bench.rglob("*.py")
+           if p.name != "paths.py" and '"shared"' in p.read_text(encoding="utf-8")]
+    assert own == []

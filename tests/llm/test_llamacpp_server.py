@@ -246,7 +246,7 @@ def test_real_vs_sim_prints_its_two_figures(tmp_path):
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, "agentflow bench real_vs_sim", "--cluster",
+        [sys.executable, "-m", "agentflow.bench", "real_vs_sim", "--cluster",
          "examples/cluster-llama-server-2cpu.yaml", "--trace",
          str(ROOT.parent / "shared" / "traces" / "hexgen-flow" / "trace1.json"),
          "--rate", "0.5", "--queries", "2", "--scale", "0.02",

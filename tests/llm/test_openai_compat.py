@@ -134,6 +134,11 @@ def test_vllm_priority_goes_in_the_body_and_is_accepted(server):
     request = LLMRequest("Hello", SamplingParams(max_tokens=2), priority=4, slo_rank=2)
     kwargs = OpenAIBackend(server.base_url, "m", **backend_options).request_kwargs(request)
     assert kwargs["extra_body"]["priority"] == 2  # the class rank, not the admission order
+    # under a class-ranked queue: the coordinator's band-major queue rank (issue 38)
+    from dataclasses import replace
+    ranked = replace(request, priority=-2 * 10**9 + 123, queue_ranked=True)
+    sent = OpenAIBackend(server.base_url, "m", **backend_options).request_kwargs(ranked)
+    assert sent["extra_body"]["priority"] == -2 * 10**9 + 123
     assert kwargs["prompt"] == "Hello" and kwargs["stream"] is True
     assert kwargs["stream_options"] == {"include_usage": True}
     result = run(generate(server.base_url, request, **backend_options))

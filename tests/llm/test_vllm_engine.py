@@ -91,6 +91,9 @@ def test_result_priority_pass_through_and_progress():
     call = engine.calls[0]
     # the engine's priority is the query's class rank, not the coordinator's admission order
     assert call["priority"] == 2 and call["request_id"] == request.request_id
+    from dataclasses import replace
+    run(backend.generate(replace(request, priority=7_000_000_123, queue_ranked=True)))
+    assert engine.calls[-1]["priority"] == 7_000_000_123  # the queue's rank (issue 38)
     assert call["prompt"] == "count the booksSELECT"
     assert call["params"] is request.params
     assert result.text == "SELECT * FROM book;"

@@ -9,7 +9,7 @@ import pytest
 from agentflow.scheduler import QueryRejected
 from agentflow.scheduler.backlog import DeadlineRejected, backlog_clear_s
 from agentflow.scheduler.call import QueryState
-from agentflow.scheduler.classes import PRIORITY_BAND, shed_limit
+from agentflow.scheduler.classes import PRIORITY_BAND, TIER_BAND, queue_rank, shed_limit
 from agentflow.scheduler.fairness import TenantShares
 from agentflow.slo_classes import DEFAULT_SLO_CLASSES, SloClass
 from tests.scheduler.utils import chain_run, coordinator, occupy
@@ -100,9 +100,41 @@ def test_the_backend_priority_is_band_major() -> None:
     c = coordinator("vllm", {"s": 10}, max_inflight=3)
     started = [_ready(c, q, deadline=None, cls=k) for q, k in
                (("b", "batch"), ("s", "standard"), ("i", "interactive"))]
-    # admitted in arrival order (free slots), told to the engine by class first; the
-    # default class keeps its plain admission number
-    assert [x.priority for x in started] == [2 * PRIORITY_BAND, 1, -2 * PRIORITY_BAND + 2]
+    # admitted in arrival order (free slots), told to the engine by class first (the
+    # default class in [0, PRIORITY_BAND)), then by the queue's own key (classes.queue_rank)
+    assert [x.priority // PRIORITY_BAND for x in started] == [2, 0, -2]
+    assert [x.priority % PRIORITY_BAND for x in started] == [queue_rank(x, 0.0)
+                                                             for x in started]
+
+
+def test_within_a_band_the_engine_is_told_the_queue_order_not_the_admission_order() -> None:
+    """Issue 38: calls are admitted long before they contend, and the engine's waiting queue
+    and preemption order by this number; before, it was the admission number, so within a
+    class the engine ran first-come-first-served whatever the queue policy said."""
+    c = coordinator("flowsage", {"s": 10}, max_inflight=3)
+    loose = _ready(c, "loose", deadline=500.0, cls="standard")
+    tight = _ready(c, "tight", deadline=30.0, cls="standard")
+    later = _ready(c, "later", deadline=None, cls="standard")  # no deadline: after both
+    assert [x.state.name for x in (loose, tight, later)] == ["RUNNING"] * 3
+    assert tight.priority < loose.priority < later.priority  # before: loose < tight < later
+    assert 0 <= tight.priority < PRIORITY_BAND and later.priority < PRIORITY_BAND
+
+
+def test_queue_rank_keeps_the_order_of_keys_across_their_range() -> None:
+    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.ranking import Segment
+
+    def rank(tier: int, value: float) -> int:
+        call = ScheduledCall.__new__(ScheduledCall)
+        call.rank_key = (Segment(float("-inf"), tier, value, 0.0),)
+        return queue_rank(call, 0.0)
+
+    values = [-1e9, -3600.0, -2.0, -1e-3, 0.0, 1e-3, 0.5, 0.501, 2.0, 86400.0, 86400.5, 1e11]
+    ranks = [rank(0, v) for v in values]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+    assert rank(0, 1e12) < rank(1, -1e12) < rank(TIER_BAND + 1, 0.0) + 1  # tier first
+    assert rank(TIER_BAND + 1, 0.0) == rank(1, 0.0)  # the class band's tier shift is removed
+    assert 0 <= rank(0, float("-inf")) and rank(31, float("inf")) < PRIORITY_BAND
 
 
 def test_fair_share_puts_an_over_share_tenant_behind_within_its_class() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentflow.scheduler import CallState, FailCall, QueryRejected, StartCall
+from agentflow.scheduler.classes import queue_rank
 from tests.scheduler.utils import coordinator, occupy
 
 
@@ -15,10 +16,15 @@ def test_admission_respects_capacity_and_hands_out_increasing_priorities() -> No
                for i in range(4)]
     started = [d for _, ds in results for d in ds if isinstance(d, StartCall)]
     assert [d.call.node_id for d in started] == ["n0", "n1"]
-    assert [d.priority for d in started] == [0, 1]
+    # the engine is told the queue's rank (fcfs: when the call became ready; all at 0 here,
+    # so equal, and the engine keeps its arrival order between equals)
+    assert started[0].priority == started[1].priority == queue_rank(started[0].call, 0.0)
     assert [x.node_id for x in c.queues["fast"].ordered_waiting(0.0, c)] == ["n2", "n3"]
+    c.clock.advance(1.0)
+    later, _ = c.on_call_ready("q", stage="s", node_id="n4", prompt_tokens=0)
     decisions = c.on_call_done(results[0][0], output_tokens=1)
-    assert [(d.call.node_id, d.priority) for d in decisions] == [("n2", 2)]
+    assert [(d.call.node_id, d.priority) for d in decisions] == [("n2", started[0].priority)]
+    assert queue_rank(later, 1.0) > started[0].priority  # ready later: after, in the engine
 
 
 def test_kv_budget_holds_back_calls_that_would_not_fit() -> None:

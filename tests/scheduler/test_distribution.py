@@ -143,3 +143,23 @@ def test_kv_cost_and_cost_distribution() -> None:
     # O in {10, 20} at I = 100: {1050, 200 + 2000 = 2200}, same probabilities
     c = cost_distribution(100, Distribution([10, 20], [0.3, 0.7]))
     assert c.values.tolist() == [1050, 2200] and c.probs.tolist() == [0.3, 0.7]
+
+
+def test_scalar_paths_give_the_floats_the_array_paths_give() -> None:
+    """The per-event scalar paths (one quantile level, one survival point, the conditional
+    quantile without building the conditional distribution) are the same arithmetic."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        d = Distribution(rng.integers(1, 600, size=n).astype(float), rng.random(n) + 1e-3)
+        for q in (0.0, 0.1, 0.3, 0.9, 1.0):
+            assert d.quantile(q) == float(d.quantile(np.array([q]))[0])
+        for a in (0.0, float(d.values[0]), float(d.values[len(d.values) // 2]),
+                  float(d.values[-1]) - 0.5):
+            assert d.survival(a) == float(d.survival(np.array([a]))[0])
+            if d.survival(a) > 0:
+                assert d.conditional_quantile(a, 0.9) == d.conditional_above(a).quantile(0.9)
+    with pytest.raises(ValueError, match="no probability mass"):
+        Distribution.point(3.0).conditional_quantile(3.0, 0.9)
+    with pytest.raises(ValueError, match="quantile level"):
+        Distribution.point(3.0).quantile(1.5)

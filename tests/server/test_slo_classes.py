@@ -304,9 +304,12 @@ def test_openai_backend_sends_the_class_rank_as_vllm_priority(recorder: str,
     assert per_query >= 1 and len(bodies) == 3 * per_query
     assert all(b["model"] == "m" and b["prompt"].endswith("SELECT") for b in bodies)
     if vllm_priority:
-        # the queries' calls in order: interactive (0), batch (2), standard (1)
-        assert [b["priority"] for b in bodies] == [0] * per_query + [2] * per_query \
-            + [1] * per_query
+        # the queries' calls in order: interactive, batch, standard; each sent its class band
+        # first (counted from standard's, PRIORITY_BAND apart), then its place in the queue
+        # order within it (``scheduler.classes.engine_priority``, issue 38)
+        from agentflow.scheduler.classes import PRIORITY_BAND
+        assert [b["priority"] // PRIORITY_BAND for b in bodies] == [-2] * per_query \
+            + [2] * per_query + [0] * per_query
     else:
         assert not any("priority" in b for b in bodies)  # a server without the policy
 

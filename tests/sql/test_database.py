@@ -139,3 +139,17 @@ def test_schema_introspection_and_prompt(db_path: Path) -> None:
         pruned = db.schema_prompt(tables={"book": ["title"], "author": None}, samples=0)
         assert "price" not in pruned and "loan" not in pruned
         assert "book_id" in pruned and "author_id" in pruned  # keys survive pruning
+
+
+@pytest.mark.timeout(60)
+def test_sqlite_stops_itself_at_its_deadline_without_the_watchdog(library_db: Path,
+                                                                  monkeypatch) -> None:
+    """Issue 35 §2: the engine enforces the limit (the progress handler), so a query stops
+    even when the watchdog's interrupt never lands."""
+    from agentflow.sql.database import _Interrupter
+
+    monkeypatch.setattr(_Interrupter, "_fire", lambda self: None)
+    with Database.open(library_db) as db:
+        with pytest.raises(QueryTimeoutError):
+            db.execute(FOREVER, timeout_s=0.5)
+        assert db.execute("SELECT count(*) FROM author").rows == [(3,)]

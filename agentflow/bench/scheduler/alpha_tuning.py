@@ -11,8 +11,8 @@ reported next to alpha=0 — P95 and SLO attainment side by side, same arrivals.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from agentflow.bench.paths import HEXGEN_TRACES
 from agentflow.metrics import scale_key
 from agentflow.sim.alpha import DEFAULT_GRID, OnlineAlphaTuner
 from agentflow.sim.cluster import load_cluster
@@ -20,7 +20,7 @@ from agentflow.sim.experiment import build_workload, run_policy
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import load_hexgen
 
-TRACE = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "hexgen-flow" / \
+TRACE = HEXGEN_TRACES / \
     "trace1.json"
 
 

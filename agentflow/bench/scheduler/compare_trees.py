@@ -21,7 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "hexgen-flow"
+from agentflow.bench.paths import HEXGEN_TRACES
+
+TRACES = HEXGEN_TRACES
 
 _CELLS = r'''
 import importlib.util, json, sys

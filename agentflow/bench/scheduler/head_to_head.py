@@ -21,6 +21,7 @@ import json
 import time
 from pathlib import Path
 
+from agentflow.bench.paths import HEXGEN_TRACES
 from agentflow.distributed.grid import run_grid
 from agentflow.metrics import scale_key
 from agentflow.sim.alpha import OnlineAlphaTuner
@@ -32,7 +33,7 @@ from agentflow.sim.workload import load_hexgen
 
 POLICIES = ("vllm", "hexgen-flow", "sagesched", "llf", "flowsage", "oracle")
 TUNED = ("hexgen-flow", "flowsage", "oracle")
-TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "hexgen-flow"
+TRACES = HEXGEN_TRACES
 
 
 # `agentflow bench NAME --quick`: a short run (registry.expand_quick)

@@ -55,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agentflow.bench.paths import HEXGEN_TRACES
 from agentflow.distributed.grid import run_grid
 from agentflow.metrics import scale_key
 from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig, load_cluster
@@ -72,7 +73,7 @@ from agentflow.sim.experiment import (
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import TenantSpec, TraceNode, TraceQuery, load_hexgen
 
-TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "hexgen-flow"
+TRACES = HEXGEN_TRACES
 POLICIES = ("vllm", "hexgen-flow", "sagesched", "llf", "least_loaded+edf", "flowsage", "oracle")
 REFERENCE = "oracle"  # the yardstick, never "the best other policy"
 TOOL_S = 0.05  # a SQL execution / finalize step (the pipelines' own default estimate)

@@ -47,12 +47,13 @@ from pathlib import Path
 
 import numpy as np
 
+from agentflow.bench.paths import HEXGEN_TRACES
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.embedders import Embedder, make_embedder
 from agentflow.scheduler.lengths.learned import LearnedLengthModel, default_priors
 
 ROOT = Path(__file__).resolve().parents[3]
-SHARED_HEXGEN = ROOT.parent / "shared" / "traces" / "hexgen-flow"
+SHARED_HEXGEN = HEXGEN_TRACES
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import json
 import os
 from pathlib import Path
 
+from agentflow.bench.paths import HEXGEN_TRACES
 from agentflow.cli.simulate import PolicyCellInputs, policy_cell
 from agentflow.distributed.grid import run_grid_timed
 from agentflow.metrics import scale_key
@@ -25,7 +26,7 @@ from agentflow.sim.experiment import build_workload
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import load_trace
 
-TRACE = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "hexgen-flow" / \
+TRACE = HEXGEN_TRACES / \
     "trace1.json"
 
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentflow.bench.paths import HEXGEN_TRACES
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.driver import Simulation, StageTiming
 from agentflow.sim.experiment import build_workload, run_policy
@@ -32,7 +33,7 @@ from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import load_hexgen
 
 ROOT = Path(__file__).resolve().parents[3]
-TRACES = ROOT.parent / "shared" / "traces" / "hexgen-flow"
+TRACES = HEXGEN_TRACES
 
 PRESETS = ("flowsage", "sagesched", "hexgen-flow", "llf", "vllm", "oracle")
 PAIRS = ("least_loaded+edf", "earliest_finish+gittins", "cache_aware+fcfs",

@@ -11,7 +11,8 @@ errors, the server's CPU per answered query (every process of the server, read f
 ``/proc``), and the ratios to N=1. Each replica has its own scheduler and its own scripted
 instances, so the fleet behind it grows with N: the scripted latency is kept low enough that
 one replica is CPU-bound, which is what this measures. The clients run on the same machine
-and take CPU too; on a shared machine the ratio is a floor.
+and take CPU too; on a shared machine the ratio is a floor. ``--baseline`` adds one replica
+with ``--state off`` (everything in the process, as before the store): the store's own cost.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from agentflow.bench.serving.served import serve
 
@@ -68,7 +70,7 @@ def wait_replicas(state: Path, n: int, timeout_s: float = 180.0) -> None:
         store.close()
 
 
-def one(n: int, args: argparse.Namespace) -> dict[str, float]:
+def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, Any]:
     from agentflow.bench.serving.load_test import SQL, drive
 
     instances = [{"name": f"scripted-{i}", "max_inflight": args.inflight,
@@ -79,9 +81,11 @@ def one(n: int, args: argparse.Namespace) -> dict[str, float]:
               "instances": instances, "scheduler": {"max_active_queries": 200},
               "server": {"drain_s": 5}}
     proc, url, path = serve(config, prefix="agentflow-replicas-", start_timeout_s=180,
-                            extra_args=["--replicas", str(n)])
+                            extra_args=["--replicas", str(n),
+                                        *(() if state else ("--state", "off"))])
     try:
-        wait_replicas(path.parent / "state.sqlite", n)
+        if state:
+            wait_replicas(path.parent / "state.sqlite", n)
         drive_args = argparse.Namespace(queries=args.queries, clients=args.clients,
                                         timeout=args.timeout, key=None, retries=3)
         asyncio.run(drive(url, argparse.Namespace(**{**vars(drive_args), "queries":
@@ -97,7 +101,8 @@ def one(n: int, args: argparse.Namespace) -> dict[str, float]:
             proc.kill()
     answered = [o for o in run.outcomes if o.kind == "done"]
     elapsed = run.finished - run.started
-    return {"replicas": n, "answered": len(answered), "queries": len(run.outcomes),
+    return {"replicas": n if state else f"{n}, no store", "answered": len(answered),
+            "queries": len(run.outcomes),
             "errors": sum(o.kind != "done" for o in run.outcomes),
             "qps": len(answered) / elapsed if elapsed > 0 else float("nan"),
             "cpu_ms_per_query": 1000 * cpu / max(1, len(answered)), "elapsed_s": elapsed}
@@ -117,17 +122,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", default="chess")
     p.add_argument("--slo", type=float, default=60.0)
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--baseline", action="store_true",
+                   help="also one replica with --state off (no store), for the store's cost")
     args = p.parse_args(argv)
     counts = [int(x) for x in args.replicas.split(",") if x.strip()]
     results = [one(n, args) for n in counts]
     base = results[0]
+    if args.baseline:  # one process, state kept in it: the server before the store
+        results.append(one(1, args, state=False))
     print(f"\n{args.queries} {args.pipeline} queries, {args.clients} clients, scripted "
           f"instances (NOT a model: {args.instances} x {args.latency * 1000:g} ms per call, "
           f"per replica); machine: {os.cpu_count()} CPUs")
-    print(f"{'replicas':>8} {'answered':>9} {'errors':>7} {'queries/s':>10} {'ratio':>6} "
+    print(f"{'replicas':>14} {'answered':>9} {'errors':>7} {'queries/s':>10} {'ratio':>6} "
           f"{'server CPU ms/query':>20} {'ratio':>6}")
     for r in results:
-        print(f"{r['replicas']:>8} {r['answered']:>9} {r['errors']:>7} {r['qps']:>10.1f} "
+        print(f"{r['replicas']!s:>14} {r['answered']:>9} {r['errors']:>7} {r['qps']:>10.1f} "
               f"{r['qps'] / base['qps']:>6.2f} {r['cpu_ms_per_query']:>20.1f} "
               f"{r['cpu_ms_per_query'] / base['cpu_ms_per_query']:>6.2f}")
     return 0 if all(r["errors"] == 0 for r in results) else 1

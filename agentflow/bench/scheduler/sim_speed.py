@@ -1,0 +1,87 @@
+"""Simulated LLM calls per CPU-second at fleet size, and whether it holds as a run grows.
+
+    agentflow bench sim_speed [--cluster hetero-1024] [--queries 500,5000] [--rate 80]
+        [--policy flowsage] [--trace trace2.json] [--seed 0] [--profile FILE]
+
+Replays ``--queries`` queries of a HexGen-Flow trace (trace2 by default: not the trace the
+policies were tuned on) arriving at ``--rate`` queries/s on ``--cluster`` (a name or a
+cluster file) under one policy, as ``agentflow simulate`` does, and prints for each run
+length the calls simulated, the CPU seconds of the replay alone (``time.process_time``; the
+workload is built outside the timing) and their ratio, then the ratio of the longest run's
+rate to the shortest's (1.0: flat in run length). CPU time, not wall time, so a machine
+shared with other jobs inflates it less. ``--profile FILE`` writes a cProfile of the last
+run (``python -m pstats FILE``). The simulator is what proves policies at fleet size: a day
+of traffic (100k queries, ~1.9M calls) must replay in minutes, not hours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import time
+from pathlib import Path
+
+from agentflow.bench.paths import HEXGEN_TRACES
+from agentflow.sim.cluster import load_cluster
+from agentflow.sim.experiment import build_workload, run_policy
+from agentflow.sim.workload import load_trace
+
+
+def replay(cluster_name: str, trace_path: Path, queries: int, rate: float, policy: str,
+           seed: int = 0, profile: cProfile.Profile | None = None) -> tuple[int, float, int]:
+    """(calls simulated, CPU seconds of the replay, queries done) of one run."""
+    cluster = load_cluster(cluster_name)
+    workload = build_workload(load_trace(trace_path), cluster, n=queries, rate=rate, seed=seed)
+    start = time.process_time()
+    if profile is not None:
+        profile.enable()
+    result = run_policy(cluster, workload, policy)
+    if profile is not None:
+        profile.disable()
+    cpu = time.process_time() - start
+    calls = sum(r.calls for r in result.records)
+    done = sum(1 for r in result.records if r.status == "done")
+    return calls, cpu, done
+
+
+# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
+QUICK_ARGS: tuple[str, ...] = ("--cluster", "hetero-64", "--queries", "40,80", "--rate", "6")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cluster", default="hetero-1024", help="a cluster name or file")
+    p.add_argument("--queries", default="500,5000", help="run lengths, comma-separated")
+    p.add_argument("--rate", type=float, default=80.0, help="arrivals, queries/s")
+    p.add_argument("--policy", default="flowsage")
+    p.add_argument("--trace", default=str(HEXGEN_TRACES / "trace2.json"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", metavar="FILE", help="write a cProfile of the last run")
+    args = p.parse_args(argv)
+    trace = Path(args.trace)
+    if not trace.is_file():
+        raise SystemExit(f"no trace at {trace} (the shared traces: AGENTFLOW_SHARED)")
+    lengths = [int(n) for n in args.queries.split(",")]
+    n_inst = len(load_cluster(args.cluster).expanded())
+    print(f"{args.policy} on {args.cluster} ({n_inst} instances), {trace.name} at "
+          f"{args.rate:g} q/s")
+    print(f"{'queries':>9} {'done':>7} {'calls':>9} {'CPU s':>9} {'calls/CPU-s':>12} "
+          f"{'queries/CPU-s':>14}")
+    rates = []
+    for i, n in enumerate(lengths):
+        prof = cProfile.Profile() if args.profile and i == len(lengths) - 1 else None
+        calls, cpu, done = replay(args.cluster, trace, n, args.rate, args.policy, args.seed,
+                                  prof)
+        rates.append(calls / cpu)
+        print(f"{n:>9} {done:>7} {calls:>9} {cpu:>9.1f} {calls / cpu:>12.0f} "
+              f"{n / cpu:>14.1f}", flush=True)
+        if prof is not None:
+            prof.dump_stats(args.profile)
+    if len(rates) > 1:
+        print(f"calls/CPU-s at {lengths[-1]} over at {lengths[0]} queries: "
+              f"{rates[-1] / rates[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
