@@ -77,7 +77,7 @@ class Answer:
     tenant: str | None = None  # who asked (agentflow.tenants); None: no tenant
     slo_class: str | None = None  # the query's SLO class (agentflow.slo_classes)
     # How sure the pipeline is: {score, level, reasons} (agentflow.confidence); None when it
-    # never produced an answer to judge (rejected, cancelled before running).
+    # never produced an answer to judge (rejected, cancelled).
     confidence: dict[str, Any] | None = None
 
     @property
@@ -547,11 +547,14 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
         finally:
             self.router.end_query(query)
         output = pipeline.output(state)
+        # A cancelled query was never finished, so there is no answer to judge: a score of
+        # the half-done state would read as "Low confidence: likely wrong" on the page.
+        judged = output.confidence if query.status != QueryStatus.CANCELLED else None
         answer = Answer(query_id=query.id, question=question, db=entry.db_id,
                         pipeline=pipeline.name, status=query.status.value, error=query.error,
                         sql=output.sql, slo_s=slo, details=output.details,
                         conversation_id=handle.conversation_id,
-                        confidence=output.confidence.to_dict() if output.confidence else None)
+                        confidence=judged.to_dict() if judged else None)
         if query.status == QueryStatus.DONE and output.error:
             query.status, query.error = QueryStatus.FAILED, output.error
             answer.status, answer.error = "failed", output.error
