@@ -75,14 +75,16 @@ class Execution:
 
 
 async def execute_sql(env: PipelineEnv, sql: str) -> Execution:
-    """Run candidate SQL off the event loop (a query may take seconds) and never raise."""
+    """Run candidate SQL off the event loop (a query may take seconds), in the tenant's share
+    of the database threads (``env.run_db``), and never raise."""
     import asyncio
 
     if not sql:
         return Execution(sql=sql, ok=False, error="no SQL query was written",
                          error_kind="no_sql")
-    result = await asyncio.to_thread(env.db.try_execute, sql, timeout_s=env.sql_timeout_s,
-                                     max_rows=env.max_rows)
+    run = env.run_db or asyncio.to_thread  # the tenant's share of the database threads
+    result = await run(env.db.try_execute, sql, timeout_s=env.sql_timeout_s,
+                       max_rows=env.max_rows)
     if isinstance(result, SqlError):
         return Execution(sql=sql, ok=False, error=result.message, error_kind=result.kind)
     assert isinstance(result, QueryResult)
