@@ -25,7 +25,7 @@ from typing import Any
 from agentflow.catalog import DatabaseCatalog
 from agentflow.config import AgentFlowConfig
 from agentflow.llm.base import LLMBackend
-from agentflow.shares import DbShares, Share, share_of
+from agentflow.shares import DbShares, Share, default_tenant_max, share_of
 from agentflow.sql import SqlError
 from agentflow.sql.database import row_bytes
 from agentflow.teaching import TeachingMixin
@@ -188,7 +188,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
         self.config = config or AgentFlowConfig()
         self.catalog = DatabaseCatalog.from_config(self.config)
         # SQL runs in these threads, each tenant within its share (agentflow.shares)
-        self.shares = DbShares(self.config.db_workers)
+        self.shares = DbShares(self.config.db_workers,
+                               self.config.db_tenant_threads or default_tenant_max())
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentflow-loop",
                                         daemon=True)

@@ -240,6 +240,9 @@ class AgentFlowConfig(BaseModel):
     # share of them (agentflow.shares): one tenant's slow SQL cannot hold them all. Keep it
     # at most a PostgreSQL pool's size (4 + 4) so one tenant cannot fill the pool either.
     db_workers: int = Field(8, ge=1, le=256)
+    # ... and at most this many of them per tenant (None: half the cores; SQLite/DuckDB
+    # queries burn a core each, so more per tenant only takes CPU from the others)
+    db_tenant_threads: int | None = Field(None, ge=1, le=256)
     constrain_sql: bool = True  # grammar-constrained SQL decoding (see PipelineEnv)
     # Answers scored below this confidence come back "unsure" (best guess attached), not done.
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)

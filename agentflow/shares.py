@@ -13,7 +13,10 @@ Here SQL (a pipeline's candidates, taught SQL, MCP ``run_sql``) runs in a pool o
 
 where ``w`` is the tenant's weight times its SLO class's weight — the share it would have
 beside one other tenant of weight 1 (weights 1, 2, 0.5 of 8 threads: 4, 5, 2). Whatever the
-flood, at least ``workers - cap`` threads stay for the others. When a thread frees up, the
+flood, at least ``workers - cap`` threads stay for the others. SQLite and DuckDB run in this
+process and a slow query burns a core for its whole time limit, so the cap is also at most
+``tenant_max`` (default: half the cores): more threads than that would only take CPU from
+the others' queries, not finish its own sooner. When a thread frees up, the
 waiting tenant holding the least per unit of weight gets it (first come first served within a
 tenant). A caller with no tenant (a local Python API user, a server without keys) is the only
 user there is and may use every thread. Admins are tenants like the others: an admin key
@@ -52,6 +55,15 @@ class Share:
     weight: float = 1.0
 
 
+def default_tenant_max() -> int:
+    """Half the cores this process may use, at least 1."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    return max(1, cores // 2)
+
+
 def share_of(tenant: Any, classes: Mapping[str, Any] | None = None) -> Share:
     """The ``Share`` of a ``Tenant`` (or None): its weight times its class's weight."""
     if tenant is None:
@@ -77,10 +89,13 @@ class DbShares:
     """``await shares.run(share, fn, *args)`` runs ``fn`` in a database thread within the
     share's cap; ``shares.call(...)`` is the blocking form for synchronous callers."""
 
-    def __init__(self, workers: int = DEFAULT_WORKERS):
+    def __init__(self, workers: int = DEFAULT_WORKERS, tenant_max: int | None = None):
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"database workers must be a positive integer, got {workers!r}")
+        if tenant_max is not None and tenant_max < 1:
+            raise ValueError(f"a tenant's thread limit must be positive, got {tenant_max!r}")
         self.workers = workers
+        self.tenant_max = tenant_max  # None: only the weighted cap
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentflow-db")
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}
@@ -95,7 +110,8 @@ class DbShares:
         if share.name == LOCAL or self.workers == 1:
             return self.workers
         w = share.weight
-        return max(1, min(self.workers - 1, math.floor(self.workers * w / (w + 1.0))))
+        cap = max(1, min(self.workers - 1, math.floor(self.workers * w / (w + 1.0))))
+        return min(cap, self.tenant_max) if self.tenant_max is not None else cap
 
     def held(self, name: str) -> int:
         with self._lock:
@@ -209,4 +225,4 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-__all__ = ["DEFAULT_WORKERS", "DbShares", "LOCAL", "Share", "share_of"]
+__all__ = ["DEFAULT_WORKERS", "DbShares", "LOCAL", "Share", "default_tenant_max", "share_of"]

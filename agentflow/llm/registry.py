@@ -120,6 +120,9 @@ class ScriptedSpec(BackendSpec):
     name: str = "scripted"
     answers: dict[str, str | list[str]] = Field(default_factory=dict)
     default: str | None = None
+    # a call whose prompt contains the key gets its answer, before ``answers`` (a benchmark
+    # gives one tenant's questions slow SQL)
+    by_prompt: dict[str, str] = Field(default_factory=dict)
     latency_s: float = Field(0.0, ge=0)
     per_token_s: float = Field(0.0, ge=0)
     fail_after: int | None = Field(None, ge=0)
@@ -135,7 +138,7 @@ class ScriptedSpec(BackendSpec):
                                per_token_s=self.per_token_s, fail_after=self.fail_after,
                                fail_retryable=self.fail_retryable, name=self.name,
                                faults=[Fault(**f.model_dump()) for f in self.faults],
-                               hold=hold)
+                               hold=hold, by_prompt=self.by_prompt)
 
 
 class LlamaServerSpec(_LlamaServerFields, BackendSpec):

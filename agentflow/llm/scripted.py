@@ -159,11 +159,14 @@ class ScriptedBackend(LLMBackend):
                  per_token_s: float = 0.0, fail_after: int | None = None,
                  fail_when: Callable[[LLMRequest], bool] | None = None,
                  fail_retryable: bool = True, faults: Sequence[Fault] = (),
-                 hold: Hold | None = None, name: str = "scripted"):
+                 hold: Hold | None = None, name: str = "scripted",
+                 by_prompt: dict[str, str] | None = None):
         if latency_s < 0 or per_token_s < 0:
             raise ValueError("latencies must be non-negative")
         self.name = name
         self._script = script
+        # text -> answer: a call whose prompt contains the text gets that answer, first
+        self.by_prompt = dict(by_prompt or {})
         self._default = default
         self._cycles: dict[str, Iterator[str]] = {}
         self.latency_s = latency_s
@@ -185,6 +188,9 @@ class ScriptedBackend(LLMBackend):
         return ("scripted",)
 
     def _answer(self, request: LLMRequest) -> str:
+        for needle, text in self.by_prompt.items():  # e.g. one tenant's questions only
+            if needle in request.prompt:
+                return text
         if callable(self._script):
             return self._script(request)
         texts = self._script.get(request.stage)

@@ -129,6 +129,8 @@ class Database:
     _secrets: tuple[str, ...] = field(default=(), repr=False)
     search_path: tuple[str, ...] = ()
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # schema_prompt texts by their arguments (read-only: the sample values cannot change)
+    _prompt_cache: dict[str, str] = field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------------------------- opening
     @classmethod
@@ -208,7 +210,8 @@ class Database:
         if not role or "\x00" in role or len(role) > 63:
             raise ValueError(f"invalid database role name {role!r}")
         return dataclasses.replace(self, engine=self.engine.execution_options(
-            **{ROLE_OPTION: role}), _schema_cache=None, _lock=threading.Lock())
+            **{ROLE_OPTION: role}), _schema_cache=None, _lock=threading.Lock(),
+            _prompt_cache={})
 
     def __post_init__(self) -> None:
         # The guard's allow-list for this dialect is derived once per process; do it now
@@ -390,8 +393,17 @@ class Database:
             return self._schema_cache
 
     def schema_prompt(self, **kwargs: Any) -> str:
-        """Compact schema text for prompts; see ``agentflow.sql.schema.schema_prompt``."""
-        return schema_prompt(self, **kwargs)
+        """Compact schema text for prompts; see ``agentflow.sql.schema.schema_prompt``.
+        Cached by its arguments: the pipelines call it on the event loop for every query,
+        and its sample-value SQL (one query per column) blocked the loop for every query
+        in flight — 1.3 s per prompt on 2 busy cores while another tenant's SQL ran."""
+        key = repr(sorted(kwargs.items()))
+        text = self._prompt_cache.get(key)
+        if text is None:
+            text = schema_prompt(self, **kwargs)
+            if len(self._prompt_cache) < 256:  # bounded: a pipeline asks a few shapes
+                self._prompt_cache[key] = text
+        return text
 
 
 def _fetch(cursor: Any, max_rows: int | None,

@@ -31,6 +31,15 @@ def test_stage_mapping_cycles_lists_and_handles_the_answer_prefix():
     assert backend.calls_by_stage["generate"] == 3 and len(backend.calls) == 5
 
 
+def test_by_prompt_answers_first_and_comes_from_the_config_spec():
+    from agentflow.llm.registry import create_backend
+
+    backend = create_backend({"type": "scripted", "answers": {"generate": "SELECT 1"},
+                              "by_prompt": {"count slowly": "SELECT 2"}})
+    assert run(backend.generate(req("generate", prompt="Q: count slowly"))).text == "SELECT 2"
+    assert run(backend.generate(req("generate", prompt="Q: how many"))).text == "SELECT 1"
+
+
 def test_function_script_stop_and_max_tokens():
     backend = ScriptedBackend(lambda r: f"echo {r.query_id}; more words here")
     result = run(backend.generate(LLMRequest("p", SamplingParams(stop=(";",)), query_id="q7")))

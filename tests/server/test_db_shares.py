@@ -127,7 +127,8 @@ def server(tmp_path_factory):
     store = tmp_path_factory.mktemp("shares") / "teaching.sqlite"
     config = AgentFlowConfig(fewshot=None, pipeline="single", slo_s=60,
                              sql_timeout_s=SQL_LIMIT_S, teaching_store=str(store),
-                             instances=[{"name": "cpu-0", "max_inflight": 16}])
+                             instances=[{"name": "cpu-0", "max_inflight": 16}],
+                             db_tenant_threads=4)  # the weighted cap, not half the cores
     backend = ScriptedBackend(_script, latency_s=0.01)
     settings = {"admission_wait_s": 5, "tenants": [
         {"name": "a", "keys": [KEYS["a"]], "max_concurrent": 16},
