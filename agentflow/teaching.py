@@ -436,6 +436,21 @@ class TeachingMixin:
         validate_sql(self.catalog.open(db), sql, timeout_s=self.config.sql_timeout_s)
         return self.teaching.add_example(db_id, question, sql, tenant=_owner(tenant))
 
+    async def teach_async(self, question: str, sql: str, *, db: str,
+                          tenant: Any = None) -> TaughtExample:
+        """``teach`` as the servers call it: in ``tenant``'s share of the database threads
+        (``agentflow.shares``, when this object has them), so a flood of slow taught SQL
+        waits for that tenant's own threads instead of taking everyone's."""
+        shares = getattr(self, "shares", None)
+        if shares is None:
+            import asyncio
+
+            return await asyncio.to_thread(self.teach, question, sql, db=db, tenant=tenant)
+        share = self.share_of(tenant)  # type: ignore[attr-defined]
+        result: TaughtExample = await shares.run(share, self.teach, question, sql, db=db,
+                                                 tenant=tenant)
+        return result
+
     def examples(self, db: str, *, tenant: Any = None) -> list[TaughtExample]:
         """The taught pairs for ``db`` that ``tenant`` sees (shared ones and its own)."""
         return self.teaching.examples(self._db_id(db), tenant=_owner(tenant))
