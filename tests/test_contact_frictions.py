@@ -70,3 +70,64 @@ def test_a_cancelled_answer_has_no_confidence() -> None:
     assert answer.status == "cancelled"
     assert answer.confidence is None
     assert "cancelled" in printed(answer) and "confidence low" not in printed(answer)
+
+
+# ----------------------------------------------------------------------------- cut SQL
+# Longer than the SQL token limit (160) wherever the scripted backend cuts it (by whole
+# words): the cut always lands inside the IN list, so the text never parses.
+LONG = "SELECT count(*) FROM stores WHERE store_id IN (" + ", ".join(
+    str(i) for i in range(400)) + ")"
+
+
+def test_a_candidate_cut_at_its_token_limit_says_so_in_plain_words() -> None:
+    with connect({"generate_sql": LONG}) as af:
+        answer = af.ask("How many stores are there?", db="bookshop", pipeline="single")
+    assert answer.status == "failed"
+    execute = next(s for s in answer.stages if s["node_id"] == "execute")
+    for text in (answer.error, execute["summary"]):
+        assert "cut at the token limit" in text and "write a shorter query" in text, text
+        assert "<class" not in text and "Required keyword" not in text, text
+    generate = next(s for s in answer.stages if s["node_id"] == "generate_sql")
+    assert generate["llm_calls"][0]["completion_tokens"] >= 150
+
+
+def test_the_revision_of_a_cut_candidate_is_told_it_was_cut() -> None:
+    prompts: list[str] = []
+
+    def script(request) -> str:
+        if request.stage == "revise":
+            prompts.append(request.prompt)
+            return COUNT
+        return {"extract_keywords": "stores", "generate_unit_test": ""}.get(
+            request.stage, LONG if request.stage == "generate_candidate" else COUNT)
+
+    backend = ScriptedBackend(script)
+    with AgentFlow(AgentFlowConfig(fewshot=None), backends={"s": backend}) as af:
+        answer = af.ask("How many stores are there?", db="bookshop", pipeline="chess")
+    assert prompts and all("cut at the token limit" in p for p in prompts), prompts[:1]
+    assert answer.status == "done" and answer.sql == COUNT, answer.error
+
+
+def test_a_complete_query_that_does_not_parse_is_not_called_cut() -> None:
+    with connect({"generate_sql": "SELECT name FROM stores WHERE store_id = - ORDER BY name"},
+                 ) as af:
+        answer = af.ask("Which stores?", db="bookshop", pipeline="single")
+    assert answer.status == "failed"
+    assert "cut at the token limit" not in answer.error
+    assert "'-' is missing what must follow it" in answer.error, answer.error
+    assert "<class" not in answer.error
+
+
+def test_parse_errors_name_the_sql_word_not_sqlglot_classes() -> None:
+    import pytest
+
+    from agentflow.sql.errors import SqlSyntaxError
+    from agentflow.sql.guard import parse_single_query
+
+    for sql, word in (("SELECT a FROM t WHERE x = -", "'-'"),
+                      ("SELECT a FROM t ORDER BY", "'ORDER BY'"),
+                      ("SELECT a FROM t WHERE x >", "'>'")):
+        with pytest.raises(SqlSyntaxError) as err:
+            parse_single_query(sql, "sqlite")
+        assert f"{word} is missing what must follow it" in err.value.message
+        assert "<class" not in err.value.message and "line 1" in err.value.message

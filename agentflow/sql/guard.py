@@ -24,7 +24,12 @@ from sqlglot.tokens import TokenType
 
 from agentflow.sql.allowlist import check_function, normalised_name
 from agentflow.sql.engine_check import catalog_problem, is_catalog_function
-from agentflow.sql.errors import QueryTooComplexError, RejectedStatementError, SqlSyntaxError
+from agentflow.sql.errors import (
+    QueryTooComplexError,
+    RejectedStatementError,
+    SqlSyntaxError,
+    plain_parse_error,
+)
 from agentflow.sql.formats import format_problem
 
 # Parsing is part of a query's budget. sqlglot's parser is linear-ish in the text but far from
@@ -78,7 +83,8 @@ def parse_single_query(sql: str, dialect: str | None = None, *,
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
         raise SqlSyntaxError(
-            f"syntax error: {first.get('description') or str(err).splitlines()[0]}",
+            "syntax error: "
+            + plain_parse_error(first.get("description") or str(err).splitlines()[0]),
             sql=sql, line=first.get("line"), column=first.get("col"),
         ) from err
     except TokenError as err:
