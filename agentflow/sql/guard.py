@@ -107,14 +107,20 @@ def parse_single_query(sql: str, dialect: str | None = None, *,
 
 
 def strip_trailing(sql: str, dialect: str | None = None) -> str:
-    """The text of the one statement, without a trailing ``;`` and whatever comment follows.
+    """The text of the one statement, without a trailing ``;`` and whatever comment follows,
+    nor the empty statements before it (``; SELECT 1``: the guard allows it, as sqlite3 does).
 
     PostgreSQL runs queries inside ``DECLARE ... CURSOR FOR <query>``, where a ``;`` is an
     error; the other engines do not mind either way."""
+    start, leading = 0, True
     for token in Dialect.get_or_raise(dialect).tokenize(sql):
         if token.token_type == TokenType.SEMICOLON:
-            return sql[: token.start].rstrip()
-    return sql
+            if leading:
+                start = token.end + 1
+                continue
+            return sql[start: token.start].strip()
+        leading = False
+    return sql[start:].lstrip() if start else sql
 
 
 def check_size(sql: str, dialect: str | None = None) -> None:
