@@ -141,6 +141,7 @@ def test_conversations_follow_across_store_objects_and_tenants(make):
         a, b = StoreConversations(one), StoreConversations(two)
         cid = a.start("bookshop", owner="acme")
         a.add(cid, "How many stores?", "SELECT count(*) FROM stores")
+        one.sync()  # add is queued (the engine's loop does not wait); commits keep order
         turns = b.follow(cid, "bookshop", viewer=Tenant(name="acme"))
         assert [t.sql for t in turns] == ["SELECT count(*) FROM stores"]
         with pytest.raises(ConversationNotFoundError):
@@ -181,6 +182,7 @@ def test_concurrency_limit_holds_across_replicas_under_races(make):
         assert limits[0].inflight("acme") == 3
         side = admitted[0][0]
         limits[side].release(tenant)
+        limits[side].store.sync()  # queued (the engine's loop releases); commits keep order
         assert limits[1 - side].acquire(tenant)  # a slot freed on one is usable on the other
     finally:
         two.close()
@@ -220,3 +222,83 @@ def test_bad_urls_are_clear_errors(tmp_path):
         open_store("mysql://x")
     with pytest.raises(ValueError, match="must be a file"):
         open_store(":memory:")
+
+
+# ---------------------------------------------------------------------- the writer thread
+def test_a_failing_write_fails_alone_in_its_batch(make):
+    """Writes queued while one runs commit together, in order; one that breaks a
+    constraint (a second query with the same id) fails alone, under its savepoint."""
+    store = make()
+    started, go = threading.Event(), threading.Event()
+
+    def slow(q):  # holds the writer so the next three queue up behind it
+        started.set()
+        go.wait(10)
+
+    def insert(query_id):
+        return lambda q: q("INSERT INTO af_queries (id, tenant, status, owner, attempt, "
+                           "created, request, moves) VALUES (?, '', 'pending', NULL, 1, 0, "
+                           "?, '[]')", query_id, _query(query_id).request.to_json())
+    first = store._later(slow)
+    assert started.wait(10)
+    batches_before = store.writes_committed[0]
+    ok1, dup, ok2 = (store._later(insert(i)) for i in ("q1", "q1", "q2"))
+    go.set()
+    first.result(10)
+    ok1.result(10), ok2.result(10)
+    with pytest.raises(Exception, match="(?i)unique|duplicate"):
+        dup.result(10)
+    assert store.get_query("q1") is not None and store.get_query("q2") is not None
+    assert store.writes_committed[0] - batches_before <= 2  # one batch, not one each
+
+
+def test_a_queued_answer_is_readable_everywhere_once_its_future_is_set(make):
+    one = make()
+    two = open_store(one.url)
+    try:
+        one.create_query(_query("q1", owner="r1"))
+        one.conversation_start("c1", None, "bookshop")
+        one.conversation_add("c1", "How many?", "SELECT 1", 4, wait=False)
+        future = one.finish_later("q1", "r1", {"status": "done", "rows": [[1]]})
+        assert future.result(10) is True
+        record = two.get_query("q1")
+        assert record is not None and record.status == "done"
+        assert two.conversation("c1")[2] == [("How many?", "SELECT 1")]  # queued first
+    finally:
+        two.close()
+
+
+def test_close_writes_what_is_queued(tmp_path):
+    store = _sqlite(tmp_path)
+    store.create_query(_query("q1", owner="r1"))
+    for i in range(50):
+        store.add_events({"q1": [(i + 1, {"type": "x", "i": i})]}, wait=False)
+    store.finish_later("q1", "r1", {"status": "done"})
+    store.close()
+    again = _sqlite(tmp_path)
+    try:
+        assert len(again.events("q1")) == 50 and again.get_query("q1").status == "done"
+    finally:
+        again.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        store.create_query(_query("q2"))
+
+
+def test_many_threads_share_few_commits(tmp_path):
+    """Group commit: 8 threads creating 25 queries each commit in fewer transactions than
+    writes, and every query is there."""
+    store = _sqlite(tmp_path)
+    try:
+        def work(t: int) -> None:
+            for i in range(25):
+                store.create_query(_query(f"t{t}-{i}"))
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        batches, writes = store.writes_committed
+        assert store.count_queries("a") == 200
+        assert writes >= 200 and batches < writes
+    finally:
+        store.close()
