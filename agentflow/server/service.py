@@ -173,6 +173,15 @@ def _progress(handle: QueryHandle) -> str:
         else "pending"
 
 
+def teaching_in_state(store: StateStore, teaching_store: str | None) -> bool:
+    """Whether taught pairs and glossary live in the state store: when it is PostgreSQL
+    (replicas on many hosts share nothing else) and the config names no teaching store.
+    A SQLite state store is one host's, whose replicas and ``agentflow teach`` already
+    share ``<cache>/teaching.sqlite``; ``teaching_store: sqlite:///<state file>`` moves
+    them into it anyway."""
+    return teaching_store is None and store.url.startswith(("postgresql://", "postgres://"))
+
+
 class QueryService:
     def __init__(self, af: AgentFlow, settings: ServerSettings, metrics: ServerMetrics, *,
                  owns_agentflow: bool = True):
@@ -217,6 +226,10 @@ class QueryService:
         replica.limits.replica = replica.id
         self.limits = replica.limits
         self.replica = replica
+        if teaching_in_state(store, self.af.config.teaching_store):
+            from agentflow.state.teaching import open_teaching
+
+            self.af._teaching_store = open_teaching(store)
         return replica
 
     def _abandoned(self, request: LLMRequest, instance: str, error: BackendError) -> None:

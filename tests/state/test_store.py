@@ -302,3 +302,85 @@ def test_many_threads_share_few_commits(tmp_path):
         assert writes >= 200 and batches < writes
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------------- taught pairs, glossary
+def test_teaching_in_the_store_keeps_scopes_and_replaces(make):
+    from agentflow.state.teaching import StoreTeaching
+    from agentflow.teaching import TeachingError
+
+    one = make()
+    two = open_store(one.url)
+    try:
+        a, b = StoreTeaching(one), StoreTeaching(two)
+        shared = a.add_example("bookshop", "How many stores?", "SELECT count(*) FROM stores;")
+        own = a.add_example("bookshop", "Cities?", "SELECT city FROM stores", tenant="acme")
+        again = b.add_example("bookshop", "Cities?", "SELECT DISTINCT city FROM stores",
+                              tenant="acme")
+        assert again.id == own.id  # taught again: replaced, not added
+        assert [e.sql for e in b.examples("bookshop", tenant="acme")] == [
+            "SELECT count(*) FROM stores", "SELECT DISTINCT city FROM stores"]
+        assert [e.id for e in b.examples("bookshop", tenant="bolt")] == [shared.id]
+        assert not b.delete_example("bookshop", own.id, tenant="bolt")  # not bolt's
+        assert not b.delete_example("bookshop", "99999999999999999999")
+        assert b.delete_example("bookshop", own.id, tenant="acme")
+        assert [e.id for e in a.examples("bookshop", tenant="acme")] == [shared.id]
+        term = a.add_term("bookshop", "Active  customer", "ordered in the last 90 days",
+                          tenant="acme")
+        assert b.add_term("bookshop", "active customer", "ordered this year",
+                          tenant="acme").id == term.id  # the same term, any case
+        found = b.terms_in("bookshop", "list every ACTIVE customer", tenant="acme")
+        assert [(t.term, t.meaning) for t in found] == [("Active customer",
+                                                          "ordered this year")]
+        assert b.terms_in("bookshop", "list every active customer", tenant="bolt") == []
+        assert b.delete_term("bookshop", "ACTIVE customer", tenant="acme")
+        assert a.glossary("bookshop", tenant="acme") == []
+        with pytest.raises(TeachingError, match="empty"):
+            a.add_example("bookshop", "  ", "SELECT 1")
+        with pytest.raises(TeachingError, match="no words"):
+            a.add_term("bookshop", "!!", "nothing")
+    finally:
+        two.close()
+
+
+def test_shipped_teaching_is_seeded_once_by_racing_replicas(make):
+    from agentflow.state.teaching import StoreTeaching
+
+    one = make()
+    stores = [one, open_store(one.url), open_store(one.url)]
+    try:
+        seeded = []
+        threads = [threading.Thread(target=lambda s=s: seeded.append(StoreTeaching(s).seed(
+            "bookshop", "v1", [("How many stores?", "SELECT count(*) FROM stores")],
+            [("flagship", "the biggest store")]))) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(seeded) == [False, False, True]
+        assert len(StoreTeaching(one).examples("bookshop")) == 1
+        assert len(StoreTeaching(one).glossary("bookshop")) == 1
+    finally:
+        for s in stores[1:]:
+            s.close()
+
+
+def test_a_state_url_as_teaching_store_opens_the_state_stores_tables(tmp_path):
+    """``teaching_store: sqlite:///...`` or ``postgresql://...`` in a config (a server's,
+    or ``agentflow teach --config``'s) teaches into that state store."""
+    from agentflow.state.teaching import StoreTeaching
+    from agentflow.teaching import open_store as open_teaching
+
+    url = f"sqlite:///{tmp_path / 'state.sqlite'}"
+    teaching = open_teaching(url)
+    try:
+        assert isinstance(teaching, StoreTeaching)
+        assert teaching.examples("bookshop"), "the demo's shipped pairs are seeded"
+        teaching.add_example("bookshop", "Any stores?", "SELECT 1 FROM stores LIMIT 1")
+    finally:
+        teaching.state.close()
+    store = open_store(url)
+    try:
+        assert ("Any stores?",) in store.read("SELECT question FROM af_examples")
+    finally:
+        store.close()
