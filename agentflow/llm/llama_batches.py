@@ -9,8 +9,8 @@ the sliding-window cache of Gemma 3 takes the same path): a ubatch holds only se
 ids follow one another (slot k, k+1, ...), the same number of tokens of each, at most
 ``n_ubatch`` in all, and every ubatch is its own forward pass that reads all the weights.
 So two requests decoding in slots 0 and 1 share one pass per step, in slots 0 and 2 they take
-two, which on one CPU core is nearly twice the time (``agentflow bench rvs_slots`` measures
-it). Which slots are busy follows the server's choice of slot for a new request: the idle
+two, which on one CPU core is nearly twice the time (docs/simulator.md gives the measured
+ratios). Which slots are busy follows the server's choice of slot for a new request: the idle
 slot released longest ago (the highest id among never-used ones; the prompt-similarity rule
 does not fire on the replays' random prompts). A ubatch computes the LM head only for the
 rows that are sampled: decode tokens and the last token of a prompt that ends in it.

@@ -24,7 +24,12 @@ from sqlglot.tokens import TokenType
 
 from agentflow.sql.allowlist import check_function, normalised_name
 from agentflow.sql.engine_check import catalog_problem, is_catalog_function
-from agentflow.sql.errors import QueryTooComplexError, RejectedStatementError, SqlSyntaxError
+from agentflow.sql.errors import (
+    QueryTooComplexError,
+    RejectedStatementError,
+    SqlSyntaxError,
+    plain_parse_error,
+)
 from agentflow.sql.formats import format_problem
 
 # Parsing is part of a query's budget. sqlglot's parser is linear-ish in the text but far from
@@ -78,7 +83,8 @@ def parse_single_query(sql: str, dialect: str | None = None, *,
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
         raise SqlSyntaxError(
-            f"syntax error: {first.get('description') or str(err).splitlines()[0]}",
+            "syntax error: "
+            + plain_parse_error(first.get("description") or str(err).splitlines()[0]),
             sql=sql, line=first.get("line"), column=first.get("col"),
         ) from err
     except TokenError as err:
@@ -101,14 +107,20 @@ def parse_single_query(sql: str, dialect: str | None = None, *,
 
 
 def strip_trailing(sql: str, dialect: str | None = None) -> str:
-    """The text of the one statement, without a trailing ``;`` and whatever comment follows.
+    """The text of the one statement, without a trailing ``;`` and whatever comment follows,
+    nor the empty statements before it (``; SELECT 1``: the guard allows it, as sqlite3 does).
 
     PostgreSQL runs queries inside ``DECLARE ... CURSOR FOR <query>``, where a ``;`` is an
     error; the other engines do not mind either way."""
+    start, leading = 0, True
     for token in Dialect.get_or_raise(dialect).tokenize(sql):
         if token.token_type == TokenType.SEMICOLON:
-            return sql[: token.start].rstrip()
-    return sql
+            if leading:
+                start = token.end + 1
+                continue
+            return sql[start: token.start].strip()
+        leading = False
+    return sql[start:].lstrip() if start else sql
 
 
 def check_size(sql: str, dialect: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""real_vs_sim's --calibrate-first (rvs_precalibrate), its chain attribution (rvs_chain) and
+"""real_vs_sim's --calibrate-first (precalibrate.py), its chain attribution (chain.py) and
 the real side's send order, without real engines: the simulator stands in for a machine of
 known speed, so what the fit must find is known."""
 

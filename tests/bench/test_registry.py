@@ -85,3 +85,22 @@ def test_benchmarks_find_the_shared_data_through_one_path() -> None:
     own = [str(p.relative_to(bench)) for p in bench.rglob("*.py")
            if p.name != "paths.py" and '"shared"' in p.read_text(encoding="utf-8")]
     assert own == []
+
+
+def test_the_docs_name_only_benchmarks_that_exist() -> None:
+    """A benchmark removed or folded into another leaves no `agentflow bench NAME` behind in the
+    README, the docs pages or a module's docstring."""
+    root = Path(__file__).resolve().parents[2]
+    texts = [root / "README.md", *sorted((root / "docs").glob("*.md")),
+             *sorted((root / "agentflow").rglob("*.py"))]
+    named = {(m, str(p.relative_to(root))) for p in texts
+             for m in re.findall(r"agentflow bench ([a-z][\w-]*)", p.read_text())}
+    stale = sorted((m, p) for m, p in named if m.replace("-", "_") not in registry.benchmarks())
+    assert stale == []
+
+
+def test_the_listing_speaks_to_users_not_to_the_issue_tracker() -> None:
+    """`agentflow bench --help` is read by people who never saw the issues: a summary says
+    what a benchmark measures, not which issue asked for it."""
+    assert [b.name for b in registry.benchmarks().values()
+            if re.search(r"\bissue[- ]?\d", b.summary, flags=re.I)] == []

@@ -20,43 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentflow.confidence_fit import auroc, bootstrap_auroc
+
+__all__ = ["auroc", "bootstrap_auroc", "judged_rows", "main", "summarize"]
+
 LEVELS = ("high", "medium", "low")
-
-
-def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
-    """Mann-Whitney AUROC with ties counted half; None without both classes."""
-    pos = [s for s, y in zip(scores, labels, strict=True) if y]
-    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
-    if not pos or not neg:
-        return None
-    wins = 0.0
-    for p in pos:
-        for n in neg:
-            wins += 1.0 if p > n else 0.5 if p == n else 0.0
-    return wins / (len(pos) * len(neg))
-
-
-def bootstrap_auroc(scores: Sequence[float], labels: Sequence[bool], *, rounds: int = 2000,
-                    seed: int = 0) -> tuple[float, float] | None:
-    """A 95% percentile interval of the AUROC over resampled questions."""
-    rng = random.Random(seed)
-    n = len(scores)
-    values = []
-    for _ in range(rounds):
-        idx = [rng.randrange(n) for _ in range(n)]
-        value = auroc([scores[i] for i in idx], [labels[i] for i in idx])
-        if value is not None:
-            values.append(value)
-    if len(values) < rounds // 2:
-        return None
-    values.sort()
-    return values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -77,7 +49,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "n_above": len(above), "n_below": len(under),
             "accuracy_above": sum(r["correct"] for r in above) / len(above) if above else None,
             "accuracy_below": sum(r["correct"] for r in under) / len(under) if under else None}
-    return {"n": len(rows), "correct": sum(labels),
+    stars = sum(bool(r.get("star")) for r in rows)
+    return {"n": len(rows), "correct": sum(labels), "select_star": stars,
             "accuracy": sum(labels) / len(rows) if rows else None,
             "by_level": by_level, "split": split, "auroc": auroc(scores, labels),
             "auroc_95": bootstrap_auroc(scores, labels) if rows else None}
@@ -87,6 +60,7 @@ def judged_rows(out: Path, data: Path | None, pipeline: str | None,
                 keep_distinct: bool) -> list[dict[str, Any]]:
     """One row per finished question: its confidence and whether it is right today."""
     from agentflow.accuracy import MatchRule, evaluate_pair
+    from agentflow.answer_shape import star_projection
     from agentflow.datasets import load_dataset
 
     meta = json.loads((out / "eval.json").read_text()) if (out / "eval.json").exists() else {}
@@ -103,6 +77,7 @@ def judged_rows(out: Path, data: Path | None, pipeline: str | None,
             if rec.get("status") not in ("done", "failed", "unsure"):
                 continue
             conf = rec.get("confidence") or {"score": 0.0, "level": "low", "reasons": []}
+            pred = rec.get("pred_sql") or ""
             correct = False
             if rec.get("pred_sql"):
                 db_id = rec["db_id"]
@@ -111,7 +86,9 @@ def judged_rows(out: Path, data: Path | None, pipeline: str | None,
                 verdict = evaluate_pair(dbs[db_id], rec["pred_sql"], rec["gold_sql"],
                                         rule=MatchRule.SPIDER, keep_distinct=keep_distinct)
                 correct = verdict.correct
-            rows.append({"example_id": rec["example_id"], "score": float(conf["score"]),
+            rows.append({"example_id": rec["example_id"], "db_id": rec["db_id"],
+                         "score": float(conf["score"]), "features": conf.get("features") or {},
+                         "star": bool(pred) and star_projection(pred),
                          "level": conf["level"], "correct": correct,
                          "recorded_correct": rec.get("correct"), "status": rec["status"],
                          "reasons": conf.get("reasons", [])})
@@ -127,6 +104,7 @@ def print_report(summary: dict[str, Any], *, label: str) -> None:
     print(f"confidence calibration: {label}")
     print(f"questions {summary['n']}, correct {summary['correct']} "
           f"({pct(summary['accuracy'])})")
+    print(f"SELECT * predictions: {summary['select_star']} of {summary['n']}")
     print(f"{'level':<8}{'n':>5}{'accuracy':>10}")
     for level in LEVELS:
         row = summary["by_level"][level]
@@ -157,6 +135,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-distinct", action="store_true",
                    help="judge with DISTINCT kept (the official evaluator's --keep_distinct)")
     p.add_argument("--json", type=Path, default=None, help="also write the summary here")
+    p.add_argument("--fit", action="store_true",
+                   help="split by database: fit a logistic on one side, choose min_confidence "
+                        "there, and report both on the held-out side (agentflow.confidence_fit)")
+    p.add_argument("--fit-share", type=float, default=0.5, help="share of databases fitted on")
+    p.add_argument("--split-seed", type=int, default=0, help="which databases are fitted on")
+    p.add_argument("--folds", type=int, default=2,
+                   help="with --fit, also score every question out of sample over this many "
+                        "database folds")
+    p.add_argument("--l2", type=float, default=1.0, help="the logistic fit's L2 penalty")
+    p.add_argument("--precision", type=float, default=0.5,
+                   help="min_confidence is the lowest threshold whose done answers are right "
+                        "at least this often on the fit side")
     args = p.parse_args(argv)
     if not args.analyze_only:
         if args.data is None:
@@ -173,9 +163,92 @@ def main(argv: list[str] | None = None) -> int:
     rule = "spider rule, " + ("DISTINCT kept (--keep_distinct)" if args.keep_distinct
                               else "DISTINCT stripped (official default)")
     print_report(summary, label=f"{args.pipeline} on {args.split}, {rule}")
+    checked = None
+    if args.fit:
+        from agentflow.confidence_fit import (
+            Judged,
+            at_threshold,
+            choose_threshold,
+            cross_fit,
+            fit_and_check,
+        )
+
+        judged = [Judged(r["example_id"], r["db_id"], r["score"], bool(r["correct"]),
+                         r["features"]) for r in rows]
+        try:
+            checked = fit_and_check(judged, fit_share=args.fit_share, seed=args.split_seed,
+                                    l2=args.l2, precision=args.precision)
+            checked["cross"] = cross_fit(judged, folds=args.folds, seed=args.split_seed,
+                                         l2=args.l2, precision=args.precision)
+        except ValueError as err:
+            print(f"no fit: {err}", file=sys.stderr)
+            return 1
+        scores = [j.score for j in judged]
+        labels = [j.correct for j in judged]
+        chosen = choose_threshold(scores, labels, precision=args.precision)
+        checked["all"] = {"threshold": chosen, **at_threshold(scores, labels, chosen)}
+        print(fit_report(checked))
     if args.json:
-        args.json.write_text(json.dumps({"rule": rule, **summary, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"rule": rule, **summary, "fit": checked,
+                                         "rows": rows}, indent=1))
     return 0
+
+
+def fit_report(checked: dict[str, Any]) -> str:
+    """The fit/held-out comparison as markdown tables."""
+    def interval(ci: Any) -> str:
+        return f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""
+
+    def num(x: float | None, fmt: str = ".3f") -> str:
+        return "-" if x is None else format(x, fmt)
+
+    lines = [f"split by database (fit share {checked['fit_share']}, seed {checked['seed']}); "
+             f"min_confidence = lowest threshold with done answers right >= "
+             f"{checked['precision_target']:.0%} on the fit side",
+             "| side | score | questions (dbs) | right | AUROC (95% bootstrap) | threshold | "
+             "done right | done wrong | unsure right | unsure wrong |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for side in ("fit", "held_out"):
+        for score in ("rule", "fitted"):
+            e = checked[side][score]
+            lines.append(f"| {side} | {score} | {e['n']} ({e['databases']}) | {e['correct']} | "
+                         f"{num(e['auroc'])}{interval(e['auroc_95'])} | {num(e['threshold'])} | "
+                         f"{e['done_right']} | {e['done_wrong']} | {e['unsure_right']} | "
+                         f"{e['unsure_wrong']} |")
+    lines += ["", "held-out accuracy per level (rule score; 95% Wilson interval)",
+              "| level | n | right | accuracy |", "|---|---|---|---|"]
+    for level, row in checked["held_out"]["rule"]["by_level"].items():
+        acc = "-" if row["accuracy"] is None else (f"{row['accuracy']:.0%}"
+                                                   f"{interval(row['accuracy_95'])}")
+        lines.append(f"| {level} | {row['n']} | {row['correct']} | {acc} |")
+    cross = checked.get("cross")
+    if cross:
+        lines += ["", f"out of sample over {cross['folds']} database folds ({cross['n']} "
+                  f"questions, {cross['correct']} right; thresholds from the other folds: "
+                  + ", ".join(f"{f['rule_threshold']}" for f in cross["per_fold"]) + ")",
+                  "| score | AUROC (95% bootstrap) | done right | done wrong | unsure right | "
+                  "unsure wrong |", "|---|---|---|---|---|---|"]
+        for score in ("rule", "fitted"):
+            e = cross[score]
+            lines.append(f"| {score} | {num(e['auroc'])}{interval(e['auroc_95'])} | "
+                         f"{e['done_right']} | {e['done_wrong']} | {e['unsure_right']} | "
+                         f"{e['unsure_wrong']} |")
+        lines += ["", "out-of-sample accuracy per level (rule score; 95% Wilson interval)",
+                  "| level | n | right | accuracy |", "|---|---|---|---|"]
+        for level, row in cross["rule"]["by_level"].items():
+            acc = "-" if row["accuracy"] is None else (f"{row['accuracy']:.0%}"
+                                                       f"{interval(row['accuracy_95'])}")
+            lines.append(f"| {level} | {row['n']} | {row['correct']} | {acc} |")
+    every = checked.get("all")
+    if every:
+        lines += ["", f"min_confidence chosen on all questions: {num(every['threshold'])} "
+                  f"(done: {every['done_right']} right, {every['done_wrong']} wrong; unsure: "
+                  f"{every['unsure_right']} right, {every['unsure_wrong']} wrong)"]
+    weights = checked["model"]["weights"]
+    lines += ["", "fitted weights (logistic, L2 " + str(checked["model"]["l2"]) + "): intercept "
+              + f"{checked['model']['intercept']:+.2f}, "
+              + ", ".join(f"{k} {v:+.2f}" for k, v in weights.items() if v)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Why a query's end-to-end latency is off: its critical chain, phase by phase, and the order
 each instance served its calls in, real against simulated.
 
-Why: the per-call table (``rvs_attribution``) says which phase is off on average; a query's
+Why: the per-call table (``attribution.py``) says which phase is off on average; a query's
 error is what its own chain of calls adds up, and a late query's chain also waits behind
 other queries' calls. A query's latency is exactly the sum of the latencies of the calls on
 its critical chain (walk back from its last call to finish, each time to the parent that

@@ -1,11 +1,12 @@
-"""The error figures real_vs_sim and rvs_repeat both print, computed one way for both.
+"""The error figures real_vs_sim prints, for the simulator and for a second real run in its
+place (``--repeat``), computed one way for both.
 
 Per call, ``|pred - real| / real`` of its latency: the median; the time-weighted mean
 (``sum |pred - real| / sum real``: the calls that carry the time count for their time, not
 the many one-token calls whose latency is mostly a prefill); the median over calls with more
 than 2 output tokens (where decode and batching physics, not a lone prefill, set the time).
 Per query, the same of its end-to-end latency: the 95th percentile, which needs enough
-queries to mean anything, so rvs_repeat also pools the per-query errors of several runs.
+queries to mean anything, so ``--repeat`` also pools the per-query errors of several runs.
 """
 
 from __future__ import annotations

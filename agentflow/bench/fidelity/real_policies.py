@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
                 real = {}
                 for p in policies:
                     # How fast each engine is against its profile right before the run
-                    # (rvs_probe; the VM's speed drifts): a policy ratio between runs
+                    # (real_vs_sim's probes; the VM's speed drifts): a policy ratio between runs
                     # on a machine that moved is read next to these.
                     before = loop.run_until_complete(probe(backends, maker.make, fresh))
                     real[p] = loop.run_until_complete(run_real(p, cluster, w, deadlines,

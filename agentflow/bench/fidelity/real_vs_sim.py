@@ -35,24 +35,27 @@ simulated on this host's profile where ``agentflow calibrate --cluster FILE`` st
 (the header says which profile each instance uses), and the engine work on the stored
 profiles is printed beside it.
 
-Where the error lives (``rvs_attribution``): each call split into queue / prefill / decode on
+Where the error lives (``attribution.py``): each call split into queue / prefill / decode on
 both sides (llama-server's own ``timings`` on the real side), summed by how many calls were
 in flight on its instance, printed and kept per call in ``--json``. How quiet the machine was
-(``rvs_environment``: CPU used by other processes, load range) and how fast each engine was
-against its profile just before and after the replay (``rvs_probe``: a few single requests;
+(``environment.py``: CPU used by other processes, load range) and how fast each engine was
+against its profile just before and after the replay (``probe.py``: a few single requests;
 they also warm the servers) are printed with every run, with a *probe-corrected* figure
 beside the raw ones (``--no-probe`` skips them). ``--resim JSON`` runs only the simulator
 against the real side an earlier ``--json`` saved, to check a simulator change on
-measurements already taken.
+measurements already taken. ``--repeat RUN1.json RUN2.json ...`` compares earlier runs' real
+sides with each other: how far a second real run of the same arrivals is from the first,
+speed-matched as the simulator is, and the floor that puts under the simulator's error
+(``repeat.py``: why and how).
 
 ``--calibrate-first`` times, just before the replay, a few lone requests of the workload's
 own call shapes on every instance at once and fits each instance's compute speed, memory
-speed and per-request cost on top of its stored profile (``rvs_precalibrate``: what it
+speed and per-request cost on top of its stored profile (``precalibrate.py``: what it
 measures and why); the replay is then simulated on both, the stored profile's figures are
 printed (``stored profile: ...``) and the last two lines are the calibrated ones. It never
 sees the replay's timings; ``--resim`` refits the rows the run saved. The worst queries'
 critical chains, phase by phase, and how often each engine served two waiting calls in the
-other order than the real server are printed with every figure (``rvs_chain``).
+other order than the real server are printed with every figure (``chain.py``).
 
 Sends: both sides send the calls ready for one instance in trace order, ``--send-gap`` apart
 (``SEND_GAP_S``; runs saved before it were sent at once and re-simulate with 2 ms).
@@ -82,6 +85,7 @@ from typing import Any
 import numpy as np
 
 from agentflow import hardware
+from agentflow.bench.fidelity import repeat
 from agentflow.bench.fidelity.attribution import (
     Split,
     breakdown,
@@ -192,11 +196,11 @@ class Outcome:
     submit: dict[str, float] = field(default_factory=dict)
     finish: dict[str, float] = field(default_factory=dict)
     prompt_tokens: dict[str, int] = field(default_factory=dict)  # as the engine counted
-    # queue / prefill / decode of each call (rvs_attribution): the simulator's events, or
+    # queue / prefill / decode of each call (attribution.py): the simulator's events, or
     # the caller's clock with the engine's own timings
     split: dict[str, Split] = field(default_factory=dict)
     engine_timings: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    environment: dict[str, float] = field(default_factory=dict)  # rvs_environment
+    environment: dict[str, float] = field(default_factory=dict)  # environment.py
     environment_line: str = ""
     wall_s: float = 0.0
     # Real side: per instance, the share of a core its server got while it had work (CPU
@@ -1004,7 +1008,7 @@ def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
 def calibrate_first_rows(backends: dict[str, Any], maker: PromptMaker, w: Workload,
                          cluster_path: str, repeats: int, loop: asyncio.AbstractEventLoop
                          ) -> dict[str, list[tuple]]:
-    """``--calibrate-first``'s lone requests (``rvs_precalibrate``), run before the replay."""
+    """``--calibrate-first``'s lone requests (``precalibrate.py``), run before the replay."""
     cluster = dict(load_cluster(cluster_path).expanded())
     calls = [c for cs in w.calls for c in cs]
     weights = []
@@ -1025,7 +1029,7 @@ def calibrate_first_rows(backends: dict[str, Any], maker: PromptMaker, w: Worklo
 def calibrated_first(w: Workload, real: Outcome, cluster_path: str,
                      rows: dict[str, list[tuple]]) -> dict[str, Any]:
     """The replay simulated again with each instance's profile fitted to its own
-    ``--calibrate-first`` rows (speeds and per-request cost only; ``rvs_precalibrate``)."""
+    ``--calibrate-first`` rows (speeds and per-request cost only; ``precalibrate.py``)."""
     cluster = dict(load_cluster(cluster_path).expanded())
     profiles: dict[str, hardware.GPUProfile] = {}
     out: dict[str, Any] = {"instances": {}}
@@ -1059,7 +1063,7 @@ def calibrated_first(w: Workload, real: Outcome, cluster_path: str,
 
 def lone_normalised(w: Workload, real: Outcome, cluster_path: str) -> dict[str, Any] | None:
     """The errors with each simulated engine slowed by the machine factor its lone calls
-    showed during the replay (``rvs_normalise``: definition there); None without any."""
+    showed during the replay (``normalise.py``: definition there); None without any."""
     ids = [c.id for cs in w.calls for c in cs]
     instance_of = {c.id: c.instance for cs in w.calls for c in cs}
     alone = lone_calls(real.submit, real.finish, instance_of)
@@ -1144,7 +1148,8 @@ def save_plot(path: Path, r_call, s_call, r_q, s_q) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cluster", required=True, help="cluster file (real backends + profiles)")
+    ap.add_argument("--cluster", help="cluster file (real backends + profiles); required "
+                    "but with --repeat")
     ap.add_argument("--trace", help="HexGen-Flow JSON or agentflow JSONL trace")
     ap.add_argument("--rate", type=float, help="query arrivals per second (Poisson)")
     ap.add_argument("--quick", action="store_true", help="8 queries at --scale 0.1")
@@ -1167,6 +1172,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="no real engines: the current simulator against the real side of "
                     "an earlier run's --json (same workload); checks a simulator change "
                     "on measurements already taken")
+    ap.add_argument("--repeat", nargs="+", metavar="JSON",
+                    help="no engines: two or more earlier runs' --json files of one workload "
+                    "against each other (the real side's own repeat error, speed-matched, "
+                    "and the sqrt(2) floor it puts under the simulator's; fidelity/repeat.py)")
     ap.add_argument("--no-probe", dest="probe", action="store_false",
                     help="skip the single-request probes before and after the replay")
     ap.add_argument("--calibrate", action="store_true",
@@ -1176,7 +1185,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calibrate-first", action="store_true",
                     help="before the replay, time a few lone requests of the workload's "
                     "shapes on every instance and fit each one's compute speed, memory speed "
-                    "and per-request cost on top of its profile (rvs_precalibrate); the "
+                    "and per-request cost on top of its profile (precalibrate.py); the "
                     "replay is then simulated on both, the stored profile's figures are "
                     "printed too, and the last two lines are the calibrated ones")
     ap.add_argument("--refit", metavar="JSON",
@@ -1188,6 +1197,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="--calibrate: fit on the batched-decode rows too (default: they "
                     "only check the single-request fit)")
     args = ap.parse_args(argv)
+    if args.repeat:
+        try:
+            repeat.report(args.repeat, args.json)
+        except ValueError as exc:
+            ap.error(str(exc))
+        return
+    if not args.cluster:
+        ap.error("--cluster is required (unless --repeat)")
     if args.resim:  # the workload is the saved run's own
         saved_args = json.loads(Path(args.resim).read_text())["args"]
         for key in ("trace", "rate", "quick", "queries", "skip", "scale", "max_prompt",

@@ -2,7 +2,7 @@
 
     agentflow bench shards [--cluster hetero-64] [--scale 1] [--shards 1,2,4,8]
         [--routes p2c,hash] [--sets trace2,mix-bursty] [--queries 800] [--rate 10]
-        [--seed 0] [--search-goodput] [--json FILE]
+        [--seed 0] [--summary-s 0.5] [--search-goodput] [--json FILE]
 
 Every (K, routing rule) runs the same arrivals under flowsage, with K coordinators over a
 stratified split of the cluster (``agentflow.scheduler.shards``); K = 1 runs behind the same
@@ -62,12 +62,13 @@ def scaled(cluster: Any, scale: int) -> Any:
         inst.model_copy(update={"count": inst.count * scale}) for inst in cluster.instances])
 
 
-def run_row(cluster: Any, workload: Any, k: int, route: str, slo_scale: float
-            ) -> dict[str, Any]:
+def run_row(cluster: Any, workload: Any, k: int, route: str, slo_scale: float,
+            summary_s: float = 0.5) -> dict[str, Any]:
     from agentflow.scheduler import shards
     from agentflow.sim.driver import Simulation
 
-    sim = Simulation(cluster, "flowsage", coordinators=k, shard_route=route)
+    sim = Simulation(cluster, "flowsage", coordinators=k, shard_route=route,
+                     shard_summary_s=summary_s)
     wall = time.perf_counter()
     result = sim.run(workload.queries, workload.arrivals, workload.deadlines(slo_scale),
                      workload.idle_latency_s)
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=10.0,
                    help="queries/s on the unscaled cluster (x --scale)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--summary-s", type=float, default=0.5,
+                   help="longest age of the shards' load summaries the router reads")
     p.add_argument("--slo-scale", type=float, default=2.0)
     p.add_argument("--search-goodput", action="store_true")
     p.add_argument("--json", type=Path, default=None)
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for k in ks:
             for route in (routes[:1] if k == 1 else routes):
-                row = run_row(cluster, wl, k, route, args.slo_scale)
+                row = run_row(cluster, wl, k, route, args.slo_scale, args.summary_s)
                 if args.search_goodput:
                     row["goodput_search_qps"] = goodput(
                         cluster, trace, "flowsage", n=args.queries, slo_scale=args.slo_scale,

@@ -1,4 +1,4 @@
-"""rvs_repeat: the real side's own repeat error, from saved real_vs_sim runs."""
+"""real_vs_sim --repeat: the real side's own repeat error, from saved real_vs_sim runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentflow.bench.fidelity import rvs_repeat
+from agentflow.bench.fidelity import real_vs_sim, repeat
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,7 @@ def write(path: Path, calls: list[float], queries: list[float], *, sim=(0.1, 0.2
 def test_identical_runs_have_no_repeat_error(tmp_path):
     a = write(tmp_path / "a.json", [1.0, 2.0, 4.0], [5.0, 8.0])
     b = write(tmp_path / "b.json", [1.0, 2.0, 4.0], [5.0, 8.0])
-    out = rvs_repeat.summarise(rvs_repeat.load_runs([a, b]))
+    out = repeat.summarise(repeat.load_runs([a, b]))
     assert out["repeat_median_call_error"] == 0.0
     assert out["repeat_p95_query_error"] == 0.0
 
@@ -48,17 +48,17 @@ def test_identical_runs_have_no_repeat_error(tmp_path):
 def test_repeat_error_is_real_vs_sims_formula_with_the_other_run_in_the_sims_place(tmp_path):
     a = write(tmp_path / "a.json", [1.0, 2.0, 4.0], [10.0, 10.0])
     b = write(tmp_path / "b.json", [1.5, 2.0, 2.0], [12.0, 5.0])
-    ra, rb = rvs_repeat.load_runs([a, b])
+    ra, rb = repeat.load_runs([a, b])
     # calls |b-a|/a = 0.5, 0, 0.5 -> median 0.5; queries 0.2, 0.5 -> P95 0.485
-    assert rvs_repeat.repeat_error(ra, rb) == pytest.approx((0.5, 0.485))
+    assert repeat.repeat_error(ra, rb) == pytest.approx((0.5, 0.485))
     # the other way round: |a-b|/b = 1/3, 0, 1 -> 1/3; queries 1/6, 1 -> P95 0.9583
-    assert rvs_repeat.repeat_error(rb, ra) == pytest.approx((1 / 3, 1 / 6 + 0.95 * 5 / 6))
+    assert repeat.repeat_error(rb, ra) == pytest.approx((1 / 3, 1 / 6 + 0.95 * 5 / 6))
 
 
 def test_headline_is_calibrate_first_when_the_run_had_it(tmp_path):
     a = write(tmp_path / "a.json", [1.0], [1.0], sim=(0.3, 0.4), first=(0.1, 0.2))
     b = write(tmp_path / "b.json", [1.0], [1.0], sim=(0.3, 0.4))
-    ra, rb = rvs_repeat.load_runs([a, b])
+    ra, rb = repeat.load_runs([a, b])
     assert (ra.sim_median_call, ra.sim_p95_query) == (0.1, 0.2)
     assert (rb.sim_median_call, rb.sim_p95_query) == (0.3, 0.4)
 
@@ -67,7 +67,7 @@ def test_pairs_across_cluster_files_stay_out_of_the_summary(tmp_path):
     a = write(tmp_path / "a.json", [1.0], [1.0])
     b = write(tmp_path / "b.json", [1.0], [1.0])
     c = write(tmp_path / "c.json", [3.0], [3.0], cluster="other.yaml")
-    out = rvs_repeat.summarise(rvs_repeat.load_runs([a, b, c]))
+    out = repeat.summarise(repeat.load_runs([a, b, c]))
     assert len(out["pairs"]) == 6 and sum(p["same_cluster"] for p in out["pairs"]) == 2
     assert out["repeat_median_call_error"] == 0.0
 
@@ -75,21 +75,21 @@ def test_pairs_across_cluster_files_stay_out_of_the_summary(tmp_path):
 def test_runs_of_other_workloads_or_calls_are_refused(tmp_path, capsys):
     a = write(tmp_path / "a.json", [1.0, 2.0], [3.0])
     with pytest.raises(ValueError, match="rate"):
-        rvs_repeat.load_runs([a, write(tmp_path / "b.json", [1.0, 2.0], [3.0], rate=0.1)])
+        repeat.load_runs([a, write(tmp_path / "b.json", [1.0, 2.0], [3.0], rate=0.1)])
     with pytest.raises(ValueError, match="calls are not"):
-        rvs_repeat.load_runs([a, write(tmp_path / "c.json", [1.0], [3.0])])
+        repeat.load_runs([a, write(tmp_path / "c.json", [1.0], [3.0])])
     with pytest.raises(ValueError, match="at least two"):
-        rvs_repeat.load_runs([a])
+        repeat.load_runs([a])
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(SystemExit):
-        rvs_repeat.main([a, str(tmp_path / "bad.json")])
+        real_vs_sim.main(["--repeat", a, str(tmp_path / "bad.json")])
     assert "bad.json" in capsys.readouterr().err
 
 
 def test_main_prints_the_two_last_lines(tmp_path, capsys):
     a = write(tmp_path / "a.json", [1.0, 2.0], [4.0])
     b = write(tmp_path / "b.json", [1.2, 2.0], [5.0])
-    rvs_repeat.main([a, b, "--json", str(tmp_path / "out.json")])
+    real_vs_sim.main(["--repeat", a, b, "--json", str(tmp_path / "out.json")])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2].startswith("repeat error, median per call: ")
     assert lines[-1].startswith("repeat error, P95 per query: ")
@@ -107,9 +107,9 @@ def test_the_second_run_is_speed_matched_as_the_simulator_is(tmp_path):
     a = write(tmp_path / "a.json", [1.0, 2.0, 4.0], [7.0], lone=lone_a,
               sim_s=([1.5, 2.0, 4.0], [7.7]), **common)
     b = write(tmp_path / "b.json", [1.1, 2.2, 4.4], [7.7], lone=lone_b, **common)
-    ra, rb = rvs_repeat.load_runs([a, b])
-    assert rvs_repeat.speed_factors(ra, rb) == pytest.approx({"i0": 1 / 1.1, "i1": 1 / 1.1})
-    out = rvs_repeat.summarise([ra, rb])
+    ra, rb = repeat.load_runs([a, b])
+    assert repeat.speed_factors(ra, rb) == pytest.approx({"i0": 1 / 1.1, "i1": 1 / 1.1})
+    out = repeat.summarise([ra, rb])
     pair = out["pairs"][0]
     assert pair["speed_matched"] and pair["median_call_error"] == pytest.approx(0.1)
     assert pair["matched"]["median_call_error"] == pytest.approx(0.0, abs=1e-12)
@@ -124,8 +124,8 @@ def test_the_second_run_is_speed_matched_as_the_simulator_is(tmp_path):
     c = write(tmp_path / "c.json", [1.1, 2.2, 4.4], [7.7], first=(0.2, 0.3),
               instances=["i0", "i1", "i0"], lone={"i0": [[100, 9, 0.1, 0.5]] * 2,
                                                   "i1": [[100, 8, 0.1, 0.6]]})
-    assert rvs_repeat.speed_factors(ra, rvs_repeat.load_runs([a, c])[1]) is None
-    plain = rvs_repeat.summarise(rvs_repeat.load_runs([a, write(tmp_path / "d.json",
+    assert repeat.speed_factors(ra, repeat.load_runs([a, c])[1]) is None
+    plain = repeat.summarise(repeat.load_runs([a, write(tmp_path / "d.json",
                                                                 [1.1, 2.2, 4.4], [7.7])]))
     assert not plain["all_speed_matched"]
     assert plain["repeat_median_call_error"] == pytest.approx((0.1 + 1 / 11) / 2)  # both pairs
@@ -134,13 +134,19 @@ def test_the_second_run_is_speed_matched_as_the_simulator_is(tmp_path):
 def test_the_floor_is_the_repeat_over_root_two_and_p95_is_pooled(tmp_path, capsys):
     a = write(tmp_path / "a.json", [1.0, 2.0], [4.0, 5.0])
     b = write(tmp_path / "b.json", [1.2, 2.0], [5.0, 5.0])
-    rvs_repeat.main([a, b])
+    real_vs_sim.main(["--repeat", a, b])
     lines = capsys.readouterr().out.strip().splitlines()
     median = float(lines[-2].rsplit(" ", 1)[1])
     floor = [ln for ln in lines if ln.startswith("sqrt(2) floor")][0]
     assert f"median per call {median / 2 ** 0.5:.4f}" in floor
-    out = rvs_repeat.summarise(rvs_repeat.load_runs([a, b]))
+    out = repeat.summarise(repeat.load_runs([a, b]))
     # pooled: both pairs' 2 queries each (errors 0.25, 0 and 0.2, 0)
     assert out["repeat_pooled_queries"] == 4
     assert out["repeat_pooled_p95_query_error"] == pytest.approx(
         float(np.percentile([0.25, 0.0, 0.2, 0.0], 95)))
+
+
+def test_without_repeat_the_cluster_is_required(capsys):
+    with pytest.raises(SystemExit):
+        real_vs_sim.main(["--trace", "t.json", "--rate", "0.05"])
+    assert "--cluster is required (unless --repeat)" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """How far two real replays of the same arrivals are from each other, speed-matched as the
 simulator is, and the sqrt(2) floor that puts under ``real_vs_sim``'s error.
 
-    agentflow bench rvs_repeat RUN1.json RUN2.json [RUN3.json ...]
+    agentflow bench real_vs_sim --repeat RUN1.json RUN2.json [RUN3.json ...] [--json OUT]
 
 Why: ``real_vs_sim`` compares one deterministic simulation with one real run. The real run
 is itself one draw: on a shared VM the cores' speed drifts from one minute to the next, and
@@ -40,7 +40,6 @@ The last two lines are the medians over the pairs of the speed-matched repeat er
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from dataclasses import dataclass
@@ -227,19 +226,10 @@ def _row(label: str, f: dict[str, Any]) -> str:
             f"{f.get('median_call_error_gt2', float('nan')):9.3f} {f['p95_query_error']:9.3f}")
 
 
-# `agentflow bench NAME --quick`: a short run (registry.expand_quick)
-QUICK_ARGS: tuple[str, ...] = ()
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="real_vs_sim --json files of one workload")
-    ap.add_argument("--json", help="write the figures here")
-    args = ap.parse_args(argv)
-    try:
-        runs = load_runs(args.runs)
-    except ValueError as exc:
-        ap.error(str(exc))
+def report(paths: list[str], json_out: str | None = None) -> None:
+    """Print the repeat error of the saved runs ``paths`` (``real_vs_sim --repeat``), and write
+    its figures to ``json_out``; ValueError (naming the file) on runs that cannot be compared."""
+    runs = load_runs(paths)
     out = summarise(runs)
     name = {r.path: f"run{i + 1}" for i, r in enumerate(runs)}
     for r in runs:
@@ -264,8 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     if "sim_pooled_p95_query_error" in out:
         print(f"simulator, P95 per query pooled over {out['sim_pooled_queries']} queries of "
               f"the runs: {out['sim_pooled_p95_query_error']:.4f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    if json_out:
+        Path(json_out).write_text(json.dumps(out, indent=1))
     if "repeat_median_call_error" not in out:
         print("no two runs share a cluster file: no repeat error")
         return
@@ -283,6 +273,3 @@ def main(argv: list[str] | None = None) -> None:
     print(f"repeat error, median per call: {out['repeat_median_call_error']:.4f}")
     print(f"repeat error, P95 per query: {out['repeat_p95_query_error']:.4f}")
 
-
-if __name__ == "__main__":
-    main()
