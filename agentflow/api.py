@@ -13,6 +13,7 @@ worker, HTTP clients) live on that loop, so ``ask`` works from plain scripts and
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import uuid
 from collections import defaultdict
@@ -24,6 +25,7 @@ from typing import Any
 from agentflow.catalog import DatabaseCatalog
 from agentflow.config import AgentFlowConfig
 from agentflow.llm.base import LLMBackend
+from agentflow.shares import DbShares, Share, share_of
 from agentflow.sql import SqlError
 from agentflow.sql.database import row_bytes
 from agentflow.teaching import TeachingMixin
@@ -77,7 +79,7 @@ class Answer:
     tenant: str | None = None  # who asked (agentflow.tenants); None: no tenant
     slo_class: str | None = None  # the query's SLO class (agentflow.slo_classes)
     # How sure the pipeline is: {score, level, reasons} (agentflow.confidence); None when it
-    # never produced an answer to judge (rejected, cancelled before running).
+    # never produced an answer to judge (rejected, cancelled).
     confidence: dict[str, Any] | None = None
 
     @property
@@ -107,6 +109,9 @@ class Answer:
         return d
 
 
+LOCAL_SHARE = Share()
+
+
 class QueryHandle:
     """A submitted question: its id at once, its live stage events, its answer when done.
 
@@ -117,6 +122,7 @@ class QueryHandle:
     tenant: str | None = None  # the owner (agentflow.tenants); None: asked without one
     slo_class: str | None = None  # the query's SLO class, carried for the scheduler
     db_role: str | DatabaseLogin | None = None  # the database role its SQL runs as (PostgreSQL RLS)
+    share: Share = LOCAL_SHARE  # its tenant's share of the database threads (agentflow.shares)
 
     def __init__(self, query_id: str, question: str, db: str, pipeline: str,
                  slo_s: float | None, conversation_id: str | None = None,
@@ -181,6 +187,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
                  router: CallRouter | None = None):
         self.config = config or AgentFlowConfig()
         self.catalog = DatabaseCatalog.from_config(self.config)
+        # SQL runs in these threads, each tenant within its share (agentflow.shares)
+        self.shares = DbShares(self.config.db_workers)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentflow-loop",
                                         daemon=True)
@@ -287,6 +295,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
                              conversation_id=conversation, history=history)
         handle.tenant, handle.slo_class = owner_of(who), klass.name
         handle.db_role = who.db_role(entry.db_id) if who else None
+        handle.share = self.share_of(who)
         handle.min_confidence = threshold
         self.handles[query_id] = handle
         self._trim_handles()
@@ -306,6 +315,10 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
                 handle.future.set_result(answer)
         task_future.add_done_callback(copy_result)
         return handle
+
+    def share_of(self, tenant: str | Tenant | None) -> Share:
+        """``tenant``'s share of the database threads (its weight x its class's)."""
+        return share_of(as_tenant(tenant), self.config.scheduler.slo_classes)
 
     def get(self, query_id: str, *, tenant: str | Tenant | None = None) -> QueryHandle | None:
         """A recent query's handle; None when unknown, forgotten, or another tenant's."""
@@ -355,6 +368,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
             self._closed = True
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+            self.shares.close()
             self.catalog.close()
 
     async def _cancel_and_join(self, reason: str, patience_s: float = 30.0) -> None:
@@ -518,7 +532,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
         env = PipelineEnv(db=database, fewshot=fewshot, glossary=glossary,
                           descriptions=entry.entry.descriptions if entry.entry else {},
                           sql_timeout_s=self.config.sql_timeout_s, max_rows=self.config.max_rows,
-                          constrain_sql=self.config.constrain_sql, history=handle.history)
+                          constrain_sql=self.config.constrain_sql, history=handle.history,
+                          run_db=functools.partial(self.shares.run, handle.share))
         clock = self.router.clock
         query = Query(question=question, db_id=entry.db_id, arrival=clock.now(), slo_s=slo,
                       evidence=evidence, pipeline=pipeline.name, id=handle.query_id,
@@ -547,11 +562,14 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
         finally:
             self.router.end_query(query)
         output = pipeline.output(state)
+        # A cancelled query was never finished, so there is no answer to judge: a score of
+        # the half-done state would read as "Low confidence: likely wrong" on the page.
+        judged = output.confidence if query.status != QueryStatus.CANCELLED else None
         answer = Answer(query_id=query.id, question=question, db=entry.db_id,
                         pipeline=pipeline.name, status=query.status.value, error=query.error,
                         sql=output.sql, slo_s=slo, details=output.details,
                         conversation_id=handle.conversation_id,
-                        confidence=output.confidence.to_dict() if output.confidence else None)
+                        confidence=judged.to_dict() if judged else None)
         if query.status == QueryStatus.DONE and output.error:
             query.status, query.error = QueryStatus.FAILED, output.error
             answer.status, answer.error = "failed", output.error

@@ -237,6 +237,10 @@ class AgentFlowConfig(BaseModel):
     slo_s: float | None = None  # default end-to-end target per question
     sql_timeout_s: float = 10.0
     max_rows: int = 1000
+    # Threads that run SQL (candidates, taught SQL, MCP run_sql), each tenant within its
+    # share of them (agentflow.shares): one tenant's slow SQL cannot hold them all. Keep it
+    # at most a PostgreSQL pool's size (4 + 4) so one tenant cannot fill the pool either.
+    db_workers: int = Field(8, ge=1, le=256)
     constrain_sql: bool = True  # grammar-constrained SQL decoding (see PipelineEnv)
     # Answers scored below this confidence come back "unsure" (best guess attached), not done.
     # The default is measured (agentflow.confidence.DEFAULT_MIN_CONFIDENCE); null: no threshold.

@@ -151,6 +151,21 @@ class TeachingStore:
             finally:
                 conn.close()
 
+    def _insert(self, sql: str, params: Sequence[Any], table: str) -> list[sqlite3.Row]:
+        """Insert with a new random id (the first parameter). Why not the counter: ids from
+        one global counter told a tenant how many pairs the others had taught between two of
+        its own; a random id in 1..2^53-1 (exact in JSON numbers) tells nothing. A clash
+        with an existing id (about n / 2^53) draws again."""
+        import secrets
+
+        for _ in range(8):
+            try:
+                return self._run(sql, (1 + secrets.randbelow(_MAX_PUBLIC_ID), *params))
+            except sqlite3.IntegrityError as err:
+                if f"{table}.id" not in str(err):
+                    raise
+        raise TeachingError(f"could not draw a free id for the {table} entry; retry")
+
     # -------------------------------------------------------------------------- examples
     def add_example(self, db: str, question: str, sql: str, *,
                     tenant: str | None = None) -> TaughtExample:
@@ -161,17 +176,19 @@ class TeachingStore:
         sql = _text(sql, "SQL", MAX_SQL_CHARS).rstrip("; \n\t")
         self._check_room("examples", scope, db, "question", question)
         now = time.time()
-        rows = self._run(
-            "INSERT INTO examples (tenant, db, question, sql, created) VALUES (?, ?, ?, ?, ?) "
+        rows = self._insert(
+            "INSERT INTO examples (id, tenant, db, question, sql, created) "
+            "VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (tenant, db, question) DO UPDATE SET sql = excluded.sql, "
             "created = excluded.created RETURNING id, created",
-            (scope, db, question, sql, now))
+            (scope, db, question, sql, now), "examples")
         return TaughtExample(rows[0]["id"], db, question, sql, tenant, rows[0]["created"])
 
     def examples(self, db: str, *, tenant: str | None = None) -> list[TaughtExample]:
-        """The pairs ``tenant`` sees on ``db`` (shared ones and its own), oldest first."""
+        """The pairs ``tenant`` sees on ``db`` (shared ones and its own), oldest (last
+        taught) first."""
         rows = self._run("SELECT * FROM examples WHERE db = ? AND tenant IN ('', ?) "
-                         "ORDER BY id", (db, _scope(tenant)))
+                         "ORDER BY created, id", (db, _scope(tenant)))
         return [TaughtExample(r["id"], r["db"], r["question"], r["sql"], r["tenant"] or None,
                               r["created"]) for r in rows]
 
@@ -195,16 +212,17 @@ class TeachingStore:
         if not _term_words(term):
             raise TeachingError(f"the term {term!r} has no words to look for in a question")
         self._check_room("glossary", scope, db, "term", term)
-        rows = self._run(
-            "INSERT INTO glossary (tenant, db, term, meaning, created) VALUES (?, ?, ?, ?, ?) "
+        rows = self._insert(
+            "INSERT INTO glossary (id, tenant, db, term, meaning, created) "
+            "VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (tenant, db, term) DO UPDATE SET meaning = excluded.meaning, "
             "created = excluded.created RETURNING id, created",
-            (scope, db, term, meaning, time.time()))
+            (scope, db, term, meaning, time.time()), "glossary")
         return GlossaryEntry(rows[0]["id"], db, term, meaning, tenant, rows[0]["created"])
 
     def glossary(self, db: str, *, tenant: str | None = None) -> list[GlossaryEntry]:
         rows = self._run("SELECT * FROM glossary WHERE db = ? AND tenant IN ('', ?) "
-                         "ORDER BY id", (db, _scope(tenant)))
+                         "ORDER BY created, id", (db, _scope(tenant)))
         return [GlossaryEntry(r["id"], r["db"], r["term"], r["meaning"], r["tenant"] or None,
                               r["created"]) for r in rows]
 
@@ -364,6 +382,7 @@ class TaughtFewShots:
 
 # SQLite's INTEGER is a signed 64-bit number: a larger Python int cannot even be bound.
 _MAX_ROW_ID = 2 ** 63 - 1
+_MAX_PUBLIC_ID = 2 ** 53 - 1  # new ids: random below this (a JSON number holds it exactly)
 
 
 def row_id_of(value: object) -> int | None:
@@ -435,6 +454,21 @@ class TeachingMixin:
         db_id = self._db_id(db)
         validate_sql(self.catalog.open(db), sql, timeout_s=self.config.sql_timeout_s)
         return self.teaching.add_example(db_id, question, sql, tenant=_owner(tenant))
+
+    async def teach_async(self, question: str, sql: str, *, db: str,
+                          tenant: Any = None) -> TaughtExample:
+        """``teach`` as the servers call it: in ``tenant``'s share of the database threads
+        (``agentflow.shares``, when this object has them), so a flood of slow taught SQL
+        waits for that tenant's own threads instead of taking everyone's."""
+        shares = getattr(self, "shares", None)
+        if shares is None:
+            import asyncio
+
+            return await asyncio.to_thread(self.teach, question, sql, db=db, tenant=tenant)
+        share = self.share_of(tenant)  # type: ignore[attr-defined]
+        result: TaughtExample = await shares.run(share, self.teach, question, sql, db=db,
+                                                 tenant=tenant)
+        return result
 
     def examples(self, db: str, *, tenant: Any = None) -> list[TaughtExample]:
         """The taught pairs for ``db`` that ``tenant`` sees (shared ones and its own)."""

@@ -37,8 +37,9 @@ from pipelines.common import (
     taught_match,
     taught_node,
     tool_node,
+    written_sql,
 )
-from pipelines.sqltext import extract_sql, result_key
+from pipelines.sqltext import result_key
 
 # Candidate i uses variant i % len(_VARIANTS): (instruction style, temperature).
 _VARIANTS = (("plain", 0.0), ("joins", 0.3), ("stepwise", 0.5))
@@ -147,7 +148,7 @@ class ChessPipeline(Pipeline):
                                           values=values, style=style)
             params = sql_params(ctx.env, ctx.state, temperature=temperature, seed=i)
             result = await ctx.llm(prompt, params, answer_prefix="SELECT")
-            sql = extract_sql(result.text)
+            sql = written_sql(ctx, result)
             ctx.summary = sql
             return sql
         return generate

@@ -75,14 +75,16 @@ class Execution:
 
 
 async def execute_sql(env: PipelineEnv, sql: str) -> Execution:
-    """Run candidate SQL off the event loop (a query may take seconds) and never raise."""
+    """Run candidate SQL off the event loop (a query may take seconds), in the tenant's share
+    of the database threads (``env.run_db``), and never raise."""
     import asyncio
 
     if not sql:
         return Execution(sql=sql, ok=False, error="no SQL query was written",
                          error_kind="no_sql")
-    result = await asyncio.to_thread(env.db.try_execute, sql, timeout_s=env.sql_timeout_s,
-                                     max_rows=env.max_rows)
+    run = env.run_db or asyncio.to_thread  # the tenant's share of the database threads
+    result = await run(env.db.try_execute, sql, timeout_s=env.sql_timeout_s,
+                       max_rows=env.max_rows)
     if isinstance(result, SqlError):
         return Execution(sql=sql, ok=False, error=result.message, error_kind=result.kind)
     assert isinstance(result, QueryResult)
@@ -183,7 +185,7 @@ def add_revision_round(ctx: StageContext, *, candidate: int, round_: int, max_ro
         if star:
             params = star_retry_params(params, seed=100 * (candidate + 1) + nxt)
         result = await c.llm(prompt, params, answer_prefix="SELECT")
-        sql = extract_sql(result.text)
+        sql = written_sql(c, result)
         c.summary = sql
         return sql
 
@@ -265,9 +267,29 @@ def rank_clusters(state: dict[str, Any], clusters: list[list[int]]) -> list[list
     return sorted(clusters, key=key)
 
 
+def written_sql(ctx: StageContext, result: Any) -> str:
+    """The SQL in an LLM answer. One the model was still writing when it hit its token limit
+    is remembered, so that its failure says it was cut (``record_attempt``), not only what
+    the parser found where the text stops."""
+    sql = extract_sql(result.text)
+    if result.finish_reason == "length" and sql:
+        ctx.state.setdefault("_cut_sql", {})[sql] = result.completion_tokens
+    return sql
+
+
+def cut_note(tokens: int) -> str:
+    return (f"cut at the token limit ({tokens} tokens) before the query ended; "
+            "write a shorter query")
+
+
 def record_attempt(ctx: StageContext, candidate: int, execution: Execution) -> None:
     """Keep every candidate's latest attempt in the query state; the selector reads it (and
-    the confidence assessment, which also needs the question and the row cap)."""
+    the confidence assessment, which also needs the question and the row cap). A failed
+    attempt whose SQL was cut at the token limit says so first (its error is also the
+    revision's feedback)."""
+    cut = ctx.state.get("_cut_sql", {}).get(execution.sql)
+    if cut is not None and not execution.ok and not (execution.error or "").startswith("cut "):
+        execution.error = f"{cut_note(cut)}: {execution.error}"
     ctx.state.setdefault("question", ctx.query.question)
     ctx.state.setdefault("dialect", ctx.env.db.dialect)
     ctx.state.setdefault("max_rows", ctx.env.max_rows)

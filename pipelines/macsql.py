@@ -31,8 +31,8 @@ from pipelines.common import (
     set_schema_grammar,
     sql_context,
     tool_node,
+    written_sql,
 )
-from pipelines.sqltext import extract_sql
 
 _SELECTOR_PARAMS = SamplingParams(max_tokens=40, temperature=0.0, stop=("\n",))
 _DECOMPOSER_PARAMS = SamplingParams(max_tokens=200, temperature=0.0, stop=(";", "\n\n\n"))
@@ -95,7 +95,7 @@ class MacSqlPipeline(Pipeline):
         result = await ctx.llm(prompts.decompose(ctx.state["sql_context"], q.question,
                                                  q.evidence),
                                _DECOMPOSER_PARAMS)
-        sql = extract_sql(result.text)
+        sql = written_sql(ctx, result)
         ctx.summary = sql or "(no SQL in the decomposition)"
         return sql
 

@@ -25,8 +25,8 @@ from pipelines.common import (
     taught_match,
     taught_node,
     tool_node,
+    written_sql,
 )
-from pipelines.sqltext import extract_sql
 
 
 class SinglePipeline(Pipeline):
@@ -46,7 +46,7 @@ class SinglePipeline(Pipeline):
             prompt = prompts.generate_sql(prefix, ctx.query.question, ctx.query.evidence)
             set_schema_grammar(ctx.env, ctx.state, None)
             result = await ctx.llm(prompt, sql_params(ctx.env, ctx.state), answer_prefix="SELECT")
-            sql = extract_sql(result.text)
+            sql = written_sql(ctx, result)
             ctx.summary = sql
             return sql
 

@@ -87,6 +87,8 @@ def describe_mismatch(pred_rows: Iterable[Sequence[Any]], gold_rows: Iterable[Se
     gold = _normalize(_as_tuples(gold_rows))
     p_width = len(pred[0]) if pred else 0
     g_width = len(gold[0]) if gold else 0
+    if _match(_rounded(pred), _rounded(gold), rule, order_matters):
+        return FLOAT_ROUNDING
     if rule is MatchRule.BIRD:
         p_set, g_set = set(pred), set(gold)
         if pred and gold and p_width != g_width:
@@ -101,6 +103,27 @@ def describe_mismatch(pred_rows: Iterable[Sequence[Any]], gold_rows: Iterable[Se
     if order_matters and _spider_eq(pred, gold, order_matters=False):
         return "same rows in a different order (the gold query has ORDER BY)"
     return f"same shape ({_n(len(gold), 'row')} x {_n(g_width, 'column')}), different values"
+
+
+# How a mismatch reads when the rows agree once floats are rounded to ROUNDING_DIGITS
+# significant digits: the same sum or average added up in another order (DuckDB's parallel
+# aggregation, PostgreSQL's exact NUMERIC), not another answer. The verdict stays a mismatch,
+# as in the official evaluators, which compare floats exactly.
+ROUNDING_DIGITS = 9
+FLOAT_ROUNDING = (f"same rows up to floating-point rounding (equal to {ROUNDING_DIGITS} "
+                  "significant digits: a sum or average added up in another order)")
+
+
+def _rounded(rows: list[Row]) -> list[Row]:
+    return [tuple(_round(v) for v in row) for row in rows]
+
+
+def _round(v: Any) -> Any:
+    if type(v) is float or isinstance(v, Decimal):
+        if v != v or v in (float("inf"), float("-inf")):
+            return v
+        return float(f"{float(v):.{ROUNDING_DIGITS}g}")
+    return v
 
 
 @lru_cache(maxsize=8192)

@@ -240,8 +240,10 @@ def print_answer(console: Console, answer: Any) -> None:
         console.print(Syntax(answer.sql, "sql", word_wrap=True))
     if answer.error:
         color = "yellow" if answer.status == "unsure" else "red"
-        console.print(f"[{color}]{answer.status}: {answer.error}[/]", markup=True)
-    print_confidence(console, answer.confidence)
+        console.print(status_line(answer.status, answer.error), style=color, markup=False,
+                      highlight=False)
+    if answer.status != "unsure":  # an unsure line already gives the score and the reasons
+        print_confidence(console, answer.confidence)
     if answer.columns:
         table = Table(*answer.columns, title=f"{len(answer.rows)} rows"
                       + (" (truncated)" if answer.truncated else ""))
@@ -262,6 +264,17 @@ def print_answer(console: Console, answer: Any) -> None:
     if answer.conversation_id and answer.status == "done":
         console.print(f"follow up: agentflow ask \"...\" --conversation {answer.conversation_id}",
                       highlight=False, style="dim")
+
+
+# Error texts that already say their status ("not sure: confidence 0.27 ...", "cancelled by
+# request"): printed alone, so a line never reads "unsure: not sure: ...".
+_SAYS_STATUS = {"unsure": "not sure", "cancelled": "cancel"}
+
+
+def status_line(status: str, error: str) -> str:
+    """One line for an answer that is not plainly done: its status, then why, once."""
+    said = _SAYS_STATUS.get(status)
+    return error if said and error.lower().startswith(said) else f"{status}: {error}"
 
 
 _LEVEL_STYLE = {"high": "green", "medium": "yellow", "low": "bold red"}

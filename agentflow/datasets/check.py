@@ -83,6 +83,8 @@ DIALECT_DIFFERENCES: list[tuple[str, str]] = [
     ("ambiguous column name (SQLite resolves it silently)", r"is ambiguous"),
     ("integer division and numeric precision differ",
      r"division by zero|numeric field overflow"),
+    ("floating-point rounding: a float sum or average added up in another order",
+     r"up to floating-point rounding"),
     ("result differs from SQLite's: ties under ORDER BY ... LIMIT, NULL ordering or collation",
      r"^(rows differ|result mismatch|different rows|mismatch)"),
 ]

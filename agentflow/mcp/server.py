@@ -149,9 +149,10 @@ class AgentflowTools:
         limit = max(1, min(max_rows, MAX_ROWS))
         holds_slot = self.limits.acquire(caller)
         try:
-            result = await asyncio.to_thread(database.execute, sql,
-                                             timeout_s=self.af.config.sql_timeout_s,
-                                             max_rows=limit)
+            # in the caller's share of the database threads (agentflow.shares)
+            result = await self.af.shares.run(self.af.share_of(caller), database.execute,
+                                              sql, timeout_s=self.af.config.sql_timeout_s,
+                                              max_rows=limit)
         finally:
             if holds_slot:
                 self.limits.release(caller)
@@ -241,7 +242,8 @@ def build_server(af: AgentFlow, tenants: TenantTable | None = None):
 
     from agentflow.mcp import teaching_tools
 
-    teaching_tools.register(server, af, checked, tools._db, caller)  # teach, list/forget_taught
+    # teach, list/forget_taught; a taught pair's SQL counts against the tenant's limits
+    teaching_tools.register(server, af, checked, tools._db, caller, tools.limits)
     return server
 
 

@@ -14,20 +14,30 @@ except ImportError:
 
 
 def register(server: Any, af: Any, checked: Callable, known_db: Callable[..., str],
-             caller: Callable[[Any], Any] = lambda ctx: None) -> None:
+             caller: Callable[[Any], Any] = lambda ctx: None, limits: Any = None) -> None:
     """Add the teaching tools to ``server``; ``checked`` turns input errors into tool errors,
     ``known_db(db, tenant)`` accepts the caller's catalog ids only, ``caller(ctx)`` is the
-    key's tenant (None without keys): each tenant teaches its own entries."""
+    key's tenant (None without keys): each tenant teaches its own entries. ``limits`` (the
+    tools' ``TenantLimits``): a pair's SQL runs, so teaching one counts as a query."""
+    import asyncio
 
-    def teach(db: str, question: str | None, sql: str | None, term: str | None,
-              meaning: str | None, who: Any) -> dict[str, Any]:
+    async def teach(db: str, question: str | None, sql: str | None, term: str | None,
+                    meaning: str | None, who: Any) -> dict[str, Any]:
         db = known_db(db, who)
         if term or meaning:
             if question or sql:
                 raise ValueError("teach either a question with its sql, or a term with its "
                                  "meaning, not both")
-            return {"term": af.define(term or "", meaning or "", db=db, tenant=who).to_dict()}
-        return {"example": af.teach(question or "", sql or "", db=db, tenant=who).to_dict()}
+            entry = await asyncio.to_thread(af.define, term or "", meaning or "", db=db,
+                                            tenant=who)
+            return {"term": entry.to_dict()}
+        holds_slot = limits.acquire(who) if limits is not None else False
+        try:
+            taught = await af.teach_async(question or "", sql or "", db=db, tenant=who)
+        finally:
+            if holds_slot:
+                limits.release(who)
+        return {"example": taught.to_dict()}
 
     def listing(db: str, who: Any) -> dict[str, Any]:
         db = known_db(db, who)

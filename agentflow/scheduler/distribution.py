@@ -315,7 +315,9 @@ class Distribution:
         if not 0 <= q <= 1:
             raise ValueError("quantile level must be in [0, 1]")
         p = self.probs[start:]
-        cum = np.cumsum(p / p.sum())
+        # method forms, and add.reduce for p.sum(): the same operations without numpy's
+        # Python-level wrappers (this runs at every progress report)
+        cum = (p / _add_reduce(p)).cumsum()
         cum[-1] = 1.0
         i = int(cum.searchsorted(float(q) - 1e-12, side="left"))
         return float(self.values[start + min(i, cum.size - 1)])
@@ -331,6 +333,9 @@ class Distribution:
         u = rng.random(n)
         idx = np.searchsorted(self._cdf_array(), u, side="right")
         return self.values[np.minimum(idx, self.values.size - 1)]
+
+
+_add_reduce = np.add.reduce  # what ndarray.sum() runs for a 1-D array
 
 
 # -------------------------------------------------------------------- SageSched cost model

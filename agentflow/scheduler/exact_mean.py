@@ -9,12 +9,19 @@ multiple: the column's sum is an exact integer, one row's change is one integer 
 and addition, and the mean is the exact sum divided by the count, rounded once (Python's
 integer true division rounds correctly). The result depends only on the values, never on
 the order they were added or changed in.
+
+Blocks: rows that always hold one shared value (the untried instances of a GPU kind, priced
+by their peers' measurements: ``ClusterView._borrowed``) can be kept as one block, whose
+value is set once for all of them; the block counts once per member in the sum, so moving
+it costs the same for 1,000 members as for one, and the means are the ones the rows would
+give one by one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 
 _SHIFT = 1074  # 2**-1074: the smallest positive float, a divisor of every finite float
 
@@ -23,6 +30,17 @@ def exact_int(x: float) -> int:
     """``x * 2**1074`` as an exact integer (``x`` finite)."""
     num, den = x.as_integer_ratio()
     return num << (_SHIFT + 1 - den.bit_length())
+
+
+@dataclass
+class _Block:
+    """Rows sharing one value: their count (all, and counted) and the value as floats and
+    exact integers."""
+
+    values: tuple[float, ...]
+    ints: list[int]
+    members: set[int] = field(default_factory=set)
+    n_counted: int = 0
 
 
 class ExactColumnMeans:
@@ -39,9 +57,13 @@ class ExactColumnMeans:
         # rows whose value is not finite, per column (then the mean is a plain float sum)
         self._odd = [0] * n_columns
         self._odd_rows: set[int] = set()
+        self._blocks: dict[Hashable, _Block] = {}
+        self._block_of: list[Hashable | None] = [None] * n_rows
 
     def set_row(self, i: int, values: Sequence[float]) -> None:
-        """Row ``i`` now holds ``values`` (one per column)."""
+        """Row ``i`` now holds ``values`` (one per column); it leaves its block if in one."""
+        if self._block_of[i] is not None:
+            self._leave_block(i)
         old_odd = i in self._odd_rows
         ints = self._ints[i]
         counted = self._counted[i]
@@ -59,6 +81,35 @@ class ExactColumnMeans:
         if odd != old_odd:
             (self._odd_rows.add if odd else self._odd_rows.discard)(i)
 
+    def join_block(self, i: int, key: Hashable) -> None:
+        """Row ``i`` holds the value of block ``key`` (``set_block``) from now on, until
+        ``set_row`` gives it a value of its own."""
+        if self._block_of[i] == key:
+            return
+        self.set_row(i, [0.0] * len(self._sums))  # its own value out of the sums
+        block = self._blocks.get(key)
+        if block is None:
+            block = self._blocks[key] = _Block((0.0,) * len(self._sums), [0] * len(self._sums))
+        block.members.add(i)
+        block.n_counted += self._counted[i]
+        self._block_of[i] = key
+
+    def _leave_block(self, i: int) -> None:
+        block = self._blocks[self._block_of[i]]
+        block.members.discard(i)
+        block.n_counted -= self._counted[i]
+        self._block_of[i] = None
+
+    def set_block(self, key: Hashable, values: Sequence[float]) -> None:
+        """Every row of block ``key`` now holds ``values``: O(columns), whatever its size."""
+        values = tuple(float(x) for x in values)
+        ints = [exact_int(x) if math.isfinite(x) else 0 for x in values]
+        block = self._blocks.get(key)
+        if block is None:
+            self._blocks[key] = _Block(values, ints)
+        else:
+            block.values, block.ints = values, ints
+
     def set_counted(self, counted: Sequence[bool]) -> None:
         """Which rows the mean is over (the up instances); O(rows), for rare changes."""
         self._counted = [bool(c) for c in counted]
@@ -66,14 +117,27 @@ class ExactColumnMeans:
         n_columns = len(self._sums)
         self._sums = [sum(row[j] for row, c in zip(self._ints, self._counted) if c)
                       for j in range(n_columns)]
+        for block in self._blocks.values():
+            block.n_counted = sum(self._counted[i] for i in block.members)
+
+    def _row_values(self, i: int) -> tuple[float, ...] | list[float]:
+        key = self._block_of[i]
+        return self._values[i] if key is None else self._blocks[key].values
 
     def means(self) -> tuple[float, ...]:
         """The mean of every column over the counted rows (all rows when none is)."""
         use_all = self._n_counted == 0
         rows = [i for i in self._odd_rows if use_all or self._counted[i]]
         k = len(self._ints) if use_all else self._n_counted
-        if rows:  # an infinite or NaN value: the float sum says what the mean is
-            picked = [v for v, c in zip(self._values, self._counted) if use_all or c]
+        blocks = [(b, len(b.members) if use_all else b.n_counted)
+                  for b in self._blocks.values() if b.members]
+        odd = any(not math.isfinite(x) for b, n in blocks if n for x in b.values)
+        if rows or odd:  # an infinite or NaN value: the float sum says what the mean is
+            picked = [self._row_values(i) for i in range(len(self._ints))
+                      if use_all or self._counted[i]]
             return tuple(sum(v[j] for v in picked) / k for j in range(len(self._sums)))
-        sums = self._all if use_all else self._sums
+        sums = list(self._all if use_all else self._sums)
+        for block, n in blocks:
+            for j, x in enumerate(block.ints):
+                sums[j] += n * x
         return tuple(s / (k << _SHIFT) for s in sums)

@@ -85,7 +85,13 @@ class WorkflowPaths(ClusterView):
         whole remaining workflow, by one DP over a cached topological order: a stage the
         scheduler saw finish counts as done even before the runtime marks it, a running
         stage counts its expected remainder. The same pass gives the optimistic and
-        pessimistic whole paths (every LLM stage at its P10 / P90 length) and the work left."""
+        pessimistic whole paths (every LLM stage at its P10 / P90 length) and the work left.
+
+        The order is pruned as stages finish: a finished stage never runs again (states
+        only move forward, and the graph only grows), so it is dropped from the cached
+        order and from its parents' successor lists; it would have been skipped anyway,
+        so the DP visits the same unfinished stages in the same order (same floats) but no
+        longer walks a long query's whole history at every event."""
         run = query.run
         assert run is not None  # callers compute paths only for queries with a workflow
         graph = run.graph
@@ -107,10 +113,12 @@ class WorkflowPaths(ClusterView):
         after_lo: dict[str, float] = {}
         after_hi: dict[str, float] = {}
         total = total_lo = total_hi = work = 0.0
+        finished = 0
         prompt: float
         for n, node, succ in reverse_order:
             state = state_of(n)
             if (state != pending and state != running) or n in done:
+                finished += 1
                 continue
             if node.kind == llm:
                 call = calls.get(n)
@@ -151,6 +159,9 @@ class WorkflowPaths(ClusterView):
                 total_lo = t_lo + best_lo
             if t_hi + best_hi > total_hi:
                 total_hi = t_hi + best_hi
+        if finished:  # drop the finished stages: every later pass would skip them again
+            query.topo = (shape, [(n, node, [c for c in succ if c in rem])
+                                  for n, node, succ in reverse_order if n in rem])
         after[None] = total
         query.path_cache = after
         query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
@@ -173,11 +184,24 @@ class WorkflowPaths(ClusterView):
         if truth is not None:  # the oracle: this stage's real sizes
             o = float(truth.output_tokens)
             return truth.prompt_tokens, (o, o, o)
-        prompt, dist = self._future_lengths(query, node, truth)
-        per_query = self._stage_summary.setdefault(query.id, {})
-        summary = per_query.get(node.stage)
+        # _future_lengths inline (this runs for every future stage at every event): the
+        # same prompt and the same cached prediction, in fewer calls
+        stage, hints = node.stage, node.hints
+        prompt = hints.get("prompt_tokens")
+        if prompt is None:
+            seen = self._stage_prompts.get(stage)
+            prompt = seen[0] if seen is not None else DEFAULT_PROMPT_TOKENS
+        prompt = int(prompt)
+        predicted = self._stage_prediction.get(query.id)
+        dist = predicted.get(stage) if predicted is not None else None
+        if dist is None:
+            dist = self._predict_stage(query, stage, prompt, hints.get("max_tokens"))
+        per_query = self._stage_summary.get(query.id)
+        if per_query is None:
+            per_query = self._stage_summary[query.id] = {}
+        summary = per_query.get(stage)
         if summary is None or summary[0] is not dist:
-            summary = per_query[node.stage] = (dist, _length_summary(dist))
+            summary = per_query[stage] = (dist, _length_summary(dist))
         return prompt, summary[1]
 
     def call_cost(self, call: ScheduledCall) -> Distribution:

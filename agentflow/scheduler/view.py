@@ -15,10 +15,20 @@ The list of up instances and its index vector depend only on the instance set an
 until an instance goes up or down (``_instances_changed``). ``_models_epoch`` is the blunt
 tool kept for whoever edits time models in place (tests, calibration): bumping it rebuilds
 every array at the next read.
+
+An instance that has answered nothing is priced by its answered peers' mean ratios
+(``_borrowed``), so one learn moves the rows of all its untried peers — 800 of them on a
+4,096-instance fleet. Those rows are alike: untried peers with the same starting model form
+a block (``_blocks``), whose one value is written into the arrays as a numpy slice
+assignment and into the exact cluster sums as one block (``ExactColumnMeans.set_block``),
+and the group's borrowed ratios are one cached mean per learn of the group, read from an
+array of the answered members' ratios. So a learn costs the same on 64 instances as on 4,096
+and the arrays stay the ones a row-by-row rebuild writes.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -82,6 +92,17 @@ class ClusterView:
             self._groups.setdefault(key, []).append(i)
         self._untried: set[int] = set(range(n))
         self._group_learns: dict[tuple[str | None, ...], int] = dict.fromkeys(self._groups, 0)
+        # Per group: its answered members in index order, and their borrowed mean ratios
+        # (with the group's learn count they were taken at); the untried members by
+        # starting model (``_block_key``), as index arrays; groups whose untried blocks
+        # must be rewritten at the next read. Each instance's own (prefill, decode, clean
+        # decode) ratios, as its row last read them (the borrowed means are sums of these).
+        self._answered: dict[tuple[str | None, ...], list[int]] = {}
+        self._borrow_cache: dict[tuple[str | None, ...],
+                                 tuple[int, tuple[float, float, float] | None]] = {}
+        self._blocks: dict[tuple[str | None, ...], dict[tuple[float, ...], np.ndarray]] = {}
+        self._stale_groups: set[tuple[str | None, ...]] = set()
+        self._own_ratios = np.ones((3, n))
 
     @property
     def up_instances(self) -> list[str]:
@@ -112,9 +133,12 @@ class ClusterView:
         self._mean_coef = None
         key = self._peer_keys[i]
         self._group_learns[key] += 1
-        self._untried.discard(i)
-        if self._untried:  # its untried peers price by its ratios: their rows move too
-            self._stale_rows.update(j for j in self._groups[key] if j in self._untried)
+        if i in self._untried:  # its first answer: out of its block, among the answered
+            self._untried.discard(i)
+            self._leave_block(i)
+            bisect.insort(self._answered.setdefault(key, []), i)
+        if self._blocks.get(key):  # its untried peers price by its ratios: theirs move too
+            self._stale_groups.add(key)
 
     def _positions(self, instances: list[str]) -> slice | np.ndarray:
         """Indices of ``instances`` into the per-instance arrays: a slice (a view, no copy)
@@ -150,6 +174,7 @@ class ClusterView:
         """For an instance that has finished no call (``model``: its time model), the mean
         (prefill, decode, clean decode) ratios of its peers that have (same GPU, model and
         backend: ``InstanceSpec.peer_key``); None once it has answered, or no peer has.
+        One mean per group, kept until the group learns again (``_group_borrowed``).
 
         Why: an instance that has answered nothing is priced at its starting rates, and its
         twin that has answered at what it measured. Where the two differ — the CPU
@@ -162,14 +187,28 @@ class ClusterView:
         ``call_deadline`` already reads them for its deadlines."""
         if model.observations:
             return None
-        peers = [m for m in (self.time_models[self._names[j]]
-                             for j in self._groups[self._peer_keys[i]] if j != i)
-                 if m.observations]
-        if not peers:
-            return None
-        k = len(peers)
-        return (sum(p.prefill_ratio for p in peers) / k, sum(p.decode_ratio for p in peers) / k,
-                sum(p.clean_decode_ratio for p in peers) / k)
+        self._sync()
+        return self._group_borrowed(self._peer_keys[i])
+
+    def _group_borrowed(self, key: tuple[str | None, ...]
+                        ) -> tuple[float, float, float] | None:
+        """The mean ratios of group ``key``'s answered members (None: none has answered),
+        summed in index order as a plain float sum, so the same floats as summing over
+        their time models; recomputed only after the group learned."""
+        learns = self._group_learns[key]
+        cached = self._borrow_cache.get(key)
+        if cached is not None and cached[0] == learns:
+            return cached[1]
+        answered = self._answered.get(key)
+        borrowed = None
+        if answered:
+            self._flush_rows()  # the answered rows' own ratios as their models hold them
+            k = len(answered)
+            ratios = self._own_ratios[:, answered]
+            borrowed = (sum(ratios[0].tolist()) / k, sum(ratios[1].tolist()) / k,
+                        sum(ratios[2].tolist()) / k)
+        self._borrow_cache[key] = (learns, borrowed)
+        return borrowed
 
     def outstanding_work(self, instance: str, now: float) -> float:
         return float(self.work_vector(now)[self._index[instance]])
@@ -301,36 +340,111 @@ class ClusterView:
     def _coef_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-instance overhead, prefill and decode seconds per token (with the online
         corrections): the current rows (every row rebuilt after ``_models_epoch`` moved)."""
-        if self._rows_epoch != self._models_epoch:
-            self._untried = {i for i in range(len(self._names))
-                             if not self.time_models[self._names[i]].observations}
-            for i, name in enumerate(self.queues):
-                self._fill_row(i, self.time_models[name])
-            self._rows_epoch = self._models_epoch
-            self._stale_rows.clear()
-            self._mean_coef = None
-        elif self._stale_rows:
+        self._sync()
+        if self._stale_rows:
+            self._flush_rows()
+        if self._stale_groups:
+            for key in self._stale_groups:
+                self._write_blocks(key)
+            self._stale_groups.clear()
+        return self._oh, self._pf, self._df
+
+    def _sync(self) -> None:
+        """After ``_models_epoch`` moved: which instances have answered (from their models),
+        the groups' answered lists and untried blocks, and every row, rebuilt."""
+        if self._rows_epoch == self._models_epoch:
+            return
+        self._rows_epoch = self._models_epoch
+        models = [self.time_models[name] for name in self._names]
+        self._untried = {i for i, m in enumerate(models) if not m.observations}
+        self._answered, self._blocks, self._borrow_cache = {}, {}, {}
+        members: dict[tuple[str | None, ...], dict[tuple[float, ...], list[int]]] = {}
+        for i, m in enumerate(models):
+            key = self._peer_keys[i]
+            if i in self._untried:
+                members.setdefault(key, {}).setdefault(self._block_key(m), []).append(i)
+            else:
+                self._answered.setdefault(key, []).append(i)
+        self._blocks = {key: {b: np.array(idx, dtype=np.intp) for b, idx in blocks.items()}
+                        for key, blocks in members.items()}
+        for i, m in enumerate(models):  # the answered rows, and every row's own entries
+            self._fill_row(i, m)
+        for group, blocks in self._blocks.items():  # untried rows: their block's value
+            for b, idx in blocks.items():
+                for i in idx.tolist():
+                    self._sums.join_block(i, (group, b))
+        self._stale_rows.clear()
+        self._stale_groups = set(self._blocks)
+        for group in self._stale_groups:
+            self._write_blocks(group)
+        self._stale_groups.clear()
+        self._mean_coef = None
+
+    def _flush_rows(self) -> None:
+        """Rewrite the rows of the instances that learned since the last read."""
+        if self._stale_rows:
             for i in self._stale_rows:
                 self._fill_row(i, self.time_models[self._names[i]])
             self._stale_rows.clear()
-        return self._oh, self._pf, self._df
+
+    @staticmethod
+    def _block_key(m: InstanceTimeModel) -> tuple[float, ...]:
+        """What makes two untried peers' rows equal whatever their peers measure: the
+        starting model's constants and (for a group nobody has answered in) own ratios."""
+        return (m.overhead_s, m.prefill_s_per_token, m.decode_s_per_token,
+                m.prefill_ratio, m.decode_ratio, m.clean_decode_ratio)
+
+    def _leave_block(self, i: int) -> None:
+        """Instance ``i`` answered its first call: out of its group's untried block."""
+        blocks = self._blocks.get(self._peer_keys[i], {})
+        for b, idx in blocks.items():
+            if i in idx:
+                rest = idx[idx != i]
+                if len(rest):
+                    blocks[b] = rest
+                else:
+                    del blocks[b]
+                return
 
     def _fill_row(self, i: int, m: InstanceTimeModel) -> None:
         """Instance ``i``'s entries in every coefficient array, from its time model (one
-        expression per entry, the same whether one row or all are written)."""
-        borrowed = self._borrowed(i, m) if i in self._untried else None
-        prefill_ratio, decode_ratio, clean_ratio = borrowed if borrowed is not None else (
-            m.prefill_ratio, m.decode_ratio, m.clean_decode_ratio)  # untried: its peers'
+        expression per entry, the same whether one row or all are written). An untried
+        row's ratio-dependent entries and its place in the sums are its block's
+        (``_write_blocks``)."""
+        own = (m.prefill_ratio, m.decode_ratio, m.clean_decode_ratio)
+        self._own_ratios[:, i] = own
         self._oh[i] = m.overhead_s
-        self._pf[i] = m.prefill_s_per_token * prefill_ratio
-        self._df[i] = m.decode_s_per_token * decode_ratio
-        self._sums.set_row(i, (self._oh[i], self._pf[i], self._df[i]))
         self._solo[i] = m.decode_s_per_token
-        for clean, (rate, slope, seen) in self._batch_rows.items():
+        for clean, (_, slope, seen) in self._batch_rows.items():
             fit = m.co_runner_slope(clean=clean)
-            rate[i] = m.decode_s_per_token * (clean_ratio if clean else decode_ratio)
             slope[i] = m.decode_s_per_token * fit[0]
             seen[i] = fit[1]
+        if i in self._untried:
+            return
+        self._pf[i] = m.prefill_s_per_token * own[0]
+        self._df[i] = m.decode_s_per_token * own[1]
+        self._sums.set_row(i, (self._oh[i], self._pf[i], self._df[i]))
+        for clean, (rate, _, _) in self._batch_rows.items():
+            rate[i] = m.decode_s_per_token * (own[2] if clean else own[1])
+
+    def _write_blocks(self, key: tuple[str | None, ...]) -> None:
+        """The untried rows of group ``key``, block by block: the same expressions as a
+        row's own (``_fill_row``), with the peers' mean ratios (else the block's own), once
+        per block, assigned to all its rows."""
+        blocks = self._blocks.get(key)
+        if not blocks:
+            return
+        borrowed = self._group_borrowed(key)
+        for b, idx in blocks.items():
+            oh, prefill_s, decode_s = b[0], b[1], b[2]
+            prefill_ratio, decode_ratio, clean_ratio = borrowed if borrowed is not None \
+                else (b[3], b[4], b[5])
+            pf, df = prefill_s * prefill_ratio, decode_s * decode_ratio
+            self._pf[idx], self._df[idx] = pf, df
+            self._batch_rows[False][0][idx] = decode_s * decode_ratio
+            self._batch_rows[True][0][idx] = decode_s * clean_ratio
+            self._sums.set_block((key, b), (oh, pf, df))
+        self._mean_coef = None
 
     def _mean_time(self, prompt_tokens: float, output_tokens: float) -> float:
         """A stage's time averaged over the cluster's up instances (HexGen-Flow's budget

@@ -150,6 +150,10 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
                           lease_s=settings.lease_s)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s, on_error=metrics.error)
+    from agentflow.server.edge import HeaderLimit
+
+    app.add_middleware(HeaderLimit, max_count=settings.max_headers,  # outermost: first
+                       max_bytes=settings.max_header_bytes, on_error=metrics.error)
     errors.install(app, on_error=metrics.error)
     keyed = [Depends(require_key)]
 

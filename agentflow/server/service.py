@@ -241,6 +241,16 @@ class QueryService:
                            f"{len(ids)} available)")
         return db
 
+    def admit(self, caller: Tenant | None) -> bool:
+        """Take one of ``caller``'s queries from its limits (rate, in flight), or 429; True
+        when it holds a slot to ``limits.release``. Asking and teaching SQL both count."""
+        try:
+            return self.limits.acquire(caller)
+        except LimitExceeded as err:
+            raise ApiError(429, "rate_limited" if err.kind == "rate" else "too_many_queries",
+                           str(err), headers=retry_after_header(err.retry_after_s),
+                           retry_after_s=round(err.retry_after_s, 3)) from None
+
     def submit(self, req: QueryRequest, caller: Tenant | None = None) -> QueryHandle:
         """Start a query for ``caller`` or raise ``ApiError`` (bad input, unknown db,
         over the tenant's limits, shutting down)."""
@@ -248,12 +258,7 @@ class QueryService:
             raise ApiError(503, "shutting_down", "the server is shutting down; retry on "
                            "another replica or in a moment", headers=retry_after_header(5))
         self.database_id(req.db, caller)
-        try:
-            holds_slot = self.limits.acquire(caller)
-        except LimitExceeded as err:
-            raise ApiError(429, "rate_limited" if err.kind == "rate" else "too_many_queries",
-                           str(err), headers=retry_after_header(err.retry_after_s),
-                           retry_after_s=round(err.retry_after_s, 3)) from None
+        holds_slot = self.admit(caller)
         try:
             handle = self.af.submit(req.question, req.db, slo=req.slo_seconds,
                                     pipeline=req.pipeline, evidence=req.evidence,

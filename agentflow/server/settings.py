@@ -56,6 +56,17 @@ class ServerSettings(BaseModel):
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(30.0, gt=0)
     max_connections: int = Field(1000, gt=0)
+    # ... and beyond this many from one client (peer address), its new ones get 503: one
+    # client cannot take every connection (and /healthz with them)
+    max_client_connections: int = Field(100, gt=0)
+    # Requests with more headers, or more bytes of them, get 431
+    max_headers: int = Field(100, gt=0)
+    max_header_bytes: int = Field(32 * 1024, gt=0)
+    # Admins are limited too (their queries take instance time and database threads like
+    # anyone's): the limits of an admin key, and of a configured admin tenant that sets
+    # none of its own; None: unlimited.
+    admin_rate_per_min: float | None = Field(None, gt=0)
+    admin_max_concurrent: int | None = Field(32, ge=1)
     recent_limit: int = Field(50, gt=0)  # queries listed by GET /v1/queries
     # Where queries, conversations and tenant usage live (agentflow.state): a SQLite file
     # path (sqlite:///path; one host) or postgresql://... (many hosts). Replicas sharing it
@@ -74,7 +85,9 @@ class ServerSettings(BaseModel):
     def tenant_table(self) -> TenantTable:
         """Every key the server accepts, each mapped to its tenant (empty: keys are off)."""
         return tenant_table(self.keys(), [*self.admin_keys, *env_keys(ADMIN_KEYS_ENV)],
-                            self.tenants, self.tenants_file)
+                            self.tenants, self.tenants_file,
+                            admin_limits={"rate_per_min": self.admin_rate_per_min,
+                                          "max_concurrent": self.admin_max_concurrent})
 
 
 STATE_ENV = "AGENTFLOW_STATE"
@@ -93,12 +106,14 @@ def resolve_state(option: str | None, setting: str | None, port: int = 8000) -> 
 
 
 def tenant_table(keys: list[str], admin_keys: list[str], tenants: list[TenantEntry],
-                 tenants_file: str | None = None) -> TenantTable:
+                 tenants_file: str | None = None,
+                 admin_limits: dict[str, Any] | None = None) -> TenantTable:
     """Plain keys, admin keys, configured tenants and those of the tenants file (the
-    setting, else ``AGENTFLOW_TENANTS``) in one table; shared by the MCP server."""
+    setting, else ``AGENTFLOW_TENANTS``) in one table; shared by the MCP server.
+    ``admin_limits`` (``rate_per_min``, ``max_concurrent``): for admins without their own."""
     path = tenants_file or os.environ.get(TENANTS_ENV) or None
     entries = [*tenants, *(load_tenants_file(path) if path else [])]
-    return TenantTable.build(keys, admin_keys, entries)
+    return TenantTable.build(keys, admin_keys, entries, admin_limits=admin_limits)
 
 
 def load_serve_config(path: str | Path | None) -> tuple[AgentFlowConfig, ServerSettings]:

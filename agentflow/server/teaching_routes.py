@@ -103,10 +103,22 @@ async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 @router.post("/v1/databases/{db}/examples", response_model=ExampleOut, status_code=201)
 async def teach(db: str, body: ExampleIn, request: Request) -> Any:
     """Teach a question/SQL pair. The SQL must be one read-only query that runs on the
-    database; the same question taught again replaces its SQL."""
+    database; the same question taught again replaces its SQL. Counted against the
+    tenant's limits like a query (429 when over them)."""
     af = _af(request)
-    taught = await _call(af.teach, body.question, body.sql, db=_known(request, db),
-                         tenant=_tenant(request))
+    db = _known(request, db)
+    caller = _tenant(request)
+    service = request.app.state.service
+    # Teaching runs SQL: the same rate and concurrency limits as asking (each teach call is
+    # one query of the tenant's), and its SQL runs in the tenant's share of the threads.
+    holds_slot = service.admit(caller)
+    try:
+        taught = await af.teach_async(body.question, body.sql, db=db, tenant=caller)
+    except TeachingError as err:
+        raise ApiError(422, "invalid_request", str(err)) from None
+    finally:
+        if holds_slot:
+            service.limits.release(caller)
     return taught.to_dict()
 
 

@@ -36,6 +36,7 @@ from agentflow.sql.bounds import (
     bound_postgres_sizes,
     bound_value_sizes,
 )
+from agentflow.sql.complexity import check_run_depth
 from agentflow.sql.dialect import PLAIN_SQLITE_DRIVER, sqlglot_dialect, transpile
 from agentflow.sql.engine_check import (
     SqliteAuthorizer,
@@ -82,6 +83,11 @@ POSTGRES_WORK_MEM = "32MB"
 # SQLite calls the progress handler every this many VM steps: the engine stops the query
 # itself at its deadline, whether or not the watchdog's interrupt has landed.
 SQLITE_PROGRESS_STEPS = 10_000
+# The most VM instructions one SQLite statement may compile to (SQLite's default: 250 million,
+# ~6 GB of program): a backstop behind the guard's expansion bound (``complexity``), since
+# code generation runs inside prepare, where neither the progress handler nor an interrupt
+# reaches. Benchmark queries compile to a few hundred.
+SQLITE_MAX_VDBE_OPS = 1_000_000
 
 _SQLITE_SUFFIXES = {".sqlite", ".sqlite3", ".db"}
 _DUCKDB_SUFFIXES = {".duckdb", ".ddb"}
@@ -128,6 +134,9 @@ class Database:
     # Passwords this database was opened with: scrubbed from every message it produces.
     _secrets: tuple[str, ...] = field(default=(), repr=False)
     search_path: tuple[str, ...] = ()
+    # Whether catalog tables and functions are let through by default (``with_catalog``).
+    catalog_allowed: bool = False
+    _catalog_view: Any = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # ----------------------------------------------------------------------------- opening
@@ -208,7 +217,19 @@ class Database:
         if not role or "\x00" in role or len(role) > 63:
             raise ValueError(f"invalid database role name {role!r}")
         return dataclasses.replace(self, engine=self.engine.execution_options(
-            **{ROLE_OPTION: role}), _schema_cache=None, _lock=threading.Lock())
+            **{ROLE_OPTION: role}), _schema_cache=None, _catalog_view=None,
+            _lock=threading.Lock())
+
+    def with_catalog(self) -> Database:
+        """A view of this database whose queries may read the engine's catalog (server paths,
+        settings, roles): for admins. Same pool and caches; only the guard's verdict differs."""
+        if self.catalog_allowed:
+            return self
+        with self._lock:  # one view per database, so its schema cache is kept
+            if self._catalog_view is None:
+                self._catalog_view = dataclasses.replace(
+                    self, catalog_allowed=True, _catalog_view=None, _lock=threading.Lock())
+            return self._catalog_view
 
     def __post_init__(self) -> None:
         # The guard's allow-list for this dialect is derived once per process; do it now
@@ -234,7 +255,7 @@ class Database:
     # ----------------------------------------------------------------------------- queries
     def execute(self, sql: str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S,
                 max_rows: int | None = DEFAULT_MAX_ROWS, dialect: str | None = None,
-                allow_catalog: bool = False,
+                allow_catalog: bool | None = None,
                 max_bytes: int | None = DEFAULT_MAX_BYTES) -> QueryResult:
         """Run one read-only query and return at most ``max_rows`` rows and about
         ``max_bytes`` bytes of values (``truncated_by`` says which cap cut it short).
@@ -248,15 +269,19 @@ class Database:
         the engine's own parser (DuckDB, PostgreSQL); SQLite runs the text as written, checked
         by its authorizer as it prepares it. One text is checked and run, and where the engine
         reads it differently from the guard it does not run.
-        ``allow_catalog`` lets catalog tables through (admins, agentflow's introspection).
+        ``allow_catalog`` lets catalog tables through (admins, agentflow's introspection);
+        None: as this database view says (``with_catalog``).
         """
         start = time.monotonic()
+        if allow_catalog is None:
+            allow_catalog = self.catalog_allowed
         if dialect and dialect != self.dialect:
             sql = transpile(sql, read=dialect, write=self.dialect)
         tree = parse_single_query(sql, self.dialect, allow_catalog=allow_catalog)
         if self.kind == "duckdb":
             bound_value_sizes(tree, sql)
             bound_growth(tree)
+            check_run_depth(tree, sql)  # the checks nest: the text that runs must be written
         elif self.kind == "postgresql":
             bound_postgres_sizes(tree, sql)
         # SQLite runs the text as written (the evaluators' text, with its column names): the
@@ -427,9 +452,11 @@ def _lenient_text(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_bounds(dbapi_connection: Any, _record: Any) -> None:
-    """Cap the size of any one string/blob (per connection) and SQLite's heap (per process)."""
+    """Cap the size of any one string/blob and of a statement's program (per connection),
+    and SQLite's heap (per process)."""
     if sys.version_info >= (3, 11):  # Connection.setlimit
         dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_VDBE_OP, SQLITE_MAX_VDBE_OPS)
     dbapi_connection.execute(f"PRAGMA soft_heap_limit = {SQLITE_SOFT_HEAP_LIMIT}")
     dbapi_connection.execute(f"PRAGMA hard_heap_limit = {SQLITE_HARD_HEAP_LIMIT}")
 

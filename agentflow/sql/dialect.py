@@ -8,7 +8,7 @@ from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlglot import exp
 from sqlglot.errors import ErrorLevel, ParseError, TokenError, UnsupportedError
 
-from agentflow.sql.errors import QueryTooComplexError, SqlSyntaxError
+from agentflow.sql.errors import QueryTooComplexError, SqlSyntaxError, plain_parse_error
 
 # The SQLAlchemy driver name of ``PlainSQLiteDialect`` (URL ``sqlite+pysqlite_plain:///...``).
 PLAIN_SQLITE_DRIVER = "pysqlite_plain"
@@ -90,7 +90,8 @@ def transpile(sql: str, *, read: str, write: str) -> str:
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
         raise SqlSyntaxError(
-            f"cannot parse as {read}: {first.get('description') or err}", sql=sql,
+            f"cannot parse as {read}: {plain_parse_error(first.get('description') or str(err))}",
+            sql=sql,
             line=first.get("line"), column=first.get("col")) from err
     except (TokenError, UnsupportedError) as err:
         raise SqlSyntaxError(f"cannot transpile {read} -> {write}: {err}", sql=sql) from err

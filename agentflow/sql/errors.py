@@ -7,7 +7,32 @@ Each carries a short machine-readable ``kind`` for traces, JSON answers and eval
 
 from __future__ import annotations
 
+import re
+
 from agentflow.errors import AgentflowError
+
+# sqlglot says an unfinished query in its own terms: "Required keyword: 'this' missing for
+# <class 'sqlglot.expressions.core.Neg'>". A user (and a model revising its SQL) needs the
+# SQL word it stopped at; the node names below are the ones a query cut short ends in.
+_MISSING_PART = re.compile(r"Required keyword: '\w+' missing for <class '(?:[\w.]*\.)?(\w+)'>")
+_NODE_SQL = {"Neg": "-", "EQ": "=", "NEQ": "<>", "GT": ">", "GTE": ">=", "LT": "<", "LTE": "<=",
+             "Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Mod": "%", "DPipe": "||",
+             "And": "AND", "Or": "OR", "Not": "NOT", "Like": "LIKE", "ILike": "ILIKE",
+             "In": "IN", "Between": "BETWEEN", "Is": "IS", "Order": "ORDER BY",
+             "Group": "GROUP BY", "Where": "WHERE", "Having": "HAVING", "Limit": "LIMIT",
+             "Offset": "OFFSET", "Join": "JOIN", "From": "FROM", "Alias": "AS",
+             "Ordered": "ORDER BY", "Select": "SELECT", "Case": "CASE", "If": "WHEN"}
+
+
+def plain_parse_error(description: str) -> str:
+    """sqlglot's parse error in SQL words: which keyword or operator is left incomplete."""
+    match = _MISSING_PART.search(description)
+    if match is None:
+        return description
+    node = match.group(1)
+    word = _NODE_SQL.get(node)
+    thing = f"'{word}'" if word else f"a {node} expression"
+    return f"{thing} is missing what must follow it"
 
 
 class SqlError(AgentflowError):

@@ -16,21 +16,26 @@ from __future__ import annotations
 import re
 import time
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
-from sqlglot.tokens import TokenType
+from sqlglot.tokens import Token, TokenType
 
 from agentflow.sql.allowlist import check_function, normalised_name
+from agentflow.sql.complexity import check_complexity
 from agentflow.sql.engine_check import catalog_problem, is_catalog_function
-from agentflow.sql.errors import QueryTooComplexError, RejectedStatementError, SqlSyntaxError
+from agentflow.sql.errors import (
+    QueryTooComplexError,
+    RejectedStatementError,
+    SqlSyntaxError,
+    plain_parse_error,
+)
 from agentflow.sql.formats import format_problem
 
 # Parsing is part of a query's budget. sqlglot's parser is linear-ish in the text but far from
-# free (a 1.3 MB OR chain took ~12 s), so the text is bounded first; 100k characters is ~20x
-# the longest gold query of Spider/BIRD and parses in well under a second.
-MAX_SQL_CHARS = 100_000
+# free (a 1.3 MB OR chain took ~12 s; an 84k-character one ~1-2 s of CPU on a busy host), so
+# the text is bounded first; 50k characters is ~10x the longest gold query of Spider/BIRD.
+MAX_SQL_CHARS = 50_000
 # sqlglot parses nested expressions recursively (~20 Python frames per level), so a few dozen
 # levels exhaust the interpreter's stack. Benchmark gold queries nest fewer than 10 levels.
 MAX_NESTING = 24
@@ -68,17 +73,19 @@ def parse_single_query(sql: str, dialect: str | None = None, *,
     """
     if not sql or not sql.strip():
         raise RejectedStatementError("empty SQL statement", sql=sql)
-    check_size(sql, dialect)
+    tokens = check_size(sql, dialect)
     try:
         # A trailing comment becomes an empty statement holding it: not a second statement.
-        statements = [s for s in sqlglot.parse(sql, read=dialect)
+        # The tokens of the size check are parsed (tokenizing is half of the guard's cost).
+        statements = [s for s in Dialect.get_or_raise(dialect).parser().parse(tokens, sql)
                       if s is not None and not isinstance(s, exp.Semicolon)]
     except RecursionError as err:
         raise QueryTooComplexError("query too deeply nested", sql=sql) from err
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
         raise SqlSyntaxError(
-            f"syntax error: {first.get('description') or str(err).splitlines()[0]}",
+            "syntax error: "
+            + plain_parse_error(first.get("description") or str(err).splitlines()[0]),
             sql=sql, line=first.get("line"), column=first.get("col"),
         ) from err
     except TokenError as err:
@@ -93,6 +100,8 @@ def parse_single_query(sql: str, dialect: str | None = None, *,
         raise RejectedStatementError(
             f"only read-only queries (SELECT, WITH, UNION/INTERSECT/EXCEPT) are allowed, "
             f"got {_describe(tree)}", sql=sql)
+    # before anything walks the tree recursively, and before the engine prepares it
+    check_complexity(tree, sql)
     try:
         _check_nodes(tree, sql, dialect, allow_catalog)
     except RecursionError as err:
@@ -101,19 +110,27 @@ def parse_single_query(sql: str, dialect: str | None = None, *,
 
 
 def strip_trailing(sql: str, dialect: str | None = None) -> str:
-    """The text of the one statement, without a trailing ``;`` and whatever comment follows.
+    """The text of the one statement, without a trailing ``;`` and whatever comment follows,
+    nor the empty statements before it (``; SELECT 1``: the guard allows it, as sqlite3 does).
 
     PostgreSQL runs queries inside ``DECLARE ... CURSOR FOR <query>``, where a ``;`` is an
     error; the other engines do not mind either way."""
+    if ";" not in sql:
+        return sql  # no statement separator, nothing to tokenize
+    start, leading = 0, True
     for token in Dialect.get_or_raise(dialect).tokenize(sql):
         if token.token_type == TokenType.SEMICOLON:
-            return sql[: token.start].rstrip()
-    return sql
+            if leading:
+                start = token.end + 1
+                continue
+            return sql[start: token.start].strip()
+        leading = False
+    return sql[start:].lstrip() if start else sql
 
 
-def check_size(sql: str, dialect: str | None = None) -> None:
+def check_size(sql: str, dialect: str | None = None) -> list[Token]:
     """Reject text longer than ``MAX_SQL_CHARS`` or nested deeper than ``MAX_NESTING``
-    parentheses, before anything parses it (the transpiler included).
+    parentheses, before anything parses it (the transpiler included); return its tokens.
 
     Tokenizing is linear and iterative, so this is safe where the recursive parser is not."""
     if len(sql) > MAX_SQL_CHARS:
@@ -135,6 +152,7 @@ def check_size(sql: str, dialect: str | None = None) -> None:
         raise QueryTooComplexError(
             f"query too deeply nested ({deepest} levels of parentheses; at most {MAX_NESTING})",
             sql=sql)
+    return tokens
 
 
 def _check_nodes(tree: exp.Expression, sql: str, dialect: str | None,

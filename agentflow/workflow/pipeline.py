@@ -38,6 +38,9 @@ class PipelineEnv:
     # What the question's taught glossary terms mean (agentflow.teaching.glossary_block);
     # the SQL-writing calls get it right after the schema.
     glossary: str = ""
+    # Runs a blocking database call within the query's tenant's share of the database
+    # threads (agentflow.shares); None: a thread of asyncio's default executor.
+    run_db: Any = None
 
 
 @dataclass

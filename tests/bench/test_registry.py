@@ -97,3 +97,10 @@ def test_the_docs_name_only_benchmarks_that_exist() -> None:
              for m in re.findall(r"agentflow bench ([a-z][\w-]*)", p.read_text())}
     stale = sorted((m, p) for m, p in named if m.replace("-", "_") not in registry.benchmarks())
     assert stale == []
+
+
+def test_the_listing_speaks_to_users_not_to_the_issue_tracker() -> None:
+    """`agentflow bench --help` is read by people who never saw the issues: a summary says
+    what a benchmark measures, not which issue asked for it."""
+    assert [b.name for b in registry.benchmarks().values()
+            if re.search(r"\bissue[- ]?\d", b.summary, flags=re.I)] == []

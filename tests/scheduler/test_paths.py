@@ -56,3 +56,47 @@ def test_llm_stages_are_priced_by_predicted_length_with_a_p10_p90_band() -> None
     assert (query.path_lo, query.path_hi, query.work_left) == pytest.approx((3.0, 21.0, 11.0))
     # the remaining cost is that of the stage's length distribution: O^2/2 with no prompt
     assert c.remaining_cost(query).mean() == pytest.approx((2 ** 2 / 2 + 20 ** 2 / 2) / 2)
+
+
+def test_pruned_order_gives_the_paths_of_a_full_pass_as_stages_finish_and_the_graph_grows(
+) -> None:
+    """The DP drops finished stages from its cached order; a fresh order (every stage
+    walked) must give the same floats at every step of a run that also grows."""
+    import random
+
+    from agentflow.workflow.graph import Expansion
+
+    rng = random.Random(7)
+    nodes = [tool(f"n{i}", rng.uniform(0.1, 5.0)) for i in range(12)]
+    edges = [(f"n{i}", f"n{j}") for i in range(12) for j in range(i + 1, 12)
+             if rng.random() < 0.3]
+    run = run_of(nodes, edges)
+    c = coordinator("least_loaded+fcfs", {})
+    query = c.on_query_arrival("q", deadline=None, run=run)
+    fresh = c.on_query_arrival("q2", deadline=None, run=run)  # same run, order rebuilt
+    now, grown, checked = 0.0, 0, 0
+    while not run.finished:
+        now += rng.uniform(0.1, 1.0)
+        c._critical_paths(query, now)
+        fresh.topo = None
+        c._critical_paths(fresh, now)
+        assert query.path_cache == fresh.path_cache
+        assert (query.path_lo, query.path_hi, query.work_left) == \
+            (fresh.path_lo, fresh.path_hi, fresh.work_left)
+        checked += 1
+        running = run.running
+        ready = [n.id for n in run.ready()]
+        if running and (not ready or rng.random() < 0.5):
+            done = rng.choice(running)
+            expansion = None
+            if grown < 3 and rng.random() < 0.5:  # a stage adds two after it
+                a, b = tool(f"x{grown}a", rng.uniform(0.1, 3)), tool(f"x{grown}b", 1.0)
+                expansion = Expansion(nodes=[a, b], edges=[(done, a.id), (a.id, b.id)])
+                grown += 1
+            run.mark_done(done, now, expansion=expansion)
+        elif ready:
+            run.mark_started(rng.choice(ready), now)
+    assert grown > 0 and checked > 20
+    c._critical_paths(query, now)
+    assert query.path_cache == {None: 0.0}
+    assert query.topo is not None and query.topo[1] == []  # everything pruned at the end

@@ -133,6 +133,64 @@ class ReferenceCoordinator(Coordinator):
         return max(1.0, min(loads))
 
 
+class BorrowingReference(Coordinator):
+    """The coordinator with main's view as it was at 400c12a, before the untried peers'
+    rows were kept as blocks: a learn marks every untried peer's row stale, each rewritten
+    one by one from ``_borrowed``, which scans the group's time models at every call."""
+
+    def _model_learned(self, instance):
+        i = self._index[instance]
+        self._stale_rows.add(i)
+        self._mean_coef = None
+        key = self._peer_keys[i]
+        self._group_learns[key] += 1
+        self._untried.discard(i)
+        if self._untried:
+            self._stale_rows.update(j for j in self._groups[key] if j in self._untried)
+
+    def _borrowed(self, i, model):
+        if model.observations:
+            return None
+        peers = [m for m in (self.time_models[self._names[j]]
+                             for j in self._groups[self._peer_keys[i]] if j != i)
+                 if m.observations]
+        if not peers:
+            return None
+        k = len(peers)
+        return (sum(p.prefill_ratio for p in peers) / k, sum(p.decode_ratio for p in peers) / k,
+                sum(p.clean_decode_ratio for p in peers) / k)
+
+    def _coef_vectors(self):
+        if self._rows_epoch != self._models_epoch:
+            self._untried = {i for i in range(len(self._names))
+                             if not self.time_models[self._names[i]].observations}
+            for i, name in enumerate(self.queues):
+                self._fill_row(i, self.time_models[name])
+            self._rows_epoch = self._models_epoch
+            self._stale_rows.clear()
+            self._mean_coef = None
+        elif self._stale_rows:
+            for i in self._stale_rows:
+                self._fill_row(i, self.time_models[self._names[i]])
+            self._stale_rows.clear()
+        return self._oh, self._pf, self._df
+
+    def _fill_row(self, i, m):
+        borrowed = self._borrowed(i, m) if i in self._untried else None
+        prefill_ratio, decode_ratio, clean_ratio = borrowed if borrowed is not None else (
+            m.prefill_ratio, m.decode_ratio, m.clean_decode_ratio)
+        self._oh[i] = m.overhead_s
+        self._pf[i] = m.prefill_s_per_token * prefill_ratio
+        self._df[i] = m.decode_s_per_token * decode_ratio
+        self._sums.set_row(i, (self._oh[i], self._pf[i], self._df[i]))
+        self._solo[i] = m.decode_s_per_token
+        for clean, (rate, slope, seen) in self._batch_rows.items():
+            fit = m.co_runner_slope(clean=clean)
+            rate[i] = m.decode_s_per_token * (clean_ratio if clean else decode_ratio)
+            slope[i] = m.decode_s_per_token * fit[0]
+            seen[i] = fit[1]
+
+
 # ------------------------------------------------------------------------ the event replay
 
 STAGES = ["extract_keywords", "generate_candidate", "generate_candidate", "revise",
@@ -165,8 +223,23 @@ def _run(query_id: str, deadline: float) -> WorkflowRun:
     return WorkflowRun(Query("q", "db", arrival=0.0, slo_s=deadline, id=query_id), g)
 
 
+# Groups of peers (same GPU and model), some with two starting models (quantised KV, more
+# tensor parallelism), on more instances than the replay's finishes reach for a long
+# while: untried members borrow their answered peers' ratios throughout.
+PEER_SPECS = [
+    *[InstanceSpec(f"h100-{i}", "H100", "Llama-3.1-8B", max_inflight=2) for i in range(5)],
+    *[InstanceSpec(f"a100-{i}", "A100-80G", "Llama-3.1-8B", max_inflight=1,
+                   kv_bits=8 if i % 2 else None) for i in range(6)],
+    *[InstanceSpec(f"l40s-{i}", "L40S", "Llama-3.1-8B", max_inflight=2,
+                   kv_token_budget=6000) for i in range(3)],
+    *[InstanceSpec(f"a6000-{i}", "A6000", "Llama-3.1-8B", max_inflight=1,
+                   tensor_parallel=2 if i == 3 else 1) for i in range(4)],
+    InstanceSpec("h200-0", "H200", "Llama-3.1-8B", max_inflight=3, kv_token_budget=9000),
+]
+
+
 def replay(cls: type[Coordinator], policy: str, seed: int, events: int = 500,
-           check=None) -> list[tuple]:
+           check=None, specs: list[InstanceSpec] = SPECS) -> list[tuple]:
     """Drive a coordinator of ``cls`` through ``events`` seeded events; the decisions it
     answered, as plain tuples. The events depend only on the seed and on the decisions, so
     two coordinators that decide alike see the same sequence. ``check(c)``: called after
@@ -174,7 +247,7 @@ def replay(cls: type[Coordinator], policy: str, seed: int, events: int = 500,
     rng = random.Random(seed)
     clock = ManualClock(0.0)
     kw = {"preemption": "auto"} if policy in ("flowsage", "oracle") else {}
-    c = cls(SPECS, clock=clock, policy=policy, length_model=LearnedLengthModel(), **kw)
+    c = cls(specs, clock=clock, policy=policy, length_model=LearnedLengthModel(), **kw)
     log: list[tuple] = []
     running: dict[str, ScheduledCall] = {}
     runs: dict[str, WorkflowRun] = {}
@@ -263,7 +336,7 @@ def replay(cls: type[Coordinator], policy: str, seed: int, events: int = 500,
                 take(c.on_instance_up(name))
                 log.append(("up", name))
             else:
-                name = rng.choice([s.name for s in SPECS if s.name not in down])
+                name = rng.choice([s.name for s in specs if s.name not in down])
                 down.append(name)
                 take(c.on_instance_down(name))
                 for call in [x for k, x in sorted(running.items()) if x.instance == name]:
@@ -291,6 +364,26 @@ def test_every_decision_matches_the_rebuild_everything_view(policy):
     old = replay(ReferenceCoordinator, policy, seed=7)
     assert sum(1 for e in old if e[0] == "start") > 100  # the replay really decides
     assert any(e[0] == "down" for e in old) and any(e[0] == "done" for e in old)
+    for i, (a, b) in enumerate(zip(new, old)):
+        assert a == b, f"event {i}: {a} != {b} (before: {old[max(0, i - 3):i]})"
+    assert len(new) == len(old)
+
+
+@pytest.mark.parametrize("policy", [*PRESETS, "least_loaded+edf", "earliest_finish+llf"])
+def test_every_decision_matches_the_row_by_row_borrowing_view(policy):
+    """Untried peers priced by their answered peers' ratios, kept as blocks, decide as the
+    row-by-row rewrite did; the replay really has untried members beside answered ones."""
+    borrowing = []
+
+    def seen(c: Coordinator) -> None:
+        models = [c.time_models[n] for n in c.queues]
+        borrowing.append(sum(1 for i, m in enumerate(models)
+                             if not m.observations and c._borrowed(i, m) is not None))
+
+    new = replay(Coordinator, policy, seed=11, specs=PEER_SPECS, check=seen)
+    old = replay(BorrowingReference, policy, seed=11, specs=PEER_SPECS)
+    assert sum(1 for e in old if e[0] == "start") > 100
+    assert sum(1 for n in borrowing if n >= 3) > 100  # many events with borrowers
     for i, (a, b) in enumerate(zip(new, old)):
         assert a == b, f"event {i}: {a} != {b} (before: {old[max(0, i - 3):i]})"
     assert len(new) == len(old)
@@ -340,6 +433,8 @@ def test_rows_equal_a_fresh_build_after_every_event():
 
     log = replay(Coordinator, "flowsage", seed=3, events=300, check=check)
     assert any(e[0] == "down" for e in log)
+    log = replay(Coordinator, "flowsage", seed=5, events=300, check=check, specs=PEER_SPECS)
+    assert any(e[0] == "down" for e in log)
 
 
 def test_exact_column_means_do_not_depend_on_the_order_of_changes():
@@ -362,3 +457,37 @@ def test_exact_column_means_do_not_depend_on_the_order_of_changes():
     assert a.means()[0] == float("inf")
     a.set_row(4, values[4])
     assert a.means()[0] == _exact_mean([v[0] for v in values])
+
+
+def test_a_block_counts_as_its_members_one_by_one():
+    """Rows kept as one block give the means the same rows give set one by one, through
+    joins, a row leaving its block for a value of its own, and instances going down."""
+    rng = random.Random(1)
+    own = [[rng.uniform(1e-6, 2.0) for _ in range(3)] for _ in range(40)]
+    shared = [rng.uniform(1e-6, 2.0) for _ in range(3)]
+    rows, blocked = ExactColumnMeans(40, 3), ExactColumnMeans(40, 3)
+    members = set(range(0, 40, 3))
+    for i in range(40):
+        rows.set_row(i, shared if i in members else own[i])
+        blocked.set_row(i, own[i])
+    for i in sorted(members):
+        blocked.join_block(i, "b")
+    blocked.set_block("b", shared)
+    assert blocked.means() == rows.means()
+    counted = [i % 4 != 1 for i in range(40)]
+    rows.set_counted(counted)
+    blocked.set_counted(counted)
+    assert blocked.means() == rows.means()
+    shared = [v * 1.3 for v in shared]
+    blocked.set_block("b", shared)
+    for i in members:
+        rows.set_row(i, shared)
+    assert blocked.means() == rows.means()
+    blocked.set_row(3, own[3])  # out of the block
+    rows.set_row(3, own[3])
+    assert blocked.means() == rows.means()
+    blocked.set_block("b", [float("inf"), 1.0, 1.0])  # a non-finite block: the float sum
+    for i in members - {3}:
+        rows.set_row(i, [float("inf"), 1.0, 1.0])
+    assert blocked.means()[0] == rows.means()[0] == float("inf")
+    assert blocked.means()[1:] == rows.means()[1:]

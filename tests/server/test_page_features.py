@@ -180,7 +180,13 @@ def test_cancel_button_stops_a_running_query(server, browser) -> None:
     page.click("#cancel-button")
     assert wait_final(page) == "cancelled"
     wait_until(lambda: CANCEL_HOLD.waiting == 0)  # the cancel reached the held calls
-    assert "cancelled by request" in page.locator("#answer-error").inner_text()
+    assert page.locator("#answer-error").inner_text() == "cancelled by request"
+    # a cancelled query has no answer to judge: no red "Low confidence: likely wrong" box
+    assert page.locator("#answer-confidence").is_hidden()
+    assert "Low confidence" not in page.locator("#answer-card").inner_text()
+    view = page.evaluate("async () => (await (await fetch('/v1/queries/' + document"
+                         ".querySelector('#recent li').dataset.id)).json())")
+    assert view["status"] == "cancelled" and view["confidence"] is None, view
     assert page.locator("#cancel-button").is_hidden()
     assert page.locator("#ask-button").is_enabled()
     assert "met" not in page.locator("#latency").inner_text()  # a cancelled query met no SLO

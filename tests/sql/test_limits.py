@@ -132,10 +132,12 @@ def test_watchdog_interrupts_a_few_expensive_steps(engine_paths, monkeypatch) ->
 
 
 def _or_chain(chars: int) -> str:
+    """A flat query of about ``chars`` characters (an IN list: a chain of ORs as long nests one
+    level per term and is refused for its depth, ``agentflow.sql.complexity``)."""
     parts: list[str] = []
-    while len(" OR ".join(parts)) < chars - 200:
-        parts.append(f"singer_id = {len(parts)}")
-    return "SELECT * FROM singer WHERE " + " OR ".join(parts)
+    while len(", ".join(parts)) < chars - 200:
+        parts.append(str(len(parts)))
+    return "SELECT * FROM singer WHERE singer_id IN (" + ", ".join(parts) + ")"
 
 
 def test_guard_text_length_is_bounded_before_anything_parses(monkeypatch) -> None:

@@ -18,8 +18,8 @@ instance with no lone call gets the median of the others, none at all: no figure
 calls' own errors shrink by construction, so the normalised errors are also printed over the
 calls that shared their server at some point (the ones that test batching).
 
-A first definition, fixed before the 8-query run, took the median per call of llama-server's
-own ``prompt_ms + predicted_ms`` over the simulated time. On that run (quick8, 16:57 UTC) it
+A first definition took the median per call of llama-server's
+own ``prompt_ms + predicted_ms`` over the simulated time. On an 8-query ``--quick`` run it
 read 0.77-0.82 where the probes read 0.87-1.04: most lone calls are 27-31-token prompts with
 one output token, where the profile is ~20% slow (a shape error on tiny calls, not the
 machine), and the engine's timings leave out the caller-side milliseconds the profile

@@ -1,4 +1,4 @@
-"""The dispatch ablation issue 19 asks for: marginal_delay without its co-runner decode terms.
+"""The dispatch ablation: marginal_delay without its co-runner decode terms.
 
     agentflow bench dispatch_ablation [flowsage_ablations.py's options]
 

@@ -1,5 +1,5 @@
-"""The issue-22 ratios over several seeds, side by side: for each tenant cell, its P95 over the
-same tenant's P95 alone, per seed, from ``tenant_cells.py --json`` files.
+"""Tenant isolation and fairness ratios over several seeds, side by side: for each tenant cell,
+its P95 over the same tenant's P95 alone, per seed, from ``tenant_cells --json`` files.
 
     agentflow bench tenant_ratios off=DIR_OFF/seed*.json fair=DIR_FAIR/seed*.json
 

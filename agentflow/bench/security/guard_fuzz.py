@@ -1,4 +1,4 @@
-"""Differential fuzz of the guard against each engine's own parser (issue 35 §1).
+"""Differential fuzz of the guard against each engine's own parser.
 
     agentflow bench guard_fuzz [--texts 100000] [--engines sqlite,duckdb,postgres] [--seed 1]
 

@@ -1,4 +1,4 @@
-"""Resource bombs (issue 20 §3): time to stop and peak RSS, each statement in a fresh process.
+"""Resource bombs: time to stop and peak RSS, each statement in a fresh process.
 
     agentflow bench sql_bombs [--limit 2] [--engines sqlite,duckdb,postgres]
                                     [--tree /path/to/other/checkout] [--cap-s 120]

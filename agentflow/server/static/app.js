@@ -268,11 +268,13 @@
       err.hidden = false;
       err.className = "error-box" + (q.status === "cancelled" || q.status === "unsure"
         ? " soft" : "");
-      err.textContent = q.status + ": " + q.error;
+      err.textContent = statusLine(q.status, q.error);
     } else {
       err.hidden = true;
     }
-    renderConfidence(q.confidence);
+    // Only an answer has a confidence: a cancelled or failed query has nothing to judge, and
+    // its badge already says what happened.
+    renderConfidence(q.status === "done" || q.status === "unsure" ? q.confidence : null);
     renderResult(q);
     const retries = $("retries");
     if (q.retries && q.retries.length) {
@@ -285,6 +287,13 @@
     }
     $("follow-up-button").hidden = !(q.status === "done" && q.conversation_id);
     document.dispatchEvent(new CustomEvent("agentflow:answer", { detail: q }));
+  }
+
+  // The error box's one line: the status, then why, without saying the status twice
+  // ("unsure: not sure: ...", "cancelled: cancelled by request").
+  function statusLine(status, error) {
+    const said = { unsure: /^not sure\b/i, cancelled: /^cancel/i };
+    return said[status] && said[status].test(error) ? error : status + ": " + error;
   }
 
   // How sure the pipeline is; a low level is a visible warning, with the reasons behind it.
