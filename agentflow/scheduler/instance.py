@@ -349,10 +349,10 @@ class LoadBook:
                 finishes.append(finish)
         if not rows:
             return
-        np.subtract.at(self.finish_sum, rows, finishes)
-        np.subtract.at(self.finish_n, rows, 1.0)
-        idle = [i for i in set(rows) if self.finish_n[i] == 0]
-        self.finish_sum[idle] = 0.0  # no drift once the instance is idle
+        at = np.array(rows, dtype=np.intp)
+        np.subtract.at(self.finish_sum, at, finishes)
+        np.subtract.at(self.finish_n, at, 1.0)
+        self.finish_sum[at[self.finish_n[at] == 0]] = 0.0  # no drift once it is idle
 
 
 class _Entry:
