@@ -123,6 +123,7 @@ class QueryHandle:
     slo_class: str | None = None  # the query's SLO class, carried for the scheduler
     db_role: str | DatabaseLogin | None = None  # the database role its SQL runs as (PostgreSQL RLS)
     share: Share = LOCAL_SHARE  # its tenant's share of the database threads (agentflow.shares)
+    catalog: bool = False  # its SQL may read the engine's catalog (admins only)
 
     def __init__(self, query_id: str, question: str, db: str, pipeline: str,
                  slo_s: float | None, conversation_id: str | None = None,
@@ -296,6 +297,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
         handle.tenant, handle.slo_class = owner_of(who), klass.name
         handle.db_role = who.db_role(entry.db_id) if who else None
         handle.share = self.share_of(who)
+        handle.catalog = bool(who and who.admin)
         handle.min_confidence = threshold
         self.handles[query_id] = handle
         self._trim_handles()
@@ -526,6 +528,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
                       record: str | Path | None) -> Answer:
         question, slo = handle.question, handle.slo_s
         database = await asyncio.to_thread(self.catalog.open, db, handle.db_role)
+        if handle.catalog:  # an admin's SQL may read server paths, settings and roles
+            database = database.with_catalog()
         entry = self.catalog.entry(db)
         fewshot, glossary = await asyncio.to_thread(  # taught pairs + the dataset pool
             self._taught_context, entry.db_id, handle, getattr(handle, "tenant", None))

@@ -413,9 +413,17 @@ def _owner(tenant: Any) -> str | None:
 
 def open_store(path: str | None = None) -> TeachingStore:
     """The store at ``path`` (the cache default when None), with the demo's shipped pairs
-    and terms seeded into it once."""
+    and terms seeded into it once. A state store's URL (``postgresql://...`` or
+    ``sqlite:///path``) keeps them in that store's tables instead (``agentflow.state``:
+    replicas on many hosts share it)."""
     from agentflow.datasets.demo import DEMO_DB_ID, demo_teaching
 
+    if path is not None and str(path).startswith(("postgresql://", "postgres://",
+                                                   "sqlite:///")):
+        from agentflow.state import open_store as open_state
+        from agentflow.state.teaching import open_teaching
+
+        return open_teaching(open_state(str(path)))
     store = TeachingStore(path)
     examples, terms = demo_teaching()
     store.seed(DEMO_DB_ID, DEMO_SEED_TAG, examples, terms)

@@ -99,3 +99,14 @@ def test_serving_never_imports_the_simulator():
         if (t == "agentflow.sim" or t.startswith("agentflow.sim."))
         and not str(modules[m].relative_to(ROOT)).startswith(SIM_USERS))
     assert offenders == []
+
+
+def test_only_the_bench_command_imports_the_benchmarks():
+    """Benchmarks sit on top of the house: a product command that needs what a benchmark
+    measures (``agentflow calibrate`` and real_vs_sim's calibration grid) gets it from a
+    module below both, so no product module depends on a benchmark script."""
+    graph = import_graph()
+    users = sorted(f"{a} -> {b}" for a, b in graph.edges
+                   if b.startswith("agentflow.bench") and not a.startswith("agentflow.bench")
+                   and a != "agentflow.cli.bench")
+    assert users == []

@@ -4,11 +4,11 @@ instances and store it, so the simulator times them as this machine runs them.
 For every ``(profile, model)`` of the cluster's local instances (``llama_server`` backends:
 their hardware is this host) it times single requests over a grid of prompt and output
 lengths, batches of equal requests between lone ones, and a decode joined by a prompt, on
-each such instance one after another (``agentflow bench real_vs_sim --calibrate``'s
-measurements), fits the profile's efficiencies and overheads on all of their rows, and
-stores the fit keyed by this host's CPU model (and GPU model / driver:
-``agentflow.sim.host_profiles``). Instances on other machines (``openai`` backends) are
-listed and skipped: their hardware is not this host's.
+each such instance one after another (``agentflow.sim.host_calibration``, the same
+measurements as ``real_vs_sim --calibrate``), fits the profile's efficiencies and
+overheads on all of their rows, and stores the fit keyed by this host's CPU model (and GPU
+model / driver: ``agentflow.sim.host_profiles``). Instances on other machines (``openai``
+backends) are listed and skipped: their hardware is not this host's.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import json
 
     from agentflow import hardware
-    from agentflow.bench.fidelity import real_vs_sim as rvs
+    from agentflow.sim import host_calibration as calib
     from agentflow.sim import host_profiles
     from agentflow.sim.engine import engine_for
 
@@ -94,17 +94,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         batched: list[tuple] = []
         joined: list[tuple] = []
         for name, cfg in members:
-            r, b, j = rvs.measure_calibration(measure_args, name, cfg)
+            r, b, j = calib.measure_calibration(measure_args, name, cfg)
             rows += r
             batched += b
             joined += j
         name, cfg = members[0]
-        limits = rvs.engine_limits(cfg)
+        limits = calib.engine_limits(cfg)
         model = engine_for(name, limits, hardware.gpu(base)).model
-        fit = rvs.fit_rows(hardware.gpu(base), model, limits, rows, batched, joined,
+        fit = calib.fit_rows(hardware.gpu(base), model, limits, rows, batched, joined,
                            cpu_share=args.cpu_share, fit_batched=args.fit_batched)
         constants: dict[str, float] = {str(f): float(getattr(fit.profile, f))
-                                       for f in rvs.FIT_FIELDS}
+                                       for f in calib.FIT_FIELDS}
         entry = host_profiles.HostProfile(
             base=base, model=model_name, host=host, constants=constants,
             fit_error={"median": fit.median_error, "max": fit.max_error},

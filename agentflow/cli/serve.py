@@ -46,7 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=1, metavar="N",
                    help="run N server processes on the port (SO_REUSEPORT), sharing the "
                         "state store: any replica answers for any query, limits hold across "
-                        "them, a replica that dies has its queries moved to another")
+                        "them, a replica that dies has its queries moved to another; with "
+                        "--ray, N Ray Serve replicas on that cluster (needs "
+                        "agentflow[serve])")
     p.add_argument("--replica-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--drain", type=float, default=None, metavar="SECONDS",
                    help="on shutdown, let queries in flight finish for this long before "
@@ -103,12 +105,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     quiet_llama(not args.verbose)
     config, settings = load_serve_config(args.config)
     apply_database_options(config, args)
-    if args.ray:
+    on_serve = bool(args.ray) and args.replicas > 1  # a Ray Serve deployment
+    if args.ray and not on_serve:
         from agentflow.distributed.placement import RayPlacement
 
         base = config.placement or RayPlacement()
         config.placement = base.model_copy(update={"address": args.ray})
-    if config.placement is not None:
+    if config.placement is not None or on_serve:
         from agentflow.distributed import require_ray
 
         try:
@@ -116,6 +119,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ImportError as err:
             print(f"agentflow: error: {err}", file=sys.stderr)
             return 2
+        if on_serve:
+            try:
+                import ray.serve  # noqa: F401
+            except ImportError as err:
+                return missing_extra("--replicas N with --ray (Ray Serve)", "serve", err)
     if args.drain is not None:
         settings.drain_s = args.drain
     from agentflow.server.settings import resolve_state
@@ -130,17 +138,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("agentflow: error: --replicas needs a state store the replicas share "
               "(--state FILE or postgresql://...), not --state off", file=sys.stderr)
         return 2
-    if args.replicas > 1 and args.ray:
-        print("agentflow: error: --replicas with --ray (a Ray Serve deployment) is not "
-              "available yet; run --replicas N on each host with a shared postgresql:// "
-              "--state instead", file=sys.stderr)
-        return 2
     # Everything that can fail without the model fails first, in a second.
     problem = None if replica else port_problem(args.host, args.port)
     if problem:
         print(f"agentflow: error: {problem}", file=sys.stderr)
         return 2
     DatabaseCatalog.from_config(config).close()  # bad --data folders
+    if on_serve:
+        from agentflow.server.ray_serve import serve_on_ray
+
+        return serve_on_ray(args.ray, config, settings, args.replicas, host=args.host,
+                            port=args.port, log_level=args.log_level)
     if args.replicas > 1:
         from agentflow.server.supervisor import Supervisor, replica_command
 

@@ -2,9 +2,10 @@
 
 Why from the llama-cpp-python sdist: it vendors the exact llama.cpp the in-process backend
 runs (``vendor/llama.cpp``), pip can fetch it with no new download channel, and the version
-ties the binary to the Python package. The build is slow (about 14 minutes on two busy cores),
-so it happens once per version under ``$AGENTFLOW_CACHE/llama-server/<version>/`` (default
-``~/.cache/agentflow``), behind a file lock so two processes never build the same tree twice.
+ties the binary to the Python package. The build is slow (about 30 minutes on two busy cores;
+31 measured), so it happens once per version under
+``$AGENTFLOW_CACHE/llama-server/<version>/`` (default ``~/.cache/agentflow``), behind a file
+lock so two processes never build the same tree twice.
 ``AGENTFLOW_LLAMA_SERVER=/path/to/llama-server`` skips all of it and uses that binary.
 
 The binary is linked statically (``BUILD_SHARED_LIBS=OFF``) so the cached file runs on its
@@ -24,9 +25,10 @@ import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress, TaskID
 
 #: The sdist to build when llama-cpp-python is not installed (then its version is used).
@@ -37,6 +39,9 @@ CMAKE_FLAGS = ("-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYP
                # no network at build time (prebuilt web UI), no TLS (loopback only)
                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF")
 _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
+# pip's "Downloading llama_cpp_python-0.3.36.tar.gz (76.3 MB)": the size the bar counts to
+_DOWNLOAD_SIZE = re.compile(r"Downloading \S+ \((\d+(?:\.\d+)?) (kB|MB|GB)\)")
+_UNIT = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
 class LlamaServerBuildError(RuntimeError):
@@ -96,7 +101,7 @@ def ensure_llama_server(version: str | None = None, *, jobs: int | None = None,
     with _locked(root / ".lock"):
         if binary.is_file():  # another process built it while we waited
             return binary
-        source = _source_tree(version, root)
+        source = _source_tree(version, root, progress)
         built = _cmake_build(source, root / "build", root / "build.log",
                              jobs or os.cpu_count() or 1, progress, on_line)
         binary.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +132,7 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _source_tree(version: str, root: Path) -> Path:
+def _source_tree(version: str, root: Path, progress: bool = True) -> Path:
     """``vendor/llama.cpp`` of the llama-cpp-python sdist, downloaded by pip and unpacked."""
     source = root / "src" / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
     if (source / "CMakeLists.txt").is_file():
@@ -138,12 +143,13 @@ def _source_tree(version: str, root: Path) -> Path:
     if not archives:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                f"llama-cpp-python=={version}", "-d", str(sdist_dir)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        with open(root / "download.log", "w", buffering=1) as log, _Bar(progress) as bar:
+            tail = download(cmd, sdist_dir / ".partial", log, bar)
         archives = sorted(sdist_dir.glob("llama_cpp_python-*.tar.gz"))
         if not archives:
             raise LlamaServerBuildError(
                 f"pip could not download the llama-cpp-python {version} source "
-                f"({' '.join(cmd)}):\n{(done.stderr or done.stdout)[-2000:]}")
+                f"({' '.join(cmd)}):\n{''.join(tail)[-2000:]}")
     with tarfile.open(archives[0]) as tar:
         try:
             tar.extractall(root / "src", filter="data")
@@ -159,24 +165,13 @@ def _cmake_build(source: Path, build: Path, log_path: Path, jobs: int, progress:
     nice = ["nice", "-n", "10"] if shutil.which("nice") else []
     configure = ["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS]
     compile_ = [*nice, "cmake", "--build", str(build), "--target", BINARY, "-j", str(jobs)]
-    with open(log_path, "w") as log, _Bar(progress) as bar:
+    # Line-buffered: a build runs for half an hour, and build.log is how one watches it.
+    with open(log_path, "w", buffering=1) as log, _Bar(progress) as bar:
         for step, cmd in (("configure", configure), ("compile", compile_)):
-            log.write(f"$ {' '.join(cmd)}\n")
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, bufsize=1)
-            assert proc.stdout is not None
-            tail: list[str] = []
-            for line in proc.stdout:
-                log.write(line)
-                tail = (tail + [line])[-40:]
-                if on_line is not None:
-                    on_line(line.rstrip("\n"))
-                match = _PERCENT.match(line)
-                if match:
-                    bar.update(int(match.group(1)), line[match.end():].strip())
-            if proc.wait() != 0:
+            code, tail = run_logged(cmd, log, bar, on_line)
+            if code != 0:
                 raise LlamaServerBuildError(
-                    f"llama-server {step} failed (exit {proc.returncode}); full log: "
+                    f"llama-server {step} failed (exit {code}); full log: "
                     f"{log_path}\n{''.join(tail)}")
     for candidate in (build / "bin" / BINARY, build / BINARY):
         if candidate.is_file():
@@ -184,28 +179,127 @@ def _cmake_build(source: Path, build: Path, log_path: Path, jobs: int, progress:
     raise LlamaServerBuildError(f"the build finished but produced no {BINARY} under {build}")
 
 
-class _Bar:
-    """A rich progress bar over cmake's ``[ NN%]`` lines; silent when ``enabled`` is False."""
+def run_logged(cmd: list[str], log: IO[str], bar: _Bar,
+               on_line: Callable[[str], None] | None = None) -> tuple[int, list[str]]:
+    """Run ``cmd``, every output line to ``log`` (and ``on_line``) as it comes, cmake's
+    ``[ NN%]`` lines to ``bar``. Returns the exit code and the last 40 lines."""
+    log.write(f"$ {' '.join(cmd)}\n")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stdout:
+        log.write(line)
+        tail = (tail + [line])[-40:]
+        if on_line is not None:
+            on_line(line.rstrip("\n"))
+        match = _PERCENT.match(line)
+        if match:
+            bar.update(int(match.group(1)), line[match.end():].strip())
+    return proc.wait(), tail
 
-    def __init__(self, enabled: bool):
+
+def download(cmd: list[str], scratch: Path, log: IO[str], bar: _Bar,
+             poll_s: float = 0.5) -> list[str]:
+    """Run pip's download with its temporary files under ``scratch``, and show how much of
+    the archive has arrived: pip prints the size ("Downloading x.tar.gz (76.3 MB)") but no
+    progress when its output is not a terminal, so the bar counts the bytes pip has written.
+    Returns the last 40 output lines."""
+    import threading
+    import time
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    log.write(f"$ {' '.join(cmd)}\n")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, env={**os.environ, "TMPDIR": str(scratch)})
+    assert proc.stdout is not None
+    tail: list[str] = []
+    total = [0.0]
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            tail.append(line)
+            del tail[:-40]
+            size = _DOWNLOAD_SIZE.search(line)
+            if size:
+                total[0] = float(size.group(1)) * _UNIT[size.group(2)]
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    bar.start_download()
+    while proc.poll() is None:
+        bar.downloaded(_bytes_under(scratch), total[0] or None)
+        time.sleep(poll_s)
+    reader.join(timeout=5)
+    bar.downloaded(total[0] or _bytes_under(scratch), total[0] or None, done=True)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return tail
+
+
+def _bytes_under(folder: Path) -> int:
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                total += path.stat().st_size
+    return total
+
+
+class _Bar:
+    """Rich progress bars: the source download (bytes), then cmake's ``[ NN%]`` lines;
+    silent when ``enabled`` is False. The percentage and the elapsed time have fixed widths
+    and the file being compiled takes what is left, so an 80-column terminal keeps both."""
+
+    def __init__(self, enabled: bool, console: Console | None = None):
         self._progress: Progress | None = None
         self._task: TaskID | None = None
+        self._download: TaskID | None = None
         if enabled:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.table import Column
+
             self._progress = Progress(
-                TextColumn("building llama-server"), BarColumn(),
-                TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
-                TextColumn("{task.description}"), transient=False)
+                TextColumn("{task.fields[label]}", table_column=Column(no_wrap=True)),
+                BarColumn(bar_width=16),
+                TextColumn("{task.percentage:>3.0f}%",
+                           table_column=Column(min_width=4, no_wrap=True)),
+                TextColumn("{task.fields[amount]}", table_column=Column(no_wrap=True)),
+                TimeElapsedColumn(table_column=Column(min_width=7, no_wrap=True)),
+                TextColumn("{task.description}", table_column=Column(
+                    ratio=1, no_wrap=True, overflow="ellipsis", min_width=0)),
+                transient=False, expand=True, console=console)
 
     def __enter__(self) -> _Bar:
         if self._progress is not None:
             self._progress.start()
-            self._task = self._progress.add_task("", total=100)
         return self
 
+    def start_download(self) -> None:
+        if self._progress is not None and self._download is None:
+            self._download = self._progress.add_task(
+                "pip download", total=None, label="llama.cpp source", amount="")
+
+    def downloaded(self, done_bytes: float, total_bytes: float | None,
+                   done: bool = False) -> None:
+        if self._progress is None or self._download is None:
+            return
+        amount = f"{done_bytes / 1e6:.1f}" + (f"/{total_bytes / 1e6:.1f} MB" if total_bytes
+                                              else " MB")
+        self._progress.update(self._download, total=total_bytes,
+                              completed=min(done_bytes, total_bytes or done_bytes),
+                              amount=amount)
+        if done:
+            self._progress.stop_task(self._download)
+
     def update(self, percent: int, what: str) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, completed=percent, description=what[-60:])
+        if self._progress is None:
+            return
+        if self._task is None:
+            self._task = self._progress.add_task("", total=100, label="building llama-server",
+                                                 amount="")
+        self._progress.update(self._task, completed=percent, description=what)
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:

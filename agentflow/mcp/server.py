@@ -89,9 +89,11 @@ class AgentflowTools:
         return db
 
     def _open(self, db: str, caller: Tenant | None):
-        """The database as ``caller`` sees it (its PostgreSQL role, if it has one)."""
-        return self.af.catalog.open(self._db(db, caller),
-                                    caller.db_role(db) if caller is not None else None)
+        """The database as ``caller`` sees it (its PostgreSQL role, if it has one; the
+        engine's catalog for an admin)."""
+        database = self.af.catalog.open(self._db(db, caller),
+                                        caller.db_role(db) if caller is not None else None)
+        return database.with_catalog() if caller is not None and caller.admin else database
 
     def list_databases(self, caller: Tenant | None = None) -> dict[str, Any]:
         catalog = self.af.catalog

@@ -81,7 +81,10 @@ class Replica:
         self._pending: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self._running: set[str] = set()
         self._pending_lock = threading.Lock()
-        self._flush_lock = threading.Lock()  # one batch (or one finish) written at a time
+        self._flush_lock = threading.Lock()  # one batch (or one finish) queued at a time
+        # answers queued for the store, not yet committed: a client told "done" here must
+        # find it done on any replica, so the server waits on these before it says so
+        self._storing: dict[str, Future] = {}
         self._watched: dict[str, RemoteHandle] = {}
         self._watch_lock = threading.Lock()
         self._stop = threading.Event()
@@ -130,18 +133,29 @@ class Replica:
         else:
             data = future.result().to_dict()
         try:
-            with self._flush_lock:  # after a batch in flight; its last events go with it
+            # Queued behind any batch of its events, with its last events: the writer
+            # thread commits it; this (the engine's loop) does not wait for that.
+            with self._flush_lock:
                 with self._pending_lock:
                     events = self._pending.pop(handle.query_id, [])
                     self._running.discard(handle.query_id)
-                stored = self.store.finish_query(handle.query_id, self.id, data, events)
-            if not stored:
-                log.warning("query %s was answered elsewhere (it moved); this answer is "
-                            "dropped", handle.query_id)
+                future = self.store.finish_later(handle.query_id, self.id, data, events)
+                self._storing[handle.query_id] = future
+            future.add_done_callback(lambda f: self._stored(handle.query_id, f))
         except Exception:  # noqa: BLE001 - say so; the answer is still served from memory
             log.exception("storing the answer of %s failed", handle.query_id)
         with self._seq_lock:
             self._seq.pop(handle.query_id, None)
+
+    def _stored(self, query_id: str, future: Future) -> None:
+        self._storing.pop(query_id, None)
+        if not future.cancelled() and future.exception() is None and not future.result():
+            log.warning("query %s was answered elsewhere (it moved); this answer is "
+                        "dropped", query_id)
+
+    def storing(self, query_id: str) -> Future | None:
+        """The commit of this replica's answer to ``query_id`` while it is under way."""
+        return self._storing.get(query_id)
 
     # ------------------------------------------------------------------ everyone's
     def lookup(self, query_id: str) -> RemoteHandle | None:
@@ -166,8 +180,8 @@ class Replica:
             with self._pending_lock:
                 events, self._pending = self._pending, {}
                 running, self._running = self._running, set()
-            if events or running:
-                self.store.add_events(events, running, owner=self.id)
+            if events or running:  # queued in order; the writer commits it
+                self.store.add_events(events, running, owner=self.id, wait=False)
 
     # ------------------------------------------------------------------ the background
     def _run(self) -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from pydantic_core import PydanticSerializationError
@@ -172,6 +173,15 @@ def _progress(handle: QueryHandle) -> str:
         else "pending"
 
 
+def teaching_in_state(store: StateStore, teaching_store: str | None) -> bool:
+    """Whether taught pairs and glossary live in the state store: when it is PostgreSQL
+    (replicas on many hosts share nothing else) and the config names no teaching store.
+    A SQLite state store is one host's, whose replicas and ``agentflow teach`` already
+    share ``<cache>/teaching.sqlite``; ``teaching_store: sqlite:///<state file>`` moves
+    them into it anyway."""
+    return teaching_store is None and store.url.startswith(("postgresql://", "postgres://"))
+
+
 class QueryService:
     def __init__(self, af: AgentFlow, settings: ServerSettings, metrics: ServerMetrics, *,
                  owns_agentflow: bool = True):
@@ -216,6 +226,10 @@ class QueryService:
         replica.limits.replica = replica.id
         self.limits = replica.limits
         self.replica = replica
+        if teaching_in_state(store, self.af.config.teaching_store):
+            from agentflow.state.teaching import open_teaching
+
+            self.af._teaching_store = open_teaching(store)
         return replica
 
     def _abandoned(self, request: LLMRequest, instance: str, error: BackendError) -> None:
@@ -312,12 +326,17 @@ class QueryService:
             raise ApiError(404, "query_not_found",
                            f"unknown query id {query_id!r} (the server keeps the last "
                            f"1000 finished queries)")
+        if handle.done() and self.replica is not None:  # rare: its commit is under way
+            storing = self.replica.storing(query_id)
+            if storing is not None:
+                wait_futures([storing], timeout=5)
         return handle
 
     async def wait(self, handle: QueryHandle, timeout: float | None) -> Answer | None:
         """The answer, or None after ``timeout``. Waiting is shielded: a client that goes
         away does not cancel the query (it stays available by id)."""
         if handle.done():
+            await self._stored(handle)
             return self.result(handle)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future = loop.create_future()
@@ -332,7 +351,15 @@ class QueryService:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
         except asyncio.TimeoutError:
             return None
+        await self._stored(handle)
         return self.result(handle)
+
+    async def _stored(self, handle: QueryHandle) -> None:
+        """Until this replica's answer to ``handle`` is in the state store (so the next
+        request, on any replica, finds it done; the writer commits it in milliseconds)."""
+        storing = self.replica.storing(handle.query_id) if self.replica is not None else None
+        if storing is not None:
+            await asyncio.wait([asyncio.wrap_future(storing)], timeout=5)
 
     async def wait_admitted(self, handle: QueryHandle, timeout: float) -> None:
         """Until the query has started (first stage event) or ended (e.g. rejected)."""

@@ -49,4 +49,7 @@ class StoreConversations:
 
     def add(self, conversation_id: str, question: str, sql: str | None) -> None:
         if sql:
-            self.store.conversation_add(conversation_id, question, sql, self.max_turns)
+            # not waited on: the engine's loop calls this, and the next follow-up comes
+            # after the client has the answer, a round trip later than the write's commit
+            self.store.conversation_add(conversation_id, question, sql, self.max_turns,
+                                        wait=False)

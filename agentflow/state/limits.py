@@ -59,8 +59,8 @@ class StoreLimits:
             token = tokens.pop() if tokens else None
             if tokens == []:
                 self._held.pop(name, None)
-        if token is not None:
-            self.store.release(token)
+        if token is not None:  # queued: the engine's loop releases it as a query ends
+            self.store.release(token, wait=False)
 
     def inflight(self, name: str) -> int:
         return self.store.inflight(name, self.lease_s)

@@ -26,11 +26,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agentflow.state.records import FINAL, QueryRecord, QueryRequest, cap_rows
+from agentflow.state.writer import Writer, log_failure
+
+T = TypeVar("T")
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS af_replicas (
@@ -58,6 +62,16 @@ SCHEMA = [
         token TEXT PRIMARY KEY, tenant TEXT NOT NULL, replica TEXT NOT NULL,
         since DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS af_slots_tenant ON af_slots (tenant)",
+    # taught pairs and glossary (agentflow.state.teaching); {id}: the engine's row id
+    """CREATE TABLE IF NOT EXISTS af_examples (
+        id {id}, tenant TEXT NOT NULL, db TEXT NOT NULL, question TEXT NOT NULL,
+        sql TEXT NOT NULL, created DOUBLE PRECISION NOT NULL, UNIQUE (tenant, db, question))""",
+    """CREATE TABLE IF NOT EXISTS af_glossary (
+        id {id}, tenant TEXT NOT NULL, db TEXT NOT NULL, term TEXT NOT NULL,
+        term_key TEXT NOT NULL, meaning TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
+        UNIQUE (tenant, db, term_key))""",
+    """CREATE TABLE IF NOT EXISTS af_seeded (
+        db TEXT NOT NULL, tag TEXT NOT NULL, PRIMARY KEY (db, tag))""",
 ]
 
 _SCHEMA_LOCK = 0x61660037  # PostgreSQL advisory lock id around schema creation
@@ -76,9 +90,11 @@ class StateStore:
 
     placeholder = "?"
     url = ""
+    id_type = "INTEGER PRIMARY KEY"  # a row id the database numbers (SQLite's rowid)
 
     def __init__(self, *, keep_per_tenant: int = 1000, max_row_bytes: int = 1_000_000,
-                 keep_conversations: int = 1000, clock: Callable[[], float] = time.time):
+                 keep_conversations: int = 1000, clock: Callable[[], float] = time.time,
+                 writer: bool = True):
         if keep_per_tenant < 1 or keep_conversations < 1 or max_row_bytes < 0:
             raise ValueError("keep_per_tenant and keep_conversations must be >= 1, "
                              "max_row_bytes >= 0")
@@ -90,6 +106,8 @@ class StateStore:
         self._all: list[Any] = []
         self._all_lock = threading.Lock()
         self._closed = False
+        self._use_writer = writer
+        self._writer: Writer | None = None
 
     # ------------------------------------------------------------------ engine specifics
     def _connect(self) -> Any:
@@ -139,9 +157,59 @@ class StateStore:
     def create_schema(self) -> None:
         with self._tx() as q:
             for statement in SCHEMA:
-                q(statement)
+                q(statement.replace("{id}", self.id_type))
+
+    def read(self, sql: str, *params: Any) -> list[tuple]:
+        """Rows of one read-only statement (for the store's other users, e.g. teaching)."""
+        with self._tx(write=False) as q:
+            return q(sql, *params)
+
+    def write(self, op: Callable[[Callable[..., list[tuple]]], T]) -> T:
+        """Run ``op(q)`` as one write, committed before this returns."""
+        return self._write(op)
+
+    def _write(self, op: Callable[[Callable[..., list[tuple]]], T]) -> T:
+        """Run the write ``op(q)`` and return what it returned, once committed (through
+        the writer thread, see ``agentflow.state.writer``, unless the store has none)."""
+        return self._later(op).result()
+
+    def _later(self, op: Callable[[Callable[..., list[tuple]]], T], what: str = ""
+               ) -> Future[T]:
+        """Queue the write ``op(q)``; the future is set once it is committed. With
+        ``what``, nobody waits: a failure is logged under that name."""
+        if self._closed:
+            raise RuntimeError("the state store is closed")
+        if not self._use_writer:
+            future: Future[T] = Future()
+            try:
+                with self._tx() as q:
+                    result = op(q)
+            except Exception as err:  # noqa: BLE001 - handed to the caller
+                future.set_exception(err)
+            else:
+                future.set_result(result)
+        else:
+            with self._all_lock:
+                if self._writer is None:
+                    self._writer = Writer(self._tx, name=type(self).__name__)
+            future = self._writer.submit(op)
+        if what:
+            future.add_done_callback(log_failure(what))
+        return future
+
+    def sync(self) -> None:
+        """Until every write queued so far is committed (they commit in order)."""
+        self._write(lambda q: None)
+
+    @property
+    def writes_committed(self) -> tuple[int, int]:
+        """(transactions, writes) the writer thread has committed so far."""
+        w = self._writer
+        return (w.batches, w.writes) if w is not None else (0, 0)
 
     def close(self) -> None:
+        if self._writer is not None:  # what is queued is written first
+            self._writer.close()
         self._closed = True
         with self._all_lock:
             conns, self._all = self._all, []
@@ -154,20 +222,22 @@ class StateStore:
     # ------------------------------------------------------------------ replicas
     def register_replica(self, replica_id: str, info: str = "") -> None:
         now = self.clock()
-        with self._tx() as q:
-            q("INSERT INTO af_replicas (id, info, started, heartbeat) VALUES (?, ?, ?, ?) "
-              "ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat",
-              replica_id, info, now, now)
+        self._write(lambda q: q(
+            "INSERT INTO af_replicas (id, info, started, heartbeat) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat",
+            replica_id, info, now, now))
 
     def heartbeat(self, replica_id: str) -> None:
-        with self._tx() as q:
-            q("UPDATE af_replicas SET heartbeat = ? WHERE id = ?", self.clock(), replica_id)
+        now = self.clock()
+        self._write(lambda q: q("UPDATE af_replicas SET heartbeat = ? WHERE id = ?", now,
+                                replica_id))
 
     def deregister_replica(self, replica_id: str) -> None:
         """A clean exit: its slots go (its queries were answered or cancelled first)."""
-        with self._tx() as q:
+        def op(q: Callable[..., list[tuple]]) -> None:
             q("DELETE FROM af_slots WHERE replica = ?", replica_id)
             q("DELETE FROM af_replicas WHERE id = ?", replica_id)
+        self._write(op)
 
     def live_replicas(self, lease_s: float) -> list[str]:
         with self._tx(write=False) as q:
@@ -176,30 +246,39 @@ class StateStore:
 
     # ------------------------------------------------------------------ queries
     def create_query(self, record: QueryRecord) -> None:
-        with self._tx() as q:
-            q("INSERT INTO af_queries (id, tenant, status, owner, attempt, created, finished, "
+        created = record.created or self.clock()
+        self._write(lambda q: q(
+              "INSERT INTO af_queries (id, tenant, status, owner, attempt, created, finished, "
               "request, answer, cancel, moves) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, NULL, NULL, "
               "'[]')", record.query_id, _scope(record.tenant), record.status, record.owner,
-              record.attempt, record.created or self.clock(), record.request.to_json())
+              record.attempt, created, record.request.to_json()))
 
     def set_status(self, query_id: str, owner: str, status: str) -> None:
-        with self._tx() as q:
-            q("UPDATE af_queries SET status = ? WHERE id = ? AND owner = ? AND finished IS NULL",
-              status, query_id, owner)
+        self._write(lambda q: q(
+            "UPDATE af_queries SET status = ? WHERE id = ? AND owner = ? AND finished IS NULL",
+            status, query_id, owner))
 
     def add_event(self, query_id: str, seq: int, event: dict[str, Any]) -> None:
         self.add_events({query_id: [(seq, event)]})
 
     def add_events(self, events: dict[str, list[tuple[int, dict[str, Any]]]],
-                   running: Iterable[str] = (), owner: str | None = None) -> None:
+                   running: Iterable[str] = (), owner: str | None = None, *,
+                   wait: bool = True) -> None:
         """Many queries' events (by query id: ``(seq, event)``) in one transaction, and the
         queries of ``owner`` that have started running (a replica writes in batches: one
-        commit per event would cost more than the query's own work)."""
-        with self._tx() as q:
-            _insert_events(q, events)
-            for query_id in running:
+        commit per event would cost more than the query's own work). ``wait=False``:
+        queued, not waited on (a failure is logged)."""
+        rows = _event_rows(events)
+        marks = list(running)
+
+        def op(q: Callable[..., list[tuple]]) -> None:
+            _insert_rows(q, rows)
+            for query_id in marks:
                 q("UPDATE af_queries SET status = 'running' WHERE id = ? AND owner = ? AND "
                   "finished IS NULL", query_id, owner)
+        future = self._later(op, "" if wait else "writing events")
+        if wait:
+            future.result()
 
     def events(self, query_id: str, after: int = 0) -> list[dict[str, Any]]:
         """Events with ``seq > after``, in order (seq counts from 1)."""
@@ -219,20 +298,31 @@ class StateStore:
         (a replica taken for dead that still finishes is refused) — with the query's last
         ``events`` in the same transaction. Then forget the tenant's oldest finished
         queries beyond ``keep_per_tenant``."""
+        return self.finish_later(query_id, owner, answer, events, logged=False).result()
+
+    def finish_later(self, query_id: str, owner: str, answer: dict[str, Any],
+                     events: Iterable[tuple[int, dict[str, Any]]] = (), *,
+                     logged: bool = True) -> Future[bool]:
+        """``finish_query`` queued, not waited on (the replica serves the answer from
+        memory meanwhile); its future says whether it was stored; a failure is logged."""
         status = answer.get("status", "failed")
         if status not in FINAL:
             raise ValueError(f"not a final status: {status!r}")
         body = json.dumps(cap_rows(answer, self.max_row_bytes), default=str,
                           separators=(",", ":"))
-        with self._tx() as q:
-            rows = q("UPDATE af_queries SET status = ?, finished = ?, answer = ? "
-                     "WHERE id = ? AND owner = ? AND finished IS NULL RETURNING tenant",
-                     status, self.clock(), body, query_id, owner)
-            if not rows:
+        rows = _event_rows({query_id: list(events)})
+        now = self.clock()
+
+        def op(q: Callable[..., list[tuple]]) -> bool:
+            found = q("UPDATE af_queries SET status = ?, finished = ?, answer = ? "
+                      "WHERE id = ? AND owner = ? AND finished IS NULL RETURNING tenant",
+                      status, now, body, query_id, owner)
+            if not found:
                 return False
-            _insert_events(q, {query_id: list(events)})
-            self._retain(q, rows[0][0])
-        return True
+            _insert_rows(q, rows)
+            self._retain(q, found[0][0])
+            return True
+        return self._later(op, f"storing the answer of {query_id}" if logged else "")
 
     def _retain(self, q: Callable[..., list[tuple]], scope: str) -> None:
         (count,) = q("SELECT count(*) FROM af_queries WHERE tenant = ? AND finished IS NOT "
@@ -270,9 +360,8 @@ class StateStore:
 
     def request_cancel(self, query_id: str, reason: str) -> bool:
         """Ask the owner to cancel; False when the query has finished (or is unknown)."""
-        with self._tx() as q:
-            rows = q("UPDATE af_queries SET cancel = ? WHERE id = ? AND finished IS NULL "
-                     "RETURNING id", reason, query_id)
+        rows = self._write(lambda q: q("UPDATE af_queries SET cancel = ? WHERE id = ? AND "
+                                       "finished IS NULL RETURNING id", reason, query_id))
         return bool(rows)
 
     def cancel_requests(self, owner: str) -> list[tuple[str, str]]:
@@ -286,8 +375,9 @@ class StateStore:
         each moves to ``me`` at most once per death (compare-and-set on the owner), with
         the move noted in its record."""
         now = self.clock()
-        claimed = []
-        with self._tx() as q:
+
+        def op(q: Callable[..., list[tuple]]) -> list[QueryRecord]:
+            claimed = []
             rows = q(f"SELECT {_COLUMNS} FROM af_queries WHERE finished IS NULL AND "
                      "(owner IS NULL OR owner <> ?) AND (owner IS NULL OR owner NOT IN "
                      "(SELECT id FROM af_replicas WHERE heartbeat > ?)) ORDER BY created "
@@ -308,21 +398,25 @@ class StateStore:
             if rows:  # the dead replicas' slots are no longer held
                 q("DELETE FROM af_slots WHERE replica NOT IN (SELECT id FROM af_replicas "
                   "WHERE heartbeat > ?)", now - lease_s)
-        return claimed
+            return claimed
+        return self._write(op)
 
     # ------------------------------------------------------------------ conversations
     def conversation_start(self, conversation_id: str, tenant: str | None, db: str) -> None:
         scope = _scope(tenant)
-        with self._tx() as q:
+        now = self.clock()
+
+        def op(q: Callable[..., list[tuple]]) -> None:
             q("INSERT INTO af_conversations (id, tenant, db, turns, updated) "
               "VALUES (?, ?, ?, '[]', ?) ON CONFLICT (id) DO NOTHING",
-              conversation_id, scope, db, self.clock())
+              conversation_id, scope, db, now)
             (count,) = q("SELECT count(*) FROM af_conversations WHERE tenant = ?", scope)[0]
             excess = int(count) - self.keep_conversations
             if excess > 0:
                 for (old,) in q("SELECT id FROM af_conversations WHERE tenant = ? "
                                 "ORDER BY updated, id LIMIT ?", scope, excess):
                     q("DELETE FROM af_conversations WHERE id = ?", old)
+        self._write(op)
 
     def conversation(self, conversation_id: str
                      ) -> tuple[str | None, str, list[tuple[str, str]]] | None:
@@ -336,22 +430,30 @@ class StateStore:
         return _tenant(tenant), db, [(t[0], t[1]) for t in json.loads(turns)]
 
     def conversation_add(self, conversation_id: str, question: str, sql: str,
-                         max_turns: int) -> None:
-        with self._tx() as q:
+                         max_turns: int, *, wait: bool = True) -> None:
+        """Append a turn (``wait=False``: queued; the next follow-up, on any replica, is
+        at least a client round trip later)."""
+        now = self.clock()
+
+        def op(q: Callable[..., list[tuple]]) -> None:
             rows = q("SELECT turns FROM af_conversations WHERE id = ?", conversation_id)
             if not rows:
                 return
             turns = [*json.loads(rows[0][0]), [question, sql]][-max_turns:]
             q("UPDATE af_conversations SET turns = ?, updated = ? WHERE id = ?",
-              json.dumps(turns), self.clock(), conversation_id)
+              json.dumps(turns), now, conversation_id)
+        future = self._later(op, "" if wait else f"adding a turn to {conversation_id}")
+        if wait:
+            future.result()
 
     def conversation_put(self, conversation_id: str, tenant: str | None, db: str,
                          turns: list[tuple[str, str]]) -> None:
-        with self._tx() as q:
-            q("INSERT INTO af_conversations (id, tenant, db, turns, updated) "
-              "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET turns = excluded.turns, "
-              "db = excluded.db, updated = excluded.updated", conversation_id,
-              _scope(tenant), db, json.dumps([list(t) for t in turns]), self.clock())
+        body, now = json.dumps([list(t) for t in turns]), self.clock()
+        self._write(lambda q: q(
+            "INSERT INTO af_conversations (id, tenant, db, turns, updated) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET turns = excluded.turns, "
+            "db = excluded.db, updated = excluded.updated", conversation_id,
+            _scope(tenant), db, body, now))
 
     # ------------------------------------------------------------------ usage
     def acquire(self, tenant: str, *, replica: str, lease_s: float,
@@ -362,7 +464,8 @@ class StateStore:
         ``(None, "concurrency" | "rate", seconds to wait)``. Slots of replicas whose
         heartbeat is older than ``lease_s`` do not count (they died holding them)."""
         now = self.clock()
-        with self._tx() as q:
+
+        def op(q: Callable[..., list[tuple]]) -> tuple[str | None, str, float]:
             self._lock_tenant(q, tenant)
             if max_concurrent is not None:
                 (held,) = q("SELECT count(*) FROM af_slots s JOIN af_replicas r ON "
@@ -394,18 +497,20 @@ class StateStore:
             q("INSERT INTO af_slots (token, tenant, replica, since) VALUES (?, ?, ?, ?)",
               token, tenant, replica, now)
             return token, "", 0.0
+        return self._write(op)
 
     def take_slot(self, tenant: str, replica: str) -> str:
         """A slot without a check: for a query admitted before (moved after a death)."""
-        token = uuid.uuid4().hex
-        with self._tx() as q:
-            q("INSERT INTO af_slots (token, tenant, replica, since) VALUES (?, ?, ?, ?)",
-              token, tenant, replica, self.clock())
+        token, now = uuid.uuid4().hex, self.clock()
+        self._write(lambda q: q("INSERT INTO af_slots (token, tenant, replica, since) "
+                                "VALUES (?, ?, ?, ?)", token, tenant, replica, now))
         return token
 
-    def release(self, token: str) -> None:
-        with self._tx() as q:
-            q("DELETE FROM af_slots WHERE token = ?", token)
+    def release(self, token: str, *, wait: bool = True) -> None:
+        future = self._later(lambda q: q("DELETE FROM af_slots WHERE token = ?", token),
+                             "" if wait else "releasing a slot")
+        if wait:
+            future.result()
 
     def inflight(self, tenant: str, lease_s: float) -> int:
         with self._tx(write=False) as q:
@@ -414,13 +519,17 @@ class StateStore:
                          tenant, self.clock() - lease_s)[0][0])
 
 
-def _insert_events(q: Callable[..., list[tuple]],
-                   events: dict[str, list[tuple[int, dict[str, Any]]]]) -> None:
-    for query_id, items in events.items():
-        for seq, event in items:
-            q("INSERT INTO af_events (query_id, seq, body) VALUES (?, ?, ?) "
-              "ON CONFLICT (query_id, seq) DO NOTHING",
-              query_id, seq, json.dumps(event, default=str, separators=(",", ":")))
+def _event_rows(events: dict[str, list[tuple[int, dict[str, Any]]]]
+                ) -> list[tuple[str, int, str]]:
+    """Events as rows, serialised by the caller (a bad event fails there, not in a batch)."""
+    return [(query_id, seq, json.dumps(event, default=str, separators=(",", ":")))
+            for query_id, items in events.items() for seq, event in items]
+
+
+def _insert_rows(q: Callable[..., list[tuple]], rows: list[tuple[str, int, str]]) -> None:
+    for row in rows:
+        q("INSERT INTO af_events (query_id, seq, body) VALUES (?, ?, ?) "
+          "ON CONFLICT (query_id, seq) DO NOTHING", *row)
 
 
 _COLUMNS = "id, tenant, status, owner, attempt, created, finished, request, answer, moves"
@@ -466,6 +575,7 @@ class PostgresStore(StateStore):
     a tenant's usage is updated under a per-tenant transaction lock."""
 
     placeholder = "%s"
+    id_type = "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"
 
     def __init__(self, url: str, **kwargs: Any):
         super().__init__(**kwargs)
@@ -492,7 +602,7 @@ class PostgresStore(StateStore):
         with self._tx() as q:
             q("SELECT pg_advisory_xact_lock(?)", _SCHEMA_LOCK)
             for statement in SCHEMA:
-                q(statement)
+                q(statement.replace("{id}", self.id_type))
 
 
 def open_store(url: str | Path, **kwargs: Any) -> StateStore:

@@ -9,12 +9,12 @@ import pytest
 
 from agentflow.bench.fidelity.real_vs_sim import (
     build_workload,
-    engine_limits,
     replay_sim,
     scaled,
     sim_engines,
 )
 from agentflow.config import InstanceConfig
+from agentflow.sim.host_calibration import engine_limits
 from agentflow.sim.workload import TraceNode, TraceQuery
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_batched_rows_identify_the_per_sequence_decode_compute():
     from dataclasses import replace
 
     from agentflow import hardware
-    from agentflow.bench.fidelity.real_vs_sim import fit_profile, sim_batch
+    from agentflow.sim.host_calibration import fit_profile, sim_batch
 
     limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
                                           backend={"type": "llama_server", "parallel": 4}))
@@ -119,7 +119,7 @@ def test_busy_time_is_the_union_of_the_calls_in_flight():
 
 
 def test_calibration_rows_scaled_to_a_dedicated_core_by_their_share():
-    from agentflow.bench.fidelity.real_vs_sim import dedicated
+    from agentflow.sim.host_calibration import dedicated
 
     single = [(32, 24, 0.5, 2.0, 0.5), (256, 1, 1.0, 1.0)]  # the second saved without share
     assert dedicated(single, slice(2, 4), True) == [(32, 24, 0.25, 1.0), (256, 1, 1.0, 1.0)]
@@ -318,7 +318,7 @@ def test_batch_rows_with_a_lone_time_fit_the_ratio_so_the_machine_factor_cancels
     """Rows timed by a known profile on a machine running 1.3x slow: a batched row's error
     against its own time is 30%, against its same-minute lone time it is none."""
     from agentflow import hardware
-    from agentflow.bench.fidelity.real_vs_sim import batch_residuals, batched_rows, sim_batch
+    from agentflow.sim.host_calibration import batch_residuals, batched_rows, sim_batch
 
     limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
                                           backend={"type": "llama_server", "parallel": 4}))
@@ -381,7 +381,7 @@ def test_a_joined_decode_waits_for_the_newcomers_prompt_batches():
     """The joined-decode calibration row in the simulator: A's decode slows by about B's
     prompt time (its tokens ride in B's prompt batches), B by little (one decode row)."""
     from agentflow import hardware
-    from agentflow.bench.fidelity.real_vs_sim import CAL_JOIN_OUTPUT, sim_joined, sim_single
+    from agentflow.sim.host_calibration import CAL_JOIN_OUTPUT, sim_joined, sim_single
 
     limits = engine_limits(InstanceConfig(name="c", gpu="Xeon-core", model="gemma-3-270m",
                                           backend={"type": "llama_server", "parallel": 4}))

@@ -24,13 +24,12 @@ from agentflow.bench.fidelity.precalibrate import describe, fit_speed, workload_
 from agentflow.bench.fidelity.real_vs_sim import (
     _Sender,
     build_workload,
-    engine_limits,
     replay_sim,
     sim_engines,
-    sim_single,
 )
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.engine import engine_for
+from agentflow.sim.host_calibration import engine_limits, sim_single
 from agentflow.sim.workload import TraceNode, TraceQuery, load_trace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -239,3 +239,76 @@ def test_the_supervisor_restarts_a_replica_that_dies_and_stops_on_request() -> N
     sup.stop()
     thread.join(30)
     assert sup.restarts >= 2 and not thread.is_alive()
+
+
+def teach_through(server, who: str) -> dict:
+    taught = httpx.post(f"{server.url}/v1/databases/bookshop/examples", headers=auth(who),
+                        json={"question": "Which cities have a store?",
+                              "sql": "SELECT DISTINCT city FROM stores"}, timeout=60)
+    assert taught.status_code == 201, taught.text
+    term = httpx.post(f"{server.url}/v1/databases/bookshop/glossary", headers=auth(who),
+                      json={"term": "Flagship store", "meaning": "the store with most sales"},
+                      timeout=60)
+    assert term.status_code == 201, term.text
+    return taught.json()
+
+
+def test_taught_pairs_and_glossary_are_shared_by_replicas_on_postgresql(pg_server) -> None:
+    """Teaching through one replica reaches the other's pipelines (PostgreSQL state: the
+    teaching goes into it, as replicas on many hosts share nothing else); tenants stay
+    apart; a delete through the other is seen by the first."""
+    pg_server.create_database("replica_teaching")
+    state = (f"postgresql://postgres@/replica_teaching?host={pg_server.socket_dir}"
+             f"&port={pg_server.port}")
+    pair = Pair(state)
+    try:
+        one, two = pair.servers
+        example = teach_through(one, "acme")
+        from agentflow.state import open_store
+
+        store = open_store(state)  # it is in the state store (hosts share nothing else)
+        try:
+            assert store.read("SELECT question FROM af_examples WHERE tenant = ?", "acme") \
+                == [("Which cities have a store?",)]
+        finally:
+            store.close()
+        mine = get(two, "/v1/databases/bookshop/examples", "acme").json()
+        assert example["id"] in [e["id"] for e in mine["examples"]]
+        theirs = get(two, "/v1/databases/bookshop/examples", "bolt").json()
+        assert example["id"] not in [e["id"] for e in theirs["examples"]]
+        terms = get(two, "/v1/databases/bookshop/glossary", "acme").json()
+        assert "Flagship store" in [t["term"] for t in terms["glossary"]]
+        # the other replica's engine retrieves it for a question (what pipelines get)
+        hits = pair.engines[1].teaching.similar("bookshop", "Which cities have stores?", 1,
+                                                tenant="acme")
+        assert hits and hits[0].example.sql == "SELECT DISTINCT city FROM stores"
+        found = pair.engines[1].teaching.terms_in("bookshop", "sales of the flagship STORE",
+                                                  tenant="acme")
+        assert [t.term for t in found] == ["Flagship store"]
+        gone = httpx.delete(f"{two.url}/v1/databases/bookshop/examples/{example['id']}",
+                            headers=auth("acme"), timeout=60)
+        assert gone.status_code == 200, gone.text
+        after = get(one, "/v1/databases/bookshop/examples", "acme").json()
+        assert example["id"] not in [e["id"] for e in after["examples"]]
+        shipped = get(one, "/v1/databases/bookshop/examples", "bolt").json()
+        assert shipped["examples"], "the demo's shipped pairs are seeded into the store once"
+        once = {e["question"] for e in shipped["examples"]}
+        assert len(once) == len(shipped["examples"])
+    finally:
+        pair.close()
+
+
+def test_where_teaching_lives(tmp_path) -> None:
+    from agentflow.server.service import teaching_in_state
+    from agentflow.state import open_store
+
+    sqlite_state = open_store(tmp_path / "state.sqlite")
+    try:
+        assert not teaching_in_state(sqlite_state, None)  # one host: the teaching file
+    finally:
+        sqlite_state.close()
+
+    class Pg:
+        url = "postgresql://h/db"
+    assert teaching_in_state(Pg(), None)  # type: ignore[arg-type]
+    assert not teaching_in_state(Pg(), "/some/teaching.sqlite")  # type: ignore[arg-type]

@@ -162,3 +162,22 @@ def test_ordinary_analytics_runs(reader, sql: str) -> None:
     result = reader.try_execute(sql, timeout_s=30)
     assert not isinstance(result, SqlError), f"{result.kind}: {result}"
     assert result.rows
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT rolname FROM pg_roles",
+    "SELECT usename FROM pg_catalog.pg_user",
+    "SELECT current_setting('data_directory')",
+    "SELECT datname FROM pg_database",
+])
+def test_catalog_that_names_other_tenants_is_refused_unless_the_view_is_an_admins(
+        reader, server, sql: str) -> None:
+    """Issue 35 §9: role names and server paths. The server itself would answer (shown
+    first), the guard refuses it for a tenant, and an admin's view (``with_catalog``) runs it."""
+    if "data_directory" not in sql:
+        assert _raw_read_only(server, sql)
+    with pytest.raises(RejectedStatementError, match="catalog|allow-list|did not run"):
+        reader.execute(sql)
+    if "data_directory" in sql:
+        return  # readable by superusers and pg_read_all_settings only: the reader is neither
+    assert reader.with_catalog().execute(sql).rows

@@ -141,6 +141,7 @@ def test_conversations_follow_across_store_objects_and_tenants(make):
         a, b = StoreConversations(one), StoreConversations(two)
         cid = a.start("bookshop", owner="acme")
         a.add(cid, "How many stores?", "SELECT count(*) FROM stores")
+        one.sync()  # add is queued (the engine's loop does not wait); commits keep order
         turns = b.follow(cid, "bookshop", viewer=Tenant(name="acme"))
         assert [t.sql for t in turns] == ["SELECT count(*) FROM stores"]
         with pytest.raises(ConversationNotFoundError):
@@ -181,6 +182,7 @@ def test_concurrency_limit_holds_across_replicas_under_races(make):
         assert limits[0].inflight("acme") == 3
         side = admitted[0][0]
         limits[side].release(tenant)
+        limits[side].store.sync()  # queued (the engine's loop releases); commits keep order
         assert limits[1 - side].acquire(tenant)  # a slot freed on one is usable on the other
     finally:
         two.close()
@@ -220,3 +222,165 @@ def test_bad_urls_are_clear_errors(tmp_path):
         open_store("mysql://x")
     with pytest.raises(ValueError, match="must be a file"):
         open_store(":memory:")
+
+
+# ---------------------------------------------------------------------- the writer thread
+def test_a_failing_write_fails_alone_in_its_batch(make):
+    """Writes queued while one runs commit together, in order; one that breaks a
+    constraint (a second query with the same id) fails alone, under its savepoint."""
+    store = make()
+    started, go = threading.Event(), threading.Event()
+
+    def slow(q):  # holds the writer so the next three queue up behind it
+        started.set()
+        go.wait(10)
+
+    def insert(query_id):
+        return lambda q: q("INSERT INTO af_queries (id, tenant, status, owner, attempt, "
+                           "created, request, moves) VALUES (?, '', 'pending', NULL, 1, 0, "
+                           "?, '[]')", query_id, _query(query_id).request.to_json())
+    first = store._later(slow)
+    assert started.wait(10)
+    batches_before = store.writes_committed[0]
+    ok1, dup, ok2 = (store._later(insert(i)) for i in ("q1", "q1", "q2"))
+    go.set()
+    first.result(10)
+    ok1.result(10), ok2.result(10)
+    with pytest.raises(Exception, match="(?i)unique|duplicate"):
+        dup.result(10)
+    assert store.get_query("q1") is not None and store.get_query("q2") is not None
+    assert store.writes_committed[0] - batches_before <= 2  # one batch, not one each
+
+
+def test_a_queued_answer_is_readable_everywhere_once_its_future_is_set(make):
+    one = make()
+    two = open_store(one.url)
+    try:
+        one.create_query(_query("q1", owner="r1"))
+        one.conversation_start("c1", None, "bookshop")
+        one.conversation_add("c1", "How many?", "SELECT 1", 4, wait=False)
+        future = one.finish_later("q1", "r1", {"status": "done", "rows": [[1]]})
+        assert future.result(10) is True
+        record = two.get_query("q1")
+        assert record is not None and record.status == "done"
+        assert two.conversation("c1")[2] == [("How many?", "SELECT 1")]  # queued first
+    finally:
+        two.close()
+
+
+def test_close_writes_what_is_queued(tmp_path):
+    store = _sqlite(tmp_path)
+    store.create_query(_query("q1", owner="r1"))
+    for i in range(50):
+        store.add_events({"q1": [(i + 1, {"type": "x", "i": i})]}, wait=False)
+    store.finish_later("q1", "r1", {"status": "done"})
+    store.close()
+    again = _sqlite(tmp_path)
+    try:
+        assert len(again.events("q1")) == 50 and again.get_query("q1").status == "done"
+    finally:
+        again.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        store.create_query(_query("q2"))
+
+
+def test_many_threads_share_few_commits(tmp_path):
+    """Group commit: 8 threads creating 25 queries each commit in fewer transactions than
+    writes, and every query is there."""
+    store = _sqlite(tmp_path)
+    try:
+        def work(t: int) -> None:
+            for i in range(25):
+                store.create_query(_query(f"t{t}-{i}"))
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        batches, writes = store.writes_committed
+        assert store.count_queries("a") == 200
+        assert writes >= 200 and batches < writes
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------------- taught pairs, glossary
+def test_teaching_in_the_store_keeps_scopes_and_replaces(make):
+    from agentflow.state.teaching import StoreTeaching
+    from agentflow.teaching import TeachingError
+
+    one = make()
+    two = open_store(one.url)
+    try:
+        a, b = StoreTeaching(one), StoreTeaching(two)
+        shared = a.add_example("bookshop", "How many stores?", "SELECT count(*) FROM stores;")
+        own = a.add_example("bookshop", "Cities?", "SELECT city FROM stores", tenant="acme")
+        again = b.add_example("bookshop", "Cities?", "SELECT DISTINCT city FROM stores",
+                              tenant="acme")
+        assert again.id == own.id  # taught again: replaced, not added
+        assert [e.sql for e in b.examples("bookshop", tenant="acme")] == [
+            "SELECT count(*) FROM stores", "SELECT DISTINCT city FROM stores"]
+        assert [e.id for e in b.examples("bookshop", tenant="bolt")] == [shared.id]
+        assert not b.delete_example("bookshop", own.id, tenant="bolt")  # not bolt's
+        assert not b.delete_example("bookshop", "99999999999999999999")
+        assert b.delete_example("bookshop", own.id, tenant="acme")
+        assert [e.id for e in a.examples("bookshop", tenant="acme")] == [shared.id]
+        term = a.add_term("bookshop", "Active  customer", "ordered in the last 90 days",
+                          tenant="acme")
+        assert b.add_term("bookshop", "active customer", "ordered this year",
+                          tenant="acme").id == term.id  # the same term, any case
+        found = b.terms_in("bookshop", "list every ACTIVE customer", tenant="acme")
+        assert [(t.term, t.meaning) for t in found] == [("Active customer",
+                                                          "ordered this year")]
+        assert b.terms_in("bookshop", "list every active customer", tenant="bolt") == []
+        assert b.delete_term("bookshop", "ACTIVE customer", tenant="acme")
+        assert a.glossary("bookshop", tenant="acme") == []
+        with pytest.raises(TeachingError, match="empty"):
+            a.add_example("bookshop", "  ", "SELECT 1")
+        with pytest.raises(TeachingError, match="no words"):
+            a.add_term("bookshop", "!!", "nothing")
+    finally:
+        two.close()
+
+
+def test_shipped_teaching_is_seeded_once_by_racing_replicas(make):
+    from agentflow.state.teaching import StoreTeaching
+
+    one = make()
+    stores = [one, open_store(one.url), open_store(one.url)]
+    try:
+        seeded = []
+        threads = [threading.Thread(target=lambda s=s: seeded.append(StoreTeaching(s).seed(
+            "bookshop", "v1", [("How many stores?", "SELECT count(*) FROM stores")],
+            [("flagship", "the biggest store")]))) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(seeded) == [False, False, True]
+        assert len(StoreTeaching(one).examples("bookshop")) == 1
+        assert len(StoreTeaching(one).glossary("bookshop")) == 1
+    finally:
+        for s in stores[1:]:
+            s.close()
+
+
+def test_a_state_url_as_teaching_store_opens_the_state_stores_tables(tmp_path):
+    """``teaching_store: sqlite:///...`` or ``postgresql://...`` in a config (a server's,
+    or ``agentflow teach --config``'s) teaches into that state store."""
+    from agentflow.state.teaching import StoreTeaching
+    from agentflow.teaching import open_store as open_teaching
+
+    url = f"sqlite:///{tmp_path / 'state.sqlite'}"
+    teaching = open_teaching(url)
+    try:
+        assert isinstance(teaching, StoreTeaching)
+        assert teaching.examples("bookshop"), "the demo's shipped pairs are seeded"
+        teaching.add_example("bookshop", "Any stores?", "SELECT 1 FROM stores LIMIT 1")
+    finally:
+        teaching.state.close()
+    store = open_store(url)
+    try:
+        assert ("Any stores?",) in store.read("SELECT question FROM af_examples")
+    finally:
+        store.close()

@@ -39,14 +39,8 @@ import numpy as np
 
 from agentflow.bench.fidelity.probe import probe
 from agentflow.bench.fidelity.real_vs_sim import (
-    PromptMaker,
-    close_all,
-    cpu_seconds,
-    engine_limits,
     scaled,
     sim_engines,
-    start_backends,
-    tokenizer_of,
 )
 from agentflow.llm.base import SamplingParams
 from agentflow.scheduler import QueryRejected
@@ -56,6 +50,14 @@ from agentflow.scheduler.serving import ScheduledRouter
 from agentflow.scheduler.setup import build_coordinator
 from agentflow.sim.cluster import SimClusterConfig, load_cluster
 from agentflow.sim.experiment import Workload, build_workload, run_policy
+from agentflow.sim.host_calibration import (
+    PromptMaker,
+    close_all,
+    cpu_seconds,
+    engine_limits,
+    start_backends,
+    tokenizer_of,
+)
 from agentflow.sim.replay import GrowingDag
 from agentflow.sim.workload import TraceNode, TraceQuery, load_trace
 from agentflow.workflow.clock import MonotonicClock

@@ -40,17 +40,17 @@ from typing import Any
 import numpy as np
 
 from agentflow.bench.fidelity.real_policies import run_real, scaled_trace, sim_cluster
-from agentflow.bench.fidelity.real_vs_sim import (
-    PromptMaker,
-    close_all,
-    start_backends,
-    tokenizer_of,
-)
 from agentflow.bench.scheduler.policy_suite import find_l1, tenant_scenarios
 from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, parse_fast_lane
 from agentflow.scheduler.health import HealthSettings
 from agentflow.sim.driver import Simulation
 from agentflow.sim.experiment import build_tenant_workload, reference_latencies
+from agentflow.sim.host_calibration import (
+    PromptMaker,
+    close_all,
+    start_backends,
+    tokenizer_of,
+)
 from agentflow.sim.slo import IdleLatency
 from agentflow.sim.workload import TenantSpec, load_trace
 

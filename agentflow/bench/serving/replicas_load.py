@@ -13,6 +13,9 @@ instances, so the fleet behind it grows with N: the scripted latency is kept low
 one replica is CPU-bound, which is what this measures. The clients run on the same machine
 and take CPU too; on a shared machine the ratio is a floor. ``--baseline`` adds one replica
 with ``--state off`` (everything in the process, as before the store): the store's own cost.
+``--rounds K`` runs every configuration K times, in turn (1, 2, no store, 1, 2, ...), so a
+change in the machine's background load falls on all of them; printed are the medians over
+the rounds, and every round's queries/s.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import asyncio
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -108,6 +112,16 @@ def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, An
             "cpu_ms_per_query": 1000 * cpu / max(1, len(answered)), "elapsed_s": elapsed}
 
 
+def median_run(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's rounds as one row: medians of the rates, sums of the counts."""
+    row = dict(rounds[0])
+    for key in ("qps", "cpu_ms_per_query", "elapsed_s"):
+        row[key] = statistics.median(r[key] for r in rounds)
+    for key in ("answered", "queries", "errors"):
+        row[key] = sum(r[key] for r in rounds)
+    return row
+
+
 QUICK_ARGS: tuple[str, ...] = ("--queries", "60", "--clients", "8")
 
 
@@ -124,12 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--baseline", action="store_true",
                    help="also one replica with --state off (no store), for the store's cost")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every configuration this many times, in turn; medians")
     args = p.parse_args(argv)
     counts = [int(x) for x in args.replicas.split(",") if x.strip()]
-    results = [one(n, args) for n in counts]
-    base = results[0]
+    plan = [(n, True) for n in counts]
     if args.baseline:  # one process, state kept in it: the server before the store
-        results.append(one(1, args, state=False))
+        plan.append((1, False))
+    runs: list[list[dict[str, Any]]] = [[] for _ in plan]
+    for _ in range(max(1, args.rounds)):
+        for i, (n, state) in enumerate(plan):
+            runs[i].append(one(n, args, state=state))
+    results = [median_run(r) for r in runs]
+    base = results[0]
     print(f"\n{args.queries} {args.pipeline} queries, {args.clients} clients, scripted "
           f"instances (NOT a model: {args.instances} x {args.latency * 1000:g} ms per call, "
           f"per replica); machine: {os.cpu_count()} CPUs")
@@ -139,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['replicas']!s:>14} {r['answered']:>9} {r['errors']:>7} {r['qps']:>10.1f} "
               f"{r['qps'] / base['qps']:>6.2f} {r['cpu_ms_per_query']:>20.1f} "
               f"{r['cpu_ms_per_query'] / base['cpu_ms_per_query']:>6.2f}")
+    if args.rounds > 1:
+        for (n, state), rs in zip(plan, runs):
+            label = n if state else f"{n}, no store"
+            print(f"  queries/s per round, {label}: "
+                  + ", ".join(f"{r['qps']:.1f}" for r in rs))
     return 0 if all(r["errors"] == 0 for r in results) else 1
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agentflow.scheduler.policies.base import DispatchPolicy
+from agentflow.scheduler.policies.lexmin import lexmin
 
 if TYPE_CHECKING:
     from agentflow.scheduler.call import ScheduledCall
@@ -29,4 +30,4 @@ class EarliestFinishDispatch(DispatchPolicy):
     def choose(self, call: ScheduledCall, instances: list[str], now: float,
                view: SchedulerView) -> str:
         finish, names = self.finish_s(call, instances, now, view)
-        return instances[int(np.lexsort((names, finish))[0])]
+        return instances[lexmin((names, finish))]

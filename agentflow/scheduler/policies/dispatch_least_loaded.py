@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from agentflow.scheduler.policies.base import DispatchPolicy
+from agentflow.scheduler.policies.lexmin import lexmin
 
 if TYPE_CHECKING:
     from agentflow.scheduler.call import ScheduledCall
@@ -21,4 +20,4 @@ class LeastLoadedDispatch(DispatchPolicy):
     def choose(self, call: ScheduledCall, instances: list[str], now: float,
                view: SchedulerView) -> str:
         work, times, names = view.dispatch_view(call, instances, now)
-        return instances[int(np.lexsort((names, times, work))[0])]
+        return instances[lexmin((names, times, work))]

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agentflow.scheduler.policies.base import DispatchPolicy
+from agentflow.scheduler.policies.lexmin import lexmin
 
 if TYPE_CHECKING:
     from agentflow.scheduler.call import ScheduledCall
@@ -102,4 +103,4 @@ class MarginalDelayDispatch(DispatchPolicy):
     def choose(self, call: ScheduledCall, instances: list[str], now: float,
                view: SchedulerView) -> str:
         price, names = self.price_s(call, instances, now, view)
-        return instances[int(np.lexsort((names, price))[0])]
+        return instances[lexmin((names, price))]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agentflow.scheduler.policies.base import DispatchPolicy
+from agentflow.scheduler.policies.lexmin import lexmin
 
 if TYPE_CHECKING:
     from agentflow.scheduler.call import ScheduledCall
@@ -37,7 +38,7 @@ class WorkloadBalancedDispatch(DispatchPolicy):
     def _scores(self, call: ScheduledCall, instances: list[str], now: float,
                 view: SchedulerView) -> np.ndarray:
         loads, times, names = view.dispatch_view(call, instances, now)
-        ref = int(np.lexsort((names, times))[0])
+        ref = lexmin((names, times))
         w_ref = loads[ref] if loads[ref] > 0 else max(times[ref], 1e-9)
         scores: np.ndarray = (self.alpha * times[ref] / np.maximum(times, 1e-9)
                               - (1 - self.alpha) * loads / w_ref)

@@ -1,0 +1,504 @@
+"""Time this host's local engines and fit a hardware profile on what they did.
+
+    agentflow calibrate --cluster FILE            # stores the fit for this host
+    agentflow bench real_vs_sim --cluster FILE --calibrate   # prints it
+
+Why a module of its own: ``agentflow calibrate`` is a product command (a fresh machine's
+first step before the simulator prices its local llama-server instances) and
+``real_vs_sim --calibrate`` is a benchmark; both take the same measurements and the same fit,
+so they live here, below both, and the command never imports a benchmark.
+
+What it measures on one instance, as serving starts it (``create_backend``, end of text
+ignored so the engine does exactly the asked work): single requests over a grid of prompt and
+output lengths, timed as the caller sees them (submit to first token, submit to last token);
+batches of equal requests, each between two lone requests of the same minute (batch/lone
+ratios, so a machine's drift cancels); and a decode that a newcomer's prompt joins. Each row
+keeps the share of its core the server process got (its CPU seconds from /proc over the row's
+wall time). Prompts are synthetic (``PromptMaker``: random common words of an exact token
+count, different for every call, so no prompt cache helps).
+
+What it fits: the profile's efficiencies and overheads (``FIT_FIELDS``) on top of a base
+profile, by least squares of the simulator's own single-request (and, with ``fit_batched``,
+batched) times, relative error; ``cpu_share`` fits the seconds a dedicated core would have
+taken. Every check it prints compares the simulator with the rows before and after the fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from agentflow import hardware
+from agentflow.config import InstanceConfig
+from agentflow.sim.cluster import load_cluster
+from agentflow.sim.engine import SimInstance
+
+_WORDS = ("time year people way day man thing woman life child world school state family "
+          "student group country problem hand part place case week company system program "
+          "question work government number night point home water room mother area money "
+          "story fact month lot right study book eye job word business issue side kind head "
+          "house service friend father power hour game line end member law car city name "
+          "team minute idea kid body information back parent face others level office door "
+          "health person art war history party result change morning reason research girl "
+          "guy moment air teacher force education").split()
+
+def engine_limits(cfg: InstanceConfig) -> InstanceConfig:
+    """llama-server's slots and batch are its engine's max_num_seqs / token budget."""
+    backend = cfg.backend
+    if backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import LlamaServerSpec
+
+        spec = LlamaServerSpec.model_validate(backend)
+        return cfg.model_copy(update={"max_num_seqs": spec.parallel,
+                                      "max_num_batched_tokens": spec.batch})
+    return cfg
+
+
+
+class PromptMaker:
+    """Prompts of an exact token count in the served model's tokenizer: random common words,
+    cut to n - 1 tokens (the server adds BOS), different for every call. ``tokenizer``: a
+    GGUF file (llama.cpp, vocabulary only) or a Hugging Face tokenizer name or folder (vLLM
+    servers; needs ``transformers``)."""
+
+    def __init__(self, tokenizer: str, seed: int):
+        self._rng = np.random.default_rng(seed)
+        self._llm: Any = None
+        self._hf: Any = None
+        if tokenizer.endswith(".gguf"):
+            from llama_cpp import Llama
+
+            self._llm = Llama(tokenizer, vocab_only=True, verbose=False)
+        else:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError:
+                raise SystemExit(f"--tokenizer {tokenizer}: a Hugging Face tokenizer needs "
+                                 "'transformers' (or pass a .gguf file)") from None
+            self._hf = AutoTokenizer.from_pretrained(tokenizer)
+
+    def make(self, n_tokens: int) -> str:
+        want = max(0, n_tokens - 1)
+        text = " ".join(self._rng.choice(_WORDS, size=want + 8))
+        if self._llm is not None:
+            tokens = self._llm.tokenize(text.encode(), add_bos=False)
+            return self._llm.detokenize(tokens[:want]).decode("utf-8", "replace")
+        ids = self._hf(text, add_special_tokens=False)["input_ids"][:want]
+        return self._hf.decode(ids)
+
+    def close(self) -> None:
+        if self._llm is not None:
+            self._llm.close()
+
+
+
+def cpu_seconds(backend: Any) -> float | None:
+    """CPU seconds the backend's server process has used, where it can say."""
+    read = getattr(backend, "cpu_seconds", None)
+    return read() if read is not None else None
+
+
+
+def start_backends(cluster_path: str) -> dict[str, Any]:
+    """The cluster's instances as serving starts them, with end of text ignored."""
+    from agentflow.llm.registry import create_backend
+
+    cluster = load_cluster(cluster_path)
+    backends = {}
+    try:
+        for name, cfg in cluster.expanded():
+            spec = dict(cfg.backend)
+            if spec.get("type") == "llama_server":
+                spec.update(ignore_eos=True, name=name)
+            elif spec.get("type") == "openai":
+                spec["extra_body"] = {**spec.get("extra_body", {}), "ignore_eos": True}
+            backends[name] = create_backend(spec)
+    except BaseException:
+        asyncio.run(close_all(backends))
+        raise
+    return backends
+
+
+async def close_all(backends: dict[str, Any]) -> None:
+    for b in backends.values():
+        await b.close()
+
+
+def tokenizer_of(backends: dict[str, Any], given: str | None) -> str:
+    if given:
+        return given
+    for b in backends.values():
+        path = getattr(b, "model_path", None)
+        if path:
+            return str(path)
+    raise SystemExit("synthetic prompts need the served model's tokenizer: no instance runs a "
+                     "GGUF file, so pass --tokenizer (a Hugging Face name/folder or a .gguf)")
+
+
+
+# --------------------------------------------------------------------------- calibration
+CAL_PROMPTS = (32, 256, 1024, 2048)
+CAL_OUTPUTS = (1, 24, 96)
+# Batched decode: B requests of one shape submitted together. Single requests cannot tell a
+# per-step cost from a per-sequence one (every step has one sequence), and on a CPU core
+# the per-sequence decode compute is what grows a batch's step (agentflow.step_time).
+CAL_BATCHES = (2, 4)
+CAL_BATCH_SHAPES = ((32, 64), (512, 64))
+
+
+def measure_single(backend: Any, maker: PromptMaker, repeats: int,
+                   loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(prompt, output, ttft_s, total_s) of one-at-a-time requests, as the caller sees
+    them (perf_counter around the HTTP call; the first token's time from the stream)."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int) -> tuple:
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        c0 = cpu_seconds(backend)
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        elapsed = time.perf_counter() - t
+        c1 = cpu_seconds(backend)
+        share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and c1 is not None else 1.0
+        return (res.prompt_tokens, o, res.ttft_s, elapsed, share)
+
+    async def all_rows() -> None:
+        await one(16, 2)  # warm-up
+        for _ in range(repeats):
+            for p in CAL_PROMPTS:
+                for o in CAL_OUTPUTS:
+                    rows.append(await one(p, o))
+                    print(f"  prompt {rows[-1][0]:5d} output {o:4d}: ttft {rows[-1][2]:.3f} s "
+                          f"total {rows[-1][3]:.3f} s, core share {rows[-1][4]:.2f}",
+                          flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
+def measure_batched(backend: Any, maker: PromptMaker, repeats: int,
+                    loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(batch, prompt, output, mean total_s, core share, lone total_s, lone core share) of
+    ``batch`` equal requests sent at once, each batch between two lone requests of the same
+    shape on the same server (their mean is the lone time). The VM's speed drifts 1.0-1.4x
+    within an hour, which a batch row alone cannot tell from batching physics; its ratio to
+    lone requests taken in the same minute can, since the machine factor cancels."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int) -> tuple[int, float, float]:
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        per_tok = (res.engine_timings or {}).get("predicted_per_token_ms", float("nan"))
+        return res.prompt_tokens, time.perf_counter() - t, float(per_tok)
+
+    async def timed(b: int, p: int, o: int) -> tuple[list, float, float]:
+        c0, t = cpu_seconds(backend), time.perf_counter()
+        got = await asyncio.gather(*(one(p, o) for _ in range(b)))
+        elapsed, c1 = time.perf_counter() - t, cpu_seconds(backend)
+        share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and c1 is not None else 1.0
+        return got, float(np.mean([g[1] for g in got])), share
+
+    async def all_rows() -> None:
+        for _ in range(repeats):
+            for b in CAL_BATCHES:
+                for p, o in CAL_BATCH_SHAPES:
+                    before, t_before, s_before = await timed(1, p, o)
+                    got, total, share = await timed(b, p, o)
+                    after, t_after, s_after = await timed(1, p, o)
+                    served = round(float(np.mean([g[0] for g in got])))
+                    lone = (t_before + t_after) / 2
+                    rows.append((b, served, o, total, share, lone, (s_before + s_after) / 2))
+                    lone_tok = (before[0][2] + after[0][2]) / 2
+                    batch_tok = float(np.mean([g[2] for g in got]))
+                    print(f"  batch {b} x prompt {served:5d} output {o:4d}: mean total "
+                          f"{total:.3f} s (lone, same minute: {lone:.3f} s; ratio "
+                          f"{total / lone:.3f}); decode ms/token {batch_tok:.1f} vs lone "
+                          f"{lone_tok:.1f} ({batch_tok / lone_tok:.3f}); core share "
+                          f"{share:.2f}", flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
+# A decode that a newcomer's prompt joins: request A (short prompt, ``CAL_JOIN_OUTPUT``
+# tokens) is decoding when B's prompt arrives ``CAL_JOIN_DELAY_S`` later; llama-server then
+# runs A's decode tokens inside B's prompt batches (and its checkpoint breaks). Batched
+# decode rows alone never put a decode beside a prompt chunk, the replay does all the time.
+CAL_JOIN_PROMPTS = (512, 1024)
+CAL_JOIN_OUTPUT = 64
+CAL_JOIN_DELAY_S = 1.0
+
+
+def measure_joined(backend: Any, maker: PromptMaker, repeats: int,
+                   loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """(B's prompt, A's total_s joined, A's total_s alone, B's total_s joined, B's alone):
+    A alone, then A joined by B, then B alone, each lone time from the same minute."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    rows = []
+
+    async def one(p: int, o: int, delay: float = 0.0) -> tuple[int, float]:
+        await asyncio.sleep(delay)
+        req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
+        t = time.perf_counter()
+        res = await backend.generate(req)
+        return res.prompt_tokens, time.perf_counter() - t
+
+    async def all_rows() -> None:
+        for _ in range(repeats):
+            for pb in CAL_JOIN_PROMPTS:
+                _, a_lone = await one(32, CAL_JOIN_OUTPUT)
+                (pa, a_join), (served, b_join) = await asyncio.gather(
+                    one(32, CAL_JOIN_OUTPUT), one(pb, 4, CAL_JOIN_DELAY_S))
+                _, b_lone = await one(pb, 4)
+                rows.append((served, a_join, a_lone, b_join, b_lone))
+                print(f"  decode of {CAL_JOIN_OUTPUT} joined after {CAL_JOIN_DELAY_S} s by a "
+                      f"{served}-token prompt: A {a_join:.3f} s (alone {a_lone:.3f} s, ratio "
+                      f"{a_join / a_lone:.3f}), B {b_join:.3f} s (alone {b_lone:.3f} s, "
+                      f"ratio {b_join / b_lone:.3f})", flush=True)
+
+    loop.run_until_complete(all_rows())
+    return rows
+
+
+def sim_joined(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+               prompt_b: int) -> tuple[float, float]:
+    """Simulated (A's latency, B's latency) of a ``measure_joined`` row."""
+    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      use_calibration=False)
+    if limits.backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import configure_engine
+
+        configure_engine(eng, limits.backend, model)
+    eng.add("a", 32, CAL_JOIN_OUTPUT, 0, 0.0)
+    ends: dict[str, float] = {}
+    added = False
+    while True:
+        t = eng.next_event_time()
+        if not added and (t is None or t >= CAL_JOIN_DELAY_S):
+            ends.update((ev.seq_id, ev.time) for ev in eng.step_until(CAL_JOIN_DELAY_S)
+                        if ev.kind == "finished")
+            eng.add("b", prompt_b, 4, 0, CAL_JOIN_DELAY_S)
+            added = True
+            continue
+        if t is None:
+            break
+        for ev in eng.step_until(t):
+            if ev.kind == "finished":
+                ends[ev.seq_id] = ev.time
+    return ends["a"], ends["b"] - CAL_JOIN_DELAY_S
+
+
+def print_joined_check(label: str, g: hardware.GPUProfile, model: hardware.ModelProfile,
+                       limits: InstanceConfig, joined: list[tuple]) -> None:
+    """Joined/lone ratios, simulated vs real, of A (the decode) and B (the prompt)."""
+    cells = []
+    for pb, a_join, a_lone, b_join, b_lone in joined:
+        sa, sb = sim_joined(g, model, limits, pb)
+        la, lb = sim_single(g, model, limits, 32, CAL_JOIN_OUTPUT)[1], \
+            sim_single(g, model, limits, pb, 4)[1]
+        cells.append(f"p{pb}: A {sa / la:.3f} vs {a_join / a_lone:.3f}, B {sb / lb:.3f} vs "
+                     f"{b_join / b_lone:.3f}")
+    print(f"{label}: decode joined by a prompt, joined/lone ratio sim vs real: "
+          + "; ".join(cells))
+
+
+# The profile's efficiencies and overheads that single requests identify (prefill compute,
+# weight streaming, KV reads, per step, per request); an operator-level engine's prefill
+# attention efficiency too, where the profile has one.
+FIT_FIELDS = tuple(f for f in ("compute_efficiency", "decode_compute_efficiency",
+                               "bw_efficiency", "attn_bw_efficiency",
+                               "prefill_attn_efficiency", "step_overhead_s",
+                               "request_overhead_s")
+                   if f in hardware.GPUProfile.__dataclass_fields__)
+# Bandwidth fractions cannot pass 1; compute ones can (the profile's peak is fp32 FMA, and
+# llama.cpp's quantised dot products run on int8 VNNI).
+_UPPER = {"bw_efficiency": 1.0, "attn_bw_efficiency": 1.0}
+
+
+def sim_batch(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+              batch: int, prompt: int, output: int) -> tuple[float, float]:
+    """(first token, mean finish) of ``batch`` equal requests arriving together, in s."""
+    eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      use_calibration=False)
+    if limits.backend.get("type") == "llama_server":
+        from agentflow.llm.llamacpp_server import configure_engine
+
+        configure_engine(eng, limits.backend, model)
+    for i in range(batch):
+        eng.add(f"x{i}", prompt, output, 0, 0.0)
+    ttft, ends = 0.0, []
+    while (t := eng.next_event_time()) is not None:
+        for ev in eng.step_until(t):
+            if ev.kind == "first_token" and not ttft:
+                ttft = ev.time
+            if ev.kind == "finished":
+                ends.append(ev.time)
+    return ttft, float(np.mean(ends))
+
+
+def sim_single(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+               prompt: int, output: int) -> tuple[float, float]:
+    return sim_batch(gpu, model, limits, 1, prompt, output)
+
+
+def batch_residuals(g: hardware.GPUProfile, model: hardware.ModelProfile,
+                    limits: InstanceConfig, batched: list[tuple]) -> np.ndarray:
+    """Relative error of each batched row: of its batch/lone latency ratio where the row has
+    a lone time taken in the same minute (``(batch, prompt, output, total, lone)``), else of
+    its simulated mean latency (``(batch, prompt, output, total)``, rows saved before)."""
+    out = []
+    for row in batched:
+        b, p, o, total = row[:4]
+        s_total = sim_batch(g, model, limits, b, p, o)[1]
+        if len(row) > 4:
+            s_ratio = s_total / sim_single(g, model, limits, p, o)[1]
+            out.append(s_ratio / (total / row[4]) - 1.0)
+        else:
+            out.append((s_total - total) / total)
+    return np.asarray(out)
+
+
+def batched_rows(saved: list[tuple], by_share: bool) -> list[tuple]:
+    """``(batch, prompt, output, total[, lone])`` from saved batched rows, with each time x
+    its core share under ``by_share`` (older rows: no share or no lone time)."""
+    out = []
+    for r in saved:
+        share = r[4] if by_share and len(r) > 4 else 1.0
+        row: tuple = (r[0], r[1], r[2], r[3] * share)
+        if len(r) > 6:
+            row += (r[5] * (r[6] if by_share else 1.0),)
+        out.append(row)
+    return out
+
+
+def profile_residuals(g: hardware.GPUProfile, model: hardware.ModelProfile,
+                      limits: InstanceConfig, rows: list[tuple], batched: Sequence[tuple] = ()
+                      ) -> np.ndarray:
+    """Relative errors of ``g`` on the single rows (prefill and decode time) and the
+    batched rows."""
+    res = []
+    for p, o, ttft, total in rows:
+        s_ttft, s_total = sim_single(g, model, limits, p, o)
+        res.append((s_ttft - ttft) / ttft)
+        if o > 1:
+            res.append(((s_total - s_ttft) - (total - ttft)) / (total - ttft))
+    return np.concatenate([np.asarray(res), batch_residuals(g, model, limits, list(batched))])
+
+
+def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.ModelProfile,
+                limits: InstanceConfig, batched: Sequence[tuple] = ()) -> hardware.GPUProfile:
+    """Least squares on the single rows (prefill and decode time) and, if given, the
+    batched rows' mean latency."""
+    from scipy.optimize import least_squares
+
+    def profile(x: np.ndarray) -> hardware.GPUProfile:
+        return replace(base, **dict(zip(FIT_FIELDS, np.exp(x).tolist(), strict=True)))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return profile_residuals(profile(x), model, limits, rows, batched)
+
+    upper = np.log([_UPPER.get(f, 10.0) for f in FIT_FIELDS])
+    x0 = np.minimum(np.log([getattr(base, f) or 1e-3 for f in FIT_FIELDS]), upper - 1e-3)
+    fit = least_squares(residuals, x0, bounds=(np.full(len(FIT_FIELDS), np.log(1e-5)), upper),
+                        x_scale=1.0, diff_step=1e-3)
+    err = np.abs(residuals(fit.x))
+    print(f"fit: median |rel err| {np.median(err) * 100:.1f}%, max {err.max() * 100:.1f}% "
+          f"over {len(err)} prefill/decode/batch times")
+    return profile(fit.x)
+
+
+def measure_calibration(args: argparse.Namespace, name: str, cfg: InstanceConfig
+                        ) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    backends = start_backends(args.cluster)
+    loop = asyncio.new_event_loop()
+    try:
+        backend = backends[name]
+        maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
+        print(f"# single requests on {name} ({cfg.gpu}, {cfg.model})")
+        rows = measure_single(backend, maker, args.repeats, loop)
+        print(f"# batched decode on {name}")
+        batched = measure_batched(backend, maker, args.repeats, loop)
+        print(f"# a decode joined by a prompt on {name}")
+        joined = measure_joined(backend, maker, args.repeats, loop)
+    finally:
+        loop.run_until_complete(close_all(backends))
+        loop.close()
+    return rows, batched, joined
+
+
+def dedicated(rows: list[tuple], times: slice, by_share: bool) -> list[tuple]:
+    """Rows without their last column, the share of the core the server got (rows saved
+    before shares were recorded have none: 1.0); with ``by_share`` the ``times`` columns
+    are scaled by it, to the seconds a dedicated core would have taken."""
+    out = []
+    for r in rows:
+        width = times.stop
+        share = r[width] if by_share and len(r) > width else 1.0
+        cols = list(r[:width])
+        cols[times] = [v * share for v in cols[times]]
+        out.append(tuple(cols))
+    return out
+
+
+def print_batch_check(label: str, g: hardware.GPUProfile, model: hardware.ModelProfile,
+                      limits: InstanceConfig, batched: list[tuple]) -> None:
+    err = batch_residuals(g, model, limits, batched)
+    cells = ", ".join(f"B{r[0]}/p{r[1]}: {e * 100:+.1f}%" for r, e in zip(batched, err))
+    what = "batch/lone ratio" if batched and len(batched[0]) > 4 else "batched rows"
+    print(f"{label}: {what} sim vs real {cells}; median |err| "
+          f"{np.median(np.abs(err)) * 100:.1f}%")
+
+
+@dataclass
+class CalibrationFit:
+    """A profile fitted on measured rows, with the rows and how well it fits them."""
+
+    profile: hardware.GPUProfile
+    median_error: float
+    max_error: float
+    rows: list[tuple]
+    batched: list[tuple]
+    joined: list[tuple]
+
+
+def fit_rows(base: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
+             rows: list[tuple], batched: list[tuple], joined: list[tuple], *,
+             cpu_share: bool, fit_batched: bool) -> CalibrationFit:
+    """``--calibrate``'s fit of measured rows (``measure_calibration``) on top of ``base``,
+    printing each check as it goes."""
+    if fit_batched and not batched:
+        raise SystemExit("--fit-batched: no batched rows to fit")
+    saved_rows, saved_batched = rows, batched
+    single_rows = dedicated(rows, slice(2, 4), cpu_share)  # prompt, output, ttft, total
+    batch_rows = batched_rows(batched, cpu_share)  # batch, prompt, output, total[, lone]
+    print_batch_check("current profile", base, model, limits, batch_rows)
+    if joined:
+        print_joined_check("current profile", base, model, limits, joined)
+    single = fit_profile(single_rows, base, model, limits)
+    print_batch_check("fitted on single requests", single, model, limits, batch_rows)
+    fitted = fit_profile(single_rows, base, model, limits, batch_rows) if fit_batched \
+        else single
+    if fit_batched:
+        print_batch_check("fitted on single + batched", fitted, model, limits, batch_rows)
+    if joined:
+        print_joined_check("fitted", fitted, model, limits, joined)
+    err = np.abs(profile_residuals(fitted, model, limits, single_rows,
+                                   batch_rows if fit_batched else []))
+    return CalibrationFit(fitted, float(np.median(err)), float(err.max()), saved_rows,
+                          saved_batched, joined)
+
+
