@@ -38,6 +38,14 @@ LEVELS: tuple[Level, ...] = ("high", "medium", "low")
 # Level boundaries on the score (inclusive lower bounds).
 HIGH_AT = 0.75
 MEDIUM_AT = 0.45
+# The default min_confidence (``AgentFlowConfig.min_confidence``): a low answer comes back
+# "unsure" (best guess attached), not a green "done". Chosen by measurement
+# (``agentflow bench confidence_calibration --fit``, docs/accuracy.md): on Spider dev (chess,
+# embedded model) the lowest threshold whose done answers are right at least half the time
+# lies between the scores 0.383 and 0.667, where no answer scored; the medium cut is the one
+# such value a user can read off the level. Lower it per call (0: every answer is done) or
+# in the config (null: no threshold).
+DEFAULT_MIN_CONFIDENCE = MEDIUM_AT
 
 # With one candidate nothing cross-checks the SQL: the best such an answer can be is medium.
 SINGLE_CANDIDATE_BASE = 0.6

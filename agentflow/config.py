@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentflow.confidence import DEFAULT_MIN_CONFIDENCE
 from agentflow.datasets.types import EngineKind
 from agentflow.distributed.placement import RayPlacement
 from agentflow.scheduler.fast_lane import FAST_LANE_CALLS
@@ -245,7 +246,8 @@ class AgentFlowConfig(BaseModel):
     db_tenant_threads: int | None = Field(None, ge=1, le=256)
     constrain_sql: bool = True  # grammar-constrained SQL decoding (see PipelineEnv)
     # Answers scored below this confidence come back "unsure" (best guess attached), not done.
-    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+    # The default is measured (agentflow.confidence.DEFAULT_MIN_CONFIDENCE); null: no threshold.
+    min_confidence: float | None = Field(default=DEFAULT_MIN_CONFIDENCE, ge=0.0, le=1.0)
     record: str | None = None  # append one trace line per query to this JSONL file
     # Taught pairs and glossary (agentflow.teaching); None: $AGENTFLOW_TEACHING or
     # <cache>/teaching.sqlite.

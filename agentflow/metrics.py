@@ -3,16 +3,18 @@
 Every report (the simulator's summary, ``agentflow eval`` in both modes, the server's
 /metrics) computes these here, so "met the SLO" means one thing everywhere:
 
-* A query **meets** a latency limit when its status is ``done`` and its latency is within
-  the limit. A failed, rejected or cancelled query never meets an SLO, however fast it came
-  back (a quick failure is not a success).
+* A query **meets** a latency limit when it was answered (``done``, or ``unsure``: the
+  answer came back below the caller's ``min_confidence``, its SQL and rows attached) and its
+  latency is within the limit. A failed, rejected or cancelled query never meets an SLO,
+  however fast it came back (a quick failure is not a success).
 * **Attainment** at scale ``s`` is the share of *all* queries (failed and rejected included)
   that meet ``s`` x their idle latency; the table keys are ``scale_key(s)`` ("1", "1.5",
   "2", "1.25" — one format for every report).
 * **Goodput** is the highest arrival rate at which attainment at the chosen scale reaches a
   target (90% by default); ``meets_goodput_target`` is the test at one rate, the rate search
   lives with whoever can run a load (``agentflow.sim.experiment.goodput``).
-* Latency percentiles are over the queries answered (``done``), numpy's linear rule.
+* Latency percentiles are over the queries answered (``done`` or ``unsure``), numpy's
+  linear rule.
 * **Throughput** is answered queries per second of serving time: from the first arrival to
   the last answer, per session (a resumed evaluation does not count the time between).
 """
@@ -28,6 +30,8 @@ import numpy as np
 SLO_SCALES = (1.0, 1.5, 2.0, 3.0, 5.0)
 GOODPUT_TARGET = 0.9
 MET_STATUS = "done"
+# Statuses of a query that came back with an answer: an "unsure" one is served, only flagged.
+ANSWERED = (MET_STATUS, "unsure")
 _EPS = 1e-9  # a latency equal to its limit (up to float noise) meets it
 
 
@@ -56,7 +60,7 @@ def scale_key(scale: float) -> str:
 
 def meets(status: str, latency_s: float | None, limit_s: float | None) -> bool:
     """Done within ``limit_s`` (see the module docstring)."""
-    return (status == MET_STATUS and latency_s is not None and limit_s is not None
+    return (status in ANSWERED and latency_s is not None and limit_s is not None
             and latency_s <= limit_s + _EPS)
 
 
@@ -119,7 +123,7 @@ def throughput(queries: Iterable[tuple[str, float | None, float | None, str]]
             continue
         span = spans.setdefault(str(session), [float("inf"), float("-inf")])
         span[0] = min(span[0], arrival)
-        if status == MET_STATUS and finish is not None:
+        if status in ANSWERED and finish is not None:
             answered += 1
             span[1] = max(span[1], finish)
     total = sum(max(0.0, b - a) for a, b in spans.values() if b > float("-inf"))
@@ -127,4 +131,4 @@ def throughput(queries: Iterable[tuple[str, float | None, float | None, str]]
 
 
 def completed_latencies(outcomes: Sequence[Outcome]) -> list[float]:
-    return [o.latency_s for o in outcomes if o.status == MET_STATUS and o.latency_s is not None]
+    return [o.latency_s for o in outcomes if o.status in ANSWERED and o.latency_s is not None]

@@ -122,7 +122,8 @@ def test_chess_with_disagreeing_candidates_is_low_and_reports_missing_tests() ->
               "generate_unit_test": ""}  # the model writes no usable unit test
     with connect(script) as af:
         answer = af.ask("How many stores are there?", db="bookshop", pipeline="chess")
-    assert answer.status == "done", answer.error
+    # low is below the default min_confidence: unsure, never a green done; the guess stays
+    assert answer.status == "unsure" and answer.sql and answer.rows, answer.error
     assert answer.confidence["level"] == "low"
     assert any("no usable unit test" in r for r in answer.confidence["reasons"])
     assert answer.details["unit_tests"] == []
@@ -160,6 +161,17 @@ def test_single_and_macsql_carry_confidence() -> None:
     assert single.confidence["level"] == "low"
     assert "one candidate only" in single.confidence["reasons"][0]
     assert macsql.confidence["level"] == "medium"
+
+
+def test_the_default_threshold_is_the_measured_one_and_null_turns_it_off() -> None:
+    from agentflow.confidence import DEFAULT_MIN_CONFIDENCE, MEDIUM_AT
+
+    assert AgentFlowConfig().min_confidence == DEFAULT_MIN_CONFIDENCE == MEDIUM_AT
+    script = {"extract_keywords": "stores", "generate_candidate": DISAGREEING,
+              "generate_unit_test": ""}
+    with connect(script, min_confidence=None) as af:
+        answer = af.ask("How many stores are there?", db="bookshop", pipeline="chess")
+    assert answer.status == "done" and answer.confidence["level"] == "low"
 
 
 def test_threshold_turns_low_confidence_into_unsure_with_the_best_guess() -> None:
@@ -203,13 +215,13 @@ def test_cli_json_has_confidence_and_the_threshold_flag(tmp_path) -> None:
                                str(cfg), *extra], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=120)
 
-    out = ask("--json")
-    assert out.returncode == 0, out.stderr
+    out = ask("--json")  # the default min_confidence holds a low answer back
+    assert out.returncode == 1, out.stderr
     data = json.loads(out.stdout)
-    assert data["status"] == "done" and data["confidence"]["level"] == "low"
-    out = ask("--json", "--min-confidence", "0.5")
-    assert out.returncode == 1 and json.loads(out.stdout)["status"] == "unsure"
-    out = ask()
+    assert data["status"] == "unsure" and data["confidence"]["level"] == "low"
+    out = ask("--json", "--min-confidence", "0")  # lowered: every answer is done
+    assert out.returncode == 0 and json.loads(out.stdout)["status"] == "done"
+    out = ask("--min-confidence", "0")
     assert "confidence low" in out.stdout and "check this answer" in out.stdout
     out = ask("--min-confidence", "7")
     assert out.returncode == 2 and "between 0 and 1" in out.stderr
@@ -226,9 +238,9 @@ def test_http_answer_has_confidence_and_min_confidence() -> None:
                                         "generate_candidate": DISAGREEING}, "default": COUNT}}
     with LiveServer({"instances": [instance], "fewshot": None}) as live:
         body = {"question": "How many stores are there?", "db": "bookshop"}
-        done = httpx.post(live.url + "/v1/queries", json=body, timeout=60).json()
-        unsure = httpx.post(live.url + "/v1/queries", json={**body, "min_confidence": 0.5},
-                            timeout=60).json()
+        unsure = httpx.post(live.url + "/v1/queries", json=body, timeout=60).json()
+        done = httpx.post(live.url + "/v1/queries", json={**body, "min_confidence": 0},
+                          timeout=60).json()
         bad = httpx.post(live.url + "/v1/queries", json={**body, "min_confidence": -1},
                          timeout=60)
     assert done["status"] == "done" and done["confidence"]["level"] == "low"

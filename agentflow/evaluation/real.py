@@ -145,4 +145,4 @@ def _record(example: Example, *, kind: str, pipeline: str, policy: str, answer: 
             "slo_s": answer.slo_s, "met_slo": answer.met_slo, **usage_fields(answer.usage),
             "stages": rows, "query_id": answer.query_id,
             "confidence": getattr(answer, "confidence", None),
-            "finish_s": finished if answer.status in ("done", "failed") else None}
+            "finish_s": finished if answer.status in ("done", "unsure", "failed") else None}

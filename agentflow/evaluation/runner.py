@@ -421,7 +421,7 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
             index: dict[str, dict[str, Any]] = {}
             for f in sorted((out / "records").glob("*.jsonl")):
                 for r in RecordStore(f).records.values():
-                    if r.get("query_id") and r.get("status") in ("done", "failed"):
+                    if r.get("query_id") and r.get("status") in ("done", "unsure", "failed"):
                         index[r["query_id"]] = r
             for name in names:
                 sources.append(load_source(name, trace_path, None, records_by_query=index,
@@ -443,7 +443,7 @@ def _simulated(dataset: str | None, *, out: Path, cluster: str, traces, pipeline
                 key, run = recorded[name]
                 store = RecordStore(out / run["records"])
                 index = {r["query_id"]: r for r in store.records.values()
-                         if r.get("query_id") and r.get("status") in ("done", "failed")}
+                         if r.get("query_id") and r.get("status") in ("done", "unsure", "failed")}
                 sources.append(load_source(name, out / run["trace"], run["policy"],
                                            records_by_query=index, strict=True,
                                            examples_by_question=by_question,

@@ -23,7 +23,9 @@ from agentflow.metrics import throughput as _throughput
 
 CURVE_SCALES = tuple(float(x) for x in np.round(np.arange(1.0, 10.001, 0.25), 2))
 LEVEL_ORDER = ("easy", "medium", "hard", "extra", "simple", "moderate", "challenging", "unknown")
-COMPLETED = ("done", "failed")  # the query came back: an answer, or a reason it has none
+# the query came back: an answer (unsure: below min_confidence, still answered), or a reason
+# it has none
+COMPLETED = ("done", "unsure", "failed")
 
 
 dist = latency_stats  # the summary's distributions (latency, queue and run time, ...)

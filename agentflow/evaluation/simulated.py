@@ -60,7 +60,7 @@ def load_source(pipeline: str, trace_path: Path, recorded_policy: str | None, *,
         if (rec.get("pipeline") or {}).get("name", pipeline) != pipeline:
             skipped["other pipeline"] += 1
             continue
-        if rec.get("status") not in ("done", "failed"):
+        if rec.get("status") not in ("done", "unsure", "failed"):
             skipped["not finished"] += 1
             continue
         base = records_by_query.get(query.id)

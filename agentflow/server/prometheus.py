@@ -65,7 +65,8 @@ class ServerMetrics:
         self.submitted = Counter("agentflow_queries_submitted", "Queries accepted for "
                                  "answering (before admission)", registry=r)
         self.queries = Counter("agentflow_queries", "Finished queries by final status "
-                               "(done, failed, cancelled, rejected)", ["status"], registry=r)
+                               "(done, unsure, failed, cancelled, rejected)", ["status"],
+                               registry=r)
         self.slo = Counter("agentflow_slo_queries", "Finished queries that had an SLO, by "
                            "whether they were answered (status done) within it", ["met"],
                            registry=r)

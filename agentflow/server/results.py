@@ -28,7 +28,7 @@ def result_links(query_id: str, answer: Any) -> dict[str, str]:
     """Links to the CSV (any answer with columns) and the chart (when one fits)."""
     from agentflow.charts import choose
 
-    if answer.status != "done" or not answer.columns:
+    if answer.status not in ("done", "unsure") or not answer.columns:  # unsure: rows attached
         return {}
     links = {"csv": f"/v1/queries/{query_id}/rows.csv"}
     if choose(list(answer.columns), [list(r) for r in answer.rows],
@@ -85,7 +85,7 @@ def _finished_view(request: Request, query_id: str):
         raise ApiError(409, "not_finished", f"query {query_id} is still running; its result "
                        f"is not there yet")
     view = service.view(handle)
-    if view.status != "done" or not view.columns:
+    if view.status not in ("done", "unsure") or not view.columns:
         raise ApiError(404, "no_result", f"query {query_id} has no result rows "
                        f"(status {view.status})")
     return view

@@ -123,7 +123,7 @@ def test_postgres_computed_sizes_are_bounded_and_small_ones_still_run(pg_url) ->
 
 def test_postgres_client_gives_up_on_a_backend_that_does_not_stop(pg_url, monkeypatch) -> None:
     """Neither statement_timeout nor a cancel request lands while a backend is inside one long
-    step; with both out of play, the client shuts the socket at 1.8x the limit, answers with
+    step; with both out of play, the client shuts the socket at 1.6x the limit, answers with
     the timeout, and the pool replaces the connection."""
     from agentflow.sql import QueryTimeoutError
     from agentflow.sql.database import _Interrupter

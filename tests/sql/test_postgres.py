@@ -215,7 +215,7 @@ LONG_STATEMENTS = ["SELECT pg_sleep(30)",
 
 def test_statement_timeout_stops_long_statements(db, monkeypatch) -> None:
     """The server's statement_timeout stops each (at 1x the limit, before the watchdog's
-    cancel at 1.5x), and the pooled connection serves the next query."""
+    cancel at 1.3x), and the pooled connection serves the next query."""
     fired = record_watchdog_fires(monkeypatch)
     for sql in LONG_STATEMENTS:
         with pytest.raises(QueryTimeoutError):
@@ -235,7 +235,7 @@ def test_statement_timeout_stops_within_twice_the_limit(db) -> None:
 
 def test_client_side_cancel_alone_stops_the_query(db, monkeypatch) -> None:
     """With the server's statement_timeout out of play, the watchdog's cancel request stops
-    the query (at 1.5x the limit): the interrupt is observed, never early."""
+    the query (at 1.3x the limit): the interrupt is observed, never early."""
     monkeypatch.setattr(_Interrupter, "_PG_SERVER_TIMEOUT", False)
     fired = record_watchdog_fires(monkeypatch)
     start = time.monotonic()

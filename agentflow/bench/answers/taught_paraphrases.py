@@ -11,7 +11,11 @@ path a user takes). With teaching, the pair reaches the prompt as an example and
 questions' similarity reaches ``PARAPHRASE_THRESHOLD``, its SQL runs as a candidate. The table
 shows EX for both conditions, split by whether the pair crossed the threshold, so the share of
 the gain that comes from the candidate (not the prompt) is visible. Accuracy is the Spider
-rule against the gold SQL.
+rule against the gold SQL. ``--exact`` adds a third condition: the asked question itself taught
+(with its own gold SQL), the path of a user who corrects an answer and asks again.
+
+Each pair's result is appended to ``<out>.jsonl`` as it finishes; a rerun with the same
+arguments skips the pairs already there (a model run is long), and the table covers them all.
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", default=None)
     p.add_argument("--out", type=Path, default=Path("artifacts/taught_paraphrases.json"))
+    p.add_argument("--exact", action="store_true",
+                   help="also ask after teaching the asked question itself")
     args = p.parse_args(argv)
 
     import agentflow
@@ -75,20 +81,33 @@ def main(argv: list[str] | None = None) -> int:
     config = AgentFlowConfig.load(args.config) if args.config else AgentFlowConfig()
     config.data = [*config.data, args.data]
     config.teaching_store = str(Path(tempfile.mkdtemp(prefix="taught-para-")) / "t.sqlite")
-    results: list[dict[str, Any]] = []
+    conditions = ("untaught", "taught", *(("taught_exact",) if args.exact else ()))
+    partial = args.out.with_suffix(".jsonl")
+    wanted = {(a.db_id, a.question) for _, a in pairs}
+    results = [r for r in read_partial(partial)
+               if r.get("pipeline") == args.pipeline and all(c in r for c in conditions)
+               and (r["db"], r["asked_question"]) in wanted]
+    done = {(r["db"], r["asked_question"]) for r in results}
+    pending = [(t, a) for t, a in pairs if (a.db_id, a.question) not in done]
+    if results:
+        print(f"  {len(results)} pair(s) already in {partial}; asking {len(pending)}",
+              file=sys.stderr)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with agentflow.connect(config) as af:
-        for taught, asked in pairs:
+        for taught, asked in pending:
             db = af.catalog.open(asked.db_id)
             similarity = question_similarity(asked.question, taught.question)
             row: dict[str, Any] = {"db": asked.db_id, "taught_question": taught.question,
                                    "asked_question": asked.question, "gold": asked.gold_sql,
-                                   "similarity": similarity,
+                                   "similarity": similarity, "pipeline": args.pipeline,
                                    "candidate": similarity >= PARAPHRASE_THRESHOLD}
-            for condition in ("untaught", "taught"):
+            for condition in conditions:
                 pair_id = None
                 if condition == "taught":
                     pair_id = af.teach(taught.question, taught.gold_sql, db=asked.db_id).id
+                elif condition == "taught_exact":
+                    pair_id = af.teach(asked.question, asked.gold_sql, db=asked.db_id).id
                 answer = af.ask(asked.question, db=asked.db_id, pipeline=args.pipeline,
                                 evidence=asked.evidence)
                 verdict = evaluate_pair(db, answer.sql or "", asked.gold_sql,
@@ -99,10 +118,11 @@ def main(argv: list[str] | None = None) -> int:
                 if pair_id is not None:
                     af.forget_example(asked.db_id, pair_id)
             results.append(row)
-            marks = ["ok " if row[c]["correct"] else "bad" for c in ("untaught", "taught")]
-            print(f"  sim {similarity:.2f} untaught {marks[0]} taught {marks[1]} "
-                  f"{asked.question[:60]!r}", file=sys.stderr, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+            with partial.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            marks = " ".join(f"{c} {'ok ' if row[c]['correct'] else 'bad'}" for c in conditions)
+            print(f"  sim {similarity:.2f} {marks} {asked.question[:60]!r}", file=sys.stderr,
+                  flush=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                     "threshold": PARAPHRASE_THRESHOLD,
                                     "elapsed_s": time.monotonic() - started,
@@ -111,8 +131,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def read_partial(path: Path) -> list[dict[str, Any]]:
+    """Pairs a previous run finished (a torn last line, from a kill, is dropped)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 def table(results: list[dict[str, Any]], threshold: float) -> str:
-    lines = ["| pairs | n | EX untaught | EX taught |", "|---|---|---|---|"]
+    exact = bool(results) and all("taught_exact" in r for r in results)
+    lines = ["| pairs | n | EX untaught | EX taught |" + (" EX exact question taught |"
+                                                       if exact else ""),
+             "|---|---|---|---|" + ("---|" if exact else "")]
     groups = [("all", results),
               (f"similarity >= {threshold} (taught SQL is a candidate)",
                [r for r in results if r["candidate"]]),
@@ -124,8 +160,12 @@ def table(results: list[dict[str, Any]], threshold: float) -> str:
             continue
         un = sum(r["untaught"]["correct"] for r in rows)
         ta = sum(r["taught"]["correct"] for r in rows)
-        lines.append(f"| {name} | {len(rows)} | {un / len(rows):.0%} ({un}) | "
-                     f"{ta / len(rows):.0%} ({ta}) |")
+        line = (f"| {name} | {len(rows)} | {un / len(rows):.0%} ({un}) | "
+                f"{ta / len(rows):.0%} ({ta}) |")
+        if exact:
+            ex = sum(r["taught_exact"]["correct"] for r in rows)
+            line += f" {ex / len(rows):.0%} ({ex}) |"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.append({"db": db_id, "taught": int(condition), "source": source,
                                     "question": example.question, "gold": example.gold_sql,
                                     "sql": answer.sql, "status": answer.status,
-                                    "executable": answer.status == "done" and bool(answer.sql),
+                                    "executable": (answer.status in ("done", "unsure")
+                                                   and bool(answer.sql)),
                                     "correct": verdict.correct, "reason": verdict.reason,
                                     "latency_s": answer.latency_s})
                     print(f"  [{condition} taught] {'ok ' if verdict.correct else 'bad'} "

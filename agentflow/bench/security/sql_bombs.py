@@ -28,11 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# The memory each engine may use, plus a margin for the interpreter, SQLAlchemy and the driver
-# (an idle child measures 90-140 MB): DuckDB's memory_limit (512 MB), SQLite's hard heap limit
-# (1 GiB, agentflow.sql.database) and, for PostgreSQL, the client's share (no engine-side
-# limit applies to this process: rows are capped, values are at most 1 GB on the server).
-MARGIN_MB = 256
+# The memory each engine may use, plus the issue's margin of 100 MB for the interpreter,
+# SQLAlchemy and the driver (an idle child measures 90-140 MB, inside the engine's share):
+# DuckDB's memory_limit (512 MB), SQLite's hard heap limit (1 GiB, agentflow.sql.database)
+# and, for PostgreSQL, the client's share (no engine-side limit applies to this process: rows
+# are capped, values are at most 1 GB on the server).
+MARGIN_MB = 100
 MEMORY_BOUND_MB = {"duckdb": 512 + MARGIN_MB, "sqlite": 1024 + MARGIN_MB,
                    "postgresql": 512 + MARGIN_MB}
 
@@ -56,6 +57,16 @@ _COUNTER = "(WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SEL
 _CHAIN = ("WITH a0 AS (SELECT 'xxxxxxxx' AS s), "
           + ", ".join(f"a{i} AS (SELECT s || s AS s FROM a{i - 1})" for i in range(1, 31))
           + " SELECT length(s) FROM a30")
+# The same growth kept just under the guard's expansion bound (agentflow.sql.complexity), so
+# the engine's own limits must stop it: 13 doublings of 8 KB (64 MB, twice SQLite's value cap)
+# and 6 quadruplings of 32 KB (128 MB).
+_NEAR_CHAIN = ("WITH a0 AS (SELECT '" + "x" * 8192 + "' AS s), "
+               + ", ".join(f"a{i} AS (SELECT s || s AS s FROM a{i - 1})" for i in range(1, 14))
+               + " SELECT length(s) FROM a13")
+_NEAR_CHAIN4 = ("WITH a0 AS (SELECT '" + "y" * 32768 + "' AS s), "
+                + ", ".join(f"a{i} AS (SELECT s || s || s || s AS s FROM a{i - 1})"
+                            for i in range(1, 7))
+                + " SELECT length(s) FROM a6")
 # A fold that doubles its accumulator (issue: 212 -> 1,740 MB through MCP).
 _FOLD = {"duckdb": "SELECT length(list_reduce(list_transform(range(40), lambda i: 'xx'), "
                    "lambda a, b: a || a || b))"}
@@ -111,6 +122,8 @@ BOMBS: list[Bomb] = [
          "SELECT sum(length(repeat('x', 30000000 + g % 2))) FROM generate_series(1, 1000) g"),
     # issue 35 §2 (the guard's bounds only cover calls with a size argument)
     *(Bomb(engine, "engine", _CHAIN) for engine in ("sqlite", "duckdb", "postgresql")),
+    *(Bomb(engine, "engine", sql) for engine in ("sqlite", "duckdb", "postgresql")
+      for sql in (_NEAR_CHAIN, _NEAR_CHAIN4)),
     *(Bomb(engine, "engine", sql) for engine, sql in _FOLD.items()),
     *(Bomb(engine, "engine", sql) for engine, sql in _REPLACE.items()),
 ]

@@ -61,10 +61,10 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
     by = Counter(o.kind for o in run.outcomes)
-    answered = [o for o in run.outcomes if o.kind in ("done", "failed", "cancelled")]
+    answered = [o for o in run.outcomes if o.kind in ("done", "unsure", "failed", "cancelled")]
     walls = [o.wall_s for o in answered]
     server_total = sum(v for k, v in server.items()
-                       if k in ("done", "failed", "cancelled", "rejected"))
+                       if k in ("done", "unsure", "failed", "cancelled", "rejected"))
     client_total = sum(o.attempts for o in run.outcomes
                        if o.kind not in ("lost", "error", "hung"))
     agree = (server_total == client_total

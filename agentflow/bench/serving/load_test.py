@@ -172,12 +172,12 @@ def report(run: Run, server: dict[str, float], args: argparse.Namespace) -> int:
     outcomes = sorted(run.outcomes, key=lambda o: o.index)
     by_kind = Counter(o.kind for o in outcomes)
     elapsed = run.finished - run.started
-    answered = [o for o in outcomes if o.kind in ("done", "failed", "cancelled")]
+    answered = [o for o in outcomes if o.kind in ("done", "unsure", "failed", "cancelled")]
     print(f"\n{args.queries} queries from {args.clients} concurrent clients in {elapsed:.1f} s "
           f"(scripted instances, NOT a model: {args.instances} x {args.latency * 1000:g} ms "
           f"per call; admission bound max_active_queries={args.max_active})")
     print("\nby status (client side):")
-    for kind in ("done", "failed", "cancelled", "rejected", "error", "hung", "lost"):
+    for kind in ("done", "unsure", "failed", "cancelled", "rejected", "error", "hung", "lost"):
         print(f"  {kind:<10} {by_kind.get(kind, 0):>5}")
     print(f"  {'total':<10} {len(outcomes):>5}")
     # group rejections by reason, with the numbers in the message (counts, seconds) as N
@@ -216,11 +216,11 @@ def report(run: Run, server: dict[str, float], args: argparse.Namespace) -> int:
               f"{server['decision_mean_us']:.0f} us each (timed around the coordinator)")
 
     server_total = sum(v for k, v in server.items() if k in
-                       ("done", "failed", "cancelled", "rejected"))
+                       ("done", "unsure", "failed", "cancelled", "rejected"))
     # every attempt the server saw (a client honouring Retry-After re-sends after a 429)
     client_total = sum(o.attempts for o in outcomes if o.kind not in ("lost", "error", "hung"))
     shown = ", ".join(f"{k} {v:.0f}" for k, v in sorted(server.items())
-                      if k in ("done", "failed", "cancelled", "rejected"))
+                      if k in ("done", "unsure", "failed", "cancelled", "rejected"))
     print(f"\nserver counters: {shown} (total {server_total:.0f}; client requests "
           f"{client_total})")
     lost = by_kind.get("lost", 0) + by_kind.get("error", 0) + by_kind.get("hung", 0)

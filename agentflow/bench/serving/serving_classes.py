@@ -136,7 +136,7 @@ async def client(http: httpx.AsyncClient, url: str, key: str, run: ClassRun, sta
         i += 1
         if asked - start >= args.warmup_s:
             run.statuses[status] += 1
-            if status == "done" and latency is not None:
+            if status in ("done", "unsure") and latency is not None:
                 run.latencies.append(latency)
         if status not in ("done", "unsure", "failed"):
             await asyncio.sleep(0.2)  # refused: back off a little, as a real client would
