@@ -28,7 +28,7 @@ from agentflow.llm.base import LLMBackend
 from agentflow.shares import DbShares, Share, default_tenant_max, share_of
 from agentflow.sql import SqlError
 from agentflow.sql.database import row_bytes
-from agentflow.teaching import TeachingMixin
+from agentflow.teaching import TeachingMixin, TeachingStore
 from agentflow.tenants import DatabaseLogin, Tenant, as_tenant, owner_of, sees
 from agentflow.workflow import (
     MonotonicClock,
@@ -183,6 +183,12 @@ def usage_of(query: Query) -> dict[str, Any]:
 
 
 class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.teaching)
+    def _open_teaching(self, path: str | None) -> TeachingStore:
+        """``teaching_store`` may name a state store's URL (replicas share its tables)."""
+        from agentflow.state.teaching import open_teaching_store
+
+        return open_teaching_store(path)
+
     def __init__(self, config: AgentFlowConfig | None = None, *,
                  backends: dict[str, LLMBackend] | None = None,
                  router: CallRouter | None = None):

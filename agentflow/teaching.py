@@ -412,18 +412,11 @@ def _owner(tenant: Any) -> str | None:
 
 
 def open_store(path: str | None = None) -> TeachingStore:
-    """The store at ``path`` (the cache default when None), with the demo's shipped pairs
-    and terms seeded into it once. A state store's URL (``postgresql://...`` or
-    ``sqlite:///path``) keeps them in that store's tables instead (``agentflow.state``:
-    replicas on many hosts share it)."""
+    """The teaching file at ``path`` (the cache default when None), with the demo's shipped
+    pairs and terms seeded into it once. A state store's URL is opened one layer up, by
+    ``agentflow.state.teaching.open_teaching_store`` (the state package builds on this one)."""
     from agentflow.datasets.demo import DEMO_DB_ID, demo_teaching
 
-    if path is not None and str(path).startswith(("postgresql://", "postgres://",
-                                                   "sqlite:///")):
-        from agentflow.state import open_store as open_state
-        from agentflow.state.teaching import open_teaching
-
-        return open_teaching(open_state(str(path)))
     store = TeachingStore(path)
     examples, terms = demo_teaching()
     store.seed(DEMO_DB_ID, DEMO_SEED_TAG, examples, terms)
@@ -445,8 +438,13 @@ class TeachingMixin:
     def teaching(self) -> TeachingStore:
         with self._teaching_lock:
             if self._teaching_store is None:
-                self._teaching_store = open_store(getattr(self.config, "teaching_store", None))
+                self._teaching_store = self._open_teaching(
+                    getattr(self.config, "teaching_store", None))
             return self._teaching_store
+
+    def _open_teaching(self, path: str | None) -> TeachingStore:
+        """A teaching file; ``AgentFlow`` also opens state-store URLs (agentflow.state)."""
+        return open_store(path)
 
     def _db_id(self, db: str) -> str:
         return self.catalog.entry(db).db_id  # raises DatabaseNotFoundError for unknown ids

@@ -154,3 +154,18 @@ def open_teaching(store: StateStore) -> StoreTeaching:
     examples, terms = demo_teaching()
     teaching.seed(DEMO_DB_ID, DEMO_SEED_TAG, examples, terms)
     return teaching
+
+
+STATE_URL_PREFIXES = ("postgresql://", "postgres://", "sqlite:///")
+
+
+def open_teaching_store(path: str | None = None) -> TeachingStore:
+    """A config's ``teaching_store``: a state store's URL (``postgresql://...`` or
+    ``sqlite:///path``) keeps taught pairs in that store's tables (replicas on many hosts
+    share it); anything else is a teaching file (``agentflow.teaching.open_store``)."""
+    from agentflow.state import open_store as open_state
+    from agentflow.teaching import open_store as open_file
+
+    if path is not None and str(path).startswith(STATE_URL_PREFIXES):
+        return open_teaching(open_state(str(path)))
+    return open_file(path)

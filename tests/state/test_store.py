@@ -369,7 +369,7 @@ def test_a_state_url_as_teaching_store_opens_the_state_stores_tables(tmp_path):
     """``teaching_store: sqlite:///...`` or ``postgresql://...`` in a config (a server's,
     or ``agentflow teach --config``'s) teaches into that state store."""
     from agentflow.state.teaching import StoreTeaching
-    from agentflow.teaching import open_store as open_teaching
+    from agentflow.state.teaching import open_teaching_store as open_teaching
 
     url = f"sqlite:///{tmp_path / 'state.sqlite'}"
     teaching = open_teaching(url)
