@@ -21,7 +21,7 @@
       : null;
     reset();
     // Any finished answer can be taught: a wrong or failed one is where a correction helps.
-    $("teach-bar").hidden = !(current && ["done", "failed"].indexOf(q.status) >= 0);
+    $("teach-bar").hidden = !(current && ["done", "unsure", "failed"].indexOf(q.status) >= 0);
   });
 
   $("teach-button").addEventListener("click", () => {
