@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
-from agentflow.scheduler.loadbook import LoadBook  # re-exported: it lived here
+from agentflow.scheduler.loadbook import LoadBook
 from agentflow.scheduler.policies.base import QueuePolicy, SchedulerView
 from agentflow.scheduler.ranking import (
     Key,
