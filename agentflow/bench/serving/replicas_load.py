@@ -23,15 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from agentflow.bench.serving.served import serve
+from agentflow.bench.serving.served import serve, stop_server
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -98,11 +96,7 @@ def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, An
         run = asyncio.run(drive(url, drive_args))
         cpu = tree_cpu_s(proc.pid) - before
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, 60)
     answered = [o for o in run.outcomes if o.kind == "done"]
     elapsed = run.finished - run.started
     return {"replicas": n if state else f"{n}, no store", "answered": len(answered),

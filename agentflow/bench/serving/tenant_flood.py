@@ -32,7 +32,13 @@ from typing import Any
 
 import httpx
 
-from agentflow.bench.serving.served import percentile, serve
+from agentflow.bench.serving.served import (
+    count_status,
+    flood,
+    percentile,
+    serve,
+    stop_server,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 SQL = "SELECT count(*) FROM stores"
@@ -90,8 +96,7 @@ async def flooder(http: httpx.AsyncClient, url: str, interval_s: float, stop: An
         i += 1
         try:
             r = await http.post(f"{url}/v1/queries", json=body(i, wait=True), headers=headers)
-            code = r.json().get("error", {}).get("code", "") if r.status_code >= 400 else ""
-            status[f"{r.status_code} {code}".strip()] += 1
+            count_status(status, r)
         except httpx.HTTPError as err:
             status[type(err).__name__] += 1
         next_at += interval_s
@@ -101,14 +106,8 @@ async def flooder(http: httpx.AsyncClient, url: str, interval_s: float, stop: An
 def flood_process(url: str, clients: int, rps: float, stop: Any, out: Any) -> None:
     """The flood in a process of its own, so its clients never delay the victim's client
     (which would be counted as server latency)."""
-    async def run() -> Counter:
-        status: Counter = Counter()
-        limits = httpx.Limits(max_connections=clients + 2)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-            await asyncio.gather(*(flooder(http, url, clients / rps, stop, status)
-                                   for _ in range(clients)))
-        return status
-    out.put(dict(asyncio.run(run())))
+    out.put(flood(clients, lambda http, status, _: flooder(http, url, clients / rps, stop,
+                                                           status)))
 
 
 async def block(http: httpx.AsyncClient, url: str, args: argparse.Namespace, flood: bool,
@@ -150,11 +149,7 @@ def run_server(args: argparse.Namespace, limited: bool) -> tuple[Phase, Phase]:
     try:
         return asyncio.run(measure(url, args))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, 20)
 
 
 def report(label: str, alone: Phase, flooded: Phase) -> list[str]:
