@@ -36,8 +36,8 @@ import httpx
 
 from agentflow.bench.serving.served import (
     count_status,
-    flood,
     percentile,
+    run_flood,
     serve,
     stop_server,
 )
@@ -106,8 +106,8 @@ async def flood_client(http: httpx.AsyncClient, url: str, kind: str, stop: Any,
 
 
 def flood_process(url: str, kind: str, clients: int, stop: Any, out: Any) -> None:
-    out.put(flood(clients, lambda http, status, c: flood_client(http, url, kind, stop,
-                                                                 status, c)))
+    out.put(run_flood(clients, lambda http, status, c: flood_client(http, url, kind, stop,
+                                                                     status, c)))
 
 
 async def run_block(http: httpx.AsyncClient, url: str, args: argparse.Namespace, kind: str,

@@ -74,14 +74,19 @@ def stop_server(proc: subprocess.Popen[str], timeout_s: float = 30.0) -> None:
 FloodClient = Callable[[httpx.AsyncClient, Counter, int], Awaitable[None]]
 
 
-def flood(clients: int, client: FloodClient) -> dict[str, int]:
+def run_flood(clients: int, client: FloodClient, ready: Any = None) -> dict[str, int]:
     """Run ``clients`` copies of ``client(http, status, index)`` at once over one
     ``httpx.AsyncClient`` with a connection for each (and two spare), so the flood is
-    limited by the server, not by the client's pool; the status counts they recorded."""
+    limited by the server, not by the client's pool; the status counts they recorded.
+    ``ready`` (an Event, optional) is set as the clients start: a flood in a spawned
+    process takes seconds to import on a loaded machine, and a caller that only slept
+    a fixed head start measured its victim before any flood request was sent."""
     async def run() -> Counter:
         status: Counter = Counter()
         async with httpx.AsyncClient(timeout=120,
                                      limits=httpx.Limits(max_connections=clients + 2)) as http:
+            if ready is not None:
+                ready.set()
             await asyncio.gather(*(client(http, status, c) for c in range(clients)))
         return status
     return dict(asyncio.run(run()))

@@ -34,8 +34,8 @@ import httpx
 
 from agentflow.bench.serving.served import (
     count_status,
-    flood,
     percentile,
+    run_flood,
     serve,
     stop_server,
 )
@@ -103,22 +103,25 @@ async def flooder(http: httpx.AsyncClient, url: str, interval_s: float, stop: An
         await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
 
 
-def flood_process(url: str, clients: int, rps: float, stop: Any, out: Any) -> None:
+def flood_process(url: str, clients: int, rps: float, stop: Any, ready: Any, out: Any
+                  ) -> None:
     """The flood in a process of its own, so its clients never delay the victim's client
     (which would be counted as server latency)."""
-    out.put(flood(clients, lambda http, status, _: flooder(http, url, clients / rps, stop,
-                                                           status)))
+    out.put(run_flood(clients, lambda http, status, _: flooder(http, url, clients / rps,
+                                                               stop, status), ready))
 
 
 async def block(http: httpx.AsyncClient, url: str, args: argparse.Namespace, flood: bool,
                 phase: Phase) -> None:
     ctx = multiprocessing.get_context("spawn")
-    stop, out = ctx.Event(), ctx.Queue()
+    stop, ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
     proc = None
     if flood:
         proc = ctx.Process(target=flood_process, daemon=True,
-                           args=(url, args.flood_clients, args.flood_rps, stop, out))
+                           args=(url, args.flood_clients, args.flood_rps, stop, ready, out))
         proc.start()
+        if not await asyncio.to_thread(ready.wait, 120):
+            raise SystemExit("the flood process did not start within 120 s")
         await asyncio.sleep(1.0)  # the flood is under way before the victim starts
     start = time.perf_counter()
     try:
