@@ -10,9 +10,12 @@ for replicas on several hosts is PostgreSQL (``--state postgresql://...``). Any 
 then answers for any query, and a replica that dies has its queries moved to another
 (``agentflow.server.replica``).
 
-What a replica is not (yet): a client of one shared scheduler. Each runs its own engine,
-with its own connections to the instances in the config; ``placement: ray`` (instances as
-Ray actors) is refused here, as every replica would start its own copy of every instance.
+The scheduler: with ``scheduler: {shard_hosts: ray}`` in the config every replica submits
+its calls to the same coordinator shard actors, found by the fleet's name
+(``scheduler.shard_shared``, set here; ``agentflow.distributed.shard_actor``); otherwise each
+replica runs its own coordinator over its own connections to the instances. ``placement:
+ray`` (instances as Ray actors) is refused here, as every replica would start its own copy
+of every instance.
 """
 
 from __future__ import annotations
