@@ -101,3 +101,25 @@ def test_a_server_gone_mid_calibration_is_an_error_not_a_frozen_clock():
     assert process_cpu_s(proc.pid) is None
     with pytest.raises(RuntimeError, match="gone"):
         clock.now()
+
+
+def test_reference_times_compare_two_fits_on_times():
+    """Two fits of one host are compared on what they predict: a profile with twice the
+    weight bandwidth decodes faster, and a prompt's time does not depend on the decode."""
+    from dataclasses import replace
+
+    from agentflow import hardware
+    from agentflow.config import InstanceConfig
+    from agentflow.sim.engine import engine_for
+    from agentflow.sim.host_calibration import REFERENCE_SHAPES, engine_limits, reference_times
+
+    cfg = engine_limits(InstanceConfig(name="cpu-0", gpu="Xeon-core", model="gemma-3-270m",
+                                       backend={"type": "llama_server", "parallel": 4}))
+    g = hardware.gpu("Xeon-core")
+    model = engine_for("cpu-0", cfg, g).model
+    base = reference_times(g, model, cfg)
+    fast = reference_times(replace(g, bw_efficiency=2 * g.bw_efficiency), model, cfg)
+    assert list(base) == [name for name, *_ in REFERENCE_SHAPES]
+    assert all(v > 0 for v in base.values())
+    assert fast["p32 o96"] < 0.9 * base["p32 o96"]
+    assert base["4 x p32 o64"] > base["p32 o96"] * 64 / 96  # a batch costs more than one
