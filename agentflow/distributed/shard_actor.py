@@ -110,6 +110,7 @@ class ShardHost:
         call = LLMCall(request=request, run=run, node=run.node(node_id))
         updates: asyncio.Queue[int] = asyncio.Queue()
         task = asyncio.ensure_future(self.router.submit(call, updates.put_nowait))
+        getter: asyncio.Future[int] | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(updates.get())
@@ -134,6 +135,8 @@ class ShardHost:
                               "run_s": out.finished - out.started, "priority": out.priority,
                               "failed_attempts": out.failed_attempts}, self._load())
         finally:
+            if getter is not None and not getter.done():  # cancelled while waiting
+                getter.cancel()
             if not task.done():  # the front end cancelled the call
                 task.cancel()
                 try:

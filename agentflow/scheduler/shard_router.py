@@ -144,6 +144,10 @@ def build_sharded_router(config: AgentFlowConfig, instances: Sequence[InstanceCo
     from agentflow.scheduler.setup import build_coordinator, scheduler_settings
 
     sched = config.scheduler
+    if sched.shard_hosts == "socket":  # the scheduler process the host's replicas share
+        from agentflow.distributed.shard_socket import socket_shards
+
+        return ShardedRouter(list(socket_shards(config, clock)), clock, rule=sched.shard_route)
     parts = split_instances(list(instances), sched.shards, kind=instance_kind)
     handles: list[ShardHandle]
     if sched.shard_hosts == "ray":
