@@ -17,13 +17,14 @@ is timed on the server's own CPU clock (``ServerClock``: the server process's CP
 per thread from /proc to the nanosecond, read at submit, first token and last token), which
 other work on the machine does not stretch, so a calibration on a busy machine fits what a
 dedicated core does (``--wall-clock``: the earlier way, wall times scaled by the share of
-its core the server got over each row). Prompts are synthetic (``PromptMaker``: random common words of an exact token
-count, different for every call, so no prompt cache helps).
+its core the server got over each row). Prompts are synthetic (``PromptMaker``: random
+common words of an exact token count, different for every call, so no prompt cache helps).
 
 What it fits: the profile's efficiencies and overheads (``FIT_FIELDS``) on top of a base
 profile, by least squares of the simulator's own single-request (and, with ``fit_batched``,
 batched) times, relative error; on wall-clock rows, ``cpu_share`` fits the seconds a
-dedicated core would have taken. Every check it prints compares the simulator with the rows before and after the fit.
+dedicated core would have taken. Every check it prints compares the simulator with the rows
+before and after the fit.
 """
 
 from __future__ import annotations
