@@ -539,6 +539,11 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
                       record: str | Path | None) -> Answer:
         question, slo = handle.question, handle.slo_s
         database = await asyncio.to_thread(self.catalog.open, db, handle.db_role)
+        samples = max(0, int(getattr(pipeline, "samples", 3) or 0))
+        if samples > database.prompts_prepared:
+            # The first query of a database (view): its prompts' sample-value SQL runs here,
+            # in a worker thread, not in the pipeline's stages on the loop.
+            await asyncio.to_thread(database.prepare_prompts, samples)
         if handle.catalog:  # an admin's SQL may read server paths, settings and roles
             database = database.with_catalog()
         entry = self.catalog.entry(db)

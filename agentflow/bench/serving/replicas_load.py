@@ -28,15 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from agentflow.bench.serving.served import serve
+from agentflow.bench.serving.served import serve, stop_server
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -169,11 +167,7 @@ def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, An
         sched_cpu = sum(tree_cpu_s(c) for c in sched) - sched_before
         served = answered_by(store_path, since) if state else {"": len(run.outcomes)}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, 60)
     answered = [o for o in run.outcomes if o.kind == "done"]
     elapsed = run.finished - run.started
     per_replica = sorted(1000 * each[rid] / served[rid] for rid in each if served.get(rid))
