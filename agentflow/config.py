@@ -241,8 +241,9 @@ class AgentFlowConfig(BaseModel):
     sql_timeout_s: float = 10.0
     max_rows: int = 1000
     # Threads that run SQL (candidates, taught SQL, MCP run_sql), each tenant within its
-    # share of them (agentflow.shares): one tenant's slow SQL cannot hold them all. Keep it
-    # at most a PostgreSQL pool's size (4 + 4) so one tenant cannot fill the pool either.
+    # share of them (agentflow.shares): one tenant's slow SQL cannot hold them all. Each
+    # PostgreSQL pool may open this many connections + 2 (its overflow is raised to it), so
+    # one tenant at its share of the threads cannot fill the pool either.
     db_workers: int = Field(8, ge=1, le=256)
     # ... and at most this many of them per tenant (None: half the cores; SQLite/DuckDB
     # queries burn a core each, so more per tenant only takes CPU from the others)
