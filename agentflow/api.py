@@ -435,6 +435,8 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
 
             backends: dict[str, LLMBackend] = dict(start_instances(self.config, loop=self._loop))
             return backends
+        if self.config.scheduler.shard_hosts != "local":  # the shards' processes have them
+            return {}
         from agentflow.llm.registry import create_backend
 
         return {inst.label: create_backend(inst.backend) for inst in self.config.instances}
@@ -447,8 +449,10 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
 
         by_name = {i.name: i for i in self.config.instances}
         # Backends passed in code without a configured instance run as plain CPU instances.
-        instances = [by_name.get(name) or InstanceConfig(name=name) for name in self.backends]
-        if self.config.scheduler.shards > 1:  # K coordinators (agentflow.scheduler.shards)
+        instances = [by_name.get(name) or InstanceConfig(name=name) for name in self.backends] \
+            if self.backends else list(self.config.instances)
+        sched = self.config.scheduler
+        if sched.shards > 1 or sched.shard_hosts != "local":  # K coordinators, maybe shared
             from agentflow.scheduler.shard_router import build_sharded_router
 
             return build_sharded_router(self.config, instances, self.backends,
@@ -535,6 +539,11 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
                       record: str | Path | None) -> Answer:
         question, slo = handle.question, handle.slo_s
         database = await asyncio.to_thread(self.catalog.open, db, handle.db_role)
+        samples = max(0, int(getattr(pipeline, "samples", 3) or 0))
+        if samples > database.prompts_prepared:
+            # The first query of a database (view): its prompts' sample-value SQL runs here,
+            # in a worker thread, not in the pipeline's stages on the loop.
+            await asyncio.to_thread(database.prepare_prompts, samples)
         if handle.catalog:  # an admin's SQL may read server paths, settings and roles
             database = database.with_catalog()
         entry = self.catalog.entry(db)

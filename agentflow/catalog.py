@@ -30,7 +30,14 @@ class CatalogEntry:
 
 class DatabaseCatalog:
     def __init__(self, data: list[str] | None = None, *, include_demo: bool = True,
-                 engine: EngineKind = "sqlite", databases: dict[str, Any] | None = None):
+                 engine: EngineKind = "sqlite", databases: dict[str, Any] | None = None,
+                 min_connections: int = 0):
+        """``min_connections``: the least a PostgreSQL pool may hold at once (its overflow
+        is raised to it): the database threads (``db_workers``) and two more, for
+        introspection and prompt preparation outside them. Each thread holds one connection
+        at a time, so a tenant at its share of the threads cannot take the whole pool: with
+        16 threads and the default 4 + 4, one tenant's 8 ``pg_sleep`` did, and the others'
+        statements waited for them."""
         self.engine = engine
         self.datasets: list[Dataset] = []
         self._entries: dict[str, CatalogEntry] = {}
@@ -44,13 +51,17 @@ class DatabaseCatalog:
         for name, cfg in (databases or {}).items():
             options = cfg.model_dump() if hasattr(cfg, "model_dump") else dict(cfg)
             url = options.pop("url")
+            if url.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "postgres"):
+                options["max_overflow"] = max(options.get("max_overflow", 4), min_connections
+                                              - options.get("pool_size", 4))
             self._entries[name] = CatalogEntry(name, None, None, url=url, options=options)
 
     @classmethod
     def from_config(cls, config: Any) -> DatabaseCatalog:
         """The catalog an ``AgentFlowConfig`` describes: its benchmark folders (``data``),
         their engine, and its named databases."""
-        return cls(config.data, engine=config.engine, databases=config.databases)
+        return cls(config.data, engine=config.engine, databases=config.databases,
+                   min_connections=config.db_workers + 2)
 
     def engine_of(self, db_id: str) -> str:
         """The engine a database id runs on ("postgresql" for a PostgreSQL entry)."""

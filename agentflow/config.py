@@ -147,10 +147,16 @@ class SchedulerConfig(BaseModel):
     # Sharded coordinators (agentflow.scheduler.shards): the instances split into this many
     # shards (a share of every GPU kind each), each with its own coordinator; each query is
     # routed to one by shard_route (p2c over load summaries, least, or hash). shard_hosts:
-    # local (this process) or ray (one Ray actor per shard, restarted when it dies).
+    # local (this process), ray (one Ray actor per shard, restarted when it dies) or socket
+    # (the shards of a scheduler process every replica on the host shares, at shard_socket;
+    # set by `agentflow serve --replicas N`: agentflow.distributed.shard_socket).
     shards: int = Field(1, ge=1)
     shard_route: Literal["p2c", "least", "hash"] = "p2c"
-    shard_hosts: Literal["local", "ray"] = "local"
+    shard_hosts: Literal["local", "ray", "socket"] = "local"
+    shard_socket: str | None = None
+    # ray shards named after the fleet, found and shared by every front end of it on the
+    # cluster (Ray Serve replicas: set by `agentflow serve --ray ADDRESS --replicas N`)
+    shard_shared: bool = False
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the
@@ -238,8 +244,9 @@ class AgentFlowConfig(BaseModel):
     sql_timeout_s: float = 10.0
     max_rows: int = 1000
     # Threads that run SQL (candidates, taught SQL, MCP run_sql), each tenant within its
-    # share of them (agentflow.shares): one tenant's slow SQL cannot hold them all. Keep it
-    # at most a PostgreSQL pool's size (4 + 4) so one tenant cannot fill the pool either.
+    # share of them (agentflow.shares): one tenant's slow SQL cannot hold them all. Each
+    # PostgreSQL pool may open this many connections + 2 (its overflow is raised to it), so
+    # one tenant at its share of the threads cannot fill the pool either.
     db_workers: int = Field(8, ge=1, le=256)
     # ... and at most this many of them per tenant (None: half the cores; SQLite/DuckDB
     # queries burn a core each, so more per tenant only takes CPU from the others)

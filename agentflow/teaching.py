@@ -125,6 +125,25 @@ def _text(value: Any, what: str, limit: int) -> str:
     return value
 
 
+def checked_example(question: Any, sql: Any) -> tuple[str, str]:
+    """A (question, SQL) pair as every store keeps it: both non-empty and within their caps,
+    stripped, the SQL without a trailing ``;``. One place, so the file store and the state
+    store refuse and normalise the same pairs."""
+    question = _text(question, "question", MAX_QUESTION_CHARS)
+    sql = _text(sql, "SQL", MAX_SQL_CHARS).rstrip("; \n\t")
+    return question, sql
+
+
+def checked_term(term: Any, meaning: Any) -> tuple[str, str]:
+    """A (term, meaning) glossary entry as every store keeps it: the term's whitespace
+    collapsed and with at least one word a question can contain, both within their caps."""
+    term = " ".join(_text(term, "term", MAX_TERM_CHARS).split())
+    meaning = _text(meaning, "meaning", MAX_MEANING_CHARS)
+    if not _term_words(term):
+        raise TeachingError(f"the term {term!r} has no words to look for in a question")
+    return term, meaning
+
+
 class TeachingStore:
     """The persistent store. Thread-safe; several processes may share the file (SQLite
     locking), e.g. ``agentflow teach`` while a server runs."""
@@ -172,8 +191,7 @@ class TeachingStore:
         """Store (or replace: the same question taught again gets the new SQL) a pair. The
         caller validates the SQL first (``validate_sql``)."""
         scope = _scope(tenant)
-        question = _text(question, "question", MAX_QUESTION_CHARS)
-        sql = _text(sql, "SQL", MAX_SQL_CHARS).rstrip("; \n\t")
+        question, sql = checked_example(question, sql)
         self._check_room("examples", scope, db, "question", question)
         now = time.time()
         rows = self._insert(
@@ -207,10 +225,7 @@ class TeachingStore:
     def add_term(self, db: str, term: str, meaning: str, *,
                  tenant: str | None = None) -> GlossaryEntry:
         scope = _scope(tenant)
-        term = " ".join(_text(term, "term", MAX_TERM_CHARS).split())
-        meaning = _text(meaning, "meaning", MAX_MEANING_CHARS)
-        if not _term_words(term):
-            raise TeachingError(f"the term {term!r} has no words to look for in a question")
+        term, meaning = checked_term(term, meaning)
         self._check_room("glossary", scope, db, "term", term)
         rows = self._insert(
             "INSERT INTO glossary (id, tenant, db, term, meaning, created) "

@@ -50,6 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--ray, N Ray Serve replicas on that cluster (needs "
                         "agentflow[serve])")
     p.add_argument("--replica-index", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--scheduler-socket", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--scheduler-per-replica", action="store_true",
+                   help="with --replicas N on one host: each replica runs its own "
+                        "coordinator over its own connections to the instances (N queues, "
+                        "N times each instance's max_inflight) instead of all submitting "
+                        "to one scheduler process")
     p.add_argument("--drain", type=float, default=None, metavar="SECONDS",
                    help="on shutdown, let queries in flight finish for this long before "
                         "cancelling them (default 10)")
@@ -155,7 +161,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         assert settings.state is not None
         log.info("starting %d replicas on %s:%d, state in %s", args.replicas, args.host,
                  args.port, redacted(settings.state))
-        return Supervisor(replica_command(args, settings.state), args.replicas).run()
+        if args.scheduler_per_replica:
+            return Supervisor(replica_command(args, settings.state), args.replicas).run()
+        if config.placement is not None:
+            print("agentflow: error: --replicas N shares one scheduler process, which reaches "
+                  "the instances through their backends; 'placement: ray' is not supported "
+                  "with it (drop placement, or --scheduler-per-replica)", file=sys.stderr)
+            return 2
+        return _with_shared_scheduler(args, config, settings.state)
+    if args.scheduler_socket:  # a replica: its calls go to the supervisor's scheduler
+        config.scheduler = config.scheduler.model_copy(update={
+            "shard_hosts": "socket", "shard_socket": args.scheduler_socket})
     log.info("starting %d instance(s) (%s); pipeline %s", len(config.instances),
              ", ".join(i.label for i in config.instances), config.pipeline)
     app = create_app(config, settings)
@@ -179,6 +195,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         service.close()  # if uvicorn never started (port taken), still release the engine
     return 0
+
+
+def _with_shared_scheduler(args: argparse.Namespace, config, state: str) -> int:
+    """Run the replicas and one scheduler process they all submit to, its socket and config
+    in a private directory removed afterwards."""
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from agentflow.server.supervisor import Supervisor, replica_command
+
+    folder = Path(tempfile.mkdtemp(prefix="agentflow-scheduler-"))  # mode 0700
+    try:
+        (folder / "config.json").write_text(json.dumps(config.model_dump(mode="json")))
+        sock = str(folder / "scheduler.sock")
+        scheduler = [sys.executable, "-m", "agentflow.distributed.shard_socket", "--config",
+                     str(folder / "config.json"), "--socket", sock,
+                     "--log-level", args.log_level]
+        return Supervisor(replica_command(args, state), args.replicas, scheduler=scheduler,
+                          scheduler_socket=sock).run()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def redacted(url: str | None) -> str:

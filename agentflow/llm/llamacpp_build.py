@@ -239,12 +239,15 @@ def download(cmd: list[str], scratch: Path, log: IO[str], bar: _Bar,
 
 
 def _bytes_under(folder: Path) -> int:
-    total = 0
-    for path in folder.rglob("*"):
-        with contextlib.suppress(OSError):
-            if path.is_file():
-                total += path.stat().st_size
-    return total
+    """The size of the largest file under ``folder``: the archive pip is writing. Not the sum:
+    pip also unpacks the sdist there to read its metadata, which would count the source twice
+    over. ``os.walk`` skips folders pip deletes while we look (``rglob`` raised on them)."""
+    largest = 0
+    for parent, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                largest = max(largest, os.stat(os.path.join(parent, name)).st_size)
+    return largest
 
 
 class _Bar:

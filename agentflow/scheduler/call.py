@@ -91,7 +91,9 @@ class ScheduledCall:
     time_cache: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
     # queue ranking (InstanceQueue): the key it is ordered by
     rank_key: Key = field(default=(), repr=False)
-    expected_finish: float | None = field(default=None, repr=False)  # set while running
+    expected_finish: float | None = field(default=None, repr=False)  # estimated at admission
+    # its entry in the load book's expiry wheel (``loadbook.ExpiryWheel``) while counted
+    expiry_ticket: int | None = field(default=None, repr=False)
     length_summary: tuple[float, float, float] | None = field(default=None, repr=False)
     # The prompt's length on instances whose tokenizer counts it differently (other models).
     prompt_tokens_on: dict[str, int] | None = field(default=None, repr=False)

@@ -43,8 +43,9 @@ from agentflow.scheduler.decisions import (
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.fairness import TenantShares, rekey_tenants
 from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, FastLane, check_fast_lane
-from agentflow.scheduler.instance import InstanceQueue, LoadBook
+from agentflow.scheduler.instance import InstanceQueue
 from agentflow.scheduler.lengths import LengthModel, make_length_model
+from agentflow.scheduler.loadbook import LoadBook
 from agentflow.scheduler.observer import CoordinatorObserver, observed
 from agentflow.scheduler.paths import WorkflowPaths
 from agentflow.scheduler.policies import parse_policy, resolve

@@ -14,10 +14,9 @@ import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.loadbook import LoadBook
 from agentflow.scheduler.policies.base import QueuePolicy, SchedulerView
 from agentflow.scheduler.ranking import (
     Key,
@@ -281,78 +280,6 @@ class InstanceQueue:
         book.wait_output[i] += sign * call.mean_output
         if self.class_load is not None:
             self.class_load.account(i, call, sign, call.tokens_on(self.name))
-
-
-class LoadBook:
-    """Every instance's load in a few arrays, so a dispatch over 64 instances is a handful of
-    vector operations instead of 64 scans: waiting calls and their token totals (with a
-    time model linear in tokens they give the queue's expected work), and the running calls'
-    expected finish times (estimated at admission). The work left on running calls is
-    ``sum(f) - n * now`` over calls not yet past their expected finish; one heap over all
-    instances retires the over-running ones (amortised O(1): the clock never goes back, so
-    an over-run stays one, and it counts 0 as before)."""
-
-    def __init__(self, n: int):
-        self.n_wait = np.zeros(n)
-        self.wait_prompt = np.zeros(n)
-        self.wait_output = np.zeros(n)
-        self.finish_sum = np.zeros(n)
-        self.finish_n = np.zeros(n)
-        self.n_run = np.zeros(n)
-        self.kv_used = np.zeros(n)
-        self.prefill_prompt = np.zeros(n)  # prompt tokens admitted but not yet prefilled
-        self._heap: list[tuple[float, int, int, ScheduledCall]] = []
-
-    def start(self, index: int, call: ScheduledCall, finish: float, kv_tokens: int = 0
-              ) -> None:
-        self.n_run[index] += 1
-        self.kv_used[index] += kv_tokens
-        call.expected_finish = finish
-        heapq.heappush(self._heap, (finish, call.seq, index, call))
-        self.finish_sum[index] += finish
-        self.finish_n[index] += 1
-
-    def finish(self, index: int, call: ScheduledCall, kv_tokens: int = 0) -> None:
-        """An admitted call left the instance (done, failed, cancelled)."""
-        self.n_run[index] -= 1
-        self.kv_used[index] = max(0.0, self.kv_used[index] - kv_tokens)
-        self.stop(index, call)
-
-    def stop(self, index: int, call: ScheduledCall) -> None:
-        """Stop counting ``call``'s expected remainder (it finished, or over-ran)."""
-        if call.expected_finish is not None:
-            self.finish_sum[index] -= call.expected_finish
-            self.finish_n[index] -= 1
-            if self.finish_n[index] == 0:
-                self.finish_sum[index] = 0.0  # no drift once the instance is idle
-            call.expected_finish = None
-
-    def running(self, now: float) -> np.ndarray:
-        heap = self._heap
-        if heap and heap[0][0] <= now:
-            self._retire(now)
-        return np.maximum(self.finish_sum - self.finish_n * now, 0.0)
-
-    def _retire(self, now: float) -> None:
-        """Stop counting every call past its expected finish, as ``stop`` one by one would,
-        in one vector update: calls started together over-run together (hundreds at once
-        on a large fleet), and one ``stop`` each was a millisecond in one decision.
-        ``np.subtract.at`` subtracts in the order given, so the sums are the same floats."""
-        heap = self._heap
-        rows: list[int] = []
-        finishes: list[float] = []
-        while heap and heap[0][0] <= now:
-            finish, _, index, call = heapq.heappop(heap)
-            if call.expected_finish == finish:
-                call.expected_finish = None
-                rows.append(index)
-                finishes.append(finish)
-        if not rows:
-            return
-        at = np.array(rows, dtype=np.intp)
-        np.subtract.at(self.finish_sum, at, finishes)
-        np.subtract.at(self.finish_n, at, 1.0)
-        self.finish_sum[at[self.finish_n[at] == 0]] = 0.0  # no drift once it is idle
 
 
 class _Entry:

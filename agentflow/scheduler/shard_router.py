@@ -144,12 +144,16 @@ def build_sharded_router(config: AgentFlowConfig, instances: Sequence[InstanceCo
     from agentflow.scheduler.setup import build_coordinator, scheduler_settings
 
     sched = config.scheduler
+    if sched.shard_hosts == "socket":  # the scheduler process the host's replicas share
+        from agentflow.distributed.shard_socket import socket_shards
+
+        return ShardedRouter(list(socket_shards(config, clock)), clock, rule=sched.shard_route)
     parts = split_instances(list(instances), sched.shards, kind=instance_kind)
     handles: list[ShardHandle]
     if sched.shard_hosts == "ray":
         from agentflow.distributed.shard_actor import start_shards
 
-        handles = list(start_shards(config, parts, clock))
+        handles = list(start_shards(config, parts, clock, shared=sched.shard_shared))
     else:
         handles = []
         for part in parts:

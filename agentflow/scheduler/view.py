@@ -37,7 +37,8 @@ from agentflow.scheduler import classes
 from agentflow.scheduler.call import ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.exact_mean import ExactColumnMeans
-from agentflow.scheduler.instance import InstanceQueue, LoadBook
+from agentflow.scheduler.instance import InstanceQueue
+from agentflow.scheduler.loadbook import LoadBook
 from agentflow.scheduler.policies.base import BatchView
 from agentflow.scheduler.time_model import InstanceTimeModel
 

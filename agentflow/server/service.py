@@ -564,10 +564,12 @@ class QueryService:
         by_name = {i.name: i for i in self.af.config.instances}
         tracker = self.scheduled.health if self.scheduled else None
         out = []
-        for name in self.af.backends:
+        # a replica whose calls go to a shared scheduler process holds no backends itself
+        names = list(self.af.backends) or list(by_name)
+        for name in names:
             cfg = by_name.get(name)
             queue = self.coordinator.queues.get(name) if self.coordinator else None
-            placed = getattr(self.af.backends[name], "placement_info", None)
+            placed = getattr(self.af.backends.get(name), "placement_info", None)
             where = placed() if callable(placed) else {}
             health = tracker.instances.get(name) if tracker is not None else None
             state = health.state.value if health is not None else "healthy"

@@ -46,7 +46,15 @@ from agentflow.sql.engine_check import (
     verify,
 )
 from agentflow.sql.guard import parse_single_query, strip_trailing
-from agentflow.sql.schema import Schema, introspect, schema_prompt
+from agentflow.sql.schema import (
+    Column,
+    Schema,
+    Table,
+    introspect,
+    raw_sample_values,
+    schema_prompt,
+    trim_samples,
+)
 from agentflow.sql.watchdog import WATCHDOG
 
 log = logging.getLogger(__name__)
@@ -140,6 +148,11 @@ class Database:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # schema_prompt texts by their arguments (read-only: the sample values cannot change)
     _prompt_cache: dict[str, str] = field(default_factory=dict, repr=False)
+    # sample values by (table, column): (k asked, values); ``prepare_prompts`` fills it
+    _samples: dict[tuple[str, str], tuple[int, list[Any]]] = field(default_factory=dict,
+                                                                  repr=False)
+    _prepared: int = field(default=0, repr=False)  # the k prepare_prompts last filled
+    _prepare_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # ----------------------------------------------------------------------------- opening
     @classmethod
@@ -220,7 +233,8 @@ class Database:
             raise ValueError(f"invalid database role name {role!r}")
         return dataclasses.replace(self, engine=self.engine.execution_options(
             **{ROLE_OPTION: role}), _schema_cache=None, _catalog_view=None,
-            _lock=threading.Lock(), _prompt_cache={})
+            _lock=threading.Lock(), _prompt_cache={}, _samples={}, _prepared=0,
+            _prepare_lock=threading.Lock())
 
     def with_catalog(self) -> Database:
         """A view of this database whose queries may read the engine's catalog (server paths,
@@ -418,16 +432,51 @@ class Database:
 
     def schema_prompt(self, **kwargs: Any) -> str:
         """Compact schema text for prompts; see ``agentflow.sql.schema.schema_prompt``.
-        Cached by its arguments: the pipelines call it on the event loop for every query,
-        and its sample-value SQL (one query per column) blocked the loop for every query
-        in flight — 1.3 s per prompt on 2 busy cores while another tenant's SQL ran."""
+        Cached by its arguments, and its sample values by column: the pipelines call it on
+        the event loop for every query, and its sample-value SQL (one query per column)
+        blocked the loop for every query in flight — 1.3 s per prompt on 2 busy cores while
+        another tenant's SQL ran. ``prepare_prompts`` (off the loop, before a query's
+        pipeline) reads every column's values once, so that no prompt — whatever subset of
+        tables a schema selection asks for — runs SQL where it is called."""
         key = repr(sorted(kwargs.items()))
         text = self._prompt_cache.get(key)
         if text is None:
-            text = schema_prompt(self, **kwargs)
+            text = schema_prompt(self, values_of=self._sample_values, **kwargs)
             if len(self._prompt_cache) < 256:  # bounded: a pipeline asks a few shapes
                 self._prompt_cache[key] = text
         return text
+
+    @property
+    def prompts_prepared(self) -> int:
+        """The sample count ``prepare_prompts`` has read for every column (0: not yet)."""
+        return self._prepared
+
+    def prepare_prompts(self, samples: int = 3) -> None:
+        """Introspect and read ``samples`` sample values of every column now, so that later
+        ``schema_prompt`` calls run no SQL. Blocking (one query per column, once per database
+        view): call it in a worker thread. Returns at once when already done."""
+        if samples <= self._prepared:
+            return
+        with self._prepare_lock:  # two first queries at once read the values once
+            if samples <= self._prepared:
+                return
+            for table in self.schema().tables:
+                for col in table.columns:
+                    if not col.values:
+                        self._raw_samples(table, col, samples)
+            self._prepared = samples
+
+    def _sample_values(self, table: Table, col: Column, k: int, max_len: int) -> list[Any]:
+        return trim_samples(self._raw_samples(table, col, k), max_len)
+
+    def _raw_samples(self, table: Table, col: Column, k: int) -> list[Any]:
+        """A column's ``k`` sample values from the cache (any ``k`` up to the cached one: the
+        values come most frequent first), read from the database on a miss."""
+        cached = self._samples.get((table.name, col.name))
+        if cached is None or cached[0] < k:
+            cached = (k, raw_sample_values(self, table, col, k))
+            self._samples[(table.name, col.name)] = cached
+        return cached[1][:k]
 
 
 def _fetch(cursor: Any, max_rows: int | None,

@@ -9,7 +9,7 @@ Other engines use SQLAlchemy's inspector; PostgreSQL's catalog is read by
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -184,6 +184,13 @@ def sample_values(db: SchemaSource, table: str | Table, column: str | Column, k:
 
     On PostgreSQL no full scan: the planner's most-common values when analysed, else the
     values of a bounded sample (TABLESAMPLE on big tables, the first rows otherwise)."""
+    return trim_samples(raw_sample_values(db, table, column, k), max_len)
+
+
+def raw_sample_values(db: SchemaSource, table: str | Table, column: str | Column,
+                      k: int = 3) -> list[Any]:
+    """``sample_values`` before the prompt's trimming: what the database returned (the first
+    ``j`` of ``k`` values are the ``j`` most frequent, so a cache of ``k`` serves any ``j``)."""
     if isinstance(table, str):
         table = db.schema().table(table) or Table(name=table, columns=())
     col_name = column if isinstance(column, str) else column.name
@@ -205,6 +212,11 @@ def sample_values(db: SchemaSource, table: str | Table, column: str | Column, k:
         if not hasattr(result, "rows"):
             return []
         values = [r[0] for r in result.rows]
+    return list(values)
+
+
+def trim_samples(values: Sequence[Any], max_len: int = 40) -> list[Any]:
+    """Sample values as a prompt shows them: long text cut to ``max_len``, binary dropped."""
     out = []
     for value in values:
         if isinstance(value, str) and len(value) > max_len:
@@ -231,14 +243,23 @@ def _planner_values(db: SchemaSource, table: Table, column: Column, k: int
     return [v for v in rows[0][0] if v is not None][:k]
 
 
+# (table, column, k, max_len) -> the column's sample values; ``Database`` passes its cache
+SampleValues = Callable[[Table, Column, int, int], list[Any]]
+
+
 def schema_prompt(db: SchemaSource, *, tables: Mapping[str, Sequence[str] | None] | None = None,
-                  samples: int = 3, max_value_len: int = 40) -> str:
+                  samples: int = 3, max_value_len: int = 40,
+                  values_of: SampleValues | None = None) -> str:
     """Render the schema as CREATE TABLE statements with example values in comments.
 
     ``tables`` restricts the text to some tables (and, per table, some columns; ``None`` = all
     columns) — what schema selection in a pipeline produces. Keys stay visible so a model can
     join: primary-key columns are always kept and foreign keys are listed when both ends remain.
+    ``values_of`` supplies the sample values (default: one query per column, now).
     """
+    if values_of is None:
+        def values_of(table: Table, col: Column, k: int, max_len: int) -> list[Any]:
+            return sample_values(db, table, col, k, max_len)
     schema = db.schema()
     chosen = _select(schema, tables)
     lines: list[str] = []
@@ -249,7 +270,7 @@ def schema_prompt(db: SchemaSource, *, tables: Mapping[str, Sequence[str] | None
             text = f"  {quote_ident(col.name)} {col.type or 'TEXT'}"
             if col.primary_key:
                 text += " PRIMARY KEY" if sum(c.primary_key for c in table.columns) == 1 else ""
-            values = sample_values(db, table, col, samples, max_value_len) \
+            values = values_of(table, col, samples, max_value_len) \
                 if samples and not col.values else []
             notes = []
             if col.comment:

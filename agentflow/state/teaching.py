@@ -19,17 +19,13 @@ from typing import Any
 from agentflow.state.store import StateStore
 from agentflow.teaching import (
     MAX_ENTRIES_PER_DB,
-    MAX_MEANING_CHARS,
-    MAX_QUESTION_CHARS,
-    MAX_SQL_CHARS,
-    MAX_TERM_CHARS,
     GlossaryEntry,
     TaughtExample,
     TeachingError,
     TeachingStore,
     _scope,
-    _term_words,
-    _text,
+    checked_example,
+    checked_term,
     row_id_of,
 )
 
@@ -47,8 +43,7 @@ class StoreTeaching(TeachingStore):
     def add_example(self, db: str, question: str, sql: str, *,
                     tenant: str | None = None) -> TaughtExample:
         scope = _scope(tenant)
-        question = _text(question, "question", MAX_QUESTION_CHARS)
-        sql = _text(sql, "SQL", MAX_SQL_CHARS).rstrip("; \n\t")
+        question, sql = checked_example(question, sql)
         now = time.time()
 
         def op(q: Q) -> list[tuple]:
@@ -80,10 +75,7 @@ class StoreTeaching(TeachingStore):
     def add_term(self, db: str, term: str, meaning: str, *,
                  tenant: str | None = None) -> GlossaryEntry:
         scope = _scope(tenant)
-        term = " ".join(_text(term, "term", MAX_TERM_CHARS).split())
-        meaning = _text(meaning, "meaning", MAX_MEANING_CHARS)
-        if not _term_words(term):
-            raise TeachingError(f"the term {term!r} has no words to look for in a question")
+        term, meaning = checked_term(term, meaning)
         key, now = term.casefold(), time.time()
 
         def op(q: Q) -> list[tuple]:

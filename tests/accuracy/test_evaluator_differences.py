@@ -16,19 +16,15 @@ from agentflow.accuracy.compare import FLOAT_ROUNDING, describe_mismatch, gold_h
 from agentflow.accuracy.official import official_text
 from agentflow.datasets.check import dialect_difference
 from agentflow.sql import Database
+from tests.sql.utils import sqlite_file
 
 ROWS = [(1, "Joe", 1990, 9.99), (2, "Ann", 1979, 0.99), (3, "Tom", 2001, 1.99)]
 
 
 @pytest.fixture
 def db(tmp_path: Path):
-    path = tmp_path / "music.sqlite"
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE artist (id INTEGER PRIMARY KEY, name TEXT, born INTEGER, "
-                "UnitPrice REAL)")
-    con.executemany("INSERT INTO artist VALUES (?, ?, ?, ?)", ROWS)
-    con.commit()
-    con.close()
+    path = sqlite_file(tmp_path / "music.sqlite", "CREATE TABLE artist (id INTEGER PRIMARY KEY, "
+                       "name TEXT, born INTEGER, UnitPrice REAL)", rows={"artist": ROWS})
     database = Database.open(path)
     yield database
     database.close()

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from agentflow.accuracy import MatchRule, Verdict, evaluate_pair
 from agentflow.sql import Database
-from tests.sql.utils import record_watchdog_fires
+from tests.sql.utils import duckdb_file, record_watchdog_fires, sqlite_file
 
 ROWS = [(1, "Joe", 52, "France"), (2, "Ann", 41, "Spain"), (3, "Tom", 41, "France"),
         (4, "Eve", 29, "Italy")]
@@ -20,22 +18,13 @@ FOREVER = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
 
 
 def _sqlite_file(path: Path) -> Path:
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE singer (id INTEGER PRIMARY KEY, name TEXT, age INTEGER, "
-                "country TEXT)")
-    con.executemany("INSERT INTO singer VALUES (?, ?, ?, ?)", ROWS)
-    con.commit()
-    con.close()
-    return path
+    return sqlite_file(path, "CREATE TABLE singer (id INTEGER PRIMARY KEY, name TEXT, "
+                       "age INTEGER, country TEXT)", rows={"singer": ROWS})
 
 
 def _duckdb_file(path: Path) -> Path:
-    con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE singer (id INTEGER PRIMARY KEY, name VARCHAR, age INTEGER, "
-                "country VARCHAR)")
-    con.executemany("INSERT INTO singer VALUES (?, ?, ?, ?)", ROWS)
-    con.close()
-    return path
+    return duckdb_file(path, "CREATE TABLE singer (id INTEGER PRIMARY KEY, name VARCHAR, "
+                       "age INTEGER, country VARCHAR)", rows={"singer": ROWS})
 
 
 @pytest.fixture(params=["sqlite", "duckdb"])

@@ -21,6 +21,7 @@ from agentflow.datasets.check import check_dataset
 from agentflow.datasets.to_duckdb import convert_sqlite_to_duckdb
 from agentflow.sql import Database
 from agentflow.sql.dialect import transpile
+from tests.sql.utils import sqlite_file
 
 ROWS = [(1, "Joe", 52, "France"), (2, "Ann", 41, "Spain"), (3, "Tom", 41, "France"),
         (4, "Eve", 29, "Italy")]
@@ -29,16 +30,10 @@ ARTISTS = ["AC/DC", "Aerosmith", "Alanis Morissette", "Audioslave", "Black Sabba
 
 
 def _concert(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE singer (id INTEGER PRIMARY KEY, name TEXT, age INTEGER, "
-                "country TEXT)")
-    con.executemany("INSERT INTO singer VALUES (?, ?, ?, ?)", ROWS)
-    con.execute("CREATE TABLE Artist (ArtistId INTEGER PRIMARY KEY, Name TEXT)")
-    con.executemany("INSERT INTO Artist VALUES (?, ?)", list(enumerate(ARTISTS, 1)))
-    con.commit()
-    con.close()
-    return path
+    return sqlite_file(path, "CREATE TABLE singer (id INTEGER PRIMARY KEY, name TEXT, "
+                       "age INTEGER, country TEXT)",
+                       "CREATE TABLE Artist (ArtistId INTEGER PRIMARY KEY, Name TEXT)",
+                       rows={"singer": ROWS, "Artist": list(enumerate(ARTISTS, 1))})
 
 
 @pytest.fixture

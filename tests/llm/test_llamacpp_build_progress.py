@@ -118,3 +118,20 @@ def test_the_source_download_shows_its_progress(tmp_path) -> None:
     assert partial, bar.calls  # the bar moved while the bytes arrived
     assert "0.4/0.4 MB" in rendered(bar, 80)
     assert "Downloading llama_cpp_python-9.9.9.tar.gz" in (tmp_path / "download.log").read_text()
+
+
+def test_download_bytes_are_the_archive_not_pips_unpacked_copy(tmp_path) -> None:
+    """pip unpacks the sdist beside the archive it downloads to read its metadata: the bar
+    counted both (297 of 76.6 MB) until it took the largest file alone."""
+    scratch = tmp_path / "scratch"
+    (scratch / "unpack" / "src").mkdir(parents=True)
+    (scratch / "llama_cpp_python-9.9.9.tar.gz").write_bytes(b"x" * 300_000)
+    for i in range(5):
+        (scratch / "unpack" / "src" / f"f{i}.c").write_bytes(b"y" * 100_000)
+    assert build._bytes_under(scratch) == 300_000
+
+
+def test_download_bytes_survive_folders_pip_deletes_while_counted(tmp_path) -> None:
+    """A folder pip removes mid-count made ``rglob`` raise FileNotFoundError and lose the build;
+    a folder that is gone counts as nothing."""
+    assert build._bytes_under(tmp_path / "gone") == 0

@@ -8,11 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -27,11 +22,11 @@ from agentflow.config import AgentFlowConfig  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
 from agentflow.mcp.server import AgentflowTools  # noqa: E402
 from agentflow.tenants import LimitExceeded, Tenant  # noqa: E402
+from tests.mcp.utils import mcp_http_server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 KEYS = {"acme": "mcp-acme-key-1", "bolt": "mcp-bolt-key-2", "narrow": "mcp-narrow-key-3",
-        "metered": "mcp-metered-key-4"}
+        "metered": "mcp-metered-key-4", "ops": "mcp-admin-key-5", "envops": "mcp-env-admin-6"}
 CONFIG = f"""
 fewshot: null
 pipeline: single
@@ -40,6 +35,8 @@ instances:
     backend: {{type: scripted, answers: {{extract_keywords: stores}},
                default: SELECT count(*) FROM stores}}
 server:
+  admin_keys: [{KEYS["ops"]}]
+  admin_rate_per_min: 1
   tenants:
     - {{name: acme, keys: [{KEYS["acme"]}]}}
     - {{name: bolt, keys: [{KEYS["bolt"]}]}}
@@ -52,29 +49,9 @@ server:
 def mcp_url(tmp_path_factory):
     path = tmp_path_factory.mktemp("mcp-tenants") / "serve.yaml"
     path.write_text(CONFIG)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTFLOW_")}
-    proc = subprocess.Popen([sys.executable, "-m", "agentflow.cli.main", "mcp", "--http",
-                             "--port", str(port), "--config", str(path)], cwd=ROOT,
-                            env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with mcp_http_server(path, {**env, "AGENTFLOW_ADMIN_KEYS": KEYS["envops"]}) as url:
+        yield url
 
 
 def session(url: str, who: str, calls: list[tuple[str, dict]]) -> list:
@@ -130,6 +107,23 @@ def test_tenants_over_mcp_keep_to_their_own(mcp_url) -> None:
     assert not ok.is_error and ok.structured_content["rows"] == [[12]]
     assert limited.is_error and "rate limit" in text_of(limited)
     assert "retry after" in text_of(limited)
+
+
+@pytest.mark.parametrize("who", ["ops", "envops"])
+def test_admin_keys_are_held_to_the_admin_limits(mcp_url, who: str) -> None:
+    """Admins are limited on the standalone MCP server too (``admin_rate_per_min`` and
+    ``admin_max_concurrent`` of the config's server section, for configured admin keys and
+    those of ``AGENTFLOW_ADMIN_KEYS``): an admin key flooding took B's P95 to 44 s when
+    admins had no limits. An admin still reads the engine's catalog."""
+    catalog, limited, teach = session(mcp_url, who, [
+        ("run_sql", {"db": "bookshop", "sql": "SELECT file FROM pragma_database_list"}),
+        ("run_sql", {"db": "bookshop", "sql": "SELECT count(*) FROM stores"}),
+        ("teach", {"db": "bookshop", "question": "How many stores?",
+                   "sql": "SELECT count(*) FROM stores"})])
+    assert not catalog.is_error, text_of(catalog)
+    assert str(catalog.structured_content["rows"][0][0]).endswith(".sqlite")
+    assert limited.is_error and "rate limit" in text_of(limited), text_of(limited)
+    assert teach.is_error and "rate limit" in text_of(teach), text_of(teach)
 
 
 def test_a_session_answers_only_the_key_that_opened_it(mcp_url) -> None:

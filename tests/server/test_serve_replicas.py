@@ -152,3 +152,48 @@ def test_kill_9_of_one_of_two_replicas_loses_no_query(tmp_path) -> None:
         assert all(records[q].owner != victim_id and records[q].attempt == 2 for q in moved)
     finally:
         stop(proc)
+
+
+def scheduler_process(supervisor: int) -> tuple[int, str]:
+    """The supervisor's scheduler process: (pid, its socket), from ``/proc``."""
+    from agentflow.bench.serving.replicas_load import children, cmdline
+
+    for pid in children(supervisor):
+        args = cmdline(pid)
+        if "agentflow.distributed.shard_socket" in args:
+            return pid, args[args.index("--socket") + 1]
+    raise AssertionError("the supervisor runs no scheduler process")
+
+
+def test_both_replicas_submit_to_one_scheduler_process_which_may_die(tmp_path) -> None:
+    import asyncio
+
+    from agentflow.distributed import shard_socket
+
+    proc, url, state = start(tmp_path)
+    try:
+        sched_pid, sock = scheduler_process(proc.pid)
+        with ThreadPoolExecutor(8) as pool:
+            first = list(pool.map(lambda i: ask(url, i), range(16)))
+            assert {final(url, q)["status"] for q in first} == {"done"}
+            store = open_store(state)
+            try:
+                owners = Counter(store.get_query(q).owner for q in first)
+            finally:
+                store.close()
+            assert len(owners) == 2, owners  # the kernel spread connections over both
+            stats = asyncio.run(shard_socket.stats(sock))
+            calls = {c["name"]: c["calls"].get(0, 0) for c in stats["clients"]
+                     if c["name"] != "stats" and not c.get("closed")}
+            replicas = {f"pid {pid}" for pid in pids(state).values()}
+            assert set(calls) == replicas and all(n > 0 for n in calls.values()), \
+                (calls, replicas)  # both replicas' calls in the one shard: one queue
+            rest = list(pool.map(lambda i: ask(url, i), range(16, 32)))
+            time.sleep(0.2)  # calls in flight in the scheduler process
+            os.kill(sched_pid, signal.SIGKILL)
+            answers = [final(url, q) for q in rest]
+        assert Counter(a["status"] for a in answers) == {"done": 16}, \
+            Counter((a["status"], a["error"]) for a in answers)
+        assert scheduler_process(proc.pid)[0] != sched_pid  # the supervisor started another
+    finally:
+        stop(proc)

@@ -13,7 +13,6 @@ import json
 import sqlite3
 from pathlib import Path
 
-import duckdb
 import pytest
 import sqlglot
 
@@ -27,23 +26,17 @@ from agentflow.sql.complexity import (
 from agentflow.sql.database import SQLITE_MAX_VDBE_OPS
 from agentflow.sql.errors import QueryTooComplexError
 from agentflow.sql.guard import check_query
-from tests.sql.utils import record_parsing
+from tests.sql.utils import duckdb_file, record_parsing, sqlite_file
 
 
 @pytest.fixture(params=["sqlite", "duckdb"])
 def db(request, tmp_path: Path) -> Database:
     if request.param == "sqlite":
-        path = tmp_path / "t.sqlite"
-        con = sqlite3.connect(path)
-        con.executescript("CREATE TABLE t (n INTEGER, s TEXT); INSERT INTO t VALUES (1, 'a');")
-        con.commit()
-        con.close()
+        path = sqlite_file(tmp_path / "t.sqlite", "CREATE TABLE t (n INTEGER, s TEXT)",
+                           rows={"t": [(1, "a")]})
     else:
-        path = tmp_path / "t.duckdb"
-        dcon = duckdb.connect(str(path))
-        dcon.execute("CREATE TABLE t (n INTEGER, s VARCHAR)")
-        dcon.execute("INSERT INTO t VALUES (1, 'a')")
-        dcon.close()
+        path = duckdb_file(tmp_path / "t.duckdb", "CREATE TABLE t (n INTEGER, s VARCHAR)",
+                           rows={"t": [(1, "a")]})
     database = Database.open(path)
     yield database
     database.close()
@@ -145,11 +138,7 @@ def test_duckdb_concatenation_chains_stop_with_a_typed_error_once_checked(tmp_pa
                                                                           ) -> None:
     """Each DuckDB ``||`` gets a size check three levels deep; a 60-term chain was a
     RecursionError when written out, now a typed refusal that names concat(...)."""
-    path = tmp_path / "c.duckdb"
-    dcon = duckdb.connect(str(path))
-    dcon.execute("CREATE TABLE t (s VARCHAR)")
-    dcon.execute("INSERT INTO t VALUES ('a')")
-    dcon.close()
+    path = duckdb_file(tmp_path / "c.duckdb", "CREATE TABLE t (s VARCHAR)", rows={"t": [("a",)]})
     with Database.open(path) as db:
         with pytest.raises(QueryTooComplexError, match="concat"):
             db.execute("SELECT " + " || ".join(["s"] * 60) + " FROM t", timeout_s=30)

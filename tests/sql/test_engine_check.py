@@ -11,7 +11,6 @@ import json
 import sqlite3
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from agentflow.sql import Database, RejectedStatementError
@@ -24,15 +23,13 @@ from agentflow.sql.engine_check import (
     verify,
 )
 from agentflow.sql.guard import parse_single_query
+from tests.sql.utils import duckdb_file, sqlite_file
 
 
 @pytest.fixture
 def duck(tmp_path: Path) -> Database:
-    path = tmp_path / "t.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE t (a INTEGER, s VARCHAR)")
-    con.execute("INSERT INTO t VALUES (1, 'x'), (2, 'y')")
-    con.close()
+    path = duckdb_file(tmp_path / "t.duckdb", "CREATE TABLE t (a INTEGER, s VARCHAR)",
+                       rows={"t": [(1, "x"), (2, "y")]})
     db = Database.open(path)
     yield db
     db.close()
@@ -40,12 +37,9 @@ def duck(tmp_path: Path) -> Database:
 
 @pytest.fixture
 def lite(tmp_path: Path) -> Database:
-    path = tmp_path / "t.sqlite"
-    con = sqlite3.connect(path)
-    con.executescript("CREATE TABLE t (a INTEGER, s TEXT); INSERT INTO t VALUES (1, 'x');"
-                      "CREATE TABLE u (a INTEGER); CREATE VIEW v AS SELECT a FROM u;")
-    con.commit()
-    con.close()
+    path = sqlite_file(tmp_path / "t.sqlite", "CREATE TABLE t (a INTEGER, s TEXT)",
+                       "CREATE TABLE u (a INTEGER)", "CREATE VIEW v AS SELECT a FROM u",
+                       rows={"t": [(1, "x")]})
     db = Database.open(path)
     yield db
     db.close()

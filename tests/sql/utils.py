@@ -1,7 +1,51 @@
-"""Helpers for the SQL tests: observe the watchdog's interrupts and the parser's calls
-instead of timing them."""
+"""Helpers for the SQL tests: real database files built from a few statements, and the
+watchdog's interrupts and the parser's calls observed instead of timed."""
 
 from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def _insert(table: str, row: Sequence[object]) -> str:
+    return f"INSERT INTO {table} VALUES ({', '.join('?' * len(row))})"
+
+
+def sqlite_file(path: Path, *statements: str,
+                rows: Mapping[str, Sequence[Sequence[object]]] | None = None) -> Path:
+    """A real SQLite file at ``path``: ``statements`` run in order, then ``rows`` (table ->
+    its rows) inserted with bound parameters. Returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path)
+    try:
+        for statement in statements:
+            con.execute(statement)
+        for table, values in (rows or {}).items():
+            if values:
+                con.executemany(_insert(table, values[0]), values)
+        con.commit()
+    finally:
+        con.close()
+    return path
+
+
+def duckdb_file(path: Path, *statements: str,
+                rows: Mapping[str, Sequence[Sequence[object]]] | None = None) -> Path:
+    """The same as :func:`sqlite_file`, as a DuckDB file."""
+    import duckdb
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(path))
+    try:
+        for statement in statements:
+            con.execute(statement)
+        for table, values in (rows or {}).items():
+            if values:
+                con.executemany(_insert(table, values[0]), values)
+    finally:
+        con.close()
+    return path
 
 
 def record_watchdog_fires(monkeypatch) -> list[str]:

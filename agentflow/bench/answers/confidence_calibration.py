@@ -215,12 +215,16 @@ def fit_report(checked: dict[str, Any]) -> str:
                          f"{num(e['auroc'])}{interval(e['auroc_95'])} | {num(e['threshold'])} | "
                          f"{e['done_right']} | {e['done_wrong']} | {e['unsure_right']} | "
                          f"{e['unsure_wrong']} |")
-    lines += ["", "held-out accuracy per level (rule score; 95% Wilson interval)",
-              "| level | n | right | accuracy |", "|---|---|---|---|"]
-    for level, row in checked["held_out"]["rule"]["by_level"].items():
-        acc = "-" if row["accuracy"] is None else (f"{row['accuracy']:.0%}"
-                                                   f"{interval(row['accuracy_95'])}")
-        lines.append(f"| {level} | {row['n']} | {row['correct']} | {acc} |")
+    def by_level(title: str, rows: dict[str, Any]) -> list[str]:
+        out = ["", f"{title} accuracy per level (rule score; 95% Wilson interval)",
+               "| level | n | right | accuracy |", "|---|---|---|---|"]
+        for level, row in rows.items():
+            acc = "-" if row["accuracy"] is None else (f"{row['accuracy']:.0%}"
+                                                       f"{interval(row['accuracy_95'])}")
+            out.append(f"| {level} | {row['n']} | {row['correct']} | {acc} |")
+        return out
+
+    lines += by_level("held-out", checked["held_out"]["rule"]["by_level"])
     cross = checked.get("cross")
     if cross:
         lines += ["", f"out of sample over {cross['folds']} database folds ({cross['n']} "
@@ -233,12 +237,7 @@ def fit_report(checked: dict[str, Any]) -> str:
             lines.append(f"| {score} | {num(e['auroc'])}{interval(e['auroc_95'])} | "
                          f"{e['done_right']} | {e['done_wrong']} | {e['unsure_right']} | "
                          f"{e['unsure_wrong']} |")
-        lines += ["", "out-of-sample accuracy per level (rule score; 95% Wilson interval)",
-                  "| level | n | right | accuracy |", "|---|---|---|---|"]
-        for level, row in cross["rule"]["by_level"].items():
-            acc = "-" if row["accuracy"] is None else (f"{row['accuracy']:.0%}"
-                                                       f"{interval(row['accuracy_95'])}")
-            lines.append(f"| {level} | {row['n']} | {row['correct']} | {acc} |")
+        lines += by_level("out-of-sample", cross["rule"]["by_level"])
     every = checked.get("all")
     if every:
         lines += ["", f"min_confidence chosen on all questions: {num(every['threshold'])} "

@@ -1,22 +1,35 @@
-"""Where the queue order acts: flowsage against marginal_delay+fcfs per engine-side depth, with
-how many admissions had a choice to make.
+"""Where the queue order acts: flowsage against marginal_delay+fcfs per engine-side depth, over
+seeds and loads, beside the best other policy, with how many admissions had a choice and how
+much of a call's time was spent waiting at all.
 
-    agentflow bench queue_choice [--clusters paper-4gpu,hetero-8] [--pending 1,2,4,off]
-        [--policies flowsage,marginal_delay+fcfs] [--load 1.5] [--queries 120] [--seed 1]
-        [--l1 paper-4gpu=0.21,...] [--json OUT]
+    agentflow bench queue_choice [--clusters paper-4gpu,hetero-8] [--pending 1,2,off]
+        [--policies flowsage,marginal_delay+fcfs]
+        [--others vllm,hexgen-flow,sagesched,llf,least_loaded+edf]
+        [--loads 1.5,2] [--seeds 1,2,3] [--queries 80] [--l1 paper-4gpu=0.0325,...]
+        [--inflight N] [--json OUT]
 
 Why: under ``marginal_delay`` almost every call is admitted to an instance the moment it is
-ready, so the agentflow queue rarely holds two calls to order (issue 38: 18 of 2,460
-admissions) and ``marginal_delay+fcfs`` tied flowsage. What is left to order is inside the
-engine — its own waiting queue and the sequence it preempts — which the coordinator now
-tells each call's queue rank (``scheduler.classes.engine_priority``), and how much waits
-there rather than in agentflow's queue, which the instance's ``max_pending_prefill`` bounds
-(admitted calls without a first token). This runs the same workload (trace1, Poisson at
-``--load`` x L1, the policy suite's load level; ``--l1`` reuses known L1 rates, else they
-are searched) at each depth, per policy, and prints P95, the flowsage / md+fcfs ratio and
-the admissions made while two or more calls waited (``InstanceQueue.admitted_with_choice``)
-— per GPU kind too, since the best depth may differ by how fast an instance drains its
-prompts. Ratios side by side in one run; CPU-heavy: keep ``--queries`` small on a shared box.
+ready, so the agentflow queue rarely holds two calls to order and ``marginal_delay+fcfs``
+tied flowsage. What is left to order is inside the engine — its own waiting queue and the
+sequence it preempts — which the coordinator tells each call's queue rank
+(``scheduler.classes.engine_priority``), and how much waits there rather than in agentflow's
+queue, which the instance's ``max_pending_prefill`` bounds (admitted calls without a first
+token).
+
+A cell is (cluster, load, seed): trace1, Poisson at ``load`` x L1 (the policy suite's load
+level; ``--l1`` reuses known L1 rates, else they are searched). In each cell the two
+``--policies`` run at every depth of ``--pending`` and then at a depth chosen per GPU kind
+(``tuned``: for each kind, the swept depth whose calls on that kind spent the least mean time
+from ready to done — measured, not fixed, since the best depth may differ by how fast a kind
+drains its prompts); the ``--others`` run at the cluster's own depth (the configured
+default). Printed per cell: P95, the admissions made while two or more calls waited
+(``InstanceQueue.admitted_with_choice``) per GPU kind, and ``wait``, the share of the LLM
+calls' time spent waiting (agentflow's queue and the engine's) rather than running — the
+most any queue order can take off; then the geometric means over cells of flowsage /
+md+fcfs per depth and flowsage / best other. CPU-heavy: keep ``--queries`` small on a
+shared box. ``--inflight N`` caps every instance's admitted calls at N (``max_inflight``):
+the rest wait in agentflow's queue, as they do on an engine with few slots (llama-server),
+which shows what the order is worth once queues form.
 """
 
 from __future__ import annotations
@@ -24,21 +37,25 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agentflow.bench.scheduler.policy_suite import cluster_named, find_l1, workloads
+from agentflow.bench.scheduler.policy_suite import cluster_named, find_l1, geomean, workloads
 from agentflow.sim.cluster import SimClusterConfig
-from agentflow.sim.driver import Simulation
+from agentflow.sim.driver import Simulation, StageTiming
 from agentflow.sim.experiment import build_workload
 from agentflow.sim.slo import IdleLatency
 
+Depth = int | None  # max_pending_prefill; None: no bound
+TUNED = "tuned"
 
-def parse_depths(text: str) -> list[int | None]:
+
+def parse_depths(text: str) -> list[Depth]:
     """``1,2,off`` -> [1, 2, None] (off: no bound, every free slot admits at once)."""
-    out: list[int | None] = []
+    out: list[Depth] = []
     for part in text.split(","):
         part = part.strip()
         if part == "off":
@@ -50,16 +67,48 @@ def parse_depths(text: str) -> list[int | None]:
     return out
 
 
-def with_depth(cluster: SimClusterConfig, depth: int | None) -> SimClusterConfig:
-    """The cluster with every instance's ``max_pending_prefill`` set to ``depth``."""
+def parse_floats(text: str, what: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what}: {text!r} is not a list of numbers") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{what}: {text!r} needs positive numbers")
+    return values
+
+
+def depth_label(depth: Depth) -> str:
+    return "off" if depth is None else str(depth)
+
+
+def with_depth(cluster: SimClusterConfig, depth: Depth | Mapping[str, Depth]
+               ) -> SimClusterConfig:
+    """The cluster with every instance's ``max_pending_prefill`` set to ``depth`` (a mapping:
+    per GPU kind; a kind it does not name keeps its configured depth)."""
+    def pick(inst: Any) -> Depth:
+        if isinstance(depth, Mapping):
+            return depth.get(inst.gpu or "cpu", inst.max_pending_prefill)
+        return depth
     return cluster.model_copy(update={"instances": [
-        i.model_copy(update={"max_pending_prefill": depth}) for i in cluster.instances]})
+        i.model_copy(update={"max_pending_prefill": pick(i)}) for i in cluster.instances]})
 
 
 def run_depth(cluster: SimClusterConfig, wl: Any, policy: str) -> dict[str, Any]:
-    """One policy at one depth: P95 and mean latency, SLO attainment and the admissions with
-    a choice, in all and per GPU kind."""
-    sim = Simulation(cluster, policy)
+    """One policy on one cluster: P95 and mean latency, SLO attainment, the admissions with a
+    choice, and per GPU kind the LLM calls' mean time from ready to done and their share of
+    it spent waiting."""
+    kind_of = {name: cfg.gpu or "cpu" for name, cfg in cluster.expanded()}
+    stage_time: dict[str, list[float]] = {}  # kind -> [queue_s, run_s, calls]
+
+    def on_stage(st: StageTiming) -> None:
+        if st.kind != "llm" or st.instance is None:
+            return
+        row = stage_time.setdefault(kind_of.get(st.instance, "?"), [0.0, 0.0, 0])
+        row[0] += st.queue_s
+        row[1] += st.run_s
+        row[2] += 1
+
+    sim = Simulation(cluster, policy, on_stage=on_stage)
     result = sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s)
     lat = [r.latency_s for r in result.records if r.status == "done" and r.latency_s]
     met = [r for r in result.records if r.slo_s is not None]
@@ -69,64 +118,158 @@ def run_depth(cluster: SimClusterConfig, wl: Any, policy: str) -> dict[str, Any]
         row = by_kind.setdefault(kind, [0, 0])
         row[0] += queue.admitted_with_choice
         row[1] += queue._admitted
+    waited = sum(r[0] for r in stage_time.values())
+    ran = sum(r[1] for r in stage_time.values())
     return {"p95": float(np.percentile(lat, 95)), "mean": float(np.mean(lat)),
             "done": len(lat), "queries": len(result.records),
             "slo": (sum(1 for r in met if r.latency_s is not None and r.slo_s is not None
                         and r.latency_s <= r.slo_s) / len(met)) if met else None,
             "choice": sum(v[0] for v in by_kind.values()),
-            "admissions": sum(v[1] for v in by_kind.values()), "by_kind": by_kind}
+            "admissions": sum(v[1] for v in by_kind.values()), "by_kind": by_kind,
+            "wait_share": waited / (waited + ran) if waited + ran > 0 else 0.0,
+            "call_s_by_kind": {k: (r[0] + r[1]) / r[2] for k, r in stage_time.items() if r[2]}}
+
+
+def best_depth_per_kind(sweep: Mapping[Depth, Mapping[str, Any]]) -> dict[str, Depth]:
+    """Per GPU kind, the swept depth whose calls on that kind took the least mean time from
+    ready to done (a kind that ran nothing at some depth is judged on the others; ties: the
+    smaller bound, since it keeps more of the order in agentflow's queue)."""
+    kinds = sorted({k for run in sweep.values() for k in run["call_s_by_kind"]})
+    order = sorted(sweep, key=lambda d: (d is None, d or 0))
+    out: dict[str, Depth] = {}
+    for kind in kinds:
+        scored = [(sweep[d]["call_s_by_kind"][kind], i) for i, d in enumerate(order)
+                  if kind in sweep[d]["call_s_by_kind"]]
+        out[kind] = order[min(scored)[1]]
+    return out
+
+
+def summarize(cells: Mapping[str, Mapping[str, Any]], pair: tuple[str, str],
+              others: list[str]) -> dict[str, Any]:
+    """Geometric means over cells: ``pair[0] / pair[1]`` P95 at each depth label, and
+    ``pair[0]`` (at the cluster's own depth) over the best of ``others`` per cell."""
+    first, second = pair
+    ratios: dict[str, list[float]] = {}
+    vs_best: list[float] = []
+    for cell in cells.values():
+        for label, runs in cell["depths"].items():
+            if first in runs and second in runs:
+                ratios.setdefault(label, []).append(runs[first]["p95"] / runs[second]["p95"])
+        own = cell["own"]
+        rivals = [own[p]["p95"] for p in others if p in own]
+        if first in own and rivals:
+            vs_best.append(own[first]["p95"] / min(rivals))
+    out: dict[str, Any] = {f"{first}/{second}": {k: geomean(v) for k, v in ratios.items()}}
+    if vs_best:
+        out[f"{first}/best other"] = geomean(vs_best)
+    return out
 
 
 # `agentflow bench NAME --quick`: a short run (registry.expand_quick)
 QUICK_ARGS: tuple[str, ...] = ("--clusters", "paper-4gpu", "--pending", "2,off",
-                               "--queries", "40")
+                               "--queries", "40", "--seeds", "1", "--loads", "1.5",
+                               "--others", "vllm")
+
+
+def _line(label: str, policy: str, f: dict[str, Any], wall: float) -> str:
+    kinds = " ".join(f"{k}:{c}/{n}" for k, (c, n) in sorted(f["by_kind"].items()))
+    return (f"    {label:<6} {policy:<22} p95={f['p95']:7.2f} mean={f['mean']:6.2f} "
+            f"done={f['done']}/{f['queries']} wait={f['wait_share']:.3f} "
+            f"choice={f['choice']}/{f['admissions']} [{kinds}] ({wall:.0f}s)")
+
+
+def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[str],
+             depths: list[Depth]) -> dict[str, Any]:
+    """One (cluster, load, seed) cell: the sweep, the per-kind tuned depth, the others."""
+    cell: dict[str, Any] = {"depths": {}, "own": {}, "tuned_depths": {}}
+    sweeps: dict[str, dict[Depth, dict[str, Any]]] = {p: {} for p in policies}
+    for depth in depths:
+        label = depth_label(depth)
+        runs = cell["depths"].setdefault(label, {})
+        for policy in policies:
+            t0 = time.perf_counter()
+            runs[policy] = sweeps[policy][depth] = run_depth(with_depth(base, depth), wl,
+                                                             policy)
+            print(_line(label, policy, runs[policy], time.perf_counter() - t0), flush=True)
+    if len(depths) > 1:
+        runs = cell["depths"].setdefault(TUNED, {})
+        for policy in policies:
+            chosen = best_depth_per_kind(sweeps[policy])
+            cell["tuned_depths"][policy] = {k: depth_label(d) for k, d in chosen.items()}
+            t0 = time.perf_counter()
+            runs[policy] = run_depth(with_depth(base, chosen), wl, policy)
+            print(_line(TUNED, policy, runs[policy], time.perf_counter() - t0)
+                  + "  depths " + " ".join(f"{k}={depth_label(d)}"
+                                           for k, d in sorted(chosen.items())), flush=True)
+    default = {i.max_pending_prefill for i in base.instances}
+    own_label = depth_label(default.pop()) if len(default) == 1 else None
+    for policy in policies + others:
+        if own_label is not None and policy in cell["depths"].get(own_label, {}):
+            cell["own"][policy] = cell["depths"][own_label][policy]
+            continue
+        t0 = time.perf_counter()
+        cell["own"][policy] = run_depth(base, wl, policy)
+        print(_line("own", policy, cell["own"][policy], time.perf_counter() - t0), flush=True)
+    return cell
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clusters", default="paper-4gpu,hetero-8")
-    p.add_argument("--pending", type=parse_depths, default=parse_depths("1,2,4,off"),
+    p.add_argument("--pending", type=parse_depths, default=parse_depths("1,2,off"),
                    help="engine-side depths: max_pending_prefill values, or off")
-    p.add_argument("--policies", default="flowsage,marginal_delay+fcfs")
-    p.add_argument("--load", type=float, default=1.5, help="x L1 (the policy suite's 1.5)")
-    p.add_argument("--queries", type=int, default=120)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--policies", default="flowsage,marginal_delay+fcfs",
+                   help="the pair compared at every depth")
+    p.add_argument("--others", default="vllm,hexgen-flow,sagesched,llf,least_loaded+edf",
+                   help="policies run at the cluster's own depth; the best per cell is the "
+                        "'best other'")
+    p.add_argument("--loads", type=lambda s: parse_floats(s, "--loads"), default=[1.5, 2.0],
+                   help="x L1 (the policy suite's 1.5)")
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--queries", type=int, default=80)
     p.add_argument("--l1", default="", help="CLUSTER=RATE,... known L1 rates (else searched)")
+    p.add_argument("--inflight", type=int, help="every instance's max_inflight (default: as "
+                   "configured, max_num_seqs on a GPU)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    if args.inflight is not None and args.inflight < 1:
+        p.error("--inflight must be >= 1")
     known = {k: float(v) for k, v in (x.split("=") for x in args.l1.split(",") if x)}
-    policies = args.policies.split(",")
+    policies = [x for x in args.policies.split(",") if x]
+    if len(policies) != 2:
+        p.error("--policies takes exactly two policies (the pair compared)")
+    others = [x for x in args.others.split(",") if x and x not in policies]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
     trace = workloads()["trace1"]
-    out: dict[str, Any] = {}
+    cells: dict[str, Any] = {}
+    l1s: dict[str, float] = {}
     for name in args.clusters.split(","):
         base = cluster_named(name)
+        if args.inflight is not None:
+            base = base.model_copy(update={"instances": [
+                i.model_copy(update={"max_inflight": args.inflight}) for i in base.instances]})
         idle = IdleLatency(base)
         l1 = known.get(name)
         if l1 is None:
-            l1 = find_l1(trace, base, idle, max(60, 8 * len(base.expanded())), args.seed)
-        rate = args.load * l1
-        wl = build_workload(trace, base, n=args.queries, rate=rate, seed=args.seed, idle=idle)
-        print(f"{name}: L1 {l1:.4g} q/s, rate {rate:.4g}, {args.queries} queries", flush=True)
-        for depth in args.pending:
-            cell: dict[str, Any] = {}
-            for policy in policies:
-                t0 = time.perf_counter()
-                cell[policy] = run_depth(with_depth(base, depth), wl, policy)
-                f = cell[policy]
-                kinds = " ".join(f"{k}:{c}/{n}" for k, (c, n) in sorted(f["by_kind"].items()))
-                print(f"  pending={depth if depth is not None else 'off':<4} {policy:<22} "
-                      f"p95={f['p95']:7.2f} mean={f['mean']:6.2f} done={f['done']}/"
-                      f"{f['queries']} choice={f['choice']}/{f['admissions']} [{kinds}] "
-                      f"({time.perf_counter() - t0:.0f}s)", flush=True)
-            if len(policies) > 1:
-                ref = cell[policies[1]]["p95"]
-                print(f"  pending={depth if depth is not None else 'off':<4} "
-                      f"{policies[0]} / {policies[1]} P95: {cell[policies[0]]['p95'] / ref:.3f}",
+            l1 = find_l1(trace, base, idle, max(60, 8 * len(base.expanded())), seeds[0])
+        l1s[name] = l1
+        for load in args.loads:
+            for seed in seeds:
+                wl = build_workload(trace, base, n=args.queries, rate=load * l1, seed=seed,
+                                    idle=idle)
+                key = f"{name}/x{load:g}/s{seed}"
+                print(f"{key}: L1 {l1:.4g} q/s, rate {load * l1:.4g}, {args.queries} queries",
                       flush=True)
-            out[f"{name}/{depth if depth is not None else 'off'}"] = cell
-        out[f"{name}/l1"] = l1
+                cells[key] = run_cell(base, wl, policies, others, args.pending)
+                pair = cells[key]["depths"]
+                print("    " + "  ".join(
+                    f"{lab}: {pair[lab][policies[0]]['p95'] / pair[lab][policies[1]]['p95']:.3f}"
+                    for lab in pair) + f"  ({policies[0]} / {policies[1]} P95)", flush=True)
+    summary = summarize(cells, (policies[0], policies[1]), others)
+    print(f"geomean over {len(cells)} cells: " + json.dumps(summary), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
+        args.json.write_text(json.dumps({"l1": l1s, "cells": cells, "summary": summary},
+                                        indent=1))
     return 0
 
 

@@ -2,7 +2,7 @@
 
     agentflow bench scheduler_overhead [--sizes 10,1000,10000] [--repeat 200]
         [--clusters hetero-64,hetero-1024,hetero-4096 | --cluster FILE ...] [--no-learn]
-        [--check] [--clock wall|cpu]
+        [--check] [--clock wall|cpu] [--json FILE] [--against CHECKOUT [--pairs 3]]
 
 A cluster (a name: ``paper-4gpu``, four GPUs serving Llama-3.1-70B; ``hetero-64``, 64
 Llama-3.1-8B instances on five GPU kinds; ``hetero-1024`` and ``hetero-4096``, that mix 16
@@ -20,15 +20,29 @@ and, for two clusters or more, how the cost grows from the smallest to each larg
 ratio of p99s at the largest size).
 Timed from outside the scheduler with perf_counter; the scheduler itself reads no clock.
 ``--check`` also asserts at every pick that the O(log n) queue chose the same call as the
-O(n) reference scan (slow; for verification, not timing).
+O(n) reference scan (slow; for verification, not timing). ``--json FILE`` writes every
+cell's median and p99 (microseconds) as JSON.
+
+``--against CHECKOUT``: before/after on one busy machine. This file's measurement runs in
+child processes, alternately on the scheduler of CHECKOUT (another checkout of the repository,
+say a worktree of main: the "before") and on this one (the "after"), ``--pairs`` times, each
+pair back to back, so both sides see the same load; it prints, per cell, the median over the
+pairs of each side's median and p99, the median of the per-pair after/before ratios, and the
+load average (``os.getloadavg``) around each run. Only the scheduler differs between the two
+sides: the workload is this file's.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import networkx as nx
 
@@ -134,12 +148,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: this process's CPU time (time.process_time), which a machine "
                         "shared with other jobs does not inflate; wall: perf_counter")
+    p.add_argument("--json", metavar="FILE", help="write every cell's median and p99 here")
+    p.add_argument("--against", metavar="CHECKOUT",
+                   help="another checkout: measure its scheduler and this one alternately")
+    p.add_argument("--pairs", type=int, default=3, help="with --against: before/after pairs")
     args = p.parse_args(argv)
+    if args.against:
+        child = [a for a in (argv if argv is not None else sys.argv[1:])]
+        compare(args.against, _without(child, ("--against", "--pairs", "--json")),
+                args.pairs, args.json)
+        return
     timer = time.process_time if args.clock == "cpu" else time.perf_counter
     sizes = [int(s) for s in args.sizes.split(",")]
     clusters = args.cluster or args.clusters.split(",")
     policies = args.policies.split(",")
     p99s: dict[tuple[str, str], float] = {}
+    cells_out: list[dict[str, object]] = []
     names = {c: load_cluster(c).name for c in clusters}  # a file's own name, not its path
     for cluster in clusters:
         n_inst = len(specs_for(cluster))
@@ -155,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
                 med = statistics.median(costs) * 1e6
                 p99 = costs[min(len(costs) - 1, int(0.99 * len(costs)))] * 1e6
                 p99s[cluster, policy] = p99  # the last (largest) size
+                cells_out.append({"cluster": names[cluster], "instances": n_inst,
+                                  "policy": policy, "waiting": n, "median_us": med,
+                                  "p99_us": p99})
                 cells.append(f"{med:>11.0f} / {p99:<10.0f}")
             print(f"{policy:<20}" + "".join(f"{c:>24}" for c in cells), flush=True)
     if len(clusters) > 1:
@@ -164,6 +191,76 @@ def main(argv: list[str] | None = None) -> None:
             base = p99s[clusters[0], policy]
             print(f"{policy:<20}" + "".join(f"{p99s[c, policy] / base:>10.2f}x"
                                             for c in clusters[1:]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"clock": args.clock, "cells": cells_out},
+                                              indent=1))
+
+
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``argv`` less ``options`` and their values (``--opt V`` or ``--opt=V``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not a.startswith(tuple(o + "=" for o in options)):
+            out.append(a)
+    return out
+
+
+def compare(before: str, argv: list[str], pairs: int, json_out: str | None) -> None:
+    """Run this file's measurement on ``before``'s scheduler and on this one, alternately
+    (``--against``), and print the medians over the pairs side by side."""
+    here = str(Path(__file__).resolve().parents[3])  # this checkout's root
+    if not (Path(before) / "agentflow" / "scheduler").is_dir():
+        raise SystemExit(f"--against {before}: not a checkout of agentflow (no "
+                         f"agentflow/scheduler there)")
+    runs: dict[str, list[dict[str, object]]] = {"before": [], "after": []}
+    loads: list[tuple[str, float, float]] = []
+    for k in range(pairs):
+        for side, root in (("before", before), ("after", here)):
+            out = Path(os.environ.get("TMPDIR", "/tmp")) / f"sched-overhead-{os.getpid()}.json"
+            env = {**os.environ, "PYTHONPATH": root}
+            load0 = os.getloadavg()[0]
+            subprocess.run([sys.executable, __file__, *argv, "--json", str(out)], env=env,
+                           check=True, stdout=subprocess.DEVNULL)
+            loads.append((side, load0, os.getloadavg()[0]))
+            runs[side].append(json.loads(out.read_text()))
+            out.unlink()
+            print(f"pair {k + 1}/{pairs} {side}: done (load {load0:.1f} -> "
+                  f"{loads[-1][2]:.1f})", flush=True)
+    keys = [(c["cluster"], c["instances"], c["policy"], c["waiting"])
+            for c in runs["after"][0]["cells"]]  # type: ignore[index, attr-defined]
+
+    def cell(run: dict[str, object], key: tuple[object, ...]) -> dict[str, float]:
+        return next(c for c in run["cells"]  # type: ignore[attr-defined]
+                    if (c["cluster"], c["instances"], c["policy"], c["waiting"]) == key)
+
+    med = statistics.median
+    print(f"\nmicroseconds per decision, {runs['after'][0]['clock']} clock, medians over "
+          f"{pairs} before/after pairs (before: {before}; after: {here})")
+    print(f"{'cluster':<14}{'inst':>6}  {'policy':<10}{'waiting':>8}  {'before med/p99':>16}  "
+          f"{'after med/p99':>16}  {'ratio med/p99':>14}")
+    table = []
+    for key in keys:
+        b = [cell(r, key) for r in runs["before"]]
+        a = [cell(r, key) for r in runs["after"]]
+        row = {"cluster": key[0], "instances": key[1], "policy": key[2], "waiting": key[3]}
+        for stat in ("median_us", "p99_us"):
+            row[f"before_{stat}"] = med(x[stat] for x in b)
+            row[f"after_{stat}"] = med(x[stat] for x in a)
+            row[f"ratio_{stat}"] = med(y[stat] / x[stat] for x, y in zip(b, a))
+        table.append(row)
+        print(f"{key[0]!s:<14}{key[1]!s:>6}  {key[2]!s:<10}{key[3]!s:>8}  "
+              f"{row['before_median_us']:>7.0f} /{row['before_p99_us']:>7.0f}  "
+              f"{row['after_median_us']:>7.0f} /{row['after_p99_us']:>7.0f}  "
+              f"{row['ratio_median_us']:>6.2f} /{row['ratio_p99_us']:>6.2f}")
+    print("load average (1 min) before -> after each run: "
+          + ", ".join(f"{s} {a:.1f}->{b:.1f}" for s, a, b in loads))
+    if json_out:
+        Path(json_out).write_text(json.dumps({"pairs": pairs, "loads": loads,
+                                              "cells": table}, indent=1))
 
 if __name__ == "__main__":
     main()

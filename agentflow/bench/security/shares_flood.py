@@ -34,7 +34,13 @@ from typing import Any
 
 import httpx
 
-from agentflow.bench.serving.served import percentile, serve
+from agentflow.bench.serving.served import (
+    count_status,
+    percentile,
+    run_flood,
+    serve,
+    stop_server,
+)
 
 GOOD_SQL = "SELECT count(*) FROM stores"
 SLOW_SQL = ("SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 "
@@ -92,8 +98,7 @@ async def flood_client(http: httpx.AsyncClient, url: str, kind: str, stop: Any,
             else:
                 r = await http.post(f"{url}/v1/databases/bookshop/examples", headers=headers,
                                     json={"question": f"Forever {me}.{i}?", "sql": SLOW_SQL})
-            code = r.json().get("error", {}).get("code", "") if r.status_code >= 400 else ""
-            status[f"{r.status_code} {code}".strip()] += 1
+            count_status(status, r)
             if r.status_code == 429:
                 await asyncio.sleep(0.2)
         except httpx.HTTPError as err:
@@ -101,14 +106,8 @@ async def flood_client(http: httpx.AsyncClient, url: str, kind: str, stop: Any,
 
 
 def flood_process(url: str, kind: str, clients: int, stop: Any, out: Any) -> None:
-    async def run() -> Counter:
-        status: Counter = Counter()
-        async with httpx.AsyncClient(timeout=120,
-                                     limits=httpx.Limits(max_connections=clients + 2)) as http:
-            await asyncio.gather(*(flood_client(http, url, kind, stop, status, c)
-                                   for c in range(clients)))
-        return status
-    out.put(dict(asyncio.run(run())))
+    out.put(run_flood(clients, lambda http, status, c: flood_client(http, url, kind, stop,
+                                                                     status, c)))
 
 
 async def run_block(http: httpx.AsyncClient, url: str, args: argparse.Namespace, kind: str,
@@ -181,11 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             blocks = asyncio.run(measure(url, args))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc, 20)
     print("\n".join(report(args, blocks)))
     return 0
 

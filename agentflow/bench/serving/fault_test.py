@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
-import subprocess
 import sys
 from collections import Counter
 
 import httpx
 
 from agentflow.bench.serving.load_test import drive, percentile, server_counts, start_server
+from agentflow.bench.serving.served import stop_server
 from agentflow.server.testing import metric_sum
 
 SCENARIOS: dict[str, dict[int, list[dict]]] = {
@@ -55,11 +54,7 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict:
         server = server_counts(url, None)
         text = httpx.get(f"{url}/metrics", timeout=10).text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, 30)
     by = Counter(o.kind for o in run.outcomes)
     answered = [o for o in run.outcomes if o.kind in ("done", "unsure", "failed", "cancelled")]
     walls = [o.wall_s for o in answered]

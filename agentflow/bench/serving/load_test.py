@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from agentflow.bench.serving.served import percentile, serve
+from agentflow.bench.serving.served import percentile, serve, stop_server
 
 ROOT = Path(__file__).resolve().parents[3]
 SQL = "SELECT count(*) FROM stores"
@@ -270,11 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         server = server_counts(url, args.key)
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc, 30)
     return report(run, server, args)
 
 

@@ -3,11 +3,14 @@
 load_test, fault_test, tenant_flood and serving_classes all measure a real server on loopback;
 one launcher keeps them starting it the same way: a free port, a config file, the caller's
 environment without ``AGENTFLOW_*`` (keys or tenants set there would change who may ask), and
-a wait for ``/healthz`` that reports the server's own output if it exits first.
+a wait for ``/healthz`` that reports the server's own output if it exits first. Also the two
+pieces every flood benchmark shares: stopping the server (SIGTERM, then a kill past a bound)
+and running a flood's clients over one HTTP client that has room for all of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -15,7 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +29,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def serve(config: dict[str, Any], *, prefix: str = "agentflow-bench-",
-          start_timeout_s: float = 90.0, extra_args: Sequence[str] = ()
-          ) -> tuple[subprocess.Popen[str], str, Path]:
+          start_timeout_s: float = 90.0, extra_args: Sequence[str] = (),
+          new_session: bool = False) -> tuple[subprocess.Popen[str], str, Path]:
     """Start ``serve.py --config`` with ``config``; (process, base URL, config path) once
-    healthy. SystemExit if it exits or is not healthy within ``start_timeout_s``."""
+    healthy. SystemExit if it exits or is not healthy within ``start_timeout_s``.
+    ``new_session``: the server in a session of its own, so that on a busy Linux host the
+    kernel's autogroup scheduling does not split one CPU share between it and the clients
+    (as ``--replicas N`` gives each replica its own)."""
     path = Path(tempfile.mkdtemp(prefix=prefix)) / "serve.json"
     server = config.setdefault("server", {})  # its state beside its config, not in the cache
     server.setdefault("state", str(path.parent / "state.sqlite"))
@@ -41,7 +48,8 @@ def serve(config: dict[str, Any], *, prefix: str = "agentflow-bench-",
                              "--port", str(port), "--log-level", "warning", "--no-access-log",
                              *extra_args],
                             cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=new_session)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + start_timeout_s
     while time.monotonic() < deadline:
@@ -55,6 +63,44 @@ def serve(config: dict[str, Any], *, prefix: str = "agentflow-bench-",
         time.sleep(0.1)
     proc.kill()
     raise SystemExit(f"the server did not start within {start_timeout_s:.0f} s")
+
+
+def stop_server(proc: subprocess.Popen[str], timeout_s: float = 30.0) -> None:
+    """SIGTERM (the server drains and exits), a kill if it is still there after
+    ``timeout_s``: a benchmark never leaves its server behind."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+FloodClient = Callable[[httpx.AsyncClient, Counter, int], Awaitable[None]]
+
+
+def run_flood(clients: int, client: FloodClient, ready: Any = None) -> dict[str, int]:
+    """Run ``clients`` copies of ``client(http, status, index)`` at once over one
+    ``httpx.AsyncClient`` with a connection for each (and two spare), so the flood is
+    limited by the server, not by the client's pool; the status counts they recorded.
+    ``ready`` (an Event, optional) is set as the clients start: a flood in a spawned
+    process takes seconds to import on a loaded machine, and a caller that only slept
+    a fixed head start measured its victim before any flood request was sent."""
+    async def run() -> Counter:
+        status: Counter = Counter()
+        async with httpx.AsyncClient(timeout=120,
+                                     limits=httpx.Limits(max_connections=clients + 2)) as http:
+            if ready is not None:
+                ready.set()
+            await asyncio.gather(*(client(http, status, c) for c in range(clients)))
+        return status
+    return dict(asyncio.run(run()))
+
+
+def count_status(status: Counter, response: httpx.Response) -> None:
+    """Count a response by its status and, for an error, the body's error code."""
+    code = response.json().get("error", {}).get("code", "") if response.status_code >= 400 \
+        else ""
+    status[f"{response.status_code} {code}".strip()] += 1
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -53,7 +53,7 @@ from typing import Any
 
 import httpx
 
-from agentflow.bench.serving.served import percentile, serve
+from agentflow.bench.serving.served import percentile, serve, stop_server
 from agentflow.scheduler.preemption import PREEMPTION_SETTINGS, check_preemption
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -179,11 +179,7 @@ def run_policy(args: argparse.Namespace, policy: str, preemption: str = "off"
     try:
         return asyncio.run(measure(url, args))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, 30)
 
 
 def commit() -> str:

@@ -32,7 +32,13 @@ from typing import Any
 
 import httpx
 
-from agentflow.bench.serving.served import percentile, serve
+from agentflow.bench.serving.served import (
+    count_status,
+    percentile,
+    run_flood,
+    serve,
+    stop_server,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 SQL = "SELECT count(*) FROM stores"
@@ -90,36 +96,32 @@ async def flooder(http: httpx.AsyncClient, url: str, interval_s: float, stop: An
         i += 1
         try:
             r = await http.post(f"{url}/v1/queries", json=body(i, wait=True), headers=headers)
-            code = r.json().get("error", {}).get("code", "") if r.status_code >= 400 else ""
-            status[f"{r.status_code} {code}".strip()] += 1
+            count_status(status, r)
         except httpx.HTTPError as err:
             status[type(err).__name__] += 1
         next_at += interval_s
         await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
 
 
-def flood_process(url: str, clients: int, rps: float, stop: Any, out: Any) -> None:
+def flood_process(url: str, clients: int, rps: float, stop: Any, ready: Any, out: Any
+                  ) -> None:
     """The flood in a process of its own, so its clients never delay the victim's client
     (which would be counted as server latency)."""
-    async def run() -> Counter:
-        status: Counter = Counter()
-        limits = httpx.Limits(max_connections=clients + 2)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-            await asyncio.gather(*(flooder(http, url, clients / rps, stop, status)
-                                   for _ in range(clients)))
-        return status
-    out.put(dict(asyncio.run(run())))
+    out.put(run_flood(clients, lambda http, status, _: flooder(http, url, clients / rps,
+                                                               stop, status), ready))
 
 
 async def block(http: httpx.AsyncClient, url: str, args: argparse.Namespace, flood: bool,
                 phase: Phase) -> None:
     ctx = multiprocessing.get_context("spawn")
-    stop, out = ctx.Event(), ctx.Queue()
+    stop, ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
     proc = None
     if flood:
         proc = ctx.Process(target=flood_process, daemon=True,
-                           args=(url, args.flood_clients, args.flood_rps, stop, out))
+                           args=(url, args.flood_clients, args.flood_rps, stop, ready, out))
         proc.start()
+        if not await asyncio.to_thread(ready.wait, 120):
+            raise SystemExit("the flood process did not start within 120 s")
         await asyncio.sleep(1.0)  # the flood is under way before the victim starts
     start = time.perf_counter()
     try:
@@ -150,11 +152,7 @@ def run_server(args: argparse.Namespace, limited: bool) -> tuple[Phase, Phase]:
     try:
         return asyncio.run(measure(url, args))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, 20)
 
 
 def report(label: str, alone: Phase, flooded: Phase) -> list[str]:
