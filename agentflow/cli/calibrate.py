@@ -14,6 +14,7 @@ backends) are listed and skipped: their hardware is not this host's.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,9 +33,14 @@ def register(sub) -> None:
     p.add_argument("--repeats", type=int, default=2, help="rounds of the timing grid (2)")
     p.add_argument("--instances", help="comma-separated instance names to time (default: "
                    "every local instance)")
+    p.add_argument("--wall-clock", dest="cpu_clock", action="store_false",
+                   help="time the rows on the wall clock, scaled to a dedicated core by the "
+                   "share of its core each server got over each row (default: on each "
+                   "server's own CPU clock, /proc/<pid>/task/*/schedstat, which other "
+                   "work on the machine does not stretch)")
     p.add_argument("--no-cpu-share", dest="cpu_share", action="store_false",
-                   help="fit the times as measured, not scaled to a dedicated core by the "
-                   "share of its core each server got (from /proc)")
+                   help="with --wall-clock: fit the wall times as measured, not scaled by "
+                   "the share")
     p.add_argument("--single-only", dest="fit_batched", action="store_false",
                    help="fit on single requests only (default: the batched rows too)")
     p.add_argument("--tokenizer", help="a .gguf file or Hugging Face tokenizer for the prompts "
@@ -85,9 +91,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not groups:
         raise ValueError(f"{args.cluster}: no local (llama_server) instance to calibrate")
     host = host_profiles.this_host()
-    print(f"# host: {host.describe()}")
+    print(f"# host: {host.describe()}; load {os.getloadavg()[0]:.1f}")
     measure_args = argparse.Namespace(cluster=args.cluster, tokenizer=args.tokenizer,
-                                      seed=args.seed, repeats=args.repeats)
+                                      seed=args.seed, repeats=args.repeats,
+                                      cpu_clock=args.cpu_clock)
     saved: dict[str, dict] = {}
     for (base, model_name), members in groups.items():
         rows: list[tuple] = []
@@ -109,6 +116,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             base=base, model=model_name, host=host, constants=constants,
             fit_error={"median": fit.median_error, "max": fit.max_error},
             instances=tuple(n for n, _ in members))
+        refs = calib.reference_times(fit.profile, model, limits)
+        print("reference times on the fit (s, dedicated core): "
+              + ", ".join(f"{k} {v:.4f}" for k, v in refs.items()))
         print(f"{base} / {model_name} on {host.describe()}: "
               + ", ".join(f"{k}={v:.4g}" for k, v in constants.items())
               + f"; fit median {fit.median_error * 100:.1f}%, max {fit.max_error * 100:.1f}% "
@@ -116,8 +126,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if not args.dry_run:
             path = host_profiles.save(entry)
             print(f"stored in {path}")
-        saved[f"{base} / {model_name}"] = {**entry.to_json(), "rows": fit.rows,
+        saved[f"{base} / {model_name}"] = {**entry.to_json(), "reference_s": refs,
+                                          "rows": fit.rows,
                                           "batched": fit.batched, "joined": fit.joined}
+    print(f"# load at the end {os.getloadavg()[0]:.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(saved, indent=1))
     return 0

@@ -153,7 +153,7 @@ def build_sharded_router(config: AgentFlowConfig, instances: Sequence[InstanceCo
     if sched.shard_hosts == "ray":
         from agentflow.distributed.shard_actor import start_shards
 
-        handles = list(start_shards(config, parts, clock))
+        handles = list(start_shards(config, parts, clock, shared=sched.shard_shared))
     else:
         handles = []
         for part in parts:

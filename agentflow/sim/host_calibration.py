@@ -12,21 +12,26 @@ What it measures on one instance, as serving starts it (``create_backend``, end 
 ignored so the engine does exactly the asked work): single requests over a grid of prompt and
 output lengths, timed as the caller sees them (submit to first token, submit to last token);
 batches of equal requests, each between two lone requests of the same minute (batch/lone
-ratios, so a machine's drift cancels); and a decode that a newcomer's prompt joins. Each row
-keeps the share of its core the server process got (its CPU seconds from /proc over the row's
-wall time). Prompts are synthetic (``PromptMaker``: random common words of an exact token
-count, different for every call, so no prompt cache helps).
+ratios, so a machine's drift cancels); and a decode that a newcomer's prompt joins. Every row
+is timed on the server's own CPU clock (``ServerClock``: the server process's CPU seconds,
+per thread from /proc to the nanosecond, read at submit, first token and last token), which
+other work on the machine does not stretch, so a calibration on a busy machine fits what a
+dedicated core does (``--wall-clock``: the earlier way, wall times scaled by the share of
+its core the server got over each row). Prompts are synthetic (``PromptMaker``: random
+common words of an exact token count, different for every call, so no prompt cache helps).
 
 What it fits: the profile's efficiencies and overheads (``FIT_FIELDS``) on top of a base
 profile, by least squares of the simulator's own single-request (and, with ``fit_batched``,
-batched) times, relative error; ``cpu_share`` fits the seconds a dedicated core would have
-taken. Every check it prints compares the simulator with the rows before and after the fit.
+batched) times, relative error; on wall-clock rows, ``cpu_share`` fits the seconds a
+dedicated core would have taken. Every check it prints compares the simulator with the rows
+before and after the fit.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -104,6 +109,59 @@ def cpu_seconds(backend: Any) -> float | None:
     return read() if read is not None else None
 
 
+def server_pid(backend: Any) -> int | None:
+    """The process id of a local backend's server (llama-server), else None."""
+    pid = getattr(getattr(backend, "process", None), "pid", None)
+    return pid if isinstance(pid, int) else None
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds of every live thread of process ``pid``, to the nanosecond: the sum of
+    ``/proc/<pid>/task/<tid>/schedstat``'s first field (time spent on a CPU). ``/proc/<pid>/
+    stat`` counts in clock ticks (10 ms), as long as a short calibration row; llama-server's
+    threads (the inference loop, the HTTP pool) live as long as the server. None where the
+    kernel keeps no schedstat (or the process is gone)."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except FileNotFoundError:  # a thread that just exited
+                continue
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
+
+
+class ServerClock:
+    """Time as the server's own CPU spends it, or the wall clock where that cannot be read.
+
+    Why: on a core shared with other work a request's wall time is its CPU time stretched by
+    the share of the core the server got, and that share moves from one second to the next
+    (25% on a busy machine, 100% on a quiet one). The server's CPU seconds are what a
+    dedicated core would take, whatever else runs beside it, so every calibration row is
+    timed on this clock: each interval is the server's CPU seconds between its two ends
+    (``now`` read at submit, at the first streamed token, at the last). A remote server (an
+    ``openai`` backend) has no CPU clock here: its rows are wall times (``cpu`` False)."""
+
+    def __init__(self, backend: Any, *, use_cpu: bool = True):
+        pid = server_pid(backend) if use_cpu else None
+        self._pid = pid if pid is not None and process_cpu_s(pid) is not None else None
+
+    @property
+    def cpu(self) -> bool:
+        return self._pid is not None
+
+    def now(self) -> float:
+        if self._pid is not None:
+            got = process_cpu_s(self._pid)
+            if got is not None:
+                return got
+            raise RuntimeError(f"server process {self._pid} is gone: its CPU clock stopped")
+        return time.perf_counter()
+
+
 
 def start_backends(cluster_path: str) -> dict[str, Any]:
     """The cluster's instances as serving starts them, with end of text ignored."""
@@ -153,22 +211,37 @@ CAL_BATCH_SHAPES = ((32, 64), (512, 64))
 
 
 def measure_single(backend: Any, maker: PromptMaker, repeats: int,
-                   loop: asyncio.AbstractEventLoop) -> list[tuple]:
-    """(prompt, output, ttft_s, total_s) of one-at-a-time requests, as the caller sees
-    them (perf_counter around the HTTP call; the first token's time from the stream)."""
+                   loop: asyncio.AbstractEventLoop, *, cpu_clock: bool = True) -> list[tuple]:
+    """(prompt, output, ttft_s, total_s, share, wall ttft_s, wall total_s) of one-at-a-time
+    requests. On the server's CPU clock (``ServerClock``; ``share`` is then 1.0: the times
+    are already a dedicated core's) where it can be read, else as the caller sees them
+    (perf_counter around the HTTP call, the first token's time from the stream; ``share``:
+    the server's CPU seconds over the wall time, from /proc, 1.0 where unknown). The last
+    two columns are always the wall times."""
     from agentflow.llm.base import LLMRequest, SamplingParams
 
     rows = []
+    clock = ServerClock(backend, use_cpu=cpu_clock)
 
     async def one(p: int, o: int) -> tuple:
         req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
-        c0 = cpu_seconds(backend)
+        first: list[float] = []
+
+        def progress(_: int) -> None:
+            if not first:
+                first.append(clock.now())
+
+        c0, s0 = clock.now(), cpu_seconds(backend)
         t = time.perf_counter()
-        res = await backend.generate(req)
+        res = await backend.generate(req, on_progress=progress)
         elapsed = time.perf_counter() - t
-        c1 = cpu_seconds(backend)
-        share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and c1 is not None else 1.0
-        return (res.prompt_tokens, o, res.ttft_s, elapsed, share)
+        c1, s1 = clock.now(), cpu_seconds(backend)
+        if clock.cpu:
+            total = c1 - c0
+            ttft = first[0] - c0 if first else total * res.ttft_s / elapsed
+            return (res.prompt_tokens, o, ttft, total, 1.0, res.ttft_s, elapsed)
+        share = min(1.0, (s1 - s0) / elapsed) if s0 is not None and s1 is not None else 1.0
+        return (res.prompt_tokens, o, res.ttft_s, elapsed, share, res.ttft_s, elapsed)
 
     async def all_rows() -> None:
         await one(16, 2)  # warm-up
@@ -176,38 +249,42 @@ def measure_single(backend: Any, maker: PromptMaker, repeats: int,
             for p in CAL_PROMPTS:
                 for o in CAL_OUTPUTS:
                     rows.append(await one(p, o))
-                    print(f"  prompt {rows[-1][0]:5d} output {o:4d}: ttft {rows[-1][2]:.3f} s "
-                          f"total {rows[-1][3]:.3f} s, core share {rows[-1][4]:.2f}",
-                          flush=True)
+                    r = rows[-1]
+                    what = "server CPU" if clock.cpu else f"wall, core share {r[4]:.2f}"
+                    print(f"  prompt {r[0]:5d} output {o:4d}: ttft {r[2]:.3f} s total "
+                          f"{r[3]:.3f} s ({what}; wall {r[5]:.3f} / {r[6]:.3f} s, share "
+                          f"{r[3] / r[6]:.2f})", flush=True)
 
     loop.run_until_complete(all_rows())
     return rows
 
 
 def measure_batched(backend: Any, maker: PromptMaker, repeats: int,
-                    loop: asyncio.AbstractEventLoop) -> list[tuple]:
+                    loop: asyncio.AbstractEventLoop, *, cpu_clock: bool = True) -> list[tuple]:
     """(batch, prompt, output, mean total_s, core share, lone total_s, lone core share) of
     ``batch`` equal requests sent at once, each batch between two lone requests of the same
     shape on the same server (their mean is the lone time). The VM's speed drifts 1.0-1.4x
     within an hour, which a batch row alone cannot tell from batching physics; its ratio to
-    lone requests taken in the same minute can, since the machine factor cancels."""
+    lone requests taken in the same minute can, since the machine factor cancels. Times on
+    the server's CPU clock where it can be read (``ServerClock``; shares 1.0), else wall
+    times with the server's share of its core."""
     from agentflow.llm.base import LLMRequest, SamplingParams
 
     rows = []
+    clock = ServerClock(backend, use_cpu=cpu_clock)
 
-    async def one(p: int, o: int) -> tuple[int, float, float]:
+    async def one(p: int, o: int, start: float) -> tuple[int, float, float]:
         req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
-        t = time.perf_counter()
         res = await backend.generate(req)
         per_tok = (res.engine_timings or {}).get("predicted_per_token_ms", float("nan"))
-        return res.prompt_tokens, time.perf_counter() - t, float(per_tok)
+        return res.prompt_tokens, clock.now() - start, float(per_tok)
 
     async def timed(b: int, p: int, o: int) -> tuple[list, float, float]:
-        c0, t = cpu_seconds(backend), time.perf_counter()
-        got = await asyncio.gather(*(one(p, o) for _ in range(b)))
+        c0, t, start = cpu_seconds(backend), time.perf_counter(), clock.now()
+        got = await asyncio.gather(*(one(p, o, start) for _ in range(b)))
         elapsed, c1 = time.perf_counter() - t, cpu_seconds(backend)
         share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and c1 is not None else 1.0
-        return got, float(np.mean([g[1] for g in got])), share
+        return got, float(np.mean([g[1] for g in got])), 1.0 if clock.cpu else share
 
     async def all_rows() -> None:
         for _ in range(repeats):
@@ -223,9 +300,9 @@ def measure_batched(backend: Any, maker: PromptMaker, repeats: int,
                     batch_tok = float(np.mean([g[2] for g in got]))
                     print(f"  batch {b} x prompt {served:5d} output {o:4d}: mean total "
                           f"{total:.3f} s (lone, same minute: {lone:.3f} s; ratio "
-                          f"{total / lone:.3f}); decode ms/token {batch_tok:.1f} vs lone "
-                          f"{lone_tok:.1f} ({batch_tok / lone_tok:.3f}); core share "
-                          f"{share:.2f}", flush=True)
+                          f"{total / lone:.3f}; {'server CPU' if clock.cpu else 'wall'}); "
+                          f"decode ms/token (wall) {batch_tok:.1f} vs lone {lone_tok:.1f} "
+                          f"({batch_tok / lone_tok:.3f})", flush=True)
 
     loop.run_until_complete(all_rows())
     return rows
@@ -241,40 +318,46 @@ CAL_JOIN_DELAY_S = 1.0
 
 
 def measure_joined(backend: Any, maker: PromptMaker, repeats: int,
-                   loop: asyncio.AbstractEventLoop) -> list[tuple]:
-    """(B's prompt, A's total_s joined, A's total_s alone, B's total_s joined, B's alone):
-    A alone, then A joined by B, then B alone, each lone time from the same minute."""
+                   loop: asyncio.AbstractEventLoop, *, cpu_clock: bool = True) -> list[tuple]:
+    """(B's prompt, A's total_s joined, A's total_s alone, B's total_s joined, B's alone,
+    B's arrival after A): A alone, then A joined by B, then B alone, each lone time from the
+    same minute. On the server's CPU clock where it can be read (B is sent
+    ``CAL_JOIN_DELAY_S`` of wall time after A; the last column is that delay on the clock
+    the row uses)."""
     from agentflow.llm.base import LLMRequest, SamplingParams
 
     rows = []
+    clock = ServerClock(backend, use_cpu=cpu_clock)
 
-    async def one(p: int, o: int, delay: float = 0.0) -> tuple[int, float]:
+    async def one(p: int, o: int, delay: float = 0.0) -> tuple[int, float, float]:
         await asyncio.sleep(delay)
         req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
-        t = time.perf_counter()
+        t = clock.now()
         res = await backend.generate(req)
-        return res.prompt_tokens, time.perf_counter() - t
+        return res.prompt_tokens, clock.now() - t, t
 
     async def all_rows() -> None:
         for _ in range(repeats):
             for pb in CAL_JOIN_PROMPTS:
-                _, a_lone = await one(32, CAL_JOIN_OUTPUT)
-                (pa, a_join), (served, b_join) = await asyncio.gather(
+                _, a_lone, _ = await one(32, CAL_JOIN_OUTPUT)
+                (pa, a_join, a_t), (served, b_join, b_t) = await asyncio.gather(
                     one(32, CAL_JOIN_OUTPUT), one(pb, 4, CAL_JOIN_DELAY_S))
-                _, b_lone = await one(pb, 4)
-                rows.append((served, a_join, a_lone, b_join, b_lone))
-                print(f"  decode of {CAL_JOIN_OUTPUT} joined after {CAL_JOIN_DELAY_S} s by a "
+                _, b_lone, _ = await one(pb, 4)
+                rows.append((served, a_join, a_lone, b_join, b_lone, b_t - a_t))
+                print(f"  decode of {CAL_JOIN_OUTPUT} joined after {b_t - a_t:.3f} s by a "
                       f"{served}-token prompt: A {a_join:.3f} s (alone {a_lone:.3f} s, ratio "
                       f"{a_join / a_lone:.3f}), B {b_join:.3f} s (alone {b_lone:.3f} s, "
-                      f"ratio {b_join / b_lone:.3f})", flush=True)
+                      f"ratio {b_join / b_lone:.3f}; "
+                      f"{'server CPU' if clock.cpu else 'wall'})", flush=True)
 
     loop.run_until_complete(all_rows())
     return rows
 
 
 def sim_joined(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
-               prompt_b: int) -> tuple[float, float]:
-    """Simulated (A's latency, B's latency) of a ``measure_joined`` row."""
+               prompt_b: int, delay: float = CAL_JOIN_DELAY_S) -> tuple[float, float]:
+    """Simulated (A's latency, B's latency) of a ``measure_joined`` row, B arriving
+    ``delay`` s after A."""
     eng = SimInstance(gpu, model, max_num_seqs=limits.max_num_seqs,
                       max_num_batched_tokens=limits.max_num_batched_tokens,
                       use_calibration=False)
@@ -287,10 +370,10 @@ def sim_joined(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: I
     added = False
     while True:
         t = eng.next_event_time()
-        if not added and (t is None or t >= CAL_JOIN_DELAY_S):
-            ends.update((ev.seq_id, ev.time) for ev in eng.step_until(CAL_JOIN_DELAY_S)
+        if not added and (t is None or t >= delay):
+            ends.update((ev.seq_id, ev.time) for ev in eng.step_until(delay)
                         if ev.kind == "finished")
-            eng.add("b", prompt_b, 4, 0, CAL_JOIN_DELAY_S)
+            eng.add("b", prompt_b, 4, 0, delay)
             added = True
             continue
         if t is None:
@@ -298,15 +381,16 @@ def sim_joined(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: I
         for ev in eng.step_until(t):
             if ev.kind == "finished":
                 ends[ev.seq_id] = ev.time
-    return ends["a"], ends["b"] - CAL_JOIN_DELAY_S
+    return ends["a"], ends["b"] - delay
 
 
 def print_joined_check(label: str, g: hardware.GPUProfile, model: hardware.ModelProfile,
                        limits: InstanceConfig, joined: list[tuple]) -> None:
     """Joined/lone ratios, simulated vs real, of A (the decode) and B (the prompt)."""
     cells = []
-    for pb, a_join, a_lone, b_join, b_lone in joined:
-        sa, sb = sim_joined(g, model, limits, pb)
+    for row in joined:
+        pb, a_join, a_lone, b_join, b_lone = row[:5]
+        sa, sb = sim_joined(g, model, limits, pb, *row[5:6])
         la, lb = sim_single(g, model, limits, 32, CAL_JOIN_OUTPUT)[1], \
             sim_single(g, model, limits, pb, 4)[1]
         cells.append(f"p{pb}: A {sa / la:.3f} vs {a_join / a_lone:.3f}, B {sb / lb:.3f} vs "
@@ -353,6 +437,20 @@ def sim_batch(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: In
 def sim_single(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
                prompt: int, output: int) -> tuple[float, float]:
     return sim_batch(gpu, model, limits, 1, prompt, output)
+
+
+# Shapes a profile is compared on (two calibrations of one host, say): a short and a long
+# prompt alone, a decode alone, a batch of four decodes.
+REFERENCE_SHAPES = (("p2048 o1", 1, 2048, 1), ("p256 o24", 1, 256, 24), ("p32 o96", 1, 32, 96),
+                    ("4 x p32 o64", 4, 32, 64))
+
+
+def reference_times(g: hardware.GPUProfile, model: hardware.ModelProfile,
+                    limits: InstanceConfig) -> dict[str, float]:
+    """Simulated mean latency of each ``REFERENCE_SHAPES`` on ``g``: what two fits of one
+    host are compared on, since their constants trade off against each other (a per-step
+    overhead against a bandwidth) where their times need not."""
+    return {name: sim_batch(g, model, limits, b, p, o)[1] for name, b, p, o in REFERENCE_SHAPES}
 
 
 def batch_residuals(g: hardware.GPUProfile, model: hardware.ModelProfile,
@@ -429,11 +527,15 @@ def measure_calibration(args: argparse.Namespace, name: str, cfg: InstanceConfig
         backend = backends[name]
         maker = PromptMaker(tokenizer_of(backends, args.tokenizer), args.seed)
         print(f"# single requests on {name} ({cfg.gpu}, {cfg.model})")
-        rows = measure_single(backend, maker, args.repeats, loop)
+        cpu_clock = getattr(args, "cpu_clock", True)
+        clock = "the server's CPU clock" if ServerClock(backend, use_cpu=cpu_clock).cpu \
+            else "the wall clock"
+        print(f"# timed on {clock}")
+        rows = measure_single(backend, maker, args.repeats, loop, cpu_clock=cpu_clock)
         print(f"# batched decode on {name}")
-        batched = measure_batched(backend, maker, args.repeats, loop)
+        batched = measure_batched(backend, maker, args.repeats, loop, cpu_clock=cpu_clock)
         print(f"# a decode joined by a prompt on {name}")
-        joined = measure_joined(backend, maker, args.repeats, loop)
+        joined = measure_joined(backend, maker, args.repeats, loop, cpu_clock=cpu_clock)
     finally:
         loop.run_until_complete(close_all(backends))
         loop.close()

@@ -1,0 +1,125 @@
+"""The calibration's clock: a server's own CPU seconds, which other work on its core does not
+stretch (real child processes, a real busy loop beside them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from agentflow.sim.host_calibration import ServerClock, process_cpu_s, server_pid
+
+# A fixed amount of work, then a wait for stdin so its CPU time can be read after it.
+WORK = "import sys\nx = 0\nfor i in range({n}): x += i\nprint('done', flush=True)\nsys.stdin.read()"
+SPIN = "while True: pass"
+
+
+def _child(code: str, core: int | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    if core is not None:
+        os.sched_setaffinity(proc.pid, {core})
+    return proc
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.skipif(process_cpu_s(os.getpid()) is None, reason="no /proc schedstat")
+def test_the_cpu_clock_counts_a_servers_work_not_the_time_it_waits():
+    sleeper = _child("import time; time.sleep(30)")
+    try:
+        clock = ServerClock(SimpleNamespace(process=SimpleNamespace(pid=sleeper.pid)))
+        assert clock.cpu
+        c0, t0 = clock.now(), time.perf_counter()
+        time.sleep(0.3)
+        assert time.perf_counter() - t0 >= 0.3
+        assert clock.now() - c0 < 0.05  # asleep: no CPU time
+    finally:
+        _stop(sleeper)
+
+
+@pytest.mark.skipif(process_cpu_s(os.getpid()) is None or not hasattr(os, "sched_setaffinity"),
+                    reason="no /proc schedstat or CPU affinity")
+def test_a_busy_loop_on_the_same_core_stretches_wall_time_not_cpu_time():
+    """The same fixed work alone and beside a hog pinned to its core: the wall time grows
+    (the hog takes its share of the core), the CPU clock's reading of it barely moves."""
+    core = sorted(os.sched_getaffinity(0))[0]
+    n = 3_000_000
+
+    def run(with_hog: bool) -> tuple[float, float]:
+        hog = _child(SPIN, core) if with_hog else None
+        try:
+            if hog is not None:
+                time.sleep(0.2)  # the hog is spinning before the work starts
+            t0 = time.perf_counter()
+            worker = _child(WORK.format(n=n), core)
+            try:
+                assert worker.stdout is not None and worker.stdout.readline() == "done\n"
+                wall = time.perf_counter() - t0
+                cpu = process_cpu_s(worker.pid)
+                assert cpu is not None
+                return cpu, wall
+            finally:
+                _stop(worker)
+        finally:
+            if hog is not None:
+                _stop(hog)
+
+    cpu_alone, wall_alone = run(False)
+    cpu_hog, wall_hog = run(True)
+    assert wall_hog / cpu_hog > 1.4  # the hog took a large share of the core
+    assert 0.7 < cpu_hog / cpu_alone < 1.4, (cpu_alone, wall_alone, cpu_hog, wall_hog)
+
+
+def test_a_backend_without_a_local_process_is_timed_on_the_wall_clock():
+    for backend in (SimpleNamespace(), SimpleNamespace(process=SimpleNamespace(pid=None))):
+        assert server_pid(backend) is None
+        clock = ServerClock(backend)
+        assert not clock.cpu
+        a = clock.now()
+        time.sleep(0.01)
+        assert clock.now() - a >= 0.01
+    # and on request, a local one too
+    assert not ServerClock(SimpleNamespace(process=SimpleNamespace(pid=os.getpid())),
+                           use_cpu=False).cpu
+
+
+@pytest.mark.skipif(process_cpu_s(os.getpid()) is None, reason="no /proc schedstat")
+def test_a_server_gone_mid_calibration_is_an_error_not_a_frozen_clock():
+    proc = _child("import time; time.sleep(30)")
+    clock = ServerClock(SimpleNamespace(process=SimpleNamespace(pid=proc.pid)))
+    assert clock.cpu
+    _stop(proc)
+    assert process_cpu_s(proc.pid) is None
+    with pytest.raises(RuntimeError, match="gone"):
+        clock.now()
+
+
+def test_reference_times_compare_two_fits_on_times():
+    """Two fits of one host are compared on what they predict: a profile with twice the
+    weight bandwidth decodes faster, and a prompt's time does not depend on the decode."""
+    from dataclasses import replace
+
+    from agentflow import hardware
+    from agentflow.config import InstanceConfig
+    from agentflow.sim.engine import engine_for
+    from agentflow.sim.host_calibration import REFERENCE_SHAPES, engine_limits, reference_times
+
+    cfg = engine_limits(InstanceConfig(name="cpu-0", gpu="Xeon-core", model="gemma-3-270m",
+                                       backend={"type": "llama_server", "parallel": 4}))
+    g = hardware.gpu("Xeon-core")
+    model = engine_for("cpu-0", cfg, g).model
+    base = reference_times(g, model, cfg)
+    fast = reference_times(replace(g, bw_efficiency=2 * g.bw_efficiency), model, cfg)
+    assert list(base) == [name for name, *_ in REFERENCE_SHAPES]
+    assert all(v > 0 for v in base.values())
+    assert fast["p32 o96"] < 0.9 * base["p32 o96"]
+    assert base["4 x p32 o64"] > base["p32 o96"] * 64 / 96  # a batch costs more than one
