@@ -101,8 +101,9 @@ class WorkflowRun:
         shape = (g.number_of_nodes(), g.number_of_edges())
         cached = self.__dict__.get("_order")
         if cached is None or cached[0] != shape:
-            cached = self._order = (shape, [(n, self.node(n), list(g.predecessors(n)))
-                                            for n in nx.lexicographical_topological_sort(g)])
+            nodes, pred = g.nodes, g.pred
+            cached = self._order = (shape, [(n, nodes[n]["node"], list(pred[n]))
+                                            for n in lexical_order(g)])
         return cached[1]
 
     @property
@@ -195,6 +196,31 @@ class WorkflowRun:
         self.query.timeline.append(StageRecord(
             node_id=node_id, stage=node.stage, kind=node.kind.value,
             parents=sorted(self.graph.predecessors(node_id)), expanded_by=expanded_by))
+
+
+def lexical_order(g: nx.DiGraph) -> list[Any]:
+    """``nx.lexicographical_topological_sort(g)`` (no key): Kahn's algorithm taking the
+    smallest ready node id first, which fixes the order uniquely, so the same list; without
+    networkx's per-call dispatch and generator layers (a simulated query's graph grows at
+    most of its stages, and its ready list is read at each)."""
+    import heapq
+
+    succ, pred = g.succ, g.pred
+    indegree = {n: len(pred[n]) for n in g}
+    ready = [n for n, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        n = heapq.heappop(ready)
+        order.append(n)
+        for child in succ[n]:
+            left = indegree[child] - 1
+            indegree[child] = left
+            if left == 0:
+                heapq.heappush(ready, child)
+    if len(order) != len(indegree):
+        raise GraphError("pipeline graph has a cycle")
+    return order
 
 
 def chain(*nodes: Node) -> nx.DiGraph:
