@@ -101,10 +101,15 @@ class WorkflowRun:
         shape = (g.number_of_nodes(), g.number_of_edges())
         cached = self.__dict__.get("_order")
         if cached is None or cached[0] != shape:
-            nodes, pred = g.nodes, g.pred
-            cached = self._order = (shape, [(n, nodes[n]["node"], list(pred[n]))
-                                            for n in lexical_order(g)])
+            cached = self._keep_order(lexical_order(g))
         return cached[1]
+
+    def _keep_order(self, order: list[str]) -> tuple[Any, ...]:
+        g = self.graph
+        nodes, pred = g.nodes, g.pred
+        kept = self._order = ((g.number_of_nodes(), g.number_of_edges()),
+                              [(n, nodes[n]["node"], list(pred[n])) for n in order])
+        return kept
 
     @property
     def finished(self) -> bool:
@@ -184,8 +189,10 @@ class WorkflowRun:
             self.graph.add_node(node.id, node=node)
             self._state[node.id] = self.PENDING
         self.graph.add_edges_from(expansion.edges)
-        if not nx.is_directed_acyclic_graph(self.graph):
-            raise GraphError("expansion would create a cycle")
+        try:  # the cycle check is the ready list's order, kept for ``_lexical_order``
+            self._keep_order(lexical_order(self.graph))
+        except GraphError:
+            raise GraphError("expansion would create a cycle") from None
         for node_id in nx.topological_sort(self.graph.subgraph(new_ids)):
             self._add_record(node_id, expanded_by=by)
         for _src, dst in expansion.edges:  # keep recorded parents in step with the graph
