@@ -435,7 +435,7 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
 
             backends: dict[str, LLMBackend] = dict(start_instances(self.config, loop=self._loop))
             return backends
-        if self.config.scheduler.shard_hosts == "socket":  # the scheduler process has them
+        if self.config.scheduler.shard_hosts != "local":  # the shards' processes have them
             return {}
         from agentflow.llm.registry import create_backend
 
@@ -449,9 +449,10 @@ class AgentFlow(TeachingMixin):  # + teach/examples/define/glossary (agentflow.t
 
         by_name = {i.name: i for i in self.config.instances}
         # Backends passed in code without a configured instance run as plain CPU instances.
-        instances = [by_name.get(name) or InstanceConfig(name=name) for name in self.backends]
+        instances = [by_name.get(name) or InstanceConfig(name=name) for name in self.backends] \
+            if self.backends else list(self.config.instances)
         sched = self.config.scheduler
-        if sched.shards > 1 or sched.shard_hosts == "socket":  # K coordinators, maybe shared
+        if sched.shards > 1 or sched.shard_hosts != "local":  # K coordinators, maybe shared
             from agentflow.scheduler.shard_router import build_sharded_router
 
             return build_sharded_router(self.config, instances, self.backends,

@@ -154,6 +154,9 @@ class SchedulerConfig(BaseModel):
     shard_route: Literal["p2c", "least", "hash"] = "p2c"
     shard_hosts: Literal["local", "ray", "socket"] = "local"
     shard_socket: str | None = None
+    # ray shards named after the fleet, found and shared by every front end of it on the
+    # cluster (Ray Serve replicas: set by `agentflow serve --ray ADDRESS --replicas N`)
+    shard_shared: bool = False
     revive_after_s: float | None = 30.0  # longest wait between probes of a failed instance
     health: HealthSettings = Field(default_factory=HealthSettings)  # call deadlines, breaker
     # SLO classes (agentflow.slo_classes): name -> {rank, slo_seconds, weight}, over the

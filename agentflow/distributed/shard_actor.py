@@ -25,7 +25,10 @@ reachable from a shard actor (a clear error at start-up).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -42,6 +45,9 @@ if TYPE_CHECKING:
     from agentflow.workflow.query import Query
 
 log = logging.getLogger("agentflow.distributed")
+
+SHARD_NAMESPACE = "agentflow"
+SHARD_PREFIX = "agentflow-shard-"
 
 
 class ShardHost:
@@ -66,9 +72,24 @@ class ShardHost:
         self.router = ScheduledRouter(coordinator, backends,
                                       revive_after_s=sched.revive_after_s, health=sched.health)
         self.runs: dict[str, Any] = {}  # query id -> RunMirror
+        self.fronts: dict[str, int] = {}  # front ends attached -> calls each sent
 
     async def ready(self) -> str:
         return self.incarnation
+
+    async def attach(self, front: str) -> int:
+        """A front end shares this shard from now on; how many do."""
+        self.fronts.setdefault(front, 0)
+        return len(self.fronts)
+
+    async def detach(self, front: str) -> int:
+        """A front end leaves; how many are left (the last one stops the shard)."""
+        self.fronts.pop(front, None)
+        return len(self.fronts)
+
+    async def stats(self) -> dict[str, Any]:
+        return {"incarnation": self.incarnation, "fronts": dict(self.fronts),
+                "queries": len(self.runs)}
 
     def _load(self) -> ShardLoad:
         from agentflow.scheduler.shards import coordinator_load
@@ -96,11 +117,14 @@ class ShardHost:
         return run
 
     async def submit(self, query: dict[str, Any], dag: dict[str, Any], node_id: str,
-                     request: LLMRequest) -> AsyncIterator[tuple[Any, ...]]:
+                     request: LLMRequest, front: str = "") -> AsyncIterator[tuple[Any, ...]]:
         """Stream ``("progress", tokens)``, then ``("result", fields, load)`` or
         ``("error", message, retryable)`` (failures travel as data, as in
         ``agentflow.distributed.actor``)."""
         from agentflow.scheduler import QueryRejected
+
+        if front:
+            self.fronts[front] = self.fronts.get(front, 0) + 1
 
         try:
             run = self._run(query, dag)
@@ -166,8 +190,12 @@ class RayShard:
 
     def __init__(self, index: int, instances: list[dict[str, Any]],
                  scheduler: dict[str, Any], *, ray: Any, clock: Clock,
-                 start_timeout_s: float = 60.0):
+                 start_timeout_s: float = 60.0, name: str | None = None):
         self.index = index
+        # named: one actor for every front end of the same fleet (Serve replicas), found
+        # or made by name, kept until the last front end attached to it leaves
+        self.name = name
+        self.front = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.clock = clock  # the front end's: the run's times are kept in it
         self.ray = ray
         self._args = (index, instances, scheduler)
@@ -185,9 +213,15 @@ class RayShard:
         self._start()
 
     def _start(self) -> None:
-        self.actor = self._remote.options(num_cpus=0, max_restarts=0, max_task_retries=0,
-                                          max_concurrency=1000).remote(*self._args)
+        options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_task_retries": 0,
+                                   "max_concurrency": 1000}
+        if self.name:  # outlives the front end that made it: detached, by name
+            options.update(name=self.name, namespace=SHARD_NAMESPACE, get_if_exists=True,
+                           lifetime="detached")
+        self.actor = self._remote.options(**options).remote(*self._args)
         self.generation += 1
+        if self.name:
+            self._tell("attach", self.front)
         if self._weights:
             self._tell("set_share_weights", self._weights)
 
@@ -225,7 +259,7 @@ class RayShard:
             now = self.clock.now()  # times cross as "seconds ago": no clock is shared
             stream = self.actor.submit.options(num_returns="streaming").remote(
                 query_snapshot(call.query, now), dag_snapshot(call.run, now),
-                call.node.id, call.request)
+                call.node.id, call.request, self.front)
             try:
                 async for ref in stream:
                     item = await ref
@@ -271,7 +305,18 @@ class RayShard:
             await asyncio.shield(self._restarting)
 
     async def _ready_async(self) -> None:
-        await asyncio.wait_for(self.actor.ready.remote(), self.start_timeout_s)
+        deadline = asyncio.get_running_loop().time() + self.start_timeout_s
+        while True:
+            try:
+                await asyncio.wait_for(self.actor.ready.remote(), self.start_timeout_s)
+                return
+            except self.ray.exceptions.RayActorError:
+                # a named shard: the name may still have been the dead actor's, or another
+                # front end killed the one found; ask for it again
+                if not self.name or asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+                self._start()
 
     def _tell(self, method: str, *args: Any) -> None:
         """A call whose answer nobody waits for (a dead actor: its queries are gone too)."""
@@ -284,6 +329,13 @@ class RayShard:
         self.ray.kill(self.actor, no_restart=True)
 
     async def close(self) -> None:
+        if self.name:  # shared: stopped by the last front end attached only
+            try:
+                left = await asyncio.wait_for(self.actor.detach.remote(self.front), timeout=30)
+            except Exception:  # noqa: BLE001 - dead or slow: nothing left to leave
+                return
+            if left:
+                return
         try:
             await asyncio.wait_for(self.actor.close.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - dead or slow: kill it anyway
@@ -292,17 +344,36 @@ class RayShard:
 
 
 def start_shards(config: AgentFlowConfig, parts: Sequence[Sequence[InstanceConfig]],
-                 clock: Clock) -> list[RayShard]:
+                 clock: Clock, *, shared: bool = False) -> list[RayShard]:
     """One actor per shard, each answering before this returns (Ray: the config's
-    ``placement.address``, or a private local Ray)."""
+    ``placement.address``, or a private local Ray). ``shared``: named after the fleet (its
+    instances and scheduler settings), so every front end of the same fleet on the cluster
+    — each Ray Serve replica — finds and uses the same actors: one queue."""
     if config.placement is not None:
         raise ValueError("scheduler.shard_hosts: ray with instances placed as Ray actors "
                          "(placement) is not supported yet: use shard_hosts: local, or "
                          "instances reached over HTTP (vllm/openai backends)")
     ray = connect_ray("local")
     scheduler = config.scheduler.model_dump(mode="json")
-    shards = [RayShard(i, [inst.model_dump(mode="json") for inst in part], scheduler,
-                       ray=ray, clock=clock) for i, part in enumerate(parts)]
+    specs = [[inst.model_dump(mode="json") for inst in part] for part in parts]
+    fleet = hashlib.sha1(json.dumps([specs, scheduler], sort_keys=True).encode()).hexdigest()
+    shards = [RayShard(i, spec, scheduler, ray=ray, clock=clock,
+                       name=f"{SHARD_PREFIX}{fleet[:12]}-{i}" if shared else None)
+              for i, spec in enumerate(specs)]
     for shard in shards:
         shard.wait_ready()
     return shards
+
+
+def kill_shared_shards(ray: Any) -> int:
+    """Kill every shared shard actor on the cluster (the Serve application was deleted:
+    a replica killed outright never detached); how many."""
+    killed = 0
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] == SHARD_NAMESPACE and entry["name"].startswith(SHARD_PREFIX):
+            try:
+                ray.kill(ray.get_actor(entry["name"], namespace=SHARD_NAMESPACE))
+                killed += 1
+            except ValueError:  # gone meanwhile
+                pass
+    return killed

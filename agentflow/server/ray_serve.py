@@ -10,9 +10,12 @@ for replicas on several hosts is PostgreSQL (``--state postgresql://...``). Any 
 then answers for any query, and a replica that dies has its queries moved to another
 (``agentflow.server.replica``).
 
-What a replica is not (yet): a client of one shared scheduler. Each runs its own engine,
-with its own connections to the instances in the config; ``placement: ray`` (instances as
-Ray actors) is refused here, as every replica would start its own copy of every instance.
+The scheduler: with ``scheduler: {shard_hosts: ray}`` in the config every replica submits
+its calls to the same coordinator shard actors, found by the fleet's name
+(``scheduler.shard_shared``, set here; ``agentflow.distributed.shard_actor``); otherwise each
+replica runs its own coordinator over its own connections to the instances. ``placement:
+ray`` (instances as Ray actors) is refused here, as every replica would start its own copy
+of every instance.
 """
 
 from __future__ import annotations
@@ -94,12 +97,16 @@ def deploy(address: str, config: dict[str, Any], settings: dict[str, Any], repli
 def undeploy() -> None:
     """Delete the app (each replica drains: its lifespan closes the service) and stop
     Serve."""
+    import ray
     from ray import serve
+
+    from agentflow.distributed.shard_actor import kill_shared_shards
 
     try:
         serve.delete(APP_NAME)
     finally:
         serve.shutdown()
+        kill_shared_shards(ray)  # detached: a replica killed outright never let go of them
 
 
 def serve_on_ray(address: str, config: Any, settings: Any, replicas: int, *, host: str,
@@ -118,6 +125,8 @@ def serve_on_ray(address: str, config: Any, settings: Any, replicas: int, *, hos
         print("agentflow: error: Serve replicas must share a state store: --state FILE on "
               "one host, postgresql://... on many", file=sys.stderr, flush=True)
         return 2
+    if config.scheduler.shard_hosts == "ray":  # every replica on the same shard actors
+        config.scheduler = config.scheduler.model_copy(update={"shard_shared": True})
     data = settings.model_dump(mode="json")
     data["_log_level"] = log_level
     env = {"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}} \

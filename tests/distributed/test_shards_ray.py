@@ -63,3 +63,40 @@ def test_a_killed_shard_actor_is_restarted_and_every_query_is_answered(local_ray
                 for i in range(4)]
         assert [h.result(timeout=120).status for h in more] == ["done"] * 4
         assert router.router.routed[0] >= 1 and router.router.routed[1] >= 1
+
+
+def test_front_ends_of_one_fleet_share_its_named_shard_actors(local_ray) -> None:
+    """What two Ray Serve replicas do (``shard_shared``): each front end finds the fleet's
+    shard actors by name instead of starting its own, so both front ends' calls land in
+    the same coordinators (one queue per shard); the last one to leave stops them."""
+    from agentflow.distributed.shard_actor import SHARD_PREFIX
+    from tests.utils import wait_until
+
+    data = _config().model_dump(mode="json")
+    data["scheduler"]["shard_shared"] = True
+    config = AgentFlowConfig.model_validate(data)
+    with AgentFlow(config) as a, AgentFlow(config) as b:
+        assert a.backends == {} and b.backends == {}  # the instances live in the actors
+        for i in range(2):
+            sa, sb = a.router.shards[i], b.router.shards[i]
+            assert isinstance(sa, RayShard) and isinstance(sb, RayShard)
+            assert sa.name == sb.name and sa.front != sb.front
+        handles = [af.submit(f"How many stores are there? {i}", db="bookshop")
+                   for i in range(4) for af in (a, b)]
+        answers = [h.result(timeout=180) for h in handles]
+        assert [x.status for x in answers] == ["done"] * 8, [x.error for x in answers]
+        calls = {"a": 0, "b": 0}  # each front end's calls, over both shards
+        for i in range(2):
+            one = ray.get(a.router.shards[i].actor.stats.remote())
+            other = ray.get(b.router.shards[i].actor.stats.remote())
+            assert one["incarnation"] == other["incarnation"]  # the same actor
+            fa, fb = a.router.shards[i].front, b.router.shards[i].front
+            assert set(one["fronts"]) == {fa, fb}
+            calls["a"] += one["fronts"][fa]
+            calls["b"] += one["fronts"][fb]
+        assert calls["a"] > 0 and calls["b"] > 0, calls
+
+    def shared_left() -> list[str]:
+        return [e["name"] for e in ray.util.list_named_actors(all_namespaces=True)
+                if e["name"].startswith(SHARD_PREFIX)]
+    wait_until(lambda: not shared_left(), timeout_s=60, what="the shard actors stopped")

@@ -10,10 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,8 @@ import pytest
 pytest.importorskip("mcp")
 from mcp import Client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
+
+from tests.mcp.utils import mcp_http_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
@@ -109,33 +108,13 @@ def test_stdio_session_with_the_sdk_client(config) -> None:
 
 def test_streamable_http_session_with_the_sdk_client(config) -> None:
     pytest.importorskip("uvicorn")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "agentflow.cli.main", "mcp", "--http",
-                             "--port", str(port), "--config", str(config)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.2)
+    with mcp_http_server(config, os.environ) as url:
 
         async def main():
-            async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=60) as c:
+            async with Client(url, read_timeout_seconds=60) as c:
                 return await _session(c, [])
 
         _check(asyncio.run(main()))
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_list_databases_names_tables_and_engine_of_a_configured_database(library_db,

@@ -8,11 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -27,8 +22,8 @@ from agentflow.config import AgentFlowConfig  # noqa: E402
 from agentflow.llm.scripted import ScriptedBackend  # noqa: E402
 from agentflow.mcp.server import AgentflowTools  # noqa: E402
 from agentflow.tenants import LimitExceeded, Tenant  # noqa: E402
+from tests.mcp.utils import mcp_http_server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 KEYS = {"acme": "mcp-acme-key-1", "bolt": "mcp-bolt-key-2", "narrow": "mcp-narrow-key-3",
         "metered": "mcp-metered-key-4", "ops": "mcp-admin-key-5", "envops": "mcp-env-admin-6"}
@@ -54,30 +49,9 @@ server:
 def mcp_url(tmp_path_factory):
     path = tmp_path_factory.mktemp("mcp-tenants") / "serve.yaml"
     path.write_text(CONFIG)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTFLOW_")}
-    proc = subprocess.Popen([sys.executable, "-m", "agentflow.cli.main", "mcp", "--http",
-                             "--port", str(port), "--config", str(path)], cwd=ROOT,
-                            env={**env, "PYTHONPATH": str(ROOT),
-                                 "AGENTFLOW_ADMIN_KEYS": KEYS["envops"]}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with mcp_http_server(path, {**env, "AGENTFLOW_ADMIN_KEYS": KEYS["envops"]}) as url:
+        yield url
 
 
 def session(url: str, who: str, calls: list[tuple[str, dict]]) -> list:

@@ -40,16 +40,18 @@ TENANT = "interactive"
 def run_scenario(cluster: Any, wl: Any, policy: str) -> dict[str, Any]:
     """The interactive tenant's P95 and its LLM calls per GPU kind."""
     kind_of = {name: cfg.gpu or "cpu" for name, cfg in cluster.expanded()}
-    tenant_of = dict(zip((q.id for q in wl.queries), wl.tenants or []))
-    calls: dict[str, int] = {}
+    ran: list[tuple[str, str]] = []  # (query id, GPU kind) of each LLM stage
 
     def on_stage(st: StageTiming) -> None:
-        if st.kind == "llm" and st.instance is not None and \
-                tenant_of.get(st.query_id) == TENANT:
-            kind = kind_of.get(st.instance, "?")
-            calls[kind] = calls.get(kind, 0) + 1
+        if st.kind == "llm" and st.instance is not None:
+            ran.append((st.query_id, kind_of.get(st.instance, "?")))
 
     result = run_policy(cluster, wl, policy, slo_scale=2.0, on_stage=on_stage)
+    tenant_of = {r.id: r.tenant for r in result.records}
+    calls: dict[str, int] = {}
+    for qid, kind in ran:
+        if tenant_of.get(qid) == TENANT:
+            calls[kind] = calls.get(kind, 0) + 1
     lat = [r.latency_s for r in result.records
            if r.tenant == TENANT and r.status == "done" and r.latency_s is not None]
     return {"p95": float(np.percentile(lat, 95)), "done": len(lat),

@@ -6,7 +6,7 @@ much of a call's time was spent waiting at all.
         [--policies flowsage,marginal_delay+fcfs]
         [--others vllm,hexgen-flow,sagesched,llf,least_loaded+edf]
         [--loads 1.5,2] [--seeds 1,2,3] [--queries 80] [--l1 paper-4gpu=0.0325,...]
-        [--json OUT]
+        [--inflight N] [--json OUT]
 
 Why: under ``marginal_delay`` almost every call is admitted to an instance the moment it is
 ready, so the agentflow queue rarely holds two calls to order and ``marginal_delay+fcfs``
@@ -27,7 +27,9 @@ default). Printed per cell: P95, the admissions made while two or more calls wai
 calls' time spent waiting (agentflow's queue and the engine's) rather than running — the
 most any queue order can take off; then the geometric means over cells of flowsage /
 md+fcfs per depth and flowsage / best other. CPU-heavy: keep ``--queries`` small on a
-shared box.
+shared box. ``--inflight N`` caps every instance's admitted calls at N (``max_inflight``):
+the rest wait in agentflow's queue, as they do on an engine with few slots (llama-server),
+which shows what the order is worth once queues form.
 """
 
 from __future__ import annotations
@@ -226,8 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--queries", type=int, default=80)
     p.add_argument("--l1", default="", help="CLUSTER=RATE,... known L1 rates (else searched)")
+    p.add_argument("--inflight", type=int, help="every instance's max_inflight (default: as "
+                   "configured, max_num_seqs on a GPU)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    if args.inflight is not None and args.inflight < 1:
+        p.error("--inflight must be >= 1")
     known = {k: float(v) for k, v in (x.split("=") for x in args.l1.split(",") if x)}
     policies = [x for x in args.policies.split(",") if x]
     if len(policies) != 2:
@@ -239,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     l1s: dict[str, float] = {}
     for name in args.clusters.split(","):
         base = cluster_named(name)
+        if args.inflight is not None:
+            base = base.model_copy(update={"instances": [
+                i.model_copy(update={"max_inflight": args.inflight}) for i in base.instances]})
         idle = IdleLatency(base)
         l1 = known.get(name)
         if l1 is None:

@@ -140,8 +140,9 @@ def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, An
     extra = ["--replicas", str(n), *(() if state else ("--state", "off"))]
     if args.scheduler_per_replica:
         extra.append("--scheduler-per-replica")
+    # its own session: one replica gets the CPU share each of N replicas gets (supervisor)
     proc, url, path = serve(config, prefix="agentflow-replicas-", start_timeout_s=180,
-                            extra_args=extra)
+                            extra_args=extra, new_session=True)
     store_path = path.parent / "state.sqlite"
     try:
         if state:

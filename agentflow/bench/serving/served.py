@@ -29,10 +29,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def serve(config: dict[str, Any], *, prefix: str = "agentflow-bench-",
-          start_timeout_s: float = 90.0, extra_args: Sequence[str] = ()
-          ) -> tuple[subprocess.Popen[str], str, Path]:
+          start_timeout_s: float = 90.0, extra_args: Sequence[str] = (),
+          new_session: bool = False) -> tuple[subprocess.Popen[str], str, Path]:
     """Start ``serve.py --config`` with ``config``; (process, base URL, config path) once
-    healthy. SystemExit if it exits or is not healthy within ``start_timeout_s``."""
+    healthy. SystemExit if it exits or is not healthy within ``start_timeout_s``.
+    ``new_session``: the server in a session of its own, so that on a busy Linux host the
+    kernel's autogroup scheduling does not split one CPU share between it and the clients
+    (as ``--replicas N`` gives each replica its own)."""
     path = Path(tempfile.mkdtemp(prefix=prefix)) / "serve.json"
     server = config.setdefault("server", {})  # its state beside its config, not in the cache
     server.setdefault("state", str(path.parent / "state.sqlite"))
@@ -45,7 +48,8 @@ def serve(config: dict[str, Any], *, prefix: str = "agentflow-bench-",
                              "--port", str(port), "--log-level", "warning", "--no-access-log",
                              *extra_args],
                             cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=new_session)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + start_timeout_s
     while time.monotonic() < deadline:
