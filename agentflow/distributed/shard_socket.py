@@ -303,6 +303,7 @@ class SchedulerLink:
         self._waiting: dict[int, asyncio.Queue] = {}
         self._ids = itertools.count(1)
         self._backlog: list[bytes] = []  # one-way messages sent before the connection
+        self.down = False  # the connection was lost (or never made) and is not back yet
 
     @property
     def connected(self) -> bool:
@@ -329,6 +330,7 @@ class SchedulerLink:
                     lambda: _LinkProtocol(self), self.path)
                 break
             except (FileNotFoundError, ConnectionRefusedError) as err:
+                self.down = True
                 if loop.time() > deadline:
                     raise BackendError(f"the scheduler process at {self.path} is not "
                                        f"answering ({err})", retryable=True) from None
@@ -336,6 +338,7 @@ class SchedulerLink:
         if self._protocol is not None:
             self.reconnects += 1
         self._protocol = protocol
+        self.down = False
         self._write(encode(("hello", self.name)))
         for frame in self._backlog:
             self._write(frame)
@@ -354,6 +357,7 @@ class SchedulerLink:
     def _lost(self, protocol: _LinkProtocol) -> None:
         if protocol is not self._protocol:
             return
+        self.down = True
         for queue in self._waiting.values():  # every call in flight runs again
             queue.put_nowait(("lost",))
 
@@ -437,6 +441,10 @@ class SocketShard:
 
     def start_query(self, query: Query, run: WorkflowRun) -> None:
         pass  # the shard learns the query with its first call
+
+    def reachable(self) -> bool:
+        """False while the scheduler process is known to be gone (readiness)."""
+        return not self.link.down
 
     def load(self) -> ShardLoad:
         return self._load

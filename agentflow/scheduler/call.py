@@ -50,6 +50,10 @@ class QueryState:
     work_left: float = 0.0
     done_nodes: set[str] = field(default_factory=set)  # stages whose call finished
     topo: tuple[Any, ...] | None = field(default=None, repr=False)  # cached topological order
+    # What the paths above were computed from (``WorkflowPaths._paths_stamp``), and a pass
+    # a progress report put off: (time, mean coefficients, stage prompts, stamp) or None
+    paths_stamp: tuple[Any, ...] | None = field(default=None, repr=False)
+    paths_due: tuple[Any, ...] | None = field(default=None, repr=False)
 
 
 @dataclass(eq=False)

@@ -241,8 +241,12 @@ class Coordinator(WorkflowPaths):
         crossed = self._bucket(call.attained_tokens) != self._bucket(output_tokens)
         call.attained_tokens = max(call.attained_tokens, output_tokens)
         if crossed and call.query.id in self.queries:
-            call.query.calls_version += 1  # re-rank at bucket boundaries, not every token
-            self._refresh(call.query, self.clock.now())
+            query = call.query
+            stamp = self._paths_stamp(query)
+            query.calls_version += 1  # re-rank at bucket boundaries, not every token
+            if not (self._queue_policy.query_dependent
+                    and self._defer_paths(query, self.clock.now(), stamp)):
+                self._refresh(query, self.clock.now())
         if crossed and call.instance is not None and call.state == CallState.RUNNING:
             self.queues[call.instance].reserve(call, self._kv_tokens(call))
         if first and call.instance is not None and call.state == CallState.RUNNING:

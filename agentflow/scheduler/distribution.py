@@ -50,7 +50,7 @@ class Distribution:
     relies on that); compare contents with ``np.allclose`` on ``values``/``probs``.
     """
 
-    __slots__ = ("values", "probs", "_cum", "_tail")
+    __slots__ = ("values", "probs", "_cum", "_tail", "_cq")
 
     values: np.ndarray
     probs: np.ndarray
@@ -86,6 +86,7 @@ class Distribution:
         self.probs = _readonly(probs)
         self._cum: np.ndarray | None = None
         self._tail: np.ndarray | None = None
+        self._cq: dict[tuple[int, float], float] | None = None  # conditional_quantile's
 
     @classmethod
     def _trusted(cls, values: np.ndarray, probs: np.ndarray) -> Distribution:
@@ -314,13 +315,24 @@ class Distribution:
             raise ValueError(f"no probability mass above {a} (max {self.max()})")
         if not 0 <= q <= 1:
             raise ValueError("quantile level must be in [0, 1]")
+        # The answer depends on ``a`` only through ``start``: a call's reports at 1, 2, 4,
+        # ... tokens mostly fall below its distribution's first atoms, so most repeat one
+        # computation; kept per (start, q) on this immutable distribution.
+        cache = self._cq
+        if cache is None:
+            cache = self._cq = {}
+        key = (start, float(q))
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
         p = self.probs[start:]
         # method forms, and add.reduce for p.sum(): the same operations without numpy's
         # Python-level wrappers (this runs at every progress report)
         cum = (p / _add_reduce(p)).cumsum()
         cum[-1] = 1.0
         i = int(cum.searchsorted(float(q) - 1e-12, side="left"))
-        return float(self.values[start + min(i, cum.size - 1)])
+        out = cache[key] = float(self.values[start + min(i, cum.size - 1)])
+        return out
 
     def clip(self, upper: float) -> Distribution:
         """``min(X, upper)``: a call cannot produce more than its ``max_tokens``."""

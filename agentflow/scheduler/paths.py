@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agentflow.scheduler.call import QueryState, ScheduledCall
+from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.distribution import Distribution, cost_distribution, kv_cost
 from agentflow.scheduler.view import ClusterView
 from agentflow.workflow.graph import Node, NodeKind
@@ -25,6 +25,7 @@ from agentflow.workflow.graph import Node, NodeKind
 if TYPE_CHECKING:
     from agentflow.scheduler.lengths import LengthModel
     from agentflow.scheduler.policies.base import QueuePolicy
+    from agentflow.workflow.clock import Clock
 
 # Prompt tokens assumed for a future stage when neither its pipeline hints nor any earlier
 # call of its stage says more.
@@ -41,6 +42,8 @@ class WorkflowPaths(ClusterView):
     # ``query_dependent`` says whether paths are kept current at events.
     length_model: LengthModel
     _queue_policy: QueuePolicy
+    clock: Clock
+    queries: dict[str, QueryState]
 
     def _init_paths(self) -> None:
         # per query: stage -> predicted length (future stages), and its (mean, P10, P90)
@@ -49,11 +52,18 @@ class WorkflowPaths(ClusterView):
         # Mean prompt tokens of each stage's calls so far: the estimate for future calls of
         # the stage when the pipeline gives no hint (what serving knows before a prompt exists).
         self._stage_prompts: dict[str, tuple[float, int]] = {}
+        # whether a put-off pass (``_defer_paths``) holds the dict above: then it is copied
+        # before it changes, so the pass reads what it would have read when it was put off
+        self._prompts_held = False
 
     def _note_prompt(self, stage: str, prompt_tokens: int) -> None:
         """A call of ``stage`` is ready with this prompt: fold it into the stage's mean."""
-        mean, n = self._stage_prompts.get(stage, (0.0, 0))
-        self._stage_prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
+        prompts = self._stage_prompts
+        if self._prompts_held:
+            prompts = self._stage_prompts = dict(prompts)
+            self._prompts_held = False
+        mean, n = prompts.get(stage, (0.0, 0))
+        prompts[stage] = (mean + (prompt_tokens - mean) / (n + 1), n + 1)
 
     def _forget_query(self, query_id: str) -> None:
         self._stage_prediction.pop(query_id, None)
@@ -76,11 +86,70 @@ class WorkflowPaths(ClusterView):
 
     def _paths_on_demand(self, query: QueryState, now: float) -> None:
         """Policies that keep no per-query state (fcfs, edf, gittins) skip the critical
-        paths at events; asked for them anyway (inspection, tests), compute them now."""
+        paths at events; asked for them anyway (inspection, tests), compute them now. A
+        pass a progress report put off (``_defer_paths``) is made now, as of the report."""
         if not self._queue_policy.query_dependent:
             self._critical_paths(query, now)
+        elif query.paths_due is not None:
+            self._settle(query)
 
-    def _critical_paths(self, query: QueryState, now: float) -> None:
+    # ------------------------------------------------------------ put-off passes
+    # A running call's progress report re-prices its query (its elapsed time moves the
+    # remaining paths), but nothing reads those paths unless the query has a call waiting
+    # in a queue, or someone asks before the query's next event (which makes its own pass
+    # and overwrites them). On a large fleet almost no query has a call waiting, and the
+    # reports are most of the events, so the pass is put off: what it would read — the
+    # time, the cluster-mean coefficients, the stage prompt means — is kept, and the pass
+    # runs on them only if the paths are read before the next event. The run, the
+    # query's calls and its finished stages cannot have changed meanwhile (``_paths_stamp``
+    # says; a runtime that moves a run outside the coordinator's events calls
+    # ``settle_paths`` first), so the deferred pass gives the same floats as the eager one.
+
+    @staticmethod
+    def _paths_stamp(query: QueryState) -> tuple[Any, ...]:
+        """What the DP reads besides time, coefficients and prompt means, as counters."""
+        run = query.run
+        return (run.version if run is not None else None, query.calls_version,
+                len(query.calls), len(query.done_nodes))
+
+    def _defer_paths(self, query: QueryState, now: float, stamp: tuple[Any, ...]) -> bool:
+        """Put off the pass a progress report asks for (see above); False when it must run
+        now: the query has a call waiting in a queue (its key moves with the paths), or
+        the paths were last computed on another run state than ``stamp`` says (the stamp
+        before the report's own ``calls_version`` bump)."""
+        if query.run is None or query.paths_stamp != stamp:
+            return False
+        for c in query.calls:
+            if c.instance is not None and c.state == CallState.WAITING:
+                return False
+        query.paths_stamp = self._paths_stamp(query)
+        query.paths_due = (now, self._mean_coefs(), self._stage_prompts, query.paths_stamp)
+        self._prompts_held = True
+        return True
+
+    def _settle(self, query: QueryState) -> None:
+        """Make the put-off pass: as of its report when nothing moved since (the same
+        floats as making it then), else — a runtime moved the run without saying — now."""
+        due = query.paths_due
+        if due is None:
+            return
+        t, coefs, prompts, stamp = due
+        if stamp == self._paths_stamp(query):
+            self._critical_paths(query, t, coefs, prompts)
+        else:
+            self._critical_paths(query, self.clock.now())
+
+    def settle_paths(self, query_id: str) -> None:
+        """A runtime about to change a query's run outside the coordinator's events (a tool
+        step starting or finishing: no call, so no event) calls this first, so a pass a
+        progress report put off is made on the run as the report found it."""
+        query = self.queries.get(query_id)
+        if query is not None and query.paths_due is not None:
+            self._settle(query)
+
+    def _critical_paths(self, query: QueryState, now: float,
+                        coefs: tuple[float, float, float] | None = None,
+                        prompts: dict[str, tuple[float, int]] | None = None) -> None:
         """Downstream critical path of every unfinished stage, and (key ``None``) of the
         whole remaining workflow, by one DP over a cached topological order: a stage the
         scheduler saw finish counts as done even before the runtime marks it, a running
@@ -91,7 +160,10 @@ class WorkflowPaths(ClusterView):
         only move forward, and the graph only grows), so it is dropped from the cached
         order and from its parents' successor lists; it would have been skipped anyway,
         so the DP visits the same unfinished stages in the same order (same floats) but no
-        longer walks a long query's whole history at every event."""
+        longer walks a long query's whole history at every event.
+
+        ``coefs`` and ``prompts``: the cluster-mean coefficients and stage prompt means to
+        price with (a put-off pass: ``_defer_paths``); None: the current ones."""
         run = query.run
         assert run is not None  # callers compute paths only for queries with a workflow
         graph = run.graph
@@ -103,7 +175,7 @@ class WorkflowPaths(ClusterView):
             query.topo = (shape, [(n, run.node(n), list(graph.successors(n)))
                                   for n in reversed(order)])
         _, reverse_order = query.topo
-        oh, pf, df = self._mean_coefs()
+        oh, pf, df = self._mean_coefs() if coefs is None else coefs
         calls = {c.node_id: c for c in query.calls}
         done = query.done_nodes
         state_of = run.state  # a WorkflowRun, or a shard's mirror of one
@@ -125,7 +197,7 @@ class WorkflowPaths(ClusterView):
                 if call is not None and call.length_summary is not None:  # the common case
                     prompt, (mean, lo, hi) = call.prompt_tokens, call.length_summary
                 else:
-                    prompt, (mean, lo, hi) = self._stage_lengths(query, node, call)
+                    prompt, (mean, lo, hi) = self._stage_lengths(query, node, call, prompts)
                 base = oh + prompt * pf
                 t, t_lo, t_hi = base + mean * df, base + lo * df, base + hi * df
                 work += t
@@ -165,6 +237,8 @@ class WorkflowPaths(ClusterView):
         after[None] = total
         query.path_cache = after
         query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
+        query.paths_stamp = self._paths_stamp(query)
+        query.paths_due = None
 
     def _tool_time(self, query: QueryState, node: Node) -> float:
         truth = self.length_model.true_lengths(query.id, node.id)
@@ -172,10 +246,12 @@ class WorkflowPaths(ClusterView):
             return truth.duration_s
         return max(0.0, float(node.expected_s))
 
-    def _stage_lengths(self, query: QueryState, node: Node, call: ScheduledCall | None
+    def _stage_lengths(self, query: QueryState, node: Node, call: ScheduledCall | None,
+                       prompts: dict[str, tuple[float, int]] | None = None
                        ) -> tuple[float, tuple[float, float, float]]:
         """(prompt tokens, (mean, P10, P90) output tokens) of an LLM stage: its call's
-        when it has one, else what ``_future_lengths`` expects."""
+        when it has one, else what ``_future_lengths`` expects (``prompts``: the stage
+        prompt means to read; None: the current ones)."""
         if call is not None:
             if call.length_summary is None:
                 call.length_summary = _length_summary(call.output)
@@ -189,7 +265,7 @@ class WorkflowPaths(ClusterView):
         stage, hints = node.stage, node.hints
         prompt = hints.get("prompt_tokens")
         if prompt is None:
-            seen = self._stage_prompts.get(stage)
+            seen = (self._stage_prompts if prompts is None else prompts).get(stage)
             prompt = seen[0] if seen is not None else DEFAULT_PROMPT_TOKENS
         prompt = int(prompt)
         predicted = self._stage_prediction.get(query.id)

@@ -116,6 +116,11 @@ class ShardedRouter:
         if i is not None:
             self.shards[i].end_query(query)
 
+    def reachable(self) -> bool:
+        """Whether every shard can be reached (one in another process may be gone for a
+        while: a replica is not ready then)."""
+        return all(getattr(s, "reachable", lambda: True)() for s in self.shards)
+
     def set_share_weights(self, weights: Mapping[str, float]) -> None:
         """Tenants' share weights (``agentflow.tenants``) for every shard: each keeps the
         shares of its own queries' tenants."""

@@ -346,6 +346,12 @@ class ShardedCoordinator:
         out: list[Decision] = self._timed(i, self.shards[i].on_instance_up, name)
         return out
 
+    def settle_paths(self, query_id: str) -> None:
+        """``Coordinator.settle_paths`` on the query's shard (none once it has left)."""
+        i = self.route.get(query_id)
+        if i is not None:
+            self.shards[i].settle_paths(query_id)
+
     def on_query_done(self, query_id: str) -> None:
         i = self.route.pop(query_id, None)
         if i is not None:

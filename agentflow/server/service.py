@@ -564,8 +564,11 @@ class QueryService:
         by_name = {i.name: i for i in self.af.config.instances}
         tracker = self.scheduled.health if self.scheduled else None
         out = []
-        # a replica whose calls go to a shared scheduler process holds no backends itself
+        # a replica whose calls go to a shared scheduler process holds no backends itself:
+        # its instances are up while that process can be reached
         names = list(self.af.backends) or list(by_name)
+        reachable = getattr(self.af.router, "reachable", None)
+        shared_up = reachable() if callable(reachable) else True
         for name in names:
             cfg = by_name.get(name)
             queue = self.coordinator.queues.get(name) if self.coordinator else None
@@ -575,7 +578,7 @@ class QueryService:
             state = health.state.value if health is not None else "healthy"
             out.append(InstanceInfo(
                 name=name, gpu=cfg.gpu if cfg else None, model=cfg.model if cfg else None,
-                up=queue.up if queue else True, waiting=len(queue.waiting) if queue else 0,
+                up=queue.up if queue else shared_up, waiting=len(queue.waiting) if queue else 0,
                 running=len(queue.running) if queue else 0,
                 max_inflight=cfg.inflight_limit if cfg else 1, health=state,
                 node=where.get("node"), gpu_ids=where.get("gpu_ids"),

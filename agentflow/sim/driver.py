@@ -336,6 +336,8 @@ class Simulation:
         recorded = self._trace_nodes[query_id]
         now = self.clock.now()
         for node in run.ready():
+            if node.kind == NodeKind.TOOL:  # no event: a pass put off must see the run first
+                self.coordinator.settle_paths(query_id)
             run.mark_started(node.id, now)
             if node.kind == NodeKind.TOOL:
                 self._push(now + recorded[node.id].duration_s, "tool_done", (query_id, node.id))
@@ -372,6 +374,8 @@ class Simulation:
                 queue_s=max(0.0, now - start - ran), run_s=ran, instance=instance,
                 prompt_tokens=done.prompt_tokens, output_tokens=done.output_tokens))
         dag = self._dags[query_id]
+        if done.kind == "tool":  # no event: a pass put off must see the run first
+            self.coordinator.settle_paths(query_id)
         run.mark_done(node_id, now, expansion=dag.expansion_after(node_id))
         if run.finished:
             if dag.hidden:  # every recorded stage must have appeared before the query ends

@@ -703,18 +703,7 @@ class SimInstance:
                 K = k
                 ends = ends[:K]
         p = _Plan(sched, nl, K, tb, ends, True, c0, g0, out)
-        # token counts that are powers of two, reached at iteration pw - g0 - 1 (a sequence's
-        # last token is reported by its finish event instead, unless it is its first)
-        top = int((g0 + K).max()).bit_length()
-        pw = np.left_shift(np.int64(1), np.arange(top, dtype=np.int64))[:, None]
-        it = pw - g0[None, :] - 1
-        ok = (it >= 0) & (it < K) & ((pw != out[None, :]) | (pw == 1))
-        kk, ss = np.nonzero(ok)
-        if len(kk):
-            its = it[kk, ss]
-            order = np.argsort(its, kind="stable")
-            p.evs = list(zip(its[order].tolist(), ss[order].tolist(),
-                             pw[kk[order], 0].tolist()))
+        p.evs = _run_events(g0, out, K)
         self._plan = p
 
     # ------------------------------------------------------------------ prefix caching
@@ -861,6 +850,49 @@ class SimInstance:
         else:
             if any(s.state == _DONE for s in p.seqs):
                 self._running = [s for s in self._running if s.state == _RUNNING]
+
+
+# Up to this many sequences a decode run's events are listed in plain Python: numpy's
+# dozen calls cost more than the loop for the few sequences most engines of a large,
+# lightly loaded fleet run (same list either way: ``_run_events_numpy``).
+_PY_EVENTS_MAX = 8
+
+
+def _run_events(g0: np.ndarray, out: np.ndarray, K: int) -> list[tuple[int, int, int]]:
+    """(iteration, sequence index, token count) of every first-token/progress event of a
+    decode run of ``K`` iterations, in iteration order (ties: smaller count, then sequence
+    order): token counts that are powers of two, reached at iteration ``pw - g0 - 1`` (a
+    sequence's last token is reported by its finish event instead, unless it is its first)."""
+    if g0.size > _PY_EVENTS_MAX:
+        return _run_events_numpy(g0, out, K)
+    found = []
+    for i, (g, o) in enumerate(zip(g0.tolist(), out.tolist())):
+        b = (g + 1).bit_length() - 1  # the first power of two not yet written: >= g + 1
+        pw = 1 << b
+        if pw < g + 1:
+            pw <<= 1
+            b += 1
+        while pw - g - 1 < K:
+            if pw != o or pw == 1:
+                found.append((pw - g - 1, b, i, pw))
+            pw <<= 1
+            b += 1
+    found.sort()
+    return [(it, i, pw) for it, _, i, pw in found]
+
+
+def _run_events_numpy(g0: np.ndarray, out: np.ndarray, K: int) -> list[tuple[int, int, int]]:
+    """``_run_events`` over arrays (many sequences)."""
+    top = int((g0 + K).max()).bit_length()
+    pw = np.left_shift(np.int64(1), np.arange(top, dtype=np.int64))[:, None]
+    it = pw - g0[None, :] - 1
+    ok = (it >= 0) & (it < K) & ((pw != out[None, :]) | (pw == 1))
+    kk, ss = np.nonzero(ok)
+    if not len(kk):
+        return []
+    its = it[kk, ss]
+    order = np.argsort(its, kind="stable")
+    return list(zip(its[order].tolist(), ss[order].tolist(), pw[kk[order], 0].tolist()))
 
 
 def engine_for(name: str, cfg, gpu: hardware.GPUProfile | None = None) -> SimInstance:

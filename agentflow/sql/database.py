@@ -67,6 +67,13 @@ DEFAULT_MAX_ROWS = 10_000
 # one answer cannot fill the server's memory: 1,000 rows of 1 MB made a 1 GB response, kept.
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 _FETCH_BATCH = 256
+# PostgreSQL: the largest row the server may send (``_cap_row_bytes``), and rows per FETCH, so
+# one FETCH holds at most 64 MiB in the client: libpq reads a whole FETCH, and a row's values
+# whole, before a byte of it can be counted here (a 240 MB value: 12 s on a 10 s limit and
+# 754 MB of the client's memory, most of it decoding).
+POSTGRES_ROW_BYTES = 1024 * 1024
+_PG_FETCH_ROWS = 64
+_ROW_CAP_MARK = "agentflow: answer row of"
 
 # Pooled connections: opening a DuckDB file costs tens of milliseconds, far more than a
 # typical benchmark query, so connections are kept and reused across queries.
@@ -338,20 +345,36 @@ class Database:
                 # cached statement is prepared again, through it.
                 sqlite_raw: Any = raw
                 sqlite_raw.set_authorizer(authorizer)
+            row_cap = None
+            batch = _FETCH_BATCH
             if self.kind == "postgresql":
-                # A server-side cursor: only the rows asked for cross the network.
-                conn = conn.execution_options(stream_results=True, max_row_buffer=1000)
+                # A server-side cursor: only the rows asked for cross the network, a few at a
+                # time, and none over the row cap (the server refuses to send it).
+                batch = _PG_FETCH_ROWS
+                conn = conn.execution_options(stream_results=True, max_row_buffer=batch)
+                if max_bytes is not None:
+                    row_cap = min(POSTGRES_ROW_BYTES, max_bytes)
+                    run_sql = _cap_row_bytes(run_sql, row_cap)
                 # psycopg reads %-placeholders in any statement sent with parameters (SQLAlchemy
                 # always sends some): a literal % (LIKE 'a%') must be doubled.
                 run_sql = run_sql.replace("%", "%%")
+            rows: list[tuple] = []
+            columns: list[str] | None = None
             try:
                 with interrupter:
                     cursor = conn.exec_driver_sql(run_sql)
                     columns = list(cursor.keys())
-                    rows, truncated = _fetch(cursor, max_rows, max_bytes)
+                    truncated = _fetch(cursor, max_rows, max_bytes, rows, batch)
                     cursor.close()
             except sa.exc.DBAPIError as err:
                 orig = err.orig if err.orig is not None else err
+                if row_cap is not None and _ROW_CAP_MARK in str(orig):
+                    if columns is not None:  # the rows before the one over the cap
+                        return columns, rows, "bytes"
+                    raise E.ExecutionError(
+                        f"the answer's first rows are over {row_cap:,} bytes each, the most "
+                        "one row may carry; nothing was returned (select fewer or shorter "
+                        "values)", sql=sql) from err
                 refused = authorizer.error(sql) if authorizer is not None else None
                 if refused is not None:
                     raise refused from err
@@ -479,24 +502,38 @@ class Database:
         return cached[1][:k]
 
 
-def _fetch(cursor: Any, max_rows: int | None,
-           max_bytes: int | None) -> tuple[list[tuple], str | None]:
-    """Rows in batches until the row cap or the byte cap (whichever comes first) is reached:
-    what is not fetched never crosses into this process's memory."""
-    rows: list[tuple] = []
+def _cap_row_bytes(sql: str, cap: int) -> str:
+    """PostgreSQL: ``sql`` whose rows the server refuses to send once one is over ``cap``
+    bytes (its whole-row size), with an error ``_run`` reads as "the answer stops here".
+
+    No per-value limit exists in PostgreSQL (a text value may reach 1 GB), and the client
+    cannot stop a value it is receiving. The check is plain SQL, so it works for a read-only
+    role that may create no function: a cast of a text to int that fails, with the size in
+    its message, and depends on the row so the planner cannot fold it early. The inner
+    statement's row order, names (duplicates too) and types are kept."""
+    return (f"SELECT _af_q.* FROM ({sql}) AS _af_q WHERE CASE WHEN pg_column_size(_af_q.*) > "
+            f"{int(cap)} THEN ('{_ROW_CAP_MARK} ' || pg_column_size(_af_q.*) || ' bytes')::int"
+            " > 0 ELSE true END")
+
+
+def _fetch(cursor: Any, max_rows: int | None, max_bytes: int | None, rows: list[tuple],
+           batch_rows: int = _FETCH_BATCH) -> str | None:
+    """Rows into ``rows``, in batches, until the row cap or the byte cap (whichever comes
+    first) is reached; returns which cut it short. What is not fetched never crosses into
+    this process's memory (and what was fetched stays in ``rows`` if a fetch fails)."""
     used = 0
     while True:
-        want = _FETCH_BATCH if max_rows is None else min(_FETCH_BATCH, max_rows + 1 - len(rows))
+        want = batch_rows if max_rows is None else min(batch_rows, max_rows + 1 - len(rows))
         batch = cursor.fetchmany(want)
         if not batch:
-            return rows, None
+            return None
         for raw in batch:
             if max_rows is not None and len(rows) >= max_rows:
-                return rows, "rows"
+                return "rows"
             row = tuple(raw)
             size = row_bytes(row)
             if max_bytes is not None and used + size > max_bytes:
-                return rows, "bytes"
+                return "bytes"
             rows.append(row)
             used += size
 

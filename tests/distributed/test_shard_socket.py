@@ -116,3 +116,32 @@ def test_no_scheduler_is_a_clear_error(sock: Path) -> None:
         answer = af.submit("How many stores are there?", db="bookshop").result(timeout=60)
         assert answer.status == "failed"
         assert "scheduler process" in (answer.error or "")
+
+
+def test_a_replica_is_not_ready_while_its_scheduler_process_is_gone(sock: Path) -> None:
+    """Over real HTTP: /readyz is 503 once a call found the scheduler process gone, and
+    200 again when it is back (the supervisor restarts it)."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from agentflow.server.testing import LiveServer
+
+    data = config(sock).model_dump(mode="json")
+    with LiveServer(data) as live:
+        shard = live.service.af.router.shards[0]
+        shard.link.reconnect_s = 0.3
+        assert httpx.get(f"{live.url}/readyz", timeout=30).status_code == 200
+        r = httpx.post(f"{live.url}/v1/queries", json={
+            "question": "How many stores are there?", "db": "bookshop", "wait": True},
+            timeout=60)
+        assert r.json()["status"] == "failed" and "scheduler process" in r.json()["error"]
+        ready = httpx.get(f"{live.url}/readyz", timeout=30)
+        assert ready.status_code == 503 and ready.json()["instances_up"] == 0
+        scheduler = Scheduler(sock)
+        try:
+            r = httpx.post(f"{live.url}/v1/queries", json={
+                "question": "How many stores are there?", "db": "bookshop", "wait": True},
+                timeout=60)
+            assert r.json()["status"] == "done", r.text
+            assert httpx.get(f"{live.url}/readyz", timeout=30).status_code == 200
+        finally:
+            scheduler.close()

@@ -188,6 +188,9 @@ def test_both_replicas_submit_to_one_scheduler_process_which_may_die(tmp_path) -
             replicas = {f"pid {pid}" for pid in pids(state).values()}
             assert set(calls) == replicas and all(n > 0 for n in calls.values()), \
                 (calls, replicas)  # both replicas' calls in the one shard: one queue
+            # each child in a session of its own (autogroup: its own share of a busy CPU)
+            sessions = {os.getsid(p) for p in [*pids(state).values(), sched_pid]}
+            assert len(sessions) == 3 and os.getsid(proc.pid) not in sessions
             rest = list(pool.map(lambda i: ask(url, i), range(16, 32)))
             time.sleep(0.2)  # calls in flight in the scheduler process
             os.kill(sched_pid, signal.SIGKILL)

@@ -366,3 +366,20 @@ def test_input_exactly_at_an_iteration_boundary_inside_a_run(kind):
         events += drain(inst)
         results.append([(e.kind, e.seq_id, e.time, e.output_tokens) for e in events])
     assert results[0] == results[1]
+
+
+def test_a_decode_runs_events_are_the_same_listed_in_python_or_numpy() -> None:
+    """Few sequences: the plain-Python event list (``_run_events``) equals the array one,
+    order included, from fresh sequences to long runs past many powers of two."""
+    import random
+
+    from agentflow.sim.engine import _PY_EVENTS_MAX, _run_events, _run_events_numpy
+
+    rng = random.Random(1)
+    for _ in range(3000):
+        s = rng.randint(1, _PY_EVENTS_MAX)
+        g0 = [rng.choice([0, 0, 1, 2, 3, rng.randint(0, 3000)]) for _ in range(s)]
+        out = [g + rng.randint(1, 3000) for g in g0]
+        k = rng.randint(1, min(o - g for g, o in zip(g0, out)))
+        a, b = np.array(g0, dtype=np.int64), np.array(out, dtype=np.int64)
+        assert _run_events(a, b, k) == _run_events_numpy(a, b, k), (g0, out, k)

@@ -126,6 +126,9 @@ BOMBS: list[Bomb] = [
       for sql in (_NEAR_CHAIN, _NEAR_CHAIN4)),
     *(Bomb(engine, "engine", sql) for engine, sql in _FOLD.items()),
     *(Bomb(engine, "engine", sql) for engine, sql in _REPLACE.items()),
+    # one 240 MB value: no per-value limit in PostgreSQL; the server refuses the row
+    Bomb("postgresql", "engine",
+         "SELECT string_agg(repeat('x', 8000), '') FROM generate_series(1, 30000)"),
 ]
 
 # Peak RSS is the kernel's high-water mark of this process's own memory (VmHWM). On Linux

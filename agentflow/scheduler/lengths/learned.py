@@ -225,7 +225,9 @@ class LearnedLengthModel(LengthModel):
         q = self._embed(key_text)
         with self._lock:
             baseline = self._baseline(stage, sid)
-            rows = np.flatnonzero(self._stage[:self._count] == sid)
+            # method forms of flatnonzero/any/argpartition: the same operations without
+            # numpy's Python-level wrappers (this runs for every call)
+            rows = (self._stage[:self._count] == sid).nonzero()[0]
             if q.any():
                 sims = _dot(rows, self._emb, q).astype(np.float64)
             else:  # no key text: the text says nothing, so prompt length and recency decide
@@ -236,14 +238,14 @@ class LearnedLengthModel(LengthModel):
                 factor[np.isnan(factor)] = 1.0  # entry without a known prompt length
                 sims *= factor
             ok = (sims >= self.min_similarity) & (sims > 0)
-            if not np.any(ok):
+            if not ok.any():
                 dist = baseline
             else:
                 rows, sims = rows[ok], sims[ok]
                 if rows.size > self.k:
                     # Ties (identical keys) go to the most recent entries.
                     recency = (self._seq[rows] - self._observed) * (1e-9 / self.window)
-                    top = np.argpartition(-(sims + recency), self.k - 1)[:self.k]
+                    top = (-(sims + recency)).argpartition(self.k - 1)[:self.k]
                     rows, sims = rows[top], sims[top]
                 dist = Distribution._from_atoms(
                     np.concatenate((self._out[rows], baseline.values)),
