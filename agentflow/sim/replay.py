@@ -28,6 +28,7 @@ import networkx as nx
 
 from agentflow.sim.workload import TraceNode, TraceQuery
 from agentflow.workflow import Expansion, Node
+from agentflow.workflow.graph import GraphError, lexical_order
 
 
 class GrowingDag:
@@ -45,9 +46,10 @@ class GrowingDag:
         recorded = nx.DiGraph()
         recorded.add_nodes_from(self._nodes)
         recorded.add_edges_from((p, n.id) for n in trace.nodes for p in n.parents)
-        if not nx.is_directed_acyclic_graph(recorded):
-            raise ValueError(f"trace {trace.id}: the recorded DAG has a cycle")
-        self._order = list(nx.lexicographical_topological_sort(recorded))
+        try:  # networkx's lexicographical order, without its layers (once per arrival)
+            self._order = lexical_order(recorded)
+        except GraphError:
+            raise ValueError(f"trace {trace.id}: the recorded DAG has a cycle") from None
         self._shown: set[str] = set()
         self._done: set[str] = set()
 

@@ -101,9 +101,15 @@ class WorkflowRun:
         shape = (g.number_of_nodes(), g.number_of_edges())
         cached = self.__dict__.get("_order")
         if cached is None or cached[0] != shape:
-            cached = self._order = (shape, [(n, self.node(n), list(g.predecessors(n)))
-                                            for n in nx.lexicographical_topological_sort(g)])
+            cached = self._keep_order(lexical_order(g))
         return cached[1]
+
+    def _keep_order(self, order: list[str]) -> tuple[Any, ...]:
+        g = self.graph
+        nodes, pred = g.nodes, g.pred
+        kept = self._order = ((g.number_of_nodes(), g.number_of_edges()),
+                              [(n, nodes[n]["node"], list(pred[n])) for n in order])
+        return kept
 
     @property
     def finished(self) -> bool:
@@ -183,8 +189,10 @@ class WorkflowRun:
             self.graph.add_node(node.id, node=node)
             self._state[node.id] = self.PENDING
         self.graph.add_edges_from(expansion.edges)
-        if not nx.is_directed_acyclic_graph(self.graph):
-            raise GraphError("expansion would create a cycle")
+        try:  # the cycle check is the ready list's order, kept for ``_lexical_order``
+            self._keep_order(lexical_order(self.graph))
+        except GraphError:
+            raise GraphError("expansion would create a cycle") from None
         for node_id in nx.topological_sort(self.graph.subgraph(new_ids)):
             self._add_record(node_id, expanded_by=by)
         for _src, dst in expansion.edges:  # keep recorded parents in step with the graph
@@ -195,6 +203,31 @@ class WorkflowRun:
         self.query.timeline.append(StageRecord(
             node_id=node_id, stage=node.stage, kind=node.kind.value,
             parents=sorted(self.graph.predecessors(node_id)), expanded_by=expanded_by))
+
+
+def lexical_order(g: nx.DiGraph) -> list[Any]:
+    """``nx.lexicographical_topological_sort(g)`` (no key): Kahn's algorithm taking the
+    smallest ready node id first, which fixes the order uniquely, so the same list; without
+    networkx's per-call dispatch and generator layers (a simulated query's graph grows at
+    most of its stages, and its ready list is read at each)."""
+    import heapq
+
+    succ, pred = g.succ, g.pred
+    indegree = {n: len(pred[n]) for n in g}
+    ready = [n for n, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        n = heapq.heappop(ready)
+        order.append(n)
+        for child in succ[n]:
+            left = indegree[child] - 1
+            indegree[child] = left
+            if left == 0:
+                heapq.heappush(ready, child)
+    if len(order) != len(indegree):
+        raise GraphError("pipeline graph has a cycle")
+    return order
 
 
 def chain(*nodes: Node) -> nx.DiGraph:

@@ -105,21 +105,27 @@ async def flood_client(http: httpx.AsyncClient, url: str, kind: str, stop: Any,
             status[type(err).__name__] += 1
 
 
-def flood_process(url: str, kind: str, clients: int, stop: Any, out: Any) -> None:
+def flood_process(url: str, kind: str, clients: int, stop: Any, out: Any,
+                  ready: Any) -> None:
     out.put(run_flood(clients, lambda http, status, c: flood_client(http, url, kind, stop,
-                                                                     status, c)))
+                                                                     status, c), ready))
 
 
 async def run_block(http: httpx.AsyncClient, url: str, args: argparse.Namespace, kind: str,
                     block: Block) -> None:
     ctx = multiprocessing.get_context("spawn")
-    stop, out = ctx.Event(), ctx.Queue()
+    stop, out, ready = ctx.Event(), ctx.Queue(), ctx.Event()
     proc = None
     if kind != "alone":
         proc = ctx.Process(target=flood_process, daemon=True,
-                           args=(url, kind, args.concurrent, stop, out))
+                           args=(url, kind, args.concurrent, stop, out, ready))
         proc.start()
-        await asyncio.sleep(args.warmup_s)  # A's SQL is running before B starts
+        # A's SQL is running before B starts. The head start counts from the flood's first
+        # request: a spawned process takes seconds to start on a loaded machine, and B once
+        # ran its whole block before A sent anything (A got nothing: B alone, measured twice).
+        if not await asyncio.to_thread(ready.wait, 120):
+            raise SystemExit("the flood process did not start within 120 s")
+        await asyncio.sleep(args.warmup_s)
     try:
         await asyncio.wait_for(victim(http, url, args.queries, block), args.max_s)
     except asyncio.TimeoutError:
@@ -151,6 +157,8 @@ def report(args: argparse.Namespace, blocks: dict[str, Block]) -> list[str]:
         med, p95 = percentile(b.latencies, 0.5), percentile(b.latencies, 0.95)
         line = (f"B {kind:9s}: median {med * 1000:7.1f} ms  P95 {p95 * 1000:7.1f} ms  "
                 f"({len(b.latencies)} answered; {dict(b.victim_status)})")
+        if kind != "alone" and not b.flood_status:
+            line += "\n  NOT A FLOOD: no request of A's came back"
         if kind != "alone":
             line += f"\n  ratio to alone: median {med / med0:5.2f}x  P95 {p95 / p950:5.2f}x" \
                     f"  (target P95 <= 1.5x)\n  A got: {dict(b.flood_status)}"
