@@ -47,6 +47,9 @@ def register(sub) -> None:
                    "(default: the served model's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts (0)")
     p.add_argument("--json", help="also write the measured rows and the fit to this file")
+    p.add_argument("--refit", metavar="JSON",
+                   help="no engines: fit the rows an earlier --json saved again (a change of "
+                   "the fit checked, or stored, on measurements already taken)")
     p.add_argument("--dry-run", action="store_true",
                    help="fit and print, but do not store")
     p.set_defaults(func=cmd_calibrate)
@@ -100,7 +103,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         rows: list[tuple] = []
         batched: list[tuple] = []
         joined: list[tuple] = []
-        for name, cfg in members:
+        if args.refit:
+            key = f"{base} / {model_name}"
+            try:
+                old = json.loads(Path(args.refit).read_text())[key]
+            except KeyError:
+                raise ValueError(f"{args.refit}: no rows of {key}") from None
+            rows = [tuple(r) for r in old["rows"]]
+            batched = [tuple(r) for r in old["batched"]]
+            joined = [tuple(r) for r in old["joined"]]
+            print(f"# refit of {len(rows)} single, {len(batched)} batched and {len(joined)} "
+                  f"joined rows from {args.refit}")
+        for name, cfg in members if not args.refit else ():
             r, b, j = calib.measure_calibration(measure_args, name, cfg)
             rows += r
             batched += b
