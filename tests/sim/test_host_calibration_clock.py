@@ -3,10 +3,12 @@ stretch (real child processes, a real busy loop beside them)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -123,3 +125,42 @@ def test_reference_times_compare_two_fits_on_times():
     assert all(v > 0 for v in base.values())
     assert fast["p32 o96"] < 0.9 * base["p32 o96"]
     assert base["4 x p32 o64"] > base["p32 o96"] * 64 / 96  # a batch costs more than one
+
+
+@pytest.mark.slow
+def test_calibrate_refit_recovers_the_profile_that_timed_the_rows(tmp_path, capsys):
+    """Rows timed by a known host (Xeon-core with 1.8x its bandwidth, above the old bound of
+    1), saved as `agentflow calibrate --json` saves them: `--refit` fits them again without
+    engines and its reference times come back within 5% of that host's."""
+    from dataclasses import replace
+
+    from agentflow import hardware
+    from agentflow.cli.main import main
+    from agentflow.sim import host_calibration as c
+    from agentflow.sim.cluster import load_cluster
+    from agentflow.sim.engine import engine_for
+
+    cluster = Path(__file__).resolve().parents[2] / "examples" / "cluster-llama-server-2cpu.yaml"
+    name, cfg = load_cluster(str(cluster)).expanded()[0]
+    limits = c.engine_limits(cfg)
+    base = hardware.gpu("Xeon-core")
+    model = engine_for(name, limits, base).model
+    truth = replace(base, bw_efficiency=1.8, decode_compute_efficiency=0.22)
+    rows = []
+    for p in c.CAL_PROMPTS:
+        for o in c.CAL_OUTPUTS:
+            ttft, total = c.sim_single(truth, model, limits, p, o)
+            rows.append((p, o, ttft, total, 1.0, ttft, total))
+    batched = [(b, p, o, c.sim_batch(truth, model, limits, b, p, o)[1], 1.0,
+                c.sim_single(truth, model, limits, p, o)[1], 1.0)
+               for b in c.CAL_BATCHES for p, o in c.CAL_BATCH_SHAPES]
+    saved = tmp_path / "cal.json"
+    saved.write_text(json.dumps({"Xeon-core / gemma-3-270m": {"rows": rows, "batched": batched,
+                                                              "joined": []}}))
+    out = tmp_path / "refit.json"
+    assert main(["calibrate", "--cluster", str(cluster), "--instances", name, "--refit",
+                 str(saved), "--dry-run", "--json", str(out)]) == 0
+    assert "refit of 12 single, 4 batched" in capsys.readouterr().out
+    got = json.loads(out.read_text())["Xeon-core / gemma-3-270m"]["reference_s"]
+    want = c.reference_times(truth, model, limits)
+    assert got == pytest.approx(want, rel=0.05)

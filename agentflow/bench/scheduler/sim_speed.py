@@ -2,6 +2,7 @@
 
     agentflow bench sim_speed [--cluster hetero-1024] [--queries 500,5000] [--rate 80]
         [--policy flowsage] [--trace trace2.json] [--seed 0] [--profile FILE]
+        [--digest]
 
 Replays ``--queries`` queries of a HexGen-Flow trace (trace2 by default: not the trace the
 policies were tuned on) arriving at ``--rate`` queries/s on ``--cluster`` (a name or a
@@ -10,7 +11,10 @@ length the calls simulated, the CPU seconds of the replay alone (``time.process_
 workload is built outside the timing) and their ratio, then the ratio of the longest run's
 rate to the shortest's (1.0: flat in run length). CPU time, not wall time, so a machine
 shared with other jobs inflates it less. ``--profile FILE`` writes a cProfile of the last
-run (``python -m pstats FILE``). The simulator is what proves policies at fleet size: a day
+run (``python -m pstats FILE``). ``--digest`` adds a hash of every query's record (id,
+status, finish time to the last float, calls, reason) per run: two checkouts (before and
+after a speed-up) must print the same one, so the speed is compared on identical results.
+The simulator is what proves policies at fleet size: a day
 of traffic (100k queries, ~1.9M calls) must replay in minutes, not hours.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import time
 from pathlib import Path
 
@@ -28,8 +33,10 @@ from agentflow.sim.workload import load_trace
 
 
 def replay(cluster_name: str, trace_path: Path, queries: int, rate: float, policy: str,
-           seed: int = 0, profile: cProfile.Profile | None = None) -> tuple[int, float, int]:
-    """(calls simulated, CPU seconds of the replay, queries done) of one run."""
+           seed: int = 0, profile: cProfile.Profile | None = None
+           ) -> tuple[int, float, int, str]:
+    """(calls simulated, CPU seconds of the replay, queries done, records digest) of one
+    run."""
     cluster = load_cluster(cluster_name)
     workload = build_workload(load_trace(trace_path), cluster, n=queries, rate=rate, seed=seed)
     start = time.process_time()
@@ -41,7 +48,8 @@ def replay(cluster_name: str, trace_path: Path, queries: int, rate: float, polic
     cpu = time.process_time() - start
     calls = sum(r.calls for r in result.records)
     done = sum(1 for r in result.records if r.status == "done")
-    return calls, cpu, done
+    rows = [(r.id, r.status, r.finish, r.calls, r.reason) for r in result.records]
+    return calls, cpu, done, hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
 
 
 # `agentflow bench NAME --quick`: a short run (registry.expand_quick)
@@ -58,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--trace", default=str(HEXGEN_TRACES / "trace2.json"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", metavar="FILE", help="write a cProfile of the last run")
+    p.add_argument("--digest", action="store_true",
+                   help="print a hash of each run's query records (compare checkouts)")
     args = p.parse_args(argv)
     trace = Path(args.trace)
     if not trace.is_file():
@@ -71,11 +81,12 @@ def main(argv: list[str] | None = None) -> None:
     rates = []
     for i, n in enumerate(lengths):
         prof = cProfile.Profile() if args.profile and i == len(lengths) - 1 else None
-        calls, cpu, done = replay(args.cluster, trace, n, args.rate, args.policy, args.seed,
-                                  prof)
+        calls, cpu, done, digest = replay(args.cluster, trace, n, args.rate, args.policy,
+                                          args.seed, prof)
         rates.append(calls / cpu)
         print(f"{n:>9} {done:>7} {calls:>9} {cpu:>9.1f} {calls / cpu:>12.0f} "
-              f"{n / cpu:>14.1f}", flush=True)
+              f"{n / cpu:>14.1f}" + (f"  records {digest}" if args.digest else ""),
+              flush=True)
         if prof is not None:
             prof.dump_stats(args.profile)
     if len(rates) > 1:

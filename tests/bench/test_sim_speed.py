@@ -1,0 +1,20 @@
+"""``agentflow bench sim_speed``'s records digest: what lets two checkouts be compared on
+identical results. The same run hashes the same; another seed's arrivals do not."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentflow.bench.paths import HEXGEN_TRACES
+from agentflow.bench.scheduler.sim_speed import replay
+
+TRACE = HEXGEN_TRACES / "trace2.json"
+
+
+@pytest.mark.skipif(not TRACE.is_file(), reason="shared traces absent")
+def test_the_digest_is_the_runs_records() -> None:
+    a = replay("hetero-64", TRACE, 20, 6.0, "flowsage", seed=0)
+    b = replay("hetero-64", TRACE, 20, 6.0, "flowsage", seed=0)
+    c = replay("hetero-64", TRACE, 20, 6.0, "flowsage", seed=1)
+    assert a[0] == b[0] and a[2] == b[2] == 20 and a[3] == b[3]
+    assert len(a[3]) == 16 and c[3] != a[3]
