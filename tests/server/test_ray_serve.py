@@ -23,10 +23,13 @@ from agentflow.state import open_store  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_two_serve_replicas_share_the_store_and_answer_any_query() -> None:
+@pytest.mark.parametrize("scheduler", [{}, {"shard_hosts": "ray"}], ids=["own", "shared-actors"])
+def test_two_serve_replicas_share_the_store_and_answer_any_query(scheduler: dict) -> None:
+    """With ``shard_hosts: ray`` both replicas find the same named shard actors (the shared
+    scheduler); SIGTERM's undeploy then stops those detached actors as the last one out."""
     config = {"fewshot": None, "pipeline": "chess", "slo_s": 60,
               "instances": [scripted_instance("cpu-0", latency_s=0.01)],
-              "server": {"drain_s": 2, "lease_s": 5}}
+              "server": {"drain_s": 2, "lease_s": 5}, "scheduler": scheduler}
     proc, url, path = serve(config, prefix="agentflow-rayserve-", start_timeout_s=400,
                             extra_args=["--ray", "local", "--replicas", "2"])
     store = open_store(path.parent / "state.sqlite")
