@@ -186,9 +186,14 @@ def pg_server():
         import psycopg  # noqa: F401
     except ImportError:
         pytest.skip("psycopg (3) is not installed: pip install 'psycopg[binary]'")
-    try:
-        server = LocalPostgres().init().start()
-    except PostgresUnavailable as err:
-        pytest.skip(f"PostgreSQL server not available: {err}")
+    # Twice: one failed start (a busy machine, a port taken between the pick and the bind)
+    # would otherwise skip every PostgreSQL test of the session.
+    for attempt in (1, 2):
+        try:
+            server = LocalPostgres().init().start()
+            break
+        except PostgresUnavailable as err:
+            if attempt == 2:
+                pytest.skip(f"PostgreSQL server not available: {err}")
     yield server
     server.close()

@@ -119,11 +119,14 @@ class LocalPostgres:
                                     cwd=self.home, **kwargs)
         deadline = time.monotonic() + timeout_s
         while not self._accepting():
-            if self._proc.poll() is not None or time.monotonic() > deadline:
+            code = self._proc.poll()
+            if code is not None or time.monotonic() > deadline:
                 self._proc.kill()
                 self._proc.wait()
+                how = f"exited with status {code}" if code is not None else \
+                    f"not accepting connections after {timeout_s:g} s"
                 tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
-                raise PostgresUnavailable(f"postgres did not start:\n{tail}")
+                raise PostgresUnavailable(f"postgres did not start ({how}):\n{tail}")
             time.sleep(0.1)
         return self
 
