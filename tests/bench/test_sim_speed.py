@@ -18,3 +18,14 @@ def test_the_digest_is_the_runs_records() -> None:
     c = replay("hetero-64", TRACE, 20, 6.0, "flowsage", seed=1)
     assert a[0] == b[0] and a[2] == b[2] == 20 and a[3] == b[3]
     assert len(a[3]) == 16 and c[3] != a[3]
+
+
+def test_a_fresh_clone_replays_the_shipped_demo_trace(tmp_path, monkeypatch, capsys) -> None:
+    """Without ../shared the benchmark ran nothing ("no trace at ..."); it now says so and
+    replays the demo trace that ships with the project."""
+    from agentflow.bench.scheduler import sim_speed
+
+    monkeypatch.setattr(sim_speed, "HEXGEN_TRACES", tmp_path / "absent")
+    sim_speed.main(["--cluster", "hetero-64", "--queries", "10", "--rate", "6"])
+    out = capsys.readouterr().out
+    assert "replaying the demo trace that ships" in out and "trace.jsonl at 6 q/s" in out

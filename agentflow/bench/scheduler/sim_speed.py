@@ -63,13 +63,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--queries", default="500,5000", help="run lengths, comma-separated")
     p.add_argument("--rate", type=float, default=80.0, help="arrivals, queries/s")
     p.add_argument("--policy", default="flowsage")
-    p.add_argument("--trace", default=str(HEXGEN_TRACES / "trace2.json"))
+    p.add_argument("--trace", help="default: the shared trace2, else the demo trace that ships")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", metavar="FILE", help="write a cProfile of the last run")
     p.add_argument("--digest", action="store_true",
                    help="print a hash of each run's query records (compare checkouts)")
     args = p.parse_args(argv)
-    trace = Path(args.trace)
+    trace = Path(args.trace) if args.trace else HEXGEN_TRACES / "trace2.json"
+    if args.trace is None and not trace.is_file():  # a fresh clone has no ../shared
+        from agentflow.datasets.demo import TRACE_FILE
+
+        print(f"no shared trace at {trace}: replaying the demo trace that ships, {TRACE_FILE}")
+        trace = TRACE_FILE
     if not trace.is_file():
         raise SystemExit(f"no trace at {trace} (the shared traces: AGENTFLOW_SHARED)")
     lengths = [int(n) for n in args.queries.split(",")]
