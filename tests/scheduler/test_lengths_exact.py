@@ -1,11 +1,13 @@
 """The learned length model predicts the same floats as it did before its stage rings.
 
 ``ReferenceLengthModel`` keeps the model as it was (verbatim): one window matrix of
-embeddings, the stage's rows gathered out of it for every product. Seeded sequences of
+embeddings, the stage's rows gathered out of it for every product, and each stage baseline
+re-sorted from the window at every rebuild. Seeded sequences of
 observations and predictions — small windows that wrap many times, stages that fill the
 whole window and leave it again, rings that grow, empty and repeated key texts, prompt
-lengths known or not, output caps — go through both, and every prediction must have the
-same atoms and the same probabilities, bit for bit.
+lengths known or not, output caps, priors whose atoms the outputs hit — go through both,
+and every prediction and stage baseline must have the same atoms and probabilities, bit for
+bit.
 """
 
 from __future__ import annotations
@@ -39,6 +41,19 @@ class ReferenceLengthModel(LearnedLengthModel):
         slot = self._next
         super().observe(stage, key_text, output_tokens, input_tokens)
         self._emb[slot] = self._embed(key_text)
+
+    def _baseline(self, stage, sid):
+        cached = self._baselines.get(sid)
+        if cached is not None:
+            return cached
+        prior = self.prior(stage)
+        outs = self._out[:self._count][self._stage[:self._count] == sid]
+        dist = Distribution._from_atoms(
+            np.concatenate((outs, prior.values)),
+            np.concatenate((np.ones(outs.size), prior.probs * self.stage_prior_weight)),
+            self.max_support)
+        self._baselines[sid] = dist
+        return dist
 
     def predict(self, stage, key_text, input_tokens=None, *, max_tokens=None):
         sid = self._stage_ids.get(stage)
@@ -87,6 +102,9 @@ def test_predictions_are_the_floats_of_the_window_matrix(seed):
     rng = random.Random(seed)
     window = rng.choice([1, 5, 70, 300, 700])
     new, old = LearnedLengthModel(window=window), ReferenceLengthModel(window=window)
+    if seed % 2:  # a prior whose atoms the outputs hit exactly, with uneven weights
+        for m in (new, old):
+            m.set_prior("revise", Distribution([5, 80, 81, 700], [0.1, 0.2, 0.3, 0.4]))
     # few stages, one of them dominant for a while, so a stage fills the whole window
     stages = ["revise", "evaluate", "generate_candidate", "x"][:rng.randint(1, 4)]
     keys = ["", *(f"question {i}" for i in range(rng.choice([1, 3, 40])))]
@@ -99,6 +117,8 @@ def test_predictions_are_the_floats_of_the_window_matrix(seed):
                     rng.choice([None, 900, 1500, rng.randint(1, 5000)]))
             new.observe(*args)
             old.observe(*args)
+        elif rng.random() < 0.15:
+            _same(new.stage_distribution(stage), old.stage_distribution(stage))
         else:
             key = rng.choice(keys)
             prompt = rng.choice([None, 900, rng.randint(1, 5000)])

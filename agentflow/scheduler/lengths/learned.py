@@ -118,6 +118,9 @@ def _dot(current: np.ndarray, previous: np.ndarray, q: np.ndarray) -> np.ndarray
     return out
 
 
+_NO_OUTS = np.zeros(0)
+
+
 class _StageRing:
     """One stage's embeddings in the window, oldest first, each row stored twice (ring
     positions ``p`` and ``p + cap``), so every run of them in arrival order is one
@@ -188,6 +191,7 @@ class LearnedLengthModel(LengthModel):
         dim = int(self.embedder.dim)
         self._dim = dim
         self._rings: dict[int, _StageRing] = {}  # each stage's embeddings (``_StageRing``)
+        self._sorted_outs: dict[int, np.ndarray] = {}  # each stage's outputs, ascending
         self._stage = np.full(self.window, -1, dtype=np.int32)
         self._out = np.zeros(self.window, dtype=np.float64)
         self._log_in = np.full(self.window, np.nan, dtype=np.float64)
@@ -224,11 +228,16 @@ class LearnedLengthModel(LengthModel):
         cached = self._baselines.get(sid)
         if cached is not None:
             return cached
+        # The stage's outputs are kept sorted (``_sorted_outs``), so the prior's atoms are
+        # merged in after the equal outputs: the order (and so the weights' sums) that a
+        # stable sort of the outputs followed by the prior gives, without sorting again
+        # at every rebuild (one per observation of the stage).
         prior = self.prior(stage)
-        outs = self._out[:self._count][self._stage[:self._count] == sid]
-        dist = Distribution._from_atoms(
-            np.concatenate((outs, prior.values)),
-            np.concatenate((np.ones(outs.size), prior.probs * self.stage_prior_weight)),
+        outs = self._sorted_outs.get(sid, _NO_OUTS)
+        at = outs.searchsorted(prior.values, side="right")
+        dist = Distribution._from_sorted_atoms(
+            np.insert(outs, at, prior.values),
+            np.insert(np.ones(outs.size), at, prior.probs * self.stage_prior_weight),
             self.max_support)
         self._baselines[sid] = dist
         return dist
@@ -264,6 +273,12 @@ class LearnedLengthModel(LengthModel):
             evicted = int(self._stage[slot])
             if evicted >= 0:
                 self._rings[evicted].leave(slot)
+                gone = self._sorted_outs[evicted]
+                self._sorted_outs[evicted] = np.delete(
+                    gone, gone.searchsorted(self._out[slot]))
+            outs = self._sorted_outs.get(sid, _NO_OUTS)
+            self._sorted_outs[sid] = np.insert(
+                outs, outs.searchsorted(float(output_tokens)), float(output_tokens))
             ring = self._rings.get(sid)
             if ring is None:
                 ring = self._rings[sid] = _StageRing(self._dim, min(64, self.window))
