@@ -1,10 +1,10 @@
 """Decisions are the same as before the per-decision work was cut (lazy re-placement of
 re-keyed queue entries, lines moved in place in the kinetic tournament, invalidation walks
-that stop early).
+that stop early, a critical-path DP that sums each stage's chain once).
 
 ``ReferenceCoordinator`` runs every instance queue as it was (``ReferenceQueue``: a re-key
 re-places its entry at once, by removing it and inserting it again; ``ReferenceTournament``:
-every invalidation walks to the root), kept here verbatim. Seeded event sequences go through
+every invalidation walks to the root) and the per-edge DP, kept here verbatim. Seeded event sequences go through
 both and every decision must be the same: the replay of ``test_view_rows`` for every preset
 (arrivals with classes and tenants, progress, failures, instances down and up, cancels),
 its peer-group cluster, and the benchmark's own workload on a 64-instance fleet, where one
@@ -22,6 +22,7 @@ from agentflow.bench.scheduler import scheduler_overhead
 from agentflow.scheduler import PRESETS, Coordinator
 from agentflow.scheduler.instance import InstanceQueue
 from agentflow.scheduler.ranking import KineticTournament, next_switch, segment_at
+from agentflow.workflow.graph import NodeKind
 from tests.scheduler.test_view_rows import PEER_SPECS, replay
 
 _INF = float("inf")
@@ -88,6 +89,84 @@ class ReferenceCoordinator(Coordinator):
         for q in self.queues.values():  # before any event: nothing is queued yet
             q.__class__ = ReferenceQueue
 
+    # the critical-path DP as it was: per edge, a child's time plus its chain after it
+    def _critical_paths(self, query, now, coefs=None, prompts=None):
+        run = query.run
+        assert run is not None  # callers compute paths only for queries with a workflow
+        graph = run.graph
+        shape = len(graph)  # the graph only grows, and only by new nodes (expansions)
+        if query.topo is None or query.topo[0] != shape:
+            import networkx as nx
+
+            order = list(nx.topological_sort(graph))
+            query.topo = (shape, [(n, run.node(n), list(graph.successors(n)))
+                                  for n in reversed(order)])
+        _, reverse_order = query.topo
+        oh, pf, df = self._mean_coefs() if coefs is None else coefs
+        calls = {c.node_id: c for c in query.calls}
+        done = query.done_nodes
+        state_of = run.state  # a WorkflowRun, or a shard's mirror of one
+        pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
+        rem: dict[str, tuple[float, float, float]] = {}
+        after: dict[str | None, float] = {}
+        after_lo: dict[str, float] = {}
+        after_hi: dict[str, float] = {}
+        total = total_lo = total_hi = work = 0.0
+        finished = 0
+        prompt: float
+        for n, node, succ in reverse_order:
+            state = state_of(n)
+            if (state != pending and state != running) or n in done:
+                finished += 1
+                continue
+            if node.kind == llm:
+                call = calls.get(n)
+                if call is not None and call.length_summary is not None:  # the common case
+                    prompt, (mean, lo, hi) = call.prompt_tokens, call.length_summary
+                else:
+                    prompt, (mean, lo, hi) = self._stage_lengths(query, node, call, prompts)
+                base = oh + prompt * pf
+                t, t_lo, t_hi = base + mean * df, base + lo * df, base + hi * df
+                work += t
+            else:
+                t = t_lo = t_hi = self._tool_time(query, node)
+            if state == running:
+                started = run.started_at(n)
+                if started is not None:
+                    elapsed = now - started
+                    t = max(0.0, t - elapsed)
+                    t_lo = max(0.0, t_lo - elapsed)
+                    t_hi = max(0.0, t_hi - elapsed)
+            rem[n] = (t, t_lo, t_hi)
+            best = best_lo = best_hi = 0.0
+            for child in succ:
+                r = rem.get(child)
+                if r is not None:
+                    v = r[0] + after[child]
+                    if v > best:
+                        best = v
+                    v = r[1] + after_lo[child]
+                    if v > best_lo:
+                        best_lo = v
+                    v = r[2] + after_hi[child]
+                    if v > best_hi:
+                        best_hi = v
+            after[n], after_lo[n], after_hi[n] = best, best_lo, best_hi
+            if t + best > total:
+                total = t + best
+            if t_lo + best_lo > total_lo:
+                total_lo = t_lo + best_lo
+            if t_hi + best_hi > total_hi:
+                total_hi = t_hi + best_hi
+        if finished:  # drop the finished stages: every later pass would skip them again
+            query.topo = (shape, [(n, node, [c for c in succ if c in rem])
+                                  for n, node, succ in reverse_order if n in rem])
+        after[None] = total
+        query.path_cache = after
+        query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work
+        query.paths_stamp = self._paths_stamp(query)
+        query.paths_due = None
+
 
 def _checked(c: Coordinator) -> None:
     for q in c.queues.values():
@@ -131,3 +210,24 @@ def test_the_benchmark_decides_alike(policy, monkeypatch):
         logs[name] = log
     assert len(logs["old"]) >= 150
     _compare(logs["new"], logs["old"])
+
+
+@pytest.mark.parametrize("policy", ["flowsage", "hexgen-flow"])
+def test_the_paths_are_the_floats_of_the_per_edge_dp(policy):
+    """After every replay event, every query's paths by the DP as it is and as it was."""
+    compared = []
+
+    def both(c: Coordinator) -> None:
+        now = c.clock.now()
+        for query in c.queries.values():
+            if query.run is None:
+                continue
+            ReferenceCoordinator._critical_paths(c, query, now)
+            old = (dict(query.path_cache), query.path_lo, query.path_hi, query.work_left)
+            Coordinator._critical_paths(c, query, now)
+            new = (query.path_cache, query.path_lo, query.path_hi, query.work_left)
+            assert new == old
+            compared.append(len(new[0]))
+
+    replay(Coordinator, policy, seed=5, check=both)
+    assert len(compared) > 1000 and max(compared) >= 5
