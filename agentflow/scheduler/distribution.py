@@ -102,8 +102,12 @@ class Distribution:
         mixtures, the predictor's neighbour sets): sort, merge equal values, compress. A few
         numpy calls instead of the validating constructor's dozen, for the hot path."""
         order = np.argsort(values, kind="stable")
-        v = values[order]
-        w = weights[order]
+        return cls._from_sorted_atoms(values[order], weights[order], max_support)
+
+    @classmethod
+    def _from_sorted_atoms(cls, v: np.ndarray, w: np.ndarray,
+                           max_support: int) -> Distribution:
+        """``_from_atoms`` for atoms already sorted by value (what its stable sort gives)."""
         if v.size > 1:
             new = np.empty(v.size, dtype=bool)
             new[0] = True

@@ -47,6 +47,8 @@ class InstanceQueue:
         self._timers: list[tuple[float, int, int, _Entry]] = []
         # ranked entries: one per waiting call, or one per query for per-query policies
         self._entries: dict[object, _Entry] = {}
+        # placed entries whose key moved since: re-placed at the next pick (``_rank``)
+        self._stale: dict[_Entry, None] = {}
         self._now = float("-inf")  # latest decision time seen (for re-placing entries)
         self._admitted = 0
         # admissions made while two or more calls waited here: the ones where the queue
@@ -113,6 +115,7 @@ class InstanceQueue:
         entry.live -= 1
         if entry.live == 0:
             self._unplace(entry)
+            self._stale.pop(entry, None)
             del self._entries[owner]
             return
         calls = entry.calls
@@ -125,6 +128,11 @@ class InstanceQueue:
     def peek(self, now: float) -> ScheduledCall | None:
         """The call the policy runs next, in O(log n) amortised."""
         self._now = max(self._now, now)
+        if self._stale:
+            for entry in self._stale:
+                if entry.slot is not None:  # not left meanwhile
+                    self._place(entry, now)
+            self._stale.clear()
         self._fire_timers(now)
         for tier in self._tier_order:
             t = self._tiers[tier]
@@ -244,17 +252,30 @@ class InstanceQueue:
                 c.rank_key = entry.key
         else:
             call.rank_key = entry.key
-        self._place(entry, now)
+        if entry.slot is None:
+            self._place(entry, now)
+        else:
+            # Re-placed at the next pick, not now. Why: a query's event re-keys its entries
+            # on every instance where it has calls waiting (20 on a large fleet), while an
+            # instance picks about once per call it finishes, so most re-keys would be
+            # overwritten before any pick reads them. The tournament's winner depends only
+            # on the lines it holds at the pick (ties go to the smaller seq), and a key
+            # placed at the pick sits in the segment it would have reached by then through
+            # its timers, so the pick is the same.
+            self._stale[entry] = None
 
     def _place(self, entry: _Entry, now: float) -> None:
-        self._unplace(entry)
         seg = segment_at(entry.key, now)
-        tournament = self._tiers.get(seg.tier)
-        if tournament is None:
-            tournament = self._tiers[seg.tier] = KineticTournament()
-            self._tier_order = sorted(self._tiers)
         entry.seq = entry.calls[0][0]
-        entry.slot = (seg.tier, tournament.insert(entry, seg.a, seg.s, entry.seq))
+        if entry.slot is not None and entry.slot[0] == seg.tier:  # same tier: move its line
+            self._tiers[seg.tier].update(entry.slot[1], seg.a, seg.s, entry.seq)
+        else:
+            self._unplace(entry)
+            tournament = self._tiers.get(seg.tier)
+            if tournament is None:
+                tournament = self._tiers[seg.tier] = KineticTournament()
+                self._tier_order = sorted(self._tiers)
+            entry.slot = (seg.tier, tournament.insert(entry, seg.a, seg.s, entry.seq))
         entry.version += 1
         switch = next_switch(entry.key, now)
         if switch is not None:

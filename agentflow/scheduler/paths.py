@@ -180,10 +180,10 @@ class WorkflowPaths(ClusterView):
         done = query.done_nodes
         state_of = run.state  # a WorkflowRun, or a shard's mirror of one
         pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
-        rem: dict[str, tuple[float, float, float]] = {}
+        # per unfinished stage: its time plus the longest chain after it (expected, P10, P90),
+        # what a parent's chain through it is (the sums are made once, here, not per edge)
+        through: dict[str, tuple[float, float, float]] = {}
         after: dict[str | None, float] = {}
-        after_lo: dict[str, float] = {}
-        after_hi: dict[str, float] = {}
         total = total_lo = total_hi = work = 0.0
         finished = 0
         prompt: float
@@ -210,30 +210,27 @@ class WorkflowPaths(ClusterView):
                     t = max(0.0, t - elapsed)
                     t_lo = max(0.0, t_lo - elapsed)
                     t_hi = max(0.0, t_hi - elapsed)
-            rem[n] = (t, t_lo, t_hi)
             best = best_lo = best_hi = 0.0
             for child in succ:
-                r = rem.get(child)
+                r = through.get(child)
                 if r is not None:
-                    v = r[0] + after[child]
-                    if v > best:
-                        best = v
-                    v = r[1] + after_lo[child]
-                    if v > best_lo:
-                        best_lo = v
-                    v = r[2] + after_hi[child]
-                    if v > best_hi:
-                        best_hi = v
-            after[n], after_lo[n], after_hi[n] = best, best_lo, best_hi
-            if t + best > total:
-                total = t + best
-            if t_lo + best_lo > total_lo:
-                total_lo = t_lo + best_lo
-            if t_hi + best_hi > total_hi:
-                total_hi = t_hi + best_hi
+                    if r[0] > best:
+                        best = r[0]
+                    if r[1] > best_lo:
+                        best_lo = r[1]
+                    if r[2] > best_hi:
+                        best_hi = r[2]
+            after[n] = best
+            chain = through[n] = (t + best, t_lo + best_lo, t_hi + best_hi)
+            if chain[0] > total:
+                total = chain[0]
+            if chain[1] > total_lo:
+                total_lo = chain[1]
+            if chain[2] > total_hi:
+                total_hi = chain[2]
         if finished:  # drop the finished stages: every later pass would skip them again
-            query.topo = (shape, [(n, node, [c for c in succ if c in rem])
-                                  for n, node, succ in reverse_order if n in rem])
+            query.topo = (shape, [(n, node, [c for c in succ if c in through])
+                                  for n, node, succ in reverse_order if n in through])
         after[None] = total
         query.path_cache = after
         query.path_lo, query.path_hi, query.work_left = total_lo, total_hi, work

@@ -99,6 +99,13 @@ class KineticTournament:
         self._invalidate(node >> 1)
         return slot
 
+    def update(self, slot: int, a: float, s: float, seq: int) -> None:
+        """Move ``slot``'s line (its item stays): what ``remove`` then ``insert`` would
+        give, since the winner at a time depends only on the lines held, without freeing
+        and taking a slot and invalidating two paths."""
+        self._a[slot], self._s[slot], self._seq[slot] = a, s, seq
+        self._invalidate((self._cap + slot) >> 1)
+
     def remove(self, slot: int) -> None:
         self._item[slot] = None
         self._free.append(slot)
@@ -117,8 +124,11 @@ class KineticTournament:
 
     # ----------------------------------------------------------------------------- internals
     def _invalidate(self, node: int) -> None:
+        # A node is invalidated only with all its ancestors (here, or by ``_grow``), and a
+        # refresh re-plays every invalid node under the root: so the walk can stop at the
+        # first node already invalid, its ancestors are too.
         exp = self._exp
-        while node >= 1:
+        while node >= 1 and exp[node] != -_INF:
             exp[node] = -_INF
             node >>= 1
 

@@ -252,54 +252,92 @@ def _bounded_least_squares(xx: list[list[float]], xy: list[float],
     ``b[0] >= RATIO_FLOOR`` (the instance's own speed) and ``b[1], b[2] >= 0`` (contention
     only adds time): the problem is convex, so its optimum is the unconstrained optimum on
     one face of the box; each face is tried (each bound active or not, 8 at most) and the
-    feasible one of least loss kept. None while no face is determined (nothing varied)."""
-    best: tuple[float, list[float]] | None = None
-    for own_at_floor in (False, True):
-        for contention in ((), (1,), (2,), (1, 2)):
-            b = [RATIO_FLOOR if own_at_floor else 0.0, 0.0, 0.0]
-            free = list(contention) if own_at_floor else [0, *contention]
-            if not free:
-                coef: list[float] | None = []
-            else:
-                fixed = [j for j in range(3) if j not in free]
-                rhs = [xy[i] - sum(xx[i][j] * b[j] for j in fixed) for i in free]
-                coef = _solve([[xx[i][j] for j in free] for i in free], rhs)
-            if coef is None:
-                continue  # a term that never varied cannot be told apart
-            for c, i in zip(coef, free):
-                b[i] = c
-            if b[0] < RATIO_FLOOR - 1e-12 or b[1] < 0 or b[2] < 0:
-                continue  # off the feasible box: another face holds the optimum
-            loss = yy - 2 * sum(b[i] * xy[i] for i in range(3)) + sum(
-                b[i] * b[j] * xx[i][j] for i in range(3) for j in range(3))
-            if best is None or loss < best[0] - 1e-12 * abs(yy):
-                best = (loss, b)
-    return None if best is None else best[1]
+    feasible one of least loss kept. None while no face is determined (nothing varied).
+
+    It runs at every finished call, so the eight faces are written out as scalar
+    arithmetic: the faces in the same order, each solved by Cramer's rule, with every sum
+    written term for term as the general form (kept in the tests) adds them (a fixed
+    coefficient's term included, zero or not), so the same floats come out, without the
+    lists and generators that made it ~85 microseconds."""
+    (a00, a01, a02), (a10, a11, a12), (a20, a21, a22) = xx
+    y0, y1, y2 = xy
+    f = RATIO_FLOOR
+    best_loss = 0.0
+    best: list[float] | None = None
+    for face in range(8):
+        if face == 0:  # own speed free, no contention
+            if not a00 > 0:
+                continue
+            b0, b1, b2 = (y0 - ((0 + a01 * 0.0) + a02 * 0.0)) / a00, 0.0, 0.0
+        elif face == 1:  # own and pending prompts free
+            sol = _solve2(a00, a01, a10, a11, y0 - (0 + a02 * 0.0), y1 - (0 + a12 * 0.0))
+            if sol is None:
+                continue
+            b0, b1, b2 = sol[0], sol[1], 0.0
+        elif face == 2:  # own and co-runners free
+            sol = _solve2(a00, a02, a20, a22, y0 - (0 + a01 * 0.0), y2 - (0 + a21 * 0.0))
+            if sol is None:
+                continue
+            b0, b1, b2 = sol[0], 0.0, sol[1]
+        elif face == 3:  # all free
+            sol3 = _solve3(a00, a01, a02, a10, a11, a12, a20, a21, a22, y0 - 0, y1 - 0,
+                           y2 - 0)
+            if sol3 is None:
+                continue
+            b0, b1, b2 = sol3
+        elif face == 4:  # own speed at its floor, no contention
+            b0, b1, b2 = f, 0.0, 0.0
+        elif face == 5:
+            if not a11 > 0:
+                continue
+            b0, b1, b2 = f, (y1 - ((0 + a10 * f) + a12 * 0.0)) / a11, 0.0
+        elif face == 6:
+            if not a22 > 0:
+                continue
+            b0, b1, b2 = f, 0.0, (y2 - ((0 + a20 * f) + a21 * 0.0)) / a22
+        else:
+            sol = _solve2(a11, a12, a21, a22, y1 - (0 + a10 * f), y2 - (0 + a20 * f))
+            if sol is None:
+                continue
+            b0, b1, b2 = f, sol[0], sol[1]
+        if b0 < RATIO_FLOOR - 1e-12 or b1 < 0 or b2 < 0:
+            continue  # off the feasible box: another face holds the optimum
+        loss = yy - 2 * (((0 + b0 * y0) + b1 * y1) + b2 * y2) + (((((((((
+            0 + b0 * b0 * a00) + b0 * b1 * a01) + b0 * b2 * a02) + b1 * b0 * a10)
+            + b1 * b1 * a11) + b1 * b2 * a12) + b2 * b0 * a20) + b2 * b1 * a21)
+            + b2 * b2 * a22)
+        if best is None or loss < best_loss - 1e-12 * abs(yy):
+            best_loss, best = loss, [b0, b1, b2]
+    return best
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """``a x = b`` for a symmetric positive semi-definite system of 1 to 3 unknowns, by
-    Cramer's rule (observe runs at every finished call: numpy's overhead dominates at this
-    size); None when ``a`` is singular to working precision."""
-    n = len(b)
-    if n == 1:
-        return [b[0] / a[0][0]] if a[0][0] > 0 else None
-    det = _det(a)
-    scale = 1.0
-    for i in range(n):
-        scale *= a[i][i]
+def _solve2(a00: float, a01: float, a10: float, a11: float, r0: float, r1: float
+            ) -> tuple[float, float] | None:
+    """``a x = r`` for a symmetric positive semi-definite 2 x 2 system by Cramer's rule;
+    None when ``a`` is singular to working precision."""
+    det = a00 * a11 - a01 * a10
+    scale = 1.0 * a00 * a11
     if scale <= 0 or det <= 1e-9 * scale:
         return None
-    out = []
-    for k in range(n):
-        m = [row[:k] + [b[i]] + row[k + 1:] for i, row in enumerate(a)]
-        out.append(_det(m) / det)
-    return out
+    return (r0 * a11 - a01 * r1) / det, (a00 * r1 - r0 * a10) / det
 
 
-def _det(m: list[list[float]]) -> float:
-    if len(m) == 2:
-        return m[0][0] * m[1][1] - m[0][1] * m[1][0]
-    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
-            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+def _solve3(a00: float, a01: float, a02: float, a10: float, a11: float, a12: float,
+            a20: float, a21: float, a22: float, r0: float, r1: float, r2: float
+            ) -> tuple[float, float, float] | None:
+    """The 3 x 3 system as ``_solve2`` (each unknown: the determinant with its column
+    replaced by ``r``, over the determinant)."""
+    det = _det3(a00, a01, a02, a10, a11, a12, a20, a21, a22)
+    scale = 1.0 * a00 * a11 * a22
+    if scale <= 0 or det <= 1e-9 * scale:
+        return None
+    return (_det3(r0, a01, a02, r1, a11, a12, r2, a21, a22) / det,
+            _det3(a00, r0, a02, a10, r1, a12, a20, r2, a22) / det,
+            _det3(a00, a01, r0, a10, a11, r1, a20, a21, r2) / det)
+
+
+def _det3(m00: float, m01: float, m02: float, m10: float, m11: float, m12: float,
+          m20: float, m21: float, m22: float) -> float:
+    return (m00 * (m11 * m22 - m12 * m21)
+            - m01 * (m10 * m22 - m12 * m20)
+            + m02 * (m10 * m21 - m11 * m20))

@@ -127,6 +127,36 @@ class SeqEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class SeqTimes:
+    """Where one finished sequence's time went (``SimInstance.attribute``), in seconds.
+
+    ``queue_s``: from ``add`` to its first iteration (front end + waiting queue); ``run_s``:
+    from then to its last token, made of ``prefill_s`` (iterations computing its prompt
+    chunks, or after a preemption its prompt + generated tokens again), ``decode_s``
+    (iterations computing one token of it), ``lost_s`` (iterations of attempts a KV
+    preemption threw away) and the rest, iterations it sat out while running (the token
+    budget was spent before its turn). ``stall_s`` is the part of ``decode_s`` a co-running
+    prefill chunk added: in each decode iteration that carried another sequence's chunk, the
+    iteration's time less the same iteration with its decodes alone. ``solo_prefill_s`` and
+    ``solo_decode_s`` are the same work on this engine with nothing beside it (its prompt in
+    budget-sized chunks from the tokens cached at its first admission, then one-token
+    steps; the vLLM step model, also on a llama-server engine). So ``prefill_s -
+    solo_prefill_s`` is its prompt sharing steps with others, and ``decode_s - stall_s -
+    solo_decode_s`` its decode steps stretched by co-running decodes."""
+
+    seq_id: str
+    queue_s: float
+    run_s: float
+    prefill_s: float
+    decode_s: float
+    stall_s: float
+    lost_s: float
+    solo_prefill_s: float
+    solo_decode_s: float
+    preempted: int
+
+
+@dataclass(frozen=True, slots=True)
 class SimLoad:
     running: int
     waiting: int  # includes requests still in the front end (request overhead)
@@ -155,6 +185,7 @@ class _Seq:
         "priority",
         "prompt",
         "state",
+        "times",
     )
 
     def __init__(self, seq_id, prompt, output, priority, arrival, order, cached, eligible):
@@ -176,6 +207,10 @@ class _Seq:
         self.hashes: tuple = ()  # chained prefix-block hashes (prefix caching), or none
         self.tok_per_block = 0.0  # the trace's tokens per hashed block
         self.held = False  # whether it holds references to its blocks in the prefix cache
+        # attribution only (``SimInstance.attribute``): [prefill s, decode s, of which
+        # stalled by co-running prefill s, lost to preemption s, prompt tokens skipped at
+        # first admission]
+        self.times: list[float] | None = None
 
 
 class _Plan:
@@ -184,6 +219,7 @@ class _Plan:
     __slots__ = (
         "K",
         "c0",
+        "dec_only",
         "ends",
         "ev_ptr",
         "evs",
@@ -210,6 +246,9 @@ class _Plan:
         # event, in iteration order; ev_ptr: the first not yet emitted
         self.evs: list[tuple[int, int, int]] = []
         self.ev_ptr = 0
+        # attribution only: seconds the iteration would take with its decodes alone (None:
+        # no decode beside a prefill chunk in it, or attribution off)
+        self.dec_only: float | None = None
 
 
 class SimInstance:
@@ -298,6 +337,11 @@ class SimInstance:
         self._pc_lru: OrderedDict[bytes, None] = OrderedDict()
         self.prefix_lookup_tokens = 0  # prompt tokens of admissions that looked up the cache
         self.prefix_hit_tokens = 0  # of which served from it
+        # Where each finished sequence's time went (``SeqTimes``, appended to ``attributed``)
+        # when True: off by default, as it prices a counterfactual step per mixed
+        # iteration. Reads only: the same events with it on or off.
+        self.attribute = False
+        self.attributed: list[SeqTimes] = []
 
     # ------------------------------------------------------------------------------ timing
     def _durations(self, T: int, S: int, B: int, dec_kv: np.ndarray) -> np.ndarray:
@@ -676,6 +720,8 @@ class SimInstance:
             self._plan = _Plan(sched, nl, 1, tb,
                                [tb + self._iteration(sched, nl, T, S, nd, dkv, pt, pp, pkv)],
                                False)
+            if self.attribute and 0 < nd < S:
+                self._plan.dec_only = self._decodes_alone(sched, nl, nd, dkv)
             return
         c0 = np.fromiter((s.computed for s in sched), dtype=np.int64, count=S)
         g0 = np.fromiter((s.generated for s in sched), dtype=np.int64, count=S)
@@ -705,6 +751,51 @@ class SimInstance:
         p = _Plan(sched, nl, K, tb, ends, True, c0, g0, out)
         p.evs = _run_events(g0, out, K)
         self._plan = p
+
+    # --------------------------------------------------------------------- attribution
+    def _decodes_alone(self, sched: list, nl: list[int], nd: int, dkv: int) -> float:
+        """Seconds of the iteration ``sched`` / ``nl`` with only its one-token pieces."""
+        if self.llama_slots is None:
+            return self._duration(nd, nd, nd, dkv)
+        pairs = [(s, n) for s, n in zip(sched, nl) if n == 1]
+        return self._llama_iteration([s for s, _ in pairs], [n for _, n in pairs])
+
+    def _attribute_step(self, p: _Plan, dt: float) -> None:
+        """Charge one general iteration of ``dt`` seconds to the sequences it computed."""
+        for s, n in zip(p.seqs, p.ns):
+            if s.state != _RUNNING:
+                continue
+            tm = s.times
+            if tm is None:
+                tm = s.times = [0.0, 0.0, 0.0, 0.0, float(s.computed)]
+            if n == 1 and s.generated > 0 and s.computed + 1 == s.prompt + s.generated:
+                tm[1] += dt
+                if p.dec_only is not None:
+                    tm[2] += dt - p.dec_only
+            else:
+                tm[0] += dt
+
+    def _solo_s(self, s: _Seq, cached: int) -> tuple[float, float]:
+        """(prefill, decode) seconds of ``s``'s work on this engine with nothing beside it."""
+        c, M, pf = cached, self.max_num_batched_tokens, 0.0
+        while c < s.prompt:
+            n = min(M, s.prompt - c)
+            pf += self.step_time([n], [c])
+            c += n
+        dec = 0.0
+        if s.output > 1:
+            dec = float(self._durations(1, 1, 1, np.arange(s.prompt + 1, s.prompt + s.output,
+                                                              dtype=np.int64)).sum())
+        return pf, dec
+
+    def _record_times(self, s: _Seq, t: float) -> None:
+        first_sched = s.first_sched
+        assert first_sched is not None
+        tm = s.times or [0.0, 0.0, 0.0, 0.0, float(s.cached)]
+        solo_pf, solo_dec = self._solo_s(s, int(tm[4]))
+        self.attributed.append(SeqTimes(
+            s.id, first_sched - s.arrival, t - first_sched, tm[0], tm[1], tm[2], tm[3],
+            solo_pf, solo_dec, s.preempted))
 
     # ------------------------------------------------------------------ prefix caching
     def _prefix_hit(self, s: _Seq) -> int:
@@ -757,6 +848,10 @@ class SimInstance:
         s.computed = 0
         s.preempted += 1
         self.preemptions += 1
+        tm = s.times
+        if tm is not None:  # the attempt's iterations are lost; its redo is counted anew
+            tm[3] += tm[0] + tm[1]
+            tm[0] = tm[1] = tm[2] = 0.0
         self._n_waiting += 1
         self._push_waiting(s)
 
@@ -764,6 +859,8 @@ class SimInstance:
         """Commit iterations p.m .. m-1 of the plan (emit their events)."""
         if not p.run:  # one general iteration
             t = p.ends[0]
+            if self.attribute:
+                self._attribute_step(p, float(t - p.t0))
             for s, n in zip(p.seqs, p.ns):
                 if s.state != _RUNNING:
                     continue
@@ -793,7 +890,14 @@ class SimInstance:
                                                             preempted=s.preempted)))
         p.ev_ptr = k
         if m > p.m:
-            self.busy_s += float(p.ends[m - 1] - (p.ends[p.m - 1] if p.m else p.t0))
+            dt = float(p.ends[m - 1] - (p.ends[p.m - 1] if p.m else p.t0))
+            self.busy_s += dt
+            if self.attribute:
+                for s in p.seqs:
+                    if s.state == _RUNNING:
+                        if s.times is None:
+                            s.times = [0.0, 0.0, 0.0, 0.0, float(s.cached)]
+                        s.times[1] += dt
         self.steps += m - p.m
         self.tokens_computed += (m - p.m) * len(p.seqs)
         p.m = m
@@ -819,6 +923,8 @@ class SimInstance:
         self._seqs.pop(s.id, None)
         first_sched, first_token = s.first_sched, s.first_token
         assert first_sched is not None and first_token is not None  # it ran to its end
+        if self.attribute:
+            self._record_times(s, t)
         events.append((t, s.order, 2, SeqEvent(
             "finished", s.id, t, s.generated, ttft_s=first_token - first_sched,
             total_s=t - first_sched, queue_s=first_sched - s.arrival,

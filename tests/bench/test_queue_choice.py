@@ -8,9 +8,11 @@ import argparse
 import pytest
 
 from agentflow.bench.scheduler.queue_choice import (
+    PARTS,
     best_depth_per_kind,
     parse_depths,
     run_cell,
+    run_depth,
     summarize,
     with_depth,
 )
@@ -72,3 +74,22 @@ def test_a_small_cell_runs_every_depth_the_tuned_pick_and_the_others() -> None:
     assert all(f["choice"] == 0 for f in cell["depths"]["off"].values())
     assert set(cell["own"]) == {"flowsage", "marginal_delay+fcfs", "vllm"}
     assert set(cell["tuned_depths"]["flowsage"]) <= {"H100", "A6000"}
+
+
+def test_attribution_parts_add_up_to_the_calls_time() -> None:
+    trace = [TraceQuery(id=f"t{i}", question=f"question {i}", nodes=[
+        TraceNode("a", "link", "llm", (), 6000, 40),
+        TraceNode("b", "generate", "llm", ("a",), 3000, 400),
+        TraceNode("c", "generate", "llm", ("a",), 3000, 400)]) for i in range(6)]
+    wl = build_workload(trace, CLUSTER, n=12, rate=2.0, seed=1)
+    f = run_depth(CLUSTER, wl, "marginal_delay+fcfs", attribute=True)
+    where = f["where"]
+    assert set(where) == set(PARTS)
+    assert where["solo"] > 0 and where["stall"] > 0  # prompts arrived beside decodes
+    assert min(where.values()) >= -1e-9
+    calls = sum(f["calls_by_kind"].values())
+    assert calls == 36
+    mean_call = sum(s * n for s, n in zip(f["call_s_by_kind"].values(),
+                                           f["calls_by_kind"].values())) / calls
+    assert sum(where.values()) == pytest.approx(mean_call, rel=1e-6)
+    assert run_depth(CLUSTER, wl, "marginal_delay+fcfs")["where"] == {}

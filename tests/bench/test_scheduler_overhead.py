@@ -29,3 +29,26 @@ def test_it_learns_by_default_and_prints_the_growth(capsys, monkeypatch, tmp_pat
                              "--clusters", "h100-8b-4", "--no-learn"])
     assert learned and not any(learned)
     assert "no learning" in capsys.readouterr().out
+
+
+
+def test_no_query_holds_two_calls_of_one_node_so_decisions_repeat(monkeypatch) -> None:
+    """Every round readies a call of a node of its own: were it one of the graph's nodes, the
+    query would hold two calls of one node and the critical path would read whichever its
+    set yields, so flowsage's keys, and its decisions, could change from run to run."""
+    seen: list[tuple[str, str]] = []
+    ready = Coordinator.on_call_ready
+
+    def spy(self, query_id, **kw):
+        seen.append((query_id, kw["node_id"]))
+        return ready(self, query_id, **kw)
+
+    monkeypatch.setattr(Coordinator, "on_call_ready", spy)
+    logs = []
+    for _ in range(2):
+        log: list[tuple[str, str, int]] = []
+        scheduler_overhead.measure("flowsage", 400, 60, "hetero-64", log=log)
+        logs.append(log)
+    half = seen[:len(seen) // 2]
+    assert len(half) > 400 and len(set(half)) == len(half)
+    assert len(logs[0]) >= 60 and logs[0] == logs[1]

@@ -6,7 +6,7 @@ much of a call's time was spent waiting at all.
         [--policies flowsage,marginal_delay+fcfs]
         [--others vllm,hexgen-flow,sagesched,llf,least_loaded+edf]
         [--loads 1.5,2] [--seeds 1,2,3] [--queries 80] [--l1 paper-4gpu=0.0325,...]
-        [--inflight N] [--json OUT]
+        [--inflight N] [--attribute] [--json OUT]
 
 Why: under ``marginal_delay`` almost every call is admitted to an instance the moment it is
 ready, so the agentflow queue rarely holds two calls to order and ``marginal_delay+fcfs``
@@ -93,10 +93,42 @@ def with_depth(cluster: SimClusterConfig, depth: Depth | Mapping[str, Depth]
         i.model_copy(update={"max_pending_prefill": pick(i)}) for i in cluster.instances]})
 
 
-def run_depth(cluster: SimClusterConfig, wl: Any, policy: str) -> dict[str, Any]:
+# Where an LLM call's time above its time alone goes (``attribution``), in print order.
+PARTS = ("solo", "queue", "engine_queue", "prefill_shared", "stall", "decode_shared", "lost",
+         "sat_out")
+
+
+def attribution(engines: Any, queued_s: float, calls: int) -> dict[str, float]:
+    """Mean seconds per LLM call, from the engines' ``SeqTimes``: ``solo`` (its work alone on
+    the instance it ran on), ``queue`` (waiting in agentflow's queue: the stages' queue time
+    less the engines'), ``engine_queue``, ``prefill_shared`` (its prompt's steps shared with
+    others, above solo), ``stall`` (its decode steps lengthened by co-running prefill
+    chunks), ``decode_shared`` (its decode steps lengthened by co-running decodes), ``lost``
+    (attempts a KV preemption threw away) and ``sat_out`` (iterations it was running but not
+    in: the token budget went to others first)."""
+    rows = [x for e in engines for x in e.attributed]
+    if not rows or calls == 0:
+        return {}
+    n = len(rows)
+    eq = sum(x.queue_s for x in rows)
+    out = {
+        "solo": sum(x.solo_prefill_s + x.solo_decode_s for x in rows) / n,
+        "queue": max(0.0, queued_s - eq) / calls,
+        "engine_queue": eq / n,
+        "prefill_shared": sum(x.prefill_s - x.solo_prefill_s for x in rows) / n,
+        "stall": sum(x.stall_s for x in rows) / n,
+        "decode_shared": sum(x.decode_s - x.stall_s - x.solo_decode_s for x in rows) / n,
+        "lost": sum(x.lost_s for x in rows) / n,
+        "sat_out": sum(x.run_s - x.prefill_s - x.decode_s - x.lost_s for x in rows) / n,
+    }
+    return out
+
+
+def run_depth(cluster: SimClusterConfig, wl: Any, policy: str, attribute: bool = False
+              ) -> dict[str, Any]:
     """One policy on one cluster: P95 and mean latency, SLO attainment, the admissions with a
     choice, and per GPU kind the LLM calls' mean time from ready to done and their share of
-    it spent waiting."""
+    it spent waiting (``attribute``: also where the calls' time went, ``attribution``)."""
     kind_of = {name: cfg.gpu or "cpu" for name, cfg in cluster.expanded()}
     stage_time: dict[str, list[float]] = {}  # kind -> [queue_s, run_s, calls]
 
@@ -109,6 +141,8 @@ def run_depth(cluster: SimClusterConfig, wl: Any, policy: str) -> dict[str, Any]
         row[2] += 1
 
     sim = Simulation(cluster, policy, on_stage=on_stage)
+    for engine in sim.instances.values():
+        engine.attribute = attribute
     result = sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s)
     lat = [r.latency_s for r in result.records if r.status == "done" and r.latency_s]
     met = [r for r in result.records if r.slo_s is not None]
@@ -127,7 +161,10 @@ def run_depth(cluster: SimClusterConfig, wl: Any, policy: str) -> dict[str, Any]
             "choice": sum(v[0] for v in by_kind.values()),
             "admissions": sum(v[1] for v in by_kind.values()), "by_kind": by_kind,
             "wait_share": waited / (waited + ran) if waited + ran > 0 else 0.0,
-            "call_s_by_kind": {k: (r[0] + r[1]) / r[2] for k, r in stage_time.items() if r[2]}}
+            "call_s_by_kind": {k: (r[0] + r[1]) / r[2] for k, r in stage_time.items() if r[2]},
+            "calls_by_kind": {k: r[2] for k, r in stage_time.items() if r[2]},
+            "where": attribution(sim.instances.values(), waited,
+                                 sum(r[2] for r in stage_time.values())) if attribute else {}}
 
 
 def best_depth_per_kind(sweep: Mapping[Depth, Mapping[str, Any]]) -> dict[str, Depth]:
@@ -173,13 +210,17 @@ QUICK_ARGS: tuple[str, ...] = ("--clusters", "paper-4gpu", "--pending", "2,off",
 
 def _line(label: str, policy: str, f: dict[str, Any], wall: float) -> str:
     kinds = " ".join(f"{k}:{c}/{n}" for k, (c, n) in sorted(f["by_kind"].items()))
-    return (f"    {label:<6} {policy:<22} p95={f['p95']:7.2f} mean={f['mean']:6.2f} "
+    line = (f"    {label:<6} {policy:<22} p95={f['p95']:7.2f} mean={f['mean']:6.2f} "
             f"done={f['done']}/{f['queries']} wait={f['wait_share']:.3f} "
             f"choice={f['choice']}/{f['admissions']} [{kinds}] ({wall:.0f}s)")
+    where = f.get("where")
+    if where:
+        line += "\n           s/call " + " ".join(f"{k}={where[k]:.2f}" for k in PARTS)
+    return line
 
 
 def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[str],
-             depths: list[Depth]) -> dict[str, Any]:
+             depths: list[Depth], attribute: bool = False) -> dict[str, Any]:
     """One (cluster, load, seed) cell: the sweep, the per-kind tuned depth, the others."""
     cell: dict[str, Any] = {"depths": {}, "own": {}, "tuned_depths": {}}
     sweeps: dict[str, dict[Depth, dict[str, Any]]] = {p: {} for p in policies}
@@ -189,7 +230,7 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
         for policy in policies:
             t0 = time.perf_counter()
             runs[policy] = sweeps[policy][depth] = run_depth(with_depth(base, depth), wl,
-                                                             policy)
+                                                             policy, attribute)
             print(_line(label, policy, runs[policy], time.perf_counter() - t0), flush=True)
     if len(depths) > 1:
         runs = cell["depths"].setdefault(TUNED, {})
@@ -197,7 +238,7 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
             chosen = best_depth_per_kind(sweeps[policy])
             cell["tuned_depths"][policy] = {k: depth_label(d) for k, d in chosen.items()}
             t0 = time.perf_counter()
-            runs[policy] = run_depth(with_depth(base, chosen), wl, policy)
+            runs[policy] = run_depth(with_depth(base, chosen), wl, policy, attribute)
             print(_line(TUNED, policy, runs[policy], time.perf_counter() - t0)
                   + "  depths " + " ".join(f"{k}={depth_label(d)}"
                                            for k, d in sorted(chosen.items())), flush=True)
@@ -208,7 +249,7 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
             cell["own"][policy] = cell["depths"][own_label][policy]
             continue
         t0 = time.perf_counter()
-        cell["own"][policy] = run_depth(base, wl, policy)
+        cell["own"][policy] = run_depth(base, wl, policy, attribute)
         print(_line("own", policy, cell["own"][policy], time.perf_counter() - t0), flush=True)
     return cell
 
@@ -230,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--l1", default="", help="CLUSTER=RATE,... known L1 rates (else searched)")
     p.add_argument("--inflight", type=int, help="every instance's max_inflight (default: as "
                    "configured, max_num_seqs on a GPU)")
+    p.add_argument("--attribute", action="store_true",
+                   help="also print where each policy's LLM call time went, per call: "
+                        "alone, queues, shared prefill, stalls by co-running prefill chunks, "
+                        "shared decode, preemption")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.inflight is not None and args.inflight < 1:
@@ -260,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                 key = f"{name}/x{load:g}/s{seed}"
                 print(f"{key}: L1 {l1:.4g} q/s, rate {load * l1:.4g}, {args.queries} queries",
                       flush=True)
-                cells[key] = run_cell(base, wl, policies, others, args.pending)
+                cells[key] = run_cell(base, wl, policies, others, args.pending,
+                                      args.attribute)
                 pair = cells[key]["depths"]
                 print("    " + "  ".join(
                     f"{lab}: {pair[lab][policies[0]]['p95'] / pair[lab][policies[1]]['p95']:.3f}"

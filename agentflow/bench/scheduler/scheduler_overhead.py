@@ -47,6 +47,7 @@ from pathlib import Path
 import networkx as nx
 
 from agentflow.scheduler import PRESETS, Coordinator, InstanceSpec
+from agentflow.scheduler.decisions import StartCall
 from agentflow.scheduler.lengths.learned import LearnedLengthModel
 from agentflow.sim.cluster import load_cluster
 from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
@@ -88,7 +89,11 @@ TTFT_S, TOTAL_S = 0.2, 2.0
 
 
 def measure(policy: str, waiting: int, repeat: int, cluster: str = "paper-4gpu",
-            check: bool = False, timer=time.perf_counter, learn: bool = True) -> list[float]:
+            check: bool = False, timer=time.perf_counter, learn: bool = True,
+            log: list[tuple[str, str, int]] | None = None) -> list[float]:
+    """Seconds per decision of each timed round; ``log``: also collect every start the
+    timed rounds decide, as (call id, instance, backend priority), so two runs (or two
+    schedulers) can be compared decision for decision."""
     clock = ManualClock(0.0)
     specs = specs_for(cluster)
     c = Coordinator(specs, clock=clock, policy=policy, length_model=LearnedLengthModel())
@@ -116,14 +121,21 @@ def measure(policy: str, waiting: int, repeat: int, cluster: str = "paper-4gpu",
         clock.advance(0.01)
         q = f"q{(i * 7) % (n_queries + 1)}"
         start = timer()
-        call, decisions = c.on_call_ready(q, stage="revise", node_id=f"{q}.6",
+        # a node id of its own (a revision outside the graph): re-readying one of the
+        # graph's nodes would give the query two calls of one node, and which of them the
+        # critical path reads would follow the set's order, so decisions would vary run to run
+        call, decisions = c.on_call_ready(q, stage="revise", node_id=f"{q}.r{i}",
                                           prompt_tokens=900)
         running += [d.call for d in decisions]
         done = running.pop(0)
         times = {"ttft_s": TTFT_S, "total_s": TOTAL_S} if learn else {}
-        running += [d.call for d in c.on_call_done(done, output_tokens=80, **times)]
+        admitted = c.on_call_done(done, output_tokens=80, **times)
+        running += [d.call for d in admitted]
         if i >= WARMUP:  # the first rounds fill cold per-query caches once
             costs.append((timer() - start) / 2)  # two decisions per round
+            if log is not None:
+                log += [(d.call.id, d.instance, d.priority)
+                        for d in (*decisions, *admitted) if isinstance(d, StartCall)]
     return costs
 
 

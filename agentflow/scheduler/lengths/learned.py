@@ -34,7 +34,15 @@ Prediction rule for a call of stage ``s`` (all constants are constructor argumen
    it (a call cannot write more than its cap).
 
 Cost: one chunked matrix-vector product over the stage's rows of the window (see ``_dot``), a
-partial sort and a ~100-atom compression: a few hundred microseconds for 2,000 entries.
+partial sort and a ~100-atom compression: about a hundred microseconds for 2,000 entries.
+
+Why each stage keeps its own copy of its embeddings (``_StageRing``): the product reads the
+stage's rows in window-slot order, and gathering them out of the window's matrix (a fancy-index
+copy, ~2 KB a row) cost more than the product itself, at every call ready. The window is a
+ring, so in slot order a stage's rows are those of the window's current lap, then those of
+the previous lap, each in arrival order: two contiguous slices of a ring of the stage's own
+embeddings (stored twice over, so no slice wraps). The product reads the same rows in the same
+blocks — only a block that spans both slices is copied — so it gives the same floats.
 """
 
 from __future__ import annotations
@@ -93,13 +101,67 @@ def default_priors() -> dict[str, Distribution]:
     return {stage: lognormal_prior(m, s) for stage, (m, s) in DEFAULT_STAGE_PRIORS.items()}
 
 
-def _dot(rows: np.ndarray, matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """``matrix[rows] @ q`` in blocks of ``_CHUNK_ROWS`` (see the constant's comment)."""
-    out = np.empty(rows.size, dtype=np.float32)
-    for start in range(0, rows.size, _CHUNK_ROWS):
-        block = rows[start:start + _CHUNK_ROWS]
-        np.dot(matrix[block], q, out=out[start:start + block.size])
+def _dot(current: np.ndarray, previous: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``concatenate((current, previous)) @ q`` in blocks of ``_CHUNK_ROWS`` (see the
+    constant's comment), copying only the block that spans both (``_StageRing.rows``)."""
+    k, n = current.shape[0], current.shape[0] + previous.shape[0]
+    out = np.empty(n, dtype=np.float32)
+    for start in range(0, n, _CHUNK_ROWS):
+        stop = min(start + _CHUNK_ROWS, n)
+        if stop <= k:
+            block = current[start:stop]
+        elif start >= k:
+            block = previous[start - k:stop - k]
+        else:
+            block = np.concatenate((current[start:], previous[:stop - k]))
+        np.dot(block, q, out=out[start:stop])
     return out
+
+
+_NO_OUTS = np.zeros(0)
+
+
+class _StageRing:
+    """One stage's embeddings in the window, oldest first, each row stored twice (ring
+    positions ``p`` and ``p + cap``), so every run of them in arrival order is one
+    contiguous slice. The window evicts its oldest entry, which is the oldest of its stage
+    too, so a stage's entries only ever leave from the ring's head."""
+
+    __slots__ = ("buf", "cap", "head", "size", "slots")
+
+    def __init__(self, dim: int, cap: int = 64):
+        self.cap = cap
+        self.buf = np.zeros((2 * cap, dim), dtype=np.float32)
+        self.slots = np.full(cap, -1, dtype=np.int64)  # the window slot at each position
+        self.head = 0
+        self.size = 0
+
+    def join(self, slot: int, emb: np.ndarray) -> None:
+        pos = (self.head + self.size) % self.cap
+        self.buf[pos] = self.buf[pos + self.cap] = emb
+        self.slots[pos] = slot
+        self.size += 1
+
+    def grown(self, cap: int) -> _StageRing:
+        """The same rows, oldest first from position 0, in a ring of ``cap`` rows."""
+        out, n = _StageRing(self.buf.shape[1], cap), self.size
+        out.buf[:n] = out.buf[cap:cap + n] = self.buf[self.head:self.head + n]
+        out.slots[:n] = np.roll(self.slots, -self.head)[:n]
+        out.size = n
+        return out
+
+    def leave(self, slot: int) -> None:
+        if self.size == 0 or self.slots[self.head] != slot:
+            raise AssertionError(f"slot {slot} is not the oldest of its stage's ring")
+        self.slots[self.head] = -1
+        self.head = (self.head + 1) % self.cap
+        self.size -= 1
+
+    def rows(self, current: int) -> tuple[np.ndarray, np.ndarray]:
+        """The stage's rows in window-slot order, as two slices: the ``current`` newest
+        (the window's current lap: the low slots), then the rest (the previous lap)."""
+        head, end = self.head, self.head + self.size
+        return self.buf[end - current:end], self.buf[head:end - current]
 
 
 class LearnedLengthModel(LengthModel):
@@ -127,7 +189,9 @@ class LearnedLengthModel(LengthModel):
             else dict(priors)
         self._default_prior = default_prior or lognormal_prior(*DEFAULT_PRIOR_SPEC)
         dim = int(self.embedder.dim)
-        self._emb = np.zeros((self.window, dim), dtype=np.float32)
+        self._dim = dim
+        self._rings: dict[int, _StageRing] = {}  # each stage's embeddings (``_StageRing``)
+        self._sorted_outs: dict[int, np.ndarray] = {}  # each stage's outputs, ascending
         self._stage = np.full(self.window, -1, dtype=np.int32)
         self._out = np.zeros(self.window, dtype=np.float64)
         self._log_in = np.full(self.window, np.nan, dtype=np.float64)
@@ -164,11 +228,16 @@ class LearnedLengthModel(LengthModel):
         cached = self._baselines.get(sid)
         if cached is not None:
             return cached
+        # The stage's outputs are kept sorted (``_sorted_outs``), so the prior's atoms are
+        # merged in after the equal outputs: the order (and so the weights' sums) that a
+        # stable sort of the outputs followed by the prior gives, without sorting again
+        # at every rebuild (one per observation of the stage).
         prior = self.prior(stage)
-        outs = self._out[:self._count][self._stage[:self._count] == sid]
-        dist = Distribution._from_atoms(
-            np.concatenate((outs, prior.values)),
-            np.concatenate((np.ones(outs.size), prior.probs * self.stage_prior_weight)),
+        outs = self._sorted_outs.get(sid, _NO_OUTS)
+        at = outs.searchsorted(prior.values, side="right")
+        dist = Distribution._from_sorted_atoms(
+            np.insert(outs, at, prior.values),
+            np.insert(np.ones(outs.size), at, prior.probs * self.stage_prior_weight),
             self.max_support)
         self._baselines[sid] = dist
         return dist
@@ -202,7 +271,20 @@ class LearnedLengthModel(LengthModel):
             sid = self._stage_ids.setdefault(stage, len(self._stage_ids))
             slot = self._next
             evicted = int(self._stage[slot])
-            self._emb[slot] = emb
+            if evicted >= 0:
+                self._rings[evicted].leave(slot)
+                gone = self._sorted_outs[evicted]
+                self._sorted_outs[evicted] = np.delete(
+                    gone, gone.searchsorted(self._out[slot]))
+            outs = self._sorted_outs.get(sid, _NO_OUTS)
+            self._sorted_outs[sid] = np.insert(
+                outs, outs.searchsorted(float(output_tokens)), float(output_tokens))
+            ring = self._rings.get(sid)
+            if ring is None:
+                ring = self._rings[sid] = _StageRing(self._dim, min(64, self.window))
+            elif ring.size == ring.cap:  # full: twice the room
+                ring = self._rings[sid] = ring.grown(min(2 * ring.cap, self.window))
+            ring.join(slot, emb)
             self._stage[slot] = sid
             self._out[slot] = float(output_tokens)
             self._log_in[slot] = np.nan if input_tokens is None else math.log1p(input_tokens)
@@ -213,6 +295,12 @@ class LearnedLengthModel(LengthModel):
             self._baselines.pop(sid, None)
             if evicted >= 0:
                 self._baselines.pop(evicted, None)
+
+    def _stage_rows(self, sid: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The embeddings of window slots ``rows`` (all of stage ``sid``'s, ascending), as
+        the two slices of its ring that hold them in that order: the slots below the
+        window's next one are the current lap's (all of them while it has not wrapped)."""
+        return self._rings[sid].rows(int(rows.searchsorted(self._next)))
 
     # ------------------------------------------------------------------ prediction
     def predict(self, stage: str, key_text: str, input_tokens: int | None = None, *,
@@ -229,7 +317,7 @@ class LearnedLengthModel(LengthModel):
             # numpy's Python-level wrappers (this runs for every call)
             rows = (self._stage[:self._count] == sid).nonzero()[0]
             if q.any():
-                sims = _dot(rows, self._emb, q).astype(np.float64)
+                sims = _dot(*self._stage_rows(sid, rows), q).astype(np.float64)
             else:  # no key text: the text says nothing, so prompt length and recency decide
                 sims = np.ones(rows.size)
             if input_tokens is not None:
