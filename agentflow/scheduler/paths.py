@@ -20,7 +20,7 @@ import numpy as np
 from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.distribution import Distribution, cost_distribution, kv_cost
 from agentflow.scheduler.view import ClusterView
-from agentflow.workflow.graph import Node, NodeKind
+from agentflow.workflow.graph import Node, NodeKind, WorkflowRun
 
 if TYPE_CHECKING:
     from agentflow.scheduler.lengths import LengthModel
@@ -178,7 +178,9 @@ class WorkflowPaths(ClusterView):
         oh, pf, df = self._mean_coefs() if coefs is None else coefs
         calls = {c.node_id: c for c in query.calls}
         done = query.done_nodes
-        state_of = run.state  # a WorkflowRun, or a shard's mirror of one
+        # a WorkflowRun's own state dict (one lookup per stage, not a method call), or a
+        # shard's mirror of one
+        state_of = run._state.__getitem__ if type(run) is WorkflowRun else run.state
         pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
         # per unfinished stage: its time plus the longest chain after it (expected, P10, P90),
         # what a parent's chain through it is (the sums are made once, here, not per edge)
