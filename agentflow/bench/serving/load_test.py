@@ -136,7 +136,11 @@ async def drive(url: str, args: argparse.Namespace) -> Run:
     # timeout (uvicorn's 5 s) can close it: reusing one at the instant the server closes it
     # ends a POST in a ReadError the server never saw, which read as a lost query when
     # clients slept on a Retry-After near 5 s (httpx's default expiry is 5 s too).
-    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients,
+    # ``fresh_connections``: no keep-alive, each query on a connection of its own (the
+    # kernel spreads a SO_REUSEPORT group's connections, not requests: a few kept-alive
+    # connections pin the clients to whichever replica each first landed on)
+    keep = 0 if getattr(args, "fresh_connections", False) else args.clients
+    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=keep,
                           keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits, headers=headers) as http:
         run.started = time.perf_counter()
