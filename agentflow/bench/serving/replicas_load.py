@@ -149,7 +149,8 @@ def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, An
             wait_replicas(store_path, n)
         drive_args = argparse.Namespace(queries=args.queries, clients=args.clients,
                                         timeout=args.timeout, key=None, retries=3,
-                                        fresh_connections=args.fresh_connections)
+                                        fresh_connections=args.fresh_connections,
+                                        lean_client=not args.httpx)
         asyncio.run(drive(url, argparse.Namespace(**{**vars(drive_args), "queries":
                                                      min(10, args.queries)})))  # warm-up
         pids = replica_pids(store_path) if state else {"": proc.pid}
@@ -220,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="a new connection per query (no keep-alive): the kernel spreads "
                         "connections over the replicas, so a few kept-alive ones can pin "
                         "most clients to one replica")
+    p.add_argument("--httpx", action="store_true",
+                   help="drive the server with httpx (load_test's client) instead of the "
+                        "lean HTTP/1.1 client, which takes less of the cores the server "
+                        "is measured on")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every configuration this many times, in turn; medians")
     args = p.parse_args(argv)
@@ -236,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.queries} {args.pipeline} queries, {args.clients} clients, scripted "
           f"instances (NOT a model: {args.instances} x {args.latency * 1000:g} ms per call); "
           f"scheduler {'per replica' if args.scheduler_per_replica else 'shared'}; machine: "
-          f"{os.cpu_count()} CPUs; medians over {max(1, args.rounds)} round(s)")
+          f"{os.cpu_count()} CPUs; client {'httpx' if args.httpx else 'lean HTTP/1.1'}"
+          f"{', a connection per query' if args.fresh_connections else ''}; medians over "
+          f"{max(1, args.rounds)} round(s)")
     print(f"{'replicas':>14} {'answered':>9} {'errors':>7} {'queries/s':>10} {'ratio':>6} "
           f"{'CPU ms/q':>9} {'ratio':>6} {'per replica':>14} {'split':>9} {'sched':>6} "
           f"{'client':>7} {'cores':>6} {'load':>5}")
