@@ -20,7 +20,7 @@ import numpy as np
 from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.distribution import Distribution, cost_distribution, kv_cost
 from agentflow.scheduler.view import ClusterView
-from agentflow.workflow.graph import Node, NodeKind, WorkflowRun
+from agentflow.workflow.graph import Node, NodeKind, WorkflowRun, generation_order
 
 if TYPE_CHECKING:
     from agentflow.scheduler.lengths import LengthModel
@@ -169,9 +169,7 @@ class WorkflowPaths(ClusterView):
         graph = run.graph
         shape = len(graph)  # the graph only grows, and only by new nodes (expansions)
         if query.topo is None or query.topo[0] != shape:
-            import networkx as nx
-
-            order = list(nx.topological_sort(graph))
+            order = generation_order(graph)  # nx.topological_sort's list
             query.topo = (shape, [(n, run.node(n), list(graph.successors(n)))
                                   for n in reversed(order)])
         _, reverse_order = query.topo
