@@ -121,6 +121,11 @@ class GPUProfile:
     # (matrix-vector dot products; agentflow.step_time). Unused where they overlap.
     decode_compute_efficiency: float = _F["compute_efficiency"]
     comm_latency_s: float = 2e-5  # latency of one all-reduce
+    # Where they do not overlap: a llama.cpp CPU pass of fewer rows than this streams each
+    # GEMM's (and the LM head's) weights once per row, its matrix-vector path; from this
+    # many rows up one read serves them all (0: always one read). Host-fitted by agentflow
+    # calibrate (4 on this project's AMD EPYC VM; agentflow.sim.llama_batches).
+    cpu_tiled_rows: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -147,14 +147,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         fit = calib.fit_rows(hardware.gpu(base), model, limits, rows, batched, joined,
                            cpu_share=args.cpu_share, fit_batched=args.fit_batched)
         constants: dict[str, float] = {str(f): float(getattr(fit.profile, f))
-                                       for f in calib.FIT_FIELDS}
+                                       for f in calib.STORED_FIELDS}
         entry = host_profiles.HostProfile(
             base=base, model=model_name, host=host, constants=constants,
             fit_error={"median": fit.median_error, "max": fit.max_error},
             instances=tuple(n for n, _ in members),
             speed_probe_cpu_s=float(np.mean(probes)) if probes else 0.0,
             speed_probe_shapes=calib.SPEED_PROBE if probes else ())
-        if probes:
+        if probes and args.refit:
+            print(f"speed probe of the saved rows: {probes[0]:.3f} CPU-s")
+        elif probes:
             print(f"speed probe ({len(probes)} runs, before and after each instance's rows): "
                   f"mean {np.mean(probes):.3f} CPU-s, range {min(probes):.3f}-"
                   f"{max(probes):.3f}; a replay that times it again matches its load to "

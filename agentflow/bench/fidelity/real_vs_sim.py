@@ -120,6 +120,7 @@ from agentflow.sim.cluster import load_cluster
 from agentflow.sim.engine import SimInstance, engine_for
 from agentflow.sim.host_calibration import (
     FIT_FIELDS,
+    STORED_FIELDS,
     PromptMaker,
     close_all,
     cpu_seconds,
@@ -477,12 +478,12 @@ def calibrate(args: argparse.Namespace) -> None:
     fitted = fit.profile
     print("# fitted profile (paste into agentflow/hardware.py, or store it for this host "
           "with agentflow calibrate --cluster FILE):")
-    print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in FIT_FIELDS))
+    print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in STORED_FIELDS))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": fit.rows, "batched": fit.batched,
                                                "joined": joined,
                                                "cpu_share": args.cpu_share, "fitted": {
-            f: getattr(fitted, f) for f in FIT_FIELDS}}, indent=1))
+            f: getattr(fitted, f) for f in STORED_FIELDS}}, indent=1))
 
 
 # ------------------------------------------------------------------------------- report
