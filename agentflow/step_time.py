@@ -27,15 +27,23 @@ times the layers; plus, once per step, the LM head at ``S`` rows, the tensor-par
 all-reduces (``tp > 1``) and a fixed per-step overhead (scheduling, input preparation,
 sampling, launch).
 
-On a GPU three kernel effects Vidur's A100 rows show sit on top of the rooflines (fitted on
-half of the rows, checked on the other half: ``agentflow bench fit_operators``):
+On a GPU four kernel effects Vidur's A100 rows show sit on top of the rooflines (fitted on
+half of the rows, checked on the other half: ``agentflow bench fit_operators``). Each is a
+count of work units over what the GPU holds at once (its ``sm_count`` times the kernel's
+occupancy), with a partial last wave (``wave_factor``):
 
 * a GEMM computes whole M tiles (``gemm_tile_tokens``, 128; below it the next power of
-  two), so 136 tokens cost what 256 do, and near the knee its compute and weight-streaming
+  two), so 136 tokens cost what 256 do; its (M x ``gemm_tile_features``) output tiles run
+  ``gemm_ctas_per_sm`` per SM, a partial last wave costing ``gemm_wave_penalty`` of a wave
+  (below one wave split-K spreads them); near the knee its compute and weight-streaming
   times meet as a p-norm (``gemm_knee_p``) rather than a sharp maximum;
-* decode attention runs a thread block per (sequence, KV head): above one wave of the
-  GPU's SMs (``sm_count``), a partial last wave costs ``attn_wave_penalty`` of a wave
-  (``wave_factor``);
+* the norms and the gated activation run one thread block per token
+  (``elementwise_blocks_per_sm`` per SM), each streaming its row at most at
+  ``elementwise_block_bw_gbs``: a kernel takes the longer of its bytes at the element-wise
+  bandwidth and its waves of rows (one token's activation is a latency-bound row read);
+* decode attention runs a thread block per (sequence, KV head), ``attn_blocks_per_sm`` per
+  SM; a split-KV kernel splits the KV to fill the GPU while they fit in one round, and above
+  it a partial last round costs ``attn_wave_penalty`` of a round;
 * a prefill chunk of ``n`` tokens reaches ``n / (n + half)`` of the attention efficiency
   (``prefill_attn_half_tokens``; the factor stops at 2 below ``half`` tokens).
 
@@ -92,10 +100,11 @@ def tile_rows(T: int, tile: int) -> int:
 
 
 def wave_factor(ctas: float, slots: int, penalty: float) -> float:
-    """Time of ``ctas`` equal thread blocks on ``slots`` SMs over the time at full
-    occupancy: above one wave, the last partial wave leaves SMs idle for the fraction
-    ``penalty`` of a wave's time (0: work spreads evenly, 1: a whole wave is paid). Below
-    one wave the kernel splits its work to fill the GPU (FlashInfer's split-KV), so 1."""
+    """Time of ``ctas`` equal thread blocks on ``slots`` resident places (SMs x blocks per
+    SM) over the time at full occupancy: above one wave, the last partial wave leaves them
+    idle for the fraction ``penalty`` of a wave's time (0: work spreads evenly, 1: a whole
+    wave is paid). Below one wave the kernel splits its work to fill the GPU (FlashInfer's
+    split-KV, cuBLAS's split-K), so 1."""
     w = ctas / slots if slots > 0 else 0.0
     if w <= 1.0 or penalty <= 0.0:
         return 1.0
@@ -187,13 +196,24 @@ class OperatorModel:
         self._lat_lin = gpu.linear_latency_s
         self._tile = gpu.gemm_tile_tokens
         self._knee_p = gpu.gemm_knee_p
+        # output tiles of (tokens x features) per GEMM, in waves of the tiles the SMs hold
+        self._tile_n = gpu.gemm_tile_features
+        self._gemm_slots = gpu.sm_count * gpu.gemm_ctas_per_sm
+        self._gemm_wave = gpu.gemm_wave_penalty
         # Element-wise bytes per token and layer (2-byte activations): two RMS norms
         # (read + write hidden), rotary embedding (q and k in place), gated activation
         # (read 2 ffn, write ffn), residual add (two reads, one write).
-        self._elem_tok = 2.0 * (2 * m.hidden * 2 + 2 * (qd + kvd) / tp + 3 * ffn / tp
-                                + 3 * m.hidden)
+        # (the two norms and the activation run a thread block per token; rope and the
+        # residual add are plain element-wise kernels over all elements)
+        self._elem_rows = (2.0 * 2 * m.hidden, 2.0 * 2 * m.hidden, 2.0 * 3 * ffn / tp)
+        self._elem_flat = 2.0 * (2 * (qd + kvd) / tp + 3 * m.hidden)
+        self._elem_tok = sum(self._elem_rows) + self._elem_flat
         self._b_elem = bw * gpu.elementwise_bw_efficiency
         self._lat_elem = 5 * gpu.elementwise_latency_s
+        # a GPU element-wise kernel runs one thread block per token, each streaming its
+        # row at most at one block's rate, in waves of the blocks the SMs hold at once
+        self._elem_slots = gpu.sm_count * gpu.elementwise_blocks_per_sm
+        self._b_block = gpu.elementwise_block_bw_gbs * 1e9
         # KV-cache write: read the step's keys and values, write them into the paged cache.
         kv_tok = 2 * kvd * max(1, tp // max(1, kv)) / tp if tp > 1 else 2 * kvd
         self._kvw_tok = kv_tok * (2 + kvb)
@@ -206,9 +226,10 @@ class OperatorModel:
         self._lat_dec = gpu.decode_attn_latency_s
         self._f_pf = peak * gpu.prefill_attn_efficiency
         self._lat_pf = gpu.prefill_attn_latency_s
-        # decode attention runs one thread block per (sequence, KV head) on each GPU
+        # decode attention runs one thread block per (sequence, KV head) on each GPU; the
+        # blocks resident at once are the kernel's blocks per SM times the SMs
         self._kv_heads_gpu = max(1, kv // tp)
-        self._slots = gpu.sm_count
+        self._slots = gpu.sm_count * gpu.attn_blocks_per_sm
         self._wave = gpu.attn_wave_penalty
         self._pf_half = gpu.prefill_attn_half_tokens
         self._lm = (m.hidden, m.vocab / tp, m.hidden * m.vocab * m.head_bits / 8 / tp)
@@ -238,8 +259,15 @@ class OperatorModel:
         flops, nbytes = self.gemm_work(i, T)
         if self._serial:
             return self._lat_lin + self._compute_s(flops, T, B) + nbytes / self._b_lin
-        return self._lat_lin + self._gpu_roof(flops * tile_rows(T, self._tile) / T
-                                              if T else flops, nbytes)
+        if not T:
+            return self._lat_lin + self._gpu_roof(flops, nbytes)
+        rows = tile_rows(T, self._tile)
+        flops = flops * rows / T
+        if self._tile_n > 0:
+            n = self._gemms[i][1] / self.tp
+            tiles = rows // min(rows, self._tile) * -(-n // self._tile_n)
+            flops = flops * wave_factor(tiles, self._gemm_slots, self._gemm_wave)
+        return self._lat_lin + self._gpu_roof(flops, nbytes)
 
     def _gpu_roof(self, flops, nbytes):
         """A GPU GEMM's roofline: near the knee the kernel is slower than either asymptote,
@@ -268,8 +296,20 @@ class OperatorModel:
         return self._elem_tok * T
 
     def norms_act(self, T):
-        """The layer's two norms, rotary embedding, activation and residual add."""
-        return self._lat_elem + self.norms_act_bytes(T) / self._b_elem
+        """The layer's two norms, rotary embedding, activation and residual add.
+
+        On a GPU each kernel takes the longer of its bytes at the element-wise bandwidth
+        and its waves of per-token blocks (``ceil(T / (SMs x blocks per SM))``), each wave
+        one row at one block's streaming rate: a few tokens cost a row's latency-bound
+        read, not their share of the bandwidth; 256 tokens take two waves on an A100
+        (216 resident blocks), 192 one. On a CPU: latency plus bytes."""
+        if self._serial or self._b_block <= 0 or not T:
+            return self._lat_elem + self.norms_act_bytes(T) / self._b_elem
+        waves = -(-T // self._elem_slots) / self._b_block
+        t = self._lat_elem + self._elem_flat * T / self._b_elem
+        for row in self._elem_rows:
+            t += _max(row * T / self._b_elem, row * waves)
+        return t
 
     def kv_write(self, T):
         """Writing the step's keys and values into the paged cache (bytes at element-wise

@@ -49,16 +49,65 @@ def test_decode_attention_grows_with_batch_and_context_at_the_fitted_bandwidth()
     b1 = ops.decode_attention(1, 12289)
     b12 = ops.decode_attention(12, 12 * 12289)
     # 11 more sequences read 11 more KV caches at attn_bw_efficiency of peak bandwidth
-    # (12 x 8 KV heads = 96 thread blocks: one wave of the A100's 108 SMs)
     assert b12 - b1 == pytest.approx(11 * 12289 * kv_per_token_layer / bw, rel=0.01)
-    # 32 sequences are 256 blocks, 2.37 waves: the partial third wave costs its share
-    b32 = ops.decode_attention(32, 32 * 12289)
-    w = 256 / 108
-    factor = ((1 - A100.attn_wave_penalty) * w + A100.attn_wave_penalty * 3) / w
-    assert factor > 1.05
-    assert b32 - A100.decode_attn_latency_s == pytest.approx(
-        factor * 32 * 12289 * kv_per_token_layer / bw, rel=0.01)
+    # up to 40 sequences x 8 KV heads = 320 blocks fit in one round of 3 x 108 SMs (the
+    # kernel splits the KV to fill it): time in proportion to the KV read
+    b40 = ops.decode_attention(40, 40 * 12289)
+    assert b40 - b1 == pytest.approx(39 * 12289 * kv_per_token_layer / bw, rel=0.01)
+    # 48 are 384 blocks, 1.19 rounds: the partial second round costs its share
+    b48 = ops.decode_attention(48, 48 * 12289)
+    w = 384 / 324
+    factor = ((1 - A100.attn_wave_penalty) * w + A100.attn_wave_penalty * 2) / w
+    assert factor > 1.03
+    assert b48 - A100.decode_attn_latency_s == pytest.approx(
+        factor * 48 * 12289 * kv_per_token_layer / bw, rel=0.01)
+    # the rounds are the GPU's: H200's 132 SMs hold 396 blocks, so 48 sequences fit one
+    h200 = hardware.gpu("H200")
+    oh = OperatorModel(h200, L8B)
+    bw_h = h200.mem_bw_gbs * 1e9 * h200.attn_bw_efficiency
+    assert oh.decode_attention(48, 48 * 12289) - h200.decode_attn_latency_s == pytest.approx(
+        48 * 12289 * kv_per_token_layer / bw_h, rel=0.01)
     assert ops.decode_attention(0, 0) == 0.0 and ops.prefill_attention(0, 0, 0) == 0.0
+
+
+def test_gemm_tiles_run_in_waves_on_the_sms():
+    """128 x 128 output tiles, one per SM at a time: the MLP gate+up projection of
+    Llama-3-8B (28,672 features) is 224 tiles per 128 tokens, 2.07 waves on an A100, so
+    its compute time carries the partial third wave; the output projection (32 tiles)
+    stays under one wave (split-K spreads it over the SMs)."""
+    ops = OperatorModel(A100, L8B)
+    flat = OperatorModel(replace(A100, gemm_tile_features=0), L8B)
+    sharp, sharp_flat = (OperatorModel(replace(g, gemm_knee_p=float("inf")), L8B)
+                         for g in (A100, replace(A100, gemm_tile_features=0)))
+    w = 224 / 108
+    factor = ((1 - A100.gemm_wave_penalty) * w + A100.gemm_wave_penalty * 3) / w
+    assert factor > 1.01
+    # at 4,096 tokens all four are compute-bound: the max is the compute term
+    lat = A100.linear_latency_s
+    assert sharp.gemm(2, 4096) - lat == pytest.approx(
+        (sharp_flat.gemm(2, 4096) - lat) * (
+            ((1 - A100.gemm_wave_penalty) * 32 * w + A100.gemm_wave_penalty * 67) / (32 * w)),
+        rel=1e-9)
+    assert ops.gemm(1, 4096) > flat.gemm(1, 4096)  # 1,024 tiles: 9.48 waves
+    assert ops.gemm(1, 64) == flat.gemm(1, 64)  # 32 tiles: under one wave
+    assert factor * (flat.gemm(2, 256) - lat) > ops.gemm(2, 256) - lat > flat.gemm(2, 256) - lat
+
+
+def test_norms_and_activation_run_a_block_per_token_in_waves():
+    """vLLM's RMS norm and gated activation run one 1,024-thread block per token, 2 per SM:
+    216 tokens are one wave on an A100, 224 two (Vidur's rows step there: norms 5-6 -> 8
+    us, activation 18 -> 26 us); a single token costs a row at one block's rate, not its
+    share of the bandwidth. A CPU core keeps latency + bytes."""
+    ops = OperatorModel(A100, L8B)
+    row = 2 * 3 * L8B.ffn_hidden + 2 * 2 * 2 * L8B.hidden  # act + two norms, bytes
+    per_wave = row / (A100.elementwise_block_bw_gbs * 1e9)
+    assert ops.norms_act(224) - ops.norms_act(216) > 0.5 * per_wave  # bytes alone: 0.03
+    assert ops.norms_act(216) - ops.norms_act(208) < 0.2 * per_wave
+    assert ops.norms_act(1) > 5 * A100.elementwise_latency_s + per_wave
+    cpu = OperatorModel(hardware.gpu("Xeon-core"), hardware.model("gemma-3-270m"))
+    lat = 5 * cpu.gpu.elementwise_latency_s
+    b = cpu.gpu.mem_bw_gbs * 1e9 * cpu.gpu.elementwise_bw_efficiency
+    assert cpu.norms_act(300) == pytest.approx(lat + cpu.norms_act_bytes(300) / b, rel=1e-12)
 
 
 def test_gemm_padding_rows_cost_compute_and_the_knee_is_soft():

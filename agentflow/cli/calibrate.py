@@ -4,8 +4,11 @@ instances and store it, so the simulator times them as this machine runs them.
 For every ``(profile, model)`` of the cluster's local instances (``llama_server`` backends:
 their hardware is this host) it times single requests over a grid of prompt and output
 lengths, batches of equal requests between lone ones, and a decode joined by a prompt, on
-each such instance one after another (``agentflow.sim.host_calibration``, the same
-measurements as ``real_vs_sim --calibrate``), fits the profile's efficiencies and
+every such instance at once, as the cluster serves (``--one-at-a-time``: one after another;
+``agentflow.sim.host_calibration``, the same measurements as ``real_vs_sim --calibrate``),
+with a fixed speed probe before and after each instance's rows whose CPU seconds are stored
+with the fit (a replay times it again to match its load to the calibration's), fits the
+profile's efficiencies and
 overheads on all of their rows, and stores the fit keyed by this host's CPU model (and GPU
 model / driver: ``agentflow.sim.host_profiles``). Instances on other machines (``openai``
 backends) are listed and skipped: their hardware is not this host's.
@@ -41,6 +44,11 @@ def register(sub) -> None:
     p.add_argument("--no-cpu-share", dest="cpu_share", action="store_false",
                    help="with --wall-clock: fit the wall times as measured, not scaled by "
                    "the share")
+    p.add_argument("--one-at-a-time", dest="together", action="store_false",
+                   help="time the instances one after another (default: all at once, as the "
+                   "cluster serves: a core beside busy neighbours costs more CPU seconds per "
+                   "unit of work than one timed alone, where cores share caches, memory or "
+                   "a physical core)")
     p.add_argument("--single-only", dest="fit_batched", action="store_false",
                    help="fit on single requests only (default: the batched rows too)")
     p.add_argument("--tokenizer", help="a .gguf file or Hugging Face tokenizer for the prompts "
@@ -80,6 +88,8 @@ def local_groups(cluster_path: str, only: set[str] | None
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import json
 
+    import numpy as np
+
     from agentflow import hardware
     from agentflow.sim import host_calibration as calib
     from agentflow.sim import host_profiles
@@ -103,6 +113,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         rows: list[tuple] = []
         batched: list[tuple] = []
         joined: list[tuple] = []
+        probes: list[float] = []
         if args.refit:
             key = f"{base} / {model_name}"
             try:
@@ -112,24 +123,44 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             rows = [tuple(r) for r in old["rows"]]
             batched = [tuple(r) for r in old["batched"]]
             joined = [tuple(r) for r in old["joined"]]
+            if old.get("speed_probe_shapes") and tuple(map(tuple, old["speed_probe_shapes"])) \
+                    == calib.SPEED_PROBE and old.get("speed_probe_cpu_s"):
+                probes = [float(old["speed_probe_cpu_s"])]
             print(f"# refit of {len(rows)} single, {len(batched)} batched and {len(joined)} "
                   f"joined rows from {args.refit}")
-        for name, cfg in members if not args.refit else ():
-            r, b, j = calib.measure_calibration(measure_args, name, cfg)
-            rows += r
-            batched += b
-            joined += j
+        if not args.refit:
+            names = [n for n, _ in members]
+            print(f"# {base} / {model_name}: timing {', '.join(names)} "
+                  + ("at once, as the cluster serves" if args.together or len(names) == 1
+                     else "one after another"))
+            measured: dict[str, calib.Measured] = {}
+            for group in [names] if args.together else [[n] for n in names]:
+                measured.update(calib.measure_together(measure_args, group))
+            for m in measured.values():
+                rows += m.rows
+                batched += m.batched
+                joined += m.joined
+                probes += m.probes
         name, cfg = members[0]
         limits = calib.engine_limits(cfg)
         model = engine_for(name, limits, hardware.gpu(base)).model
         fit = calib.fit_rows(hardware.gpu(base), model, limits, rows, batched, joined,
                            cpu_share=args.cpu_share, fit_batched=args.fit_batched)
         constants: dict[str, float] = {str(f): float(getattr(fit.profile, f))
-                                       for f in calib.FIT_FIELDS}
+                                       for f in calib.STORED_FIELDS}
         entry = host_profiles.HostProfile(
             base=base, model=model_name, host=host, constants=constants,
             fit_error={"median": fit.median_error, "max": fit.max_error},
-            instances=tuple(n for n, _ in members))
+            instances=tuple(n for n, _ in members),
+            speed_probe_cpu_s=float(np.mean(probes)) if probes else 0.0,
+            speed_probe_shapes=calib.SPEED_PROBE if probes else ())
+        if probes and args.refit:
+            print(f"speed probe of the saved rows: {probes[0]:.3f} CPU-s")
+        elif probes:
+            print(f"speed probe ({len(probes)} runs, before and after each instance's rows): "
+                  f"mean {np.mean(probes):.3f} CPU-s, range {min(probes):.3f}-"
+                  f"{max(probes):.3f}; a replay that times it again matches its load to "
+                  "this one's")
         refs = calib.reference_times(fit.profile, model, limits)
         print("reference times on the fit (s, dedicated core): "
               + ", ".join(f"{k} {v:.4f}" for k, v in refs.items()))

@@ -117,10 +117,15 @@ class ShardHost:
         return run
 
     async def submit(self, query: dict[str, Any], dag: dict[str, Any], node_id: str,
-                     request: LLMRequest, front: str = "") -> AsyncIterator[tuple[Any, ...]]:
+                     request: LLMRequest, front: str = "", progress: bool = True,
+                     load: bool = True) -> AsyncIterator[tuple[Any, ...]]:
         """Stream ``("progress", tokens)``, then ``("result", fields, load)`` or
         ``("error", message, retryable)`` (failures travel as data, as in
-        ``agentflow.distributed.actor``)."""
+        ``agentflow.distributed.actor``). ``progress=False``: the front end has no use for
+        the token counts (its caller passed no ``on_progress``), so none is streamed and
+        the call is simply awaited; the coordinator here still hears every report.
+        ``load=False``: no load summary (``None``), for a front end with one shard, which
+        never reads it."""
         from agentflow.scheduler import QueryRejected
 
         if front:
@@ -132,6 +137,14 @@ class ShardHost:
             yield ("error", f"shard {self.index} refused the query: {err.reason}", False)
             return
         call = LLMCall(request=request, run=run, node=run.node(node_id))
+        if not progress:
+            try:
+                out = await self.router.submit(call)
+            except BackendError as err:
+                yield ("error", str(err), err.retryable)
+                return
+            yield ("result", self._fields(out), self._load() if load else None)
+            return
         updates: asyncio.Queue[int] = asyncio.Queue()
         task = asyncio.ensure_future(self.router.submit(call, updates.put_nowait))
         getter: asyncio.Future[int] | None = None
@@ -154,10 +167,7 @@ class ShardHost:
             except BackendError as err:
                 yield ("error", str(err), err.retryable)
                 return
-            yield ("result", {"result": out.result, "instance": out.instance,
-                              "queue_s": out.started - out.submitted,
-                              "run_s": out.finished - out.started, "priority": out.priority,
-                              "failed_attempts": out.failed_attempts}, self._load())
+            yield ("result", self._fields(out), self._load() if load else None)
         finally:
             if getter is not None and not getter.done():  # cancelled while waiting
                 getter.cancel()
@@ -167,6 +177,13 @@ class ShardHost:
                     await task
                 except BaseException:  # noqa: BLE001 - cancelled on purpose
                     pass
+
+    @staticmethod
+    def _fields(out: CallOutcome) -> dict[str, Any]:
+        """What the front end rebuilds its ``CallOutcome`` from (times as durations)."""
+        return {"result": out.result, "instance": out.instance,
+                "queue_s": out.started - out.submitted, "run_s": out.finished - out.started,
+                "priority": out.priority, "failed_attempts": out.failed_attempts}
 
     async def set_share_weights(self, weights: dict[str, float]) -> None:
         self.router.coordinator.fairness.set_weights(weights)
@@ -259,7 +276,7 @@ class RayShard:
             now = self.clock.now()  # times cross as "seconds ago": no clock is shared
             stream = self.actor.submit.options(num_returns="streaming").remote(
                 query_snapshot(call.query, now), dag_snapshot(call.run, now),
-                call.node.id, call.request, self.front)
+                call.node.id, call.request, self.front, on_progress is not None)
             try:
                 async for ref in stream:
                     item = await ref

@@ -40,9 +40,9 @@ import signal
 import struct
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agentflow.llm.base import BackendError, ProgressCallback
 from agentflow.scheduler.shards import ShardLoad
@@ -64,6 +64,29 @@ MAX_FRAME = 256 * 1024 * 1024  # a call's request and DAG are kilobytes; a bad p
 def encode(message: Any) -> bytes:
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
+
+
+class Outbox:
+    """Frames queued for one connection and written together once per loop turn: the
+    three candidates of a query are ready in the same turn, and so are results that
+    finish together, so one ``send`` (one wake-up of the peer) carries them all instead
+    of one each. ``write`` is the transport's; ``open`` says whether it still takes data
+    (a connection closed meanwhile drops what was queued: its calls run again)."""
+
+    def __init__(self, write: Callable[[bytes], None], open: Callable[[], bool]):
+        self._write = write
+        self._open = open
+        self._frames: list[bytes] = []
+
+    def send(self, frame: bytes) -> None:
+        if not self._frames:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._frames.append(frame)
+
+    def flush(self) -> None:
+        frames, self._frames = self._frames, []
+        if frames and self._open():
+            self._write(frames[0] if len(frames) == 1 else b"".join(frames))
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Any:
@@ -127,6 +150,7 @@ class ShardServer:
         info: dict[str, Any] = {"conn": conn, "name": "?", "calls": {}}
         self.clients[conn] = info
         self._writers.add(writer)
+        outbox = Outbox(writer.write, lambda: not writer.is_closing())
         calls: dict[int, asyncio.Task] = {}
         try:
             while True:
@@ -137,11 +161,12 @@ class ShardServer:
                 if kind == "hello":
                     info["name"] = str(message[1])
                 elif kind == "submit":
-                    _, rid, shard, query, dag, node_id, request = message
+                    _, rid, shard, query, dag, node_id, request, progress = message
                     self._owner[query["id"]] = conn
                     info["calls"][shard] = info["calls"].get(shard, 0) + 1
                     stream = asyncio.ensure_future(self._stream(
-                        writer, rid, self.hosts[shard], query, dag, node_id, request))
+                        outbox, rid, self.hosts[shard], query, dag, node_id, request,
+                        progress))
                     calls[rid] = stream
                     self._streams.add(stream)
                     stream.add_done_callback(self._streams.discard)
@@ -162,7 +187,7 @@ class ShardServer:
                     _, rid, what = message
                     value = self.stats() if what == "stats" else \
                         [h._load() for h in self.hosts]
-                    writer.write(encode((rid, ("reply", value))))
+                    outbox.send(encode((rid, ("reply", value))))
                 else:
                     log.warning("scheduler: unknown message %r from %s", kind, info["name"])
         finally:
@@ -178,20 +203,20 @@ class ShardServer:
             self._writers.discard(writer)
             writer.close()
 
-    async def _stream(self, writer: asyncio.StreamWriter, rid: int, host: ShardHost,
+    async def _stream(self, outbox: Outbox, rid: int, host: ShardHost,
                       query: dict[str, Any], dag: dict[str, Any], node_id: str,
-                      request: Any) -> None:
+                      request: Any, progress: bool) -> None:
+        # one shard: the replica's router never reads a load summary, so none is made
+        load = len(self.hosts) > 1
         try:
-            async for item in host.submit(query, dag, node_id, request):
-                if writer.is_closing():
-                    return
-                writer.write(encode((rid, item)))
+            async for item in host.submit(query, dag, node_id, request, progress=progress,
+                                          load=load):
+                outbox.send(encode((rid, item)))
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - the replica must hear of it, not hang
             log.exception("scheduler: a call of query %s failed", query.get("id"))
-            if not writer.is_closing():
-                writer.write(encode((rid, ("error", f"scheduler process: {err}", True))))
+            outbox.send(encode((rid, ("error", f"scheduler process: {err}", True))))
 
 
 # the replica's one-way messages, by name -> the ShardHost method they call
@@ -267,9 +292,11 @@ class _LinkProtocol(asyncio.Protocol):
         self.link = link
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
+        self.outbox: Outbox | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = t = cast(asyncio.Transport, transport)
+        self.outbox = Outbox(t.write, lambda: not t.is_closing())
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -345,8 +372,9 @@ class SchedulerLink:
         self._backlog.clear()
 
     def _write(self, frame: bytes) -> None:
-        assert self._protocol is not None and self._protocol.transport is not None
-        self._protocol.transport.write(frame)
+        """Queue ``frame`` on the connection (written at the end of this loop turn)."""
+        assert self._protocol is not None and self._protocol.outbox is not None
+        self._protocol.outbox.send(frame)
 
     def _dispatch(self, message: Any) -> None:
         rid, item = message
@@ -397,15 +425,18 @@ class SchedulerLink:
 
     async def call(self, shard: int, query: dict[str, Any], dag: dict[str, Any],
                    node_id: str, request: Any, on_progress: ProgressCallback | None
-                   ) -> tuple[dict[str, Any], ShardLoad]:
-        """Run one call on ``shard``: its result fields and the shard's load summary."""
+                   ) -> tuple[dict[str, Any], ShardLoad | None]:
+        """Run one call on ``shard``: its result fields and the shard's load summary
+        (``None`` from a scheduler process with one shard)."""
         await self.connect()
         rid = next(self._ids)
         queue: asyncio.Queue = asyncio.Queue()
         self._waiting[rid] = queue
         protocol = self._protocol
         try:
-            self._write(encode(("submit", rid, shard, query, dag, node_id, request)))
+            # no progress stream when no one reads it (the pipelines' calls pass none)
+            self._write(encode(("submit", rid, shard, query, dag, node_id, request,
+                                on_progress is not None)))
             while True:
                 item = await queue.get()
                 if item[0] == "progress":
@@ -466,9 +497,11 @@ class SocketShard:
         while True:
             now = self.clock.now()  # times cross as "seconds ago": no clock is shared
             try:
-                fields, self._load = await self.link.call(
+                fields, load = await self.link.call(
                     self.index, query_snapshot(call.query, now), dag_snapshot(call.run, now),
                     call.node.id, call.request, on_progress)
+                if load is not None:  # None: one shard, whose load no one reads
+                    self._load = load
             except _Lost:
                 log.warning("the scheduler process went away under a call of query %s: "
                             "the call runs again on the next one", call.query.id)

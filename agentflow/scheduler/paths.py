@@ -20,7 +20,7 @@ import numpy as np
 from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.distribution import Distribution, cost_distribution, kv_cost
 from agentflow.scheduler.view import ClusterView
-from agentflow.workflow.graph import Node, NodeKind
+from agentflow.workflow.graph import Node, NodeKind, WorkflowRun, generation_order
 
 if TYPE_CHECKING:
     from agentflow.scheduler.lengths import LengthModel
@@ -169,16 +169,16 @@ class WorkflowPaths(ClusterView):
         graph = run.graph
         shape = len(graph)  # the graph only grows, and only by new nodes (expansions)
         if query.topo is None or query.topo[0] != shape:
-            import networkx as nx
-
-            order = list(nx.topological_sort(graph))
+            order = generation_order(graph)  # nx.topological_sort's list
             query.topo = (shape, [(n, run.node(n), list(graph.successors(n)))
                                   for n in reversed(order)])
         _, reverse_order = query.topo
         oh, pf, df = self._mean_coefs() if coefs is None else coefs
         calls = {c.node_id: c for c in query.calls}
         done = query.done_nodes
-        state_of = run.state  # a WorkflowRun, or a shard's mirror of one
+        # a WorkflowRun's own state dict (one lookup per stage, not a method call), or a
+        # shard's mirror of one
+        state_of = run._state.__getitem__ if type(run) is WorkflowRun else run.state
         pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
         # per unfinished stage: its time plus the longest chain after it (expected, P10, P90),
         # what a parent's chain through it is (the sums are made once, here, not per edge)

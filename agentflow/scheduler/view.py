@@ -151,7 +151,10 @@ class ClusterView:
 
     @property
     def waiting_calls(self) -> int:
-        return sum(len(q.waiting) for q in self.queues.values())
+        """Calls waiting in every instance's queue: the load book's per-instance counts
+        (whole numbers in floats, so the sum is exact), one numpy sum instead of a walk
+        over 1,024 queues at every arrival."""
+        return int(self.loads.n_wait.sum())
 
     def expected_s(self, call: ScheduledCall, instance: str) -> float:
         model = self.time_models[instance]

@@ -97,6 +97,18 @@ class HostProfile:
     fit_error: dict[str, float] = field(default_factory=dict)  # median / max |rel err|
     instances: tuple[str, ...] = ()
     fitted_at: str = ""
+    # CPU seconds of ``host_calibration.SPEED_PROBE`` on one of these instances while the
+    # rows were timed (mean of before and after; 0: not measured), and the probe's shapes:
+    # a replay that times the same probe knows how much more CPU the same work costs then
+    speed_probe_cpu_s: float = 0.0
+    speed_probe_shapes: tuple[tuple[int, int], ...] = ()
+
+    def speed_reference(self, shapes: tuple[tuple[int, int], ...]) -> float | None:
+        """The stored probe's CPU seconds if it was the probe of ``shapes``, else None."""
+        if self.speed_probe_cpu_s > 0 and tuple(map(tuple, self.speed_probe_shapes)) \
+                == tuple(map(tuple, shapes)):
+            return self.speed_probe_cpu_s
+        return None
 
     def profile(self) -> hardware.GPUProfile:
         """The named profile with this host's constants."""
@@ -110,6 +122,7 @@ class HostProfile:
     def to_json(self) -> dict:
         d = asdict(self)
         d["instances"] = list(self.instances)
+        d["speed_probe_shapes"] = [list(x) for x in self.speed_probe_shapes]
         return d
 
     @classmethod
@@ -119,7 +132,10 @@ class HostProfile:
                        constants={k: float(v) for k, v in d["constants"].items()},
                        fit_error={k: float(v) for k, v in d.get("fit_error", {}).items()},
                        instances=tuple(d.get("instances", ())),
-                       fitted_at=d.get("fitted_at", ""))
+                       fitted_at=d.get("fitted_at", ""),
+                       speed_probe_cpu_s=float(d.get("speed_probe_cpu_s", 0.0)),
+                       speed_probe_shapes=tuple((int(p), int(o)) for p, o in
+                                                d.get("speed_probe_shapes", ())))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"malformed host profile entry {d!r}: {err}") from None
 

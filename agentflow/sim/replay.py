@@ -28,7 +28,7 @@ import networkx as nx
 
 from agentflow.sim.workload import TraceNode, TraceQuery
 from agentflow.workflow import Expansion, Node
-from agentflow.workflow.graph import GraphError, lexical_order
+from agentflow.workflow.graph import GraphError, lexical_order_of
 
 
 class GrowingDag:
@@ -43,11 +43,9 @@ class GrowingDag:
                 if p not in self._nodes:
                     raise ValueError(f"trace {trace.id}: node {n.id!r} has unknown parent {p!r}")
                 self._children[p].append(n.id)
-        recorded = nx.DiGraph()
-        recorded.add_nodes_from(self._nodes)
-        recorded.add_edges_from((p, n.id) for n in trace.nodes for p in n.parents)
-        try:  # networkx's lexicographical order, without its layers (once per arrival)
-            self._order = lexical_order(recorded)
+        try:  # networkx's lexicographical order, from the lists (once per arrival)
+            self._order = lexical_order_of(
+                self._children, {n.id: len(n.parents) for n in trace.nodes})
         except GraphError:
             raise ValueError(f"trace {trace.id}: the recorded DAG has a cycle") from None
         self._shown: set[str] = set()

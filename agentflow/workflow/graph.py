@@ -9,7 +9,7 @@ executor and a virtual-time simulator drive the very same object.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -69,15 +69,17 @@ class WorkflowRun:
         for node_id, data in graph.nodes(data=True):
             if not isinstance(data.get("node"), Node) or data["node"].id != node_id:
                 raise GraphError(f"graph node {node_id!r} must carry node=Node(id={node_id!r})")
-        if not nx.is_directed_acyclic_graph(graph):
-            raise GraphError(f"pipeline graph has a cycle: {nx.find_cycle(graph)}")
+        try:  # the records in networkx's topological order, which is also the cycle check
+            order = generation_order(graph)
+        except GraphError:
+            raise GraphError(f"pipeline graph has a cycle: {nx.find_cycle(graph)}") from None
         self.query = query
         self.graph = graph
         self.outputs: dict[str, Any] = {}
         self.version = 0  # bumped on every change, so schedulers can cache derived values
         self._state: dict[str, str] = {n: self.PENDING for n in graph.nodes}
         self._started_at: dict[str, float] = {}
-        for node_id in nx.topological_sort(graph):
+        for node_id in order:
             self._add_record(node_id)
 
     # ----------------------------------------------------------------------------- queries
@@ -193,7 +195,11 @@ class WorkflowRun:
             self._keep_order(lexical_order(self.graph))
         except GraphError:
             raise GraphError("expansion would create a cycle") from None
-        for node_id in nx.topological_sort(self.graph.subgraph(new_ids)):
+        # one new stage (the common case: a revision round) needs no subgraph view; with
+        # more, networkx's order over the view is kept as it was
+        added = [expansion.nodes[0].id] if len(new_ids) == 1 else \
+            nx.topological_sort(self.graph.subgraph(new_ids))
+        for node_id in added:
             self._add_record(node_id, expanded_by=by)
         for _src, dst in expansion.edges:  # keep recorded parents in step with the graph
             self.query.stage(dst).parents = sorted(self.graph.predecessors(dst))
@@ -210,10 +216,18 @@ def lexical_order(g: nx.DiGraph) -> list[Any]:
     smallest ready node id first, which fixes the order uniquely, so the same list; without
     networkx's per-call dispatch and generator layers (a simulated query's graph grows at
     most of its stages, and its ready list is read at each)."""
+    pred = g.pred
+    return lexical_order_of(g.succ, {n: len(pred[n]) for n in g})
+
+
+def lexical_order_of(succ: Mapping[Any, Iterable[Any]], indegree: dict[Any, int]
+                     ) -> list[Any]:
+    """``lexical_order`` of the DAG given as successor lists and in-degrees (every node a
+    key of ``indegree``; a repeated edge counts in both), with no graph object built: the
+    order is unique, so the same list as ``lexical_order`` of the same edges. ``indegree``
+    is consumed."""
     import heapq
 
-    succ, pred = g.succ, g.pred
-    indegree = {n: len(pred[n]) for n in g}
     ready = [n for n, d in indegree.items() if d == 0]
     heapq.heapify(ready)
     order = []
@@ -226,6 +240,43 @@ def lexical_order(g: nx.DiGraph) -> list[Any]:
             if left == 0:
                 heapq.heappush(ready, child)
     if len(order) != len(indegree):
+        raise GraphError("pipeline graph has a cycle")
+    return order
+
+
+def generation_order(g: nx.DiGraph) -> list[Any]:
+    """``list(nx.topological_sort(g))``, the same list, without networkx's generator and
+    view layers (an arrival builds a run, and a critical-path pass re-orders a graph that
+    grew): generations of Kahn's algorithm, each in the order nodes were added, children in
+    the order their edges were. A cycle raises ``GraphError``. Graph views and multigraphs
+    iterate differently: they go through networkx itself."""
+    if type(g) is not nx.DiGraph:
+        try:
+            return list(nx.topological_sort(g))
+        except (nx.NetworkXUnfeasible, nx.NetworkXError):  # a cycle, or not directed
+            raise GraphError("pipeline graph has a cycle") from None
+    succ, pred = g._succ, g._pred
+    indegree = {}
+    zero = []
+    for n in g._node:
+        d = len(pred[n])
+        if d:
+            indegree[n] = d
+        else:
+            zero.append(n)
+    order: list[Any] = []
+    while zero:
+        generation, zero = zero, []
+        for n in generation:
+            for child in succ[n]:
+                left = indegree[child] - 1
+                if left:
+                    indegree[child] = left
+                else:
+                    zero.append(child)
+                    del indegree[child]
+        order += generation
+    if indegree:
         raise GraphError("pipeline graph has a cycle")
     return order
 

@@ -145,3 +145,53 @@ def test_a_replica_is_not_ready_while_its_scheduler_process_is_gone(sock: Path) 
             assert httpx.get(f"{live.url}/readyz", timeout=30).status_code == 200
         finally:
             scheduler.close()
+
+
+def test_progress_crosses_only_when_the_caller_reads_it(sock: Path) -> None:
+    """A call whose caller passes ``on_progress`` hears the token counts; one that passes
+    none (every pipeline stage) gets only its result over the socket: no progress frame,
+    and, from a scheduler process with one shard, no load summary either."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+    from agentflow.workflow.clock import MonotonicClock
+    from agentflow.workflow.router import LLMCall
+    from tests.scheduler.utils import chain_run
+
+    async def run() -> tuple[list[int], list[str], list[str], tuple[int, float]]:
+        server = ShardServer(build_hosts(config(inflight=4)))
+        listener = await server.serve(sock)
+        link = shard_socket.SchedulerLink(sock)
+        shard = SocketShard(0, link, MonotonicClock())
+        kinds: list[str] = []
+        dispatch = link._dispatch
+
+        def record(message):  # every frame the replica receives, by kind
+            kinds.append(message[1][0])
+            dispatch(message)
+        link._dispatch = record  # type: ignore[method-assign]
+
+        def call(query_id: str) -> LLMCall:
+            flow = chain_run(query_id, 60.0, ["generate_candidate"])
+            request = LLMRequest(prompt="SELECT", params=SamplingParams(max_tokens=40),
+                                 stage="generate_candidate", query_id=query_id)
+            return LLMCall(request=request, run=flow, node=flow.node(f"{query_id}.0"))
+
+        try:
+            seen: list[int] = []
+            with_progress = await shard.submit(call("qa"), seen.append)
+            kinds_a, kinds[:] = list(kinds), []
+            without = await shard.submit(call("qb"))
+            assert with_progress.result.text and without.result.text
+            load = shard.load()
+            return seen, kinds_a, list(kinds), (load.up, load.work_s)
+        finally:
+            await link.close()
+            listener.close()
+            await server.close_clients()
+            for host in server.hosts:
+                await host.close()
+
+    seen, with_kinds, without_kinds, load = asyncio.run(run())
+    assert seen and seen[-1] > 0  # the scripted answer's tokens, as they were reported
+    assert with_kinds == ["progress"] * len(seen) + ["result"]
+    assert without_kinds == ["result"]
+    assert load == (1, 0.0)  # the handle's own summary: none came back to replace it

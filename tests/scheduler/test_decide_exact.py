@@ -4,12 +4,12 @@ that stop early, a critical-path DP that sums each stage's chain once).
 
 ``ReferenceCoordinator`` runs every instance queue as it was (``ReferenceQueue``: a re-key
 re-places its entry at once, by removing it and inserting it again; ``ReferenceTournament``:
-every invalidation walks to the root) and the per-edge DP, kept here verbatim. Seeded event sequences go through
-both and every decision must be the same: the replay of ``test_view_rows`` for every preset
-(arrivals with classes and tenants, progress, failures, instances down and up, cancels),
-its peer-group cluster, and the benchmark's own workload on a 64-instance fleet, where one
-query's event re-keys its calls on a dozen instances. The fast queue is also checked against
-its O(n) reference scan at every pick.
+every invalidation walks to the root) and the per-edge DP, kept here verbatim. Seeded event
+sequences go through both and every decision must be the same: the replay of
+``test_view_rows`` for every preset (arrivals with classes and tenants, progress, failures,
+instances down and up, cancels), its peer-group cluster, and the benchmark's own workload on
+a 64-instance fleet, where one query's event re-keys its calls on a dozen instances. The fast
+queue is also checked against its O(n) reference scan at every pick.
 """
 
 from __future__ import annotations

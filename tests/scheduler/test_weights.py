@@ -105,7 +105,7 @@ def test_tenant_spec_and_tenant_config_take_a_weight() -> None:
             Tenant(name="acme", weight=bad_weight)
 
 
-def _sim_shares(weight_a: float) -> tuple[float, float]:
+def _sim_shares(weight_a: float, seed: int = 0) -> tuple[float, float]:
     """Two tenants flood a one-slot simulated H100 (one call at a time, so instance time is
     wall time) with 60 queries each, all sent within ~12 s; returns each tenant's instance
     seconds until half-way to the first one's last answer, while both still have queries
@@ -118,7 +118,7 @@ def _sim_shares(weight_a: float) -> tuple[float, float]:
         SimInstanceConfig(gpu="H100", model="Llama-3.1-8B", max_num_seqs=1)])
     wl = build_tenant_workload(small_trace(), cluster, [
         TenantSpec("a", 5.0, None, "standard", weight=weight_a),
-        TenantSpec("b", 5.0, None, "standard")], n=60, seed=0)
+        TenantSpec("b", 5.0, None, "standard")], n=60, seed=seed)
     stages: list = []
     result = run_policy(cluster, wl, "flowsage", on_stage=stages.append)
     owner = {r.id: r.tenant for r in result.records}
@@ -134,11 +134,13 @@ def _sim_shares(weight_a: float) -> tuple[float, float]:
 
 def test_a_simulated_flood_of_two_tenants_shares_instance_time_by_weight() -> None:
     # ~240 s of instance time against a lag bound of one quantum plus one call (~12 s), and
-    # the shares are charged in *expected* seconds: 2 : 1 within 15%, 1 : 1 likewise
-    a, b = _sim_shares(2.0)
-    assert 1.7 <= a / b <= 2.3, (a, b)
-    a, b = _sim_shares(1.0)
-    assert 0.85 <= a / b <= 1.15, (a, b)
+    # the shares are charged in *expected* seconds: 2 : 1 within 15%, 1 : 1 likewise. Pooled
+    # over three workloads: one draw of 60 queries per tenant moves the ratio by ~15% on its
+    # own (seeds 0-5: 1.64-2.18 at weight 2), so a single seed tests the draw, not the share.
+    for weight, lo, hi in ((2.0, 1.7, 2.3), (1.0, 0.85, 1.15)):
+        runs = [_sim_shares(weight, seed) for seed in range(3)]
+        a, b = sum(r[0] for r in runs), sum(r[1] for r in runs)
+        assert lo <= a / b <= hi, (weight, runs)
 
 
 def test_served_tenants_weights_reach_the_scheduler() -> None:

@@ -47,26 +47,36 @@ def formula_step(n_tokens: list[int], contexts: list[int], gpu=A100, model=L8B) 
     def roof(lat, flops, f_eff, nbytes, b_eff):
         return lat + max(flops / (peak * f_eff), nbytes / (bw * b_eff))
 
-    # GEMMs: compute on whole 128-row tiles (a power of two below one), the two terms
-    # meeting as a p-norm
+    def waves(units, slots, penalty):  # a partial last wave costs `penalty` of a wave
+        w = units / slots
+        return 1.0 if w <= 1 else ((1 - penalty) * w + penalty * math.ceil(w)) / w
+
+    # GEMMs: compute on whole 128-row tiles (a power of two below one), in waves of
+    # (128 x gemm_tile_features) output tiles on the SMs, the two terms meeting as a p-norm
     rows = 2 ** math.ceil(math.log2(T)) if T < 128 else 128 * math.ceil(T / 128)
     p = gpu.gemm_knee_p
     layer = 0.0
     for k, n in ((d, q + 2 * kv), (q, d), (d, 2 * f), (f, d)):  # qkv, o, gate+up, down
-        c = 2 * k * n * rows / (peak * gpu.compute_efficiency)
+        tiles = math.ceil(rows / min(rows, 128)) * math.ceil(n / gpu.gemm_tile_features)
+        c = 2 * k * n * rows / (peak * gpu.compute_efficiency) * waves(
+            tiles, gpu.sm_count * gpu.gemm_ctas_per_sm, gpu.gemm_wave_penalty)
         m = (2 * k * n + 2 * (k + n) * T) / (bw * gpu.bw_efficiency)
         layer += gpu.linear_latency_s + (c ** p + m ** p) ** (1 / p)
-    # norms x2, rope, act, add; then the KV write (read 2 B + write 2 B per K/V element)
-    per_token = 2 * (2 * 2 * d + 2 * (q + kv) + 3 * f + 3 * d)
-    layer += 5 * gpu.elementwise_latency_s + T * per_token / (bw * gpu.elementwise_bw_efficiency)
-    layer += gpu.kv_write_latency_s + T * 2 * kv * 4 / (bw * gpu.elementwise_bw_efficiency)
+    # norms x2 and act: a block per token, the longer of bandwidth and waves of one
+    # block's row; rope and add: bandwidth; then the KV write (read 2 + write 2 B)
+    b_el = bw * gpu.elementwise_bw_efficiency
+    row_waves = math.ceil(T / (gpu.sm_count * gpu.elementwise_blocks_per_sm))
+    layer += 5 * gpu.elementwise_latency_s + T * 2 * (2 * (q + kv) + 3 * d) / b_el
+    for row in (2 * 2 * d, 2 * 2 * d, 2 * 3 * f):
+        layer += max(T * row / b_el, row_waves * row / (gpu.elementwise_block_bw_gbs * 1e9))
+    layer += gpu.kv_write_latency_s + T * 2 * kv * 4 / b_el
     dec = [(n, c) for n, c in zip(n_tokens, contexts) if n == 1]
     pre = [(n, c) for n, c in zip(n_tokens, contexts) if n > 1]
     if dec:
         L = sum(c + 1 for _, c in dec)
-        waves = len(dec) * model.kv_heads / gpu.sm_count  # a block per (sequence, KV head)
-        a = gpu.attn_wave_penalty
-        wave = 1.0 if waves <= 1 else ((1 - a) * waves + a * math.ceil(waves)) / waves
+        # a block per (sequence, KV head), in rounds of the blocks the SMs hold at once
+        wave = waves(len(dec) * model.kv_heads, gpu.sm_count * gpu.attn_blocks_per_sm,
+                     gpu.attn_wave_penalty)
         layer += roof(gpu.decode_attn_latency_s, 4 * q * L, gpu.prefill_attn_efficiency,
                       (2 * kv * 2 * L + 4 * q * len(dec)) * wave, gpu.attn_bw_efficiency)
     if pre:

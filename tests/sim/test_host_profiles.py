@@ -135,3 +135,33 @@ instances:
     assert main(["calibrate", "--cluster", str(cluster), "--instances", "gpu-0"]) == 2
     err = capsys.readouterr()
     assert "skipped gpu-0" in err.out and "no local (llama_server) instance" in err.err
+
+
+def test_the_speed_probe_is_stored_with_its_shapes_and_only_matches_the_same_probe(store):
+    from agentflow.sim.host_calibration import SPEED_PROBE
+
+    e = hp.HostProfile(base="Xeon-core", model="gemma-3-270m", host=EPYC,
+                       constants={"compute_efficiency": 0.2}, speed_probe_cpu_s=4.5,
+                       speed_probe_shapes=SPEED_PROBE)
+    hp.save(e)
+    (back,) = hp.load()
+    assert back.speed_reference(SPEED_PROBE) == 4.5
+    assert back.speed_reference(((512, 1),)) is None  # another probe is not comparable
+    # entries stored before the probe existed have none
+    old = {k: v for k, v in e.to_json().items() if not k.startswith("speed_probe")}
+    assert hp.HostProfile.from_json(old).speed_reference(SPEED_PROBE) is None
+
+
+def test_load_matching_takes_the_real_cpu_back_to_the_calibrations_cpu_per_work():
+    from agentflow.bench.fidelity.probe import load_factors, load_matched, load_matched_line
+
+    # the probe cost 1.2x and 1.4x (mean of before/after) what it cost at calibration
+    factors = load_factors({"a": 5.0, "b": 6.0}, {"a": 7.0, "b": 8.0}, {"a": 5.0, "b": 5.0})
+    assert factors == pytest.approx({"a": 1.2, "b": 1.4})
+    # a server without a reference (or without a probe) gets no load-matched figure
+    assert load_factors({"a": 5.0}, {"a": 5.0}, {"a": 5.0, "b": 5.0}) == {"a": 1.0}
+    matched = load_matched({"a": 60.0, "b": 70.0}, {"a": 100.0, "b": 100.0}, factors)
+    assert matched == pytest.approx({"a": 0.72, "b": 0.98})
+    line = load_matched_line(matched, factors)
+    assert line.startswith("engine work sim/real, load-matched per instance: 0.720, 0.980 (a, b;")
+    assert "x1.200, x1.400" in line

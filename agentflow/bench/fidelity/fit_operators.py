@@ -11,10 +11,15 @@ side of a roofline), and the script prints per class the fit error median / max 
 the rows, with the stored constants (``agentflow.hardware.OPERATOR_FIT``) and with the fresh fit:
 
 * linear: the four GEMMs (qkv, output projection, MLP gate+up, MLP down), every
-  ``num_tokens`` row: a kernel latency, a compute and a weight-streaming efficiency;
+  ``num_tokens`` row: a kernel latency, a compute and a weight-streaming efficiency, the
+  knee's p-norm and the cost of a partial wave of output tiles; each GEMM's relative error
+  weighted by its share of the four's time at that token count (the step charges their
+  sum: a 10% miss of the output projection, 5% of the sum, weighs what 0.5% of the sum does);
 * element-wise: the sum of the two norms, rope, activation and residual add per row: a
-  latency per kernel and a bandwidth efficiency;
-* decode attention: a latency and a KV-read bandwidth efficiency;
+  latency per kernel, a bandwidth efficiency and one thread block's streaming rate (the
+  norms and the activation run a block per token, in waves of SMs x blocks per SM);
+* decode attention: a latency, a KV-read bandwidth efficiency and the cost of a partial
+  round of (sequence, KV head) blocks;
 * prefill attention: a latency and a compute efficiency (its bytes at the decode one).
 
 Vidur's KV-cache write (``kv_cache_save``) grows by ~0.55 us per token and layer: 4 KiB of
@@ -25,7 +30,7 @@ most 80 tokens, where the per-token part is < 0.05 us), and the per-token part i
 the element-wise bandwidth. The per-token quirk is printed for reference.
 
 The same constants are then checked, without refitting, on the rows the fit did not use:
-Llama-3-8B GEMMs at TP 2/4/8 and Llama-3-70B GEMMs at TP 1/2/4/8.
+Llama-3-8B GEMMs and element-wise operators at TP 2/4/8 and Llama-3-70B's at TP 1/2/4/8.
 """
 
 from __future__ import annotations
@@ -110,12 +115,13 @@ def halves(profiles: Path) -> tuple[Rows, Rows]:
 
 
 # ------------------------------------------------------------------------------ the fit
-def _least_squares(model, x0, lo, hi, measured) -> np.ndarray:
-    """Least squares of the relative error ``model(x) / measured - 1``."""
+def _least_squares(model, x0, lo, hi, measured, weight=None) -> np.ndarray:
+    """Least squares of the relative error ``model(x) / measured - 1`` (times ``weight``)."""
     from scipy.optimize import least_squares
 
     meas = np.asarray(measured, float)
-    res = least_squares(lambda x: np.asarray(model(x), float) / meas - 1.0, x0,
+    w = 1.0 if weight is None else np.asarray(weight, float)
+    res = least_squares(lambda x: (np.asarray(model(x), float) / meas - 1.0) * w, x0,
                         bounds=(lo, hi), x_scale="jac")
     return res.x
 
@@ -131,24 +137,32 @@ def fit(rows: Rows) -> dict[str, float]:
 
     Ts = sorted(rows.mlp)
     # linear: latency, compute and weight-streaming efficiencies, and the knee's p-norm
-    names = ("linear_latency_s", "compute_efficiency", "bw_efficiency", "gemm_knee_p")
+    names = ("linear_latency_s", "compute_efficiency", "bw_efficiency", "gemm_knee_p",
+             "gemm_wave_penalty")
+
+    meas = np.array([rows.mlp[T][op] * 1e-3 for T in Ts for op in GEMMS])
+    # each GEMM's relative error weighted by its share of the four's time (the step's sum)
+    share = meas / np.repeat([sum(rows.mlp[T][op] for op in GEMMS) * 1e-3 for T in Ts],
+                             len(GEMMS))
 
     def linear(x):
         o = om(**dict(zip(names, x)))
         return [o.gemm(i, T) for T in Ts for i in range(len(GEMMS))]
 
-    x = _least_squares(linear, [4e-6, 0.7, 0.75, 3.0], [0, 0.05, 0.05, 1.0],
-                       [1e-4, 1.0, 1.0, 50.0],
-                       [rows.mlp[T][op] * 1e-3 for T in Ts for op in GEMMS])
+    x = _least_squares(linear, [4e-6, 0.7, 0.75, 3.0, 0.3], [0, 0.05, 0.05, 1.0, 0.0],
+                       [1e-4, 1.0, 1.0, 50.0, 1.0], meas, share)
     out.update(zip(names, (float(v) for v in x)))
-    # element-wise: the five operators' sum per row, a latency per kernel and a bandwidth
-    bw = base.mem_bw_gbs * 1e9
-    o = om()
-    m = np.array([sum(rows.mlp[T][op] for op in ELEMENTWISE) * 1e-3 for T in Ts])
-    y = np.array([o.norms_act_bytes(T) / bw for T in Ts])
-    X = np.column_stack([np.full_like(m, len(ELEMENTWISE)), y]) / m[:, None]
-    lat, b = np.linalg.lstsq(X, np.ones_like(m), rcond=None)[0]
-    out.update(elementwise_latency_s=max(float(lat), 0.0), elementwise_bw_efficiency=1 / b)
+    # element-wise: the five operators' sum per row: a latency per kernel, a bandwidth,
+    # and one thread block's streaming rate (what a few tokens' rows cost)
+    names = ("elementwise_latency_s", "elementwise_bw_efficiency", "elementwise_block_bw_gbs")
+
+    def elementwise(x):
+        o = om(**dict(zip(names, x)))
+        return [o.norms_act(T) for T in Ts]
+
+    x = _least_squares(elementwise, [3e-6, 0.5, 10.0], [0, 0.05, 0.1], [1e-4, 1.0, 1e3],
+                       [sum(rows.mlp[T][op] for op in ELEMENTWISE) * 1e-3 for T in Ts])
+    out.update(zip(names, (float(v) for v in x)))
     # decode attention: latency, KV-read bandwidth, the partial wave's cost
     names = ("decode_attn_latency_s", "attn_bw_efficiency", "attn_wave_penalty")
 
@@ -238,6 +252,9 @@ def other_models(profiles: Path, consts: dict[str, float]) -> list[tuple[str, tu
             out.append((f"{name} TP{tp} GEMM sum", _err(
                 [omt.linear(T) for T in Tt], [sum(r[T][o] for o in GEMMS) * 1e-3
                                               for T in Tt])))
+            out.append((f"{name} TP{tp} element-wise sum", _err(
+                [omt.norms_act(T) for T in Tt], [sum(r[T][o] for o in ELEMENTWISE) * 1e-3
+                                                 for T in Tt])))
     return out
 
 
@@ -262,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     for (name, e_h), (_, e_f) in zip(errors(held, stored), errors(fit_half, stored)):
         print(f"{name:38} {e_h[0]*100:6.1f}% {e_h[1]*100:7.1f}% ({e_h[2]:3d})  "
               f"{e_f[0]*100:6.1f}% {e_f[1]*100:7.1f}% ({e_f[2]:3d})")
-    print("# held out whole (GEMM sums, every row)")
+    print("# held out whole (GEMM and element-wise sums, every row)")
     for name, e in other_models(args.profiles, stored):
         print(f"{name:38} {e[0]*100:6.1f}% {e[1]*100:7.1f}% ({e[2]:3d})")
     print()

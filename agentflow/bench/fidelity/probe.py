@@ -54,3 +54,56 @@ async def probe(backends: dict[str, Any], make_prompt: Callable[[int], str],
     names = list(backends)
     factors = await asyncio.gather(*(one_instance(n) for n in names))
     return dict(zip(names, factors, strict=True))
+
+
+# --------------------------------------------------------------- load matching (CPU clock)
+async def speed_probes(backends: dict[str, Any], make_prompt: Callable[[int], str]
+                       ) -> dict[str, float]:
+    """Per instance with a CPU clock, the server CPU seconds of ``host_calibration.
+    SPEED_PROBE`` (the instances in parallel: each has its own core)."""
+    from agentflow.sim.host_calibration import speed_probe
+
+    names = list(backends)
+    got = await asyncio.gather(*(speed_probe(backends[n], make_prompt) for n in names))
+    return {n: v for n, v in zip(names, got, strict=True) if v is not None}
+
+
+def speed_references(cluster_path: str) -> dict[str, float]:
+    """Per local instance whose host profile stored a speed probe of today's shapes: its CPU
+    seconds at calibration."""
+    from agentflow.sim import host_profiles
+    from agentflow.sim.cluster import load_cluster
+    from agentflow.sim.host_calibration import SPEED_PROBE
+
+    out = {}
+    for name, cfg in load_cluster(cluster_path).expanded():
+        if (cfg.backend or {}).get("type") != "llama_server":
+            continue
+        entry = host_profiles.lookup(str(cfg.gpu), str(cfg.model))
+        ref = entry.speed_reference(SPEED_PROBE) if entry is not None else None
+        if ref is not None:
+            out[name] = ref
+    return out
+
+
+def load_factors(before: dict[str, float], after: dict[str, float],
+                 references: dict[str, float]) -> dict[str, float]:
+    """Per instance, the CPU seconds the same work cost around the replay over what it cost
+    at calibration: the mean of the probes before and after over the stored one."""
+    return {n: (before[n] + after[n]) / 2 / references[n]
+            for n in references if n in before and n in after and references[n] > 0}
+
+
+def load_matched(sim_busy: dict[str, float], real_cpu: dict[str, float],
+                 factors: dict[str, float]) -> dict[str, float]:
+    """Engine work sim/real with the real CPU seconds taken back to the calibration's
+    load: simulated busy seconds x the load factor over the server's CPU seconds."""
+    return {n: sim_busy[n] * factors[n] / real_cpu[n] for n in factors
+            if real_cpu.get(n) and n in sim_busy}
+
+
+def load_matched_line(matched: dict[str, float], factors: dict[str, float]) -> str:
+    return ("engine work sim/real, load-matched per instance: "
+            + ", ".join(f"{v:.3f}" for v in matched.values()) + f" ({', '.join(matched)}; "
+            "the speed probe's CPU per work around the replay x"
+            + ", x".join(f"{factors[n]:.3f}" for n in matched) + " the calibration's)")

@@ -30,7 +30,13 @@ last three lines are ``engine work sim/real per instance: X, Y, ...`` (simulated
 seconds of each engine over its server's CPU seconds during the replay, from /proc: the
 figure contention on a shared machine barely moves, since a server waiting for a core is
 not charged CPU time; n/a where a backend reports none, e.g. remote vLLM servers),
-``median |sim-real|/real per call: X`` and ``P95 error per query: Y``. A local instance is
+``median |sim-real|/real per call: X`` and ``P95 error per query: Y``. Before them, where
+the instance's host profile stored one (``agentflow calibrate``), ``engine work sim/real,
+load-matched per instance: ...``: a fixed set of requests (``host_calibration.SPEED_PROBE``)
+timed on each server's CPU clock right before and right after the replay, over what it cost
+at calibration, says how much more CPU the same work cost around the replay (co-running
+processes raise CPU seconds per unit of work, which no clock removes); the real CPU seconds
+divided by that factor give the second figure (``--no-speed-probe`` skips it). A local instance is
 simulated on this host's profile where ``agentflow calibrate --cluster FILE`` stored one
 (the header says which profile each instance uses), and the engine work on the stored
 profiles is printed beside it.
@@ -102,11 +108,19 @@ from agentflow.bench.fidelity.environment import Quietness
 from agentflow.bench.fidelity.figures import call_figures, p95
 from agentflow.bench.fidelity.normalise import instance_slowdowns, lone_calls, machine_factors
 from agentflow.bench.fidelity.precalibrate import describe, fit_speed, measure_lone, workload_shapes
-from agentflow.bench.fidelity.probe import probe
+from agentflow.bench.fidelity.probe import (
+    load_factors,
+    load_matched,
+    load_matched_line,
+    probe,
+    speed_probes,
+    speed_references,
+)
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.engine import SimInstance, engine_for
 from agentflow.sim.host_calibration import (
     FIT_FIELDS,
+    STORED_FIELDS,
     PromptMaker,
     close_all,
     cpu_seconds,
@@ -464,12 +478,12 @@ def calibrate(args: argparse.Namespace) -> None:
     fitted = fit.profile
     print("# fitted profile (paste into agentflow/hardware.py, or store it for this host "
           "with agentflow calibrate --cluster FILE):")
-    print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in FIT_FIELDS))
+    print(", ".join(f"{f}={getattr(fitted, f):.4g}" for f in STORED_FIELDS))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": fit.rows, "batched": fit.batched,
                                                "joined": joined,
                                                "cpu_share": args.cpu_share, "fitted": {
-            f: getattr(fitted, f) for f in FIT_FIELDS}}, indent=1))
+            f: getattr(fitted, f) for f in STORED_FIELDS}}, indent=1))
 
 
 # ------------------------------------------------------------------------------- report
@@ -554,6 +568,10 @@ def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
         median, p95 = figures["median_call_error"], figures["p95_query_error"]
     if "engine_real_cpu_s" in saved:  # runs saved since the engine-work figure
         measured = Outcome(engine_s=saved["engine_real_cpu_s"])
+        if "speed_probe" in saved:  # runs saved since the load-matched figure
+            factors = saved["speed_probe"]["factor"]
+            print(load_matched_line(load_matched(sim.engine_s, measured.engine_s, factors),
+                                    factors))
         print(engine_work_line(engine_work(measured, sim)))
     print(f"median |sim-real|/real per call: {median:.4f}")
     print(f"P95 error per query: {p95:.4f}")
@@ -732,6 +750,11 @@ def main(argv: list[str] | None = None) -> None:
                     "and the sqrt(2) floor it puts under the simulator's; fidelity/repeat.py)")
     ap.add_argument("--no-probe", dest="probe", action="store_false",
                     help="skip the single-request probes before and after the replay")
+    ap.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
+                    help="skip the speed probe before and after the replay (a fixed request "
+                    "set on each server's CPU clock, against what it cost when agentflow "
+                    "calibrate stored the host profile; it gives the load-matched engine "
+                    "work figure)")
     ap.add_argument("--calibrate", action="store_true",
                     help="fit the hardware profile from single requests instead")
     ap.add_argument("--repeats", type=int, default=2,
@@ -803,14 +826,20 @@ def main(argv: list[str] | None = None) -> None:
             return sim_engines(args.cluster)[name]
 
         probes = {}
+        speed: dict[str, dict[str, float]] = {}
+        references = speed_references(args.cluster) if args.speed_probe else {}
         if args.probe:
             probes["before"] = loop.run_until_complete(probe(backends, maker.make, fresh))
+        if references:
+            speed["before"] = loop.run_until_complete(speed_probes(backends, maker.make))
         first_rows = calibrate_first_rows(backends, maker, w, args.cluster, args.repeats,
                                           loop) \
             if args.calibrate_first else None
         real = loop.run_until_complete(replay_real(w, backends, prompts))
         busy = {name: b.metrics().get("n_busy_slots_per_decode", float("nan"))
                 for name, b in backends.items() if hasattr(b, "metrics")}
+        if references:
+            speed["after"] = loop.run_until_complete(speed_probes(backends, maker.make))
         if args.probe:
             probes["after"] = loop.run_until_complete(probe(backends, maker.make, fresh))
         maker.close()
@@ -832,6 +861,11 @@ def main(argv: list[str] | None = None) -> None:
         result["engine_work_stored"] = engine_work(real, stored)
         print(engine_work_line(result["engine_work_stored"]).replace(
             "per instance:", "per instance, stored profile:"))
+    if speed:
+        factors = load_factors(speed["before"], speed["after"], references)
+        result["speed_probe"] = {**speed, "reference": references, "factor": factors}
+        result["engine_work_load_matched"] = load_matched(sim.engine_s, real.engine_s, factors)
+        print(load_matched_line(result["engine_work_load_matched"], factors))
 
     def save() -> None:
         # Written as soon as the replay is in hand, then again with each later figure: an

@@ -2,7 +2,7 @@
 
     agentflow bench sim_speed [--cluster hetero-1024] [--queries 500,5000] [--rate 80]
         [--policy flowsage] [--trace trace2.json] [--seed 0] [--profile FILE]
-        [--digest]
+        [--digest] [--window CALLS]
 
 Replays ``--queries`` queries of a HexGen-Flow trace (trace2 by default: not the trace the
 policies were tuned on) arriving at ``--rate`` queries/s on ``--cluster`` (a name or a
@@ -14,8 +14,13 @@ shared with other jobs inflates it less. ``--profile FILE`` writes a cProfile of
 run (``python -m pstats FILE``). ``--digest`` adds a hash of every query's record (id,
 status, finish time to the last float, calls, reason) per run: two checkouts (before and
 after a speed-up) must print the same one, so the speed is compared on identical results.
-The simulator is what proves policies at fleet size: a day
-of traffic (100k queries, ~1.9M calls) must replay in minutes, not hours.
+``--window CALLS`` also prints, for the longest run, the calls/CPU-s of each window of
+``CALLS`` finished calls with the simulated time and the queries and calls in flight at its
+end: whether the rate holds along one run (a cost that grows with the run shows as a
+falling rate at a steady load) rather than between runs of different lengths, which load
+the fleet differently (a 500-query run is mostly ramp and drain). The simulator is what
+proves policies at fleet size: a day of traffic (100k queries, ~1.9M calls) must replay in
+minutes, not hours.
 """
 
 from __future__ import annotations
@@ -24,25 +29,76 @@ import argparse
 import cProfile
 import hashlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentflow.bench.paths import HEXGEN_TRACES
 from agentflow.sim.cluster import load_cluster
+from agentflow.sim.driver import Simulation
 from agentflow.sim.experiment import build_workload, run_policy
 from agentflow.sim.workload import load_trace
 
 
+@dataclass(frozen=True)
+class Window:
+    """One window of finished calls along a run (``--window``)."""
+
+    calls: int  # finished calls at its end
+    rate: float  # calls finished in it per CPU-second
+    sim_s: float  # simulated time at its end
+    queries: int  # queries in flight then
+    running: int  # calls in flight then (waiting or running)
+
+
+class _WindowClock:
+    """A coordinator observer: every ``size`` finished calls, the CPU seconds since the
+    last window and what is in flight (the observer sees events; it changes none)."""
+
+    def __init__(self, sim: Simulation, size: int):
+        if size < 1:
+            raise ValueError(f"a window is at least one call, not {size}")
+        self.sim, self.size = sim, size
+        self.done = 0
+        self.windows: list[Window] = []
+        self._since = time.process_time()
+
+    def event_started(self, event: str) -> None:
+        pass
+
+    def event_finished(self, event: str, decisions: list) -> None:
+        if event != "on_call_done":
+            return
+        self.done += 1
+        if self.done % self.size == 0:
+            now = time.process_time()
+            sim = self.sim
+            self.windows.append(Window(self.done, self.size / max(now - self._since, 1e-9),
+                                       sim.clock.now(), sim.pending_queries,
+                                       len(sim._calls)))
+            self._since = time.process_time()
+
+
 def replay(cluster_name: str, trace_path: Path, queries: int, rate: float, policy: str,
-           seed: int = 0, profile: cProfile.Profile | None = None
+           seed: int = 0, profile: cProfile.Profile | None = None,
+           windows: list[Window] | None = None, window: int = 5000
            ) -> tuple[int, float, int, str]:
     """(calls simulated, CPU seconds of the replay, queries done, records digest) of one
-    run."""
+    run; ``windows``: a list to append the run's windows of ``window`` finished calls to
+    (then the run is made as ``run_policy`` makes it, with an observer added)."""
     cluster = load_cluster(cluster_name)
     workload = build_workload(load_trace(trace_path), cluster, n=queries, rate=rate, seed=seed)
     start = time.process_time()
     if profile is not None:
         profile.enable()
-    result = run_policy(cluster, workload, policy)
+    if windows is None:
+        result = run_policy(cluster, workload, policy)
+    else:  # run_policy's run, with the window clock watching the coordinator
+        sim = Simulation(cluster, policy)
+        clock = _WindowClock(sim, window)
+        sim.coordinator.add_observer(clock)
+        result = sim.run(workload.queries, workload.arrivals, workload.deadlines(2.0),
+                         workload.idle_latency_s)
+        windows += clock.windows
     if profile is not None:
         profile.disable()
     cpu = time.process_time() - start
@@ -68,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", metavar="FILE", help="write a cProfile of the last run")
     p.add_argument("--digest", action="store_true",
                    help="print a hash of each run's query records (compare checkouts)")
+    p.add_argument("--window", type=int, metavar="CALLS",
+                   help="the longest run's calls/CPU-s per window of CALLS finished calls")
     args = p.parse_args(argv)
     trace = Path(args.trace) if args.trace else HEXGEN_TRACES / "trace2.json"
     if args.trace is None and not trace.is_file():  # a fresh clone has no ../shared
@@ -85,15 +143,27 @@ def main(argv: list[str] | None = None) -> None:
           f"{'queries/CPU-s':>14}")
     rates = []
     for i, n in enumerate(lengths):
-        prof = cProfile.Profile() if args.profile and i == len(lengths) - 1 else None
+        last = i == len(lengths) - 1
+        prof = cProfile.Profile() if args.profile and last else None
+        windows: list[Window] | None = [] if args.window and last else None
         calls, cpu, done, digest = replay(args.cluster, trace, n, args.rate, args.policy,
-                                          args.seed, prof)
+                                          args.seed, prof, windows, args.window or 1)
         rates.append(calls / cpu)
         print(f"{n:>9} {done:>7} {calls:>9} {cpu:>9.1f} {calls / cpu:>12.0f} "
               f"{n / cpu:>14.1f}" + (f"  records {digest}" if args.digest else ""),
               flush=True)
         if prof is not None:
             prof.dump_stats(args.profile)
+        if windows:
+            print(f"  per window of {args.window} finished calls ({n} queries):")
+            print(f"  {'calls':>9} {'calls/CPU-s':>12} {'sim s':>8} {'queries':>8} "
+                  f"{'in flight':>10}")
+            for w in windows:
+                print(f"  {w.calls:>9} {w.rate:>12.0f} {w.sim_s:>8.1f} {w.queries:>8} "
+                      f"{w.running:>10}")
+            rates_w = sorted(w.rate for w in windows)
+            print(f"  last window over the first: {windows[-1].rate / windows[0].rate:.2f}; "
+                  f"median {rates_w[len(rates_w) // 2]:.0f} calls/CPU-s", flush=True)
     if len(rates) > 1:
         print(f"calls/CPU-s at {lengths[-1]} over at {lengths[0]} queries: "
               f"{rates[-1] / rates[0]:.2f}")

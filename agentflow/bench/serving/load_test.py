@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -78,7 +79,7 @@ def start_server(args: argparse.Namespace, faults: dict[int, list[dict]] | None 
     return serve(config, prefix="agentflow-load-", start_timeout_s=60)
 
 
-async def client(http: httpx.AsyncClient, url: str, todo: asyncio.Queue, qs: list[str],
+async def client(http: Any, url: str, todo: asyncio.Queue, qs: list[str],
                  run: Run, args: argparse.Namespace) -> None:
     while True:
         try:
@@ -136,9 +137,21 @@ async def drive(url: str, args: argparse.Namespace) -> Run:
     # timeout (uvicorn's 5 s) can close it: reusing one at the instant the server closes it
     # ends a POST in a ReadError the server never saw, which read as a lost query when
     # clients slept on a Retry-After near 5 s (httpx's default expiry is 5 s too).
-    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients,
+    # ``fresh_connections``: no keep-alive, each query on a connection of its own (the
+    # kernel spreads a SO_REUSEPORT group's connections, not requests: a few kept-alive
+    # connections pin the clients to whichever replica each first landed on)
+    fresh = getattr(args, "fresh_connections", False)
+    keep = 0 if fresh else args.clients
+    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=keep,
                           keepalive_expiry=2.0)
-    async with httpx.AsyncClient(timeout=args.timeout, limits=limits, headers=headers) as http:
+    http: Any
+    if getattr(args, "lean_client", False):  # a fraction of httpx's CPU per request
+        from agentflow.bench.serving.lean_client import LeanClient
+
+        http = LeanClient(url, timeout=args.timeout, keepalive=not fresh, headers=headers)
+    else:
+        http = httpx.AsyncClient(timeout=args.timeout, limits=limits, headers=headers)
+    async with http:
         run.started = time.perf_counter()
         await asyncio.gather(*(client(http, url, todo, qs, run, args)
                                for _ in range(args.clients)))

@@ -148,7 +148,9 @@ def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, An
         if state:
             wait_replicas(store_path, n)
         drive_args = argparse.Namespace(queries=args.queries, clients=args.clients,
-                                        timeout=args.timeout, key=None, retries=3)
+                                        timeout=args.timeout, key=None, retries=3,
+                                        fresh_connections=args.fresh_connections,
+                                        lean_client=not args.httpx)
         asyncio.run(drive(url, argparse.Namespace(**{**vars(drive_args), "queries":
                                                      min(10, args.queries)})))  # warm-up
         pids = replica_pids(store_path) if state else {"": proc.pid}
@@ -191,6 +193,7 @@ def median_run(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         row[key] = statistics.median(r[key] for r in rounds)
     for key in ("answered", "queries", "errors"):
         row[key] = sum(r[key] for r in rounds)
+    row["split"] = [sum(n) for n in zip(*(r["split"] for r in rounds))]
     row["replica_ms_per_query"] = [statistics.median(ms) for ms in zip(
         *(r["replica_ms_per_query"] for r in rounds if r["replica_ms_per_query"]))]
     return row
@@ -214,6 +217,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="also one replica with --state off (no store), for the store's cost")
     p.add_argument("--scheduler-per-replica", action="store_true",
                    help="each replica its own coordinator (serve --scheduler-per-replica)")
+    p.add_argument("--fresh-connections", action="store_true",
+                   help="a new connection per query (no keep-alive): the kernel spreads "
+                        "connections over the replicas, so a few kept-alive ones can pin "
+                        "most clients to one replica")
+    p.add_argument("--httpx", action="store_true",
+                   help="drive the server with httpx (load_test's client) instead of the "
+                        "lean HTTP/1.1 client, which takes less of the cores the server "
+                        "is measured on")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every configuration this many times, in turn; medians")
     args = p.parse_args(argv)
@@ -230,26 +241,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.queries} {args.pipeline} queries, {args.clients} clients, scripted "
           f"instances (NOT a model: {args.instances} x {args.latency * 1000:g} ms per call); "
           f"scheduler {'per replica' if args.scheduler_per_replica else 'shared'}; machine: "
-          f"{os.cpu_count()} CPUs; medians over {max(1, args.rounds)} round(s)")
+          f"{os.cpu_count()} CPUs; client {'httpx' if args.httpx else 'lean HTTP/1.1'}"
+          f"{', a connection per query' if args.fresh_connections else ''}; medians over "
+          f"{max(1, args.rounds)} round(s)")
     print(f"{'replicas':>14} {'answered':>9} {'errors':>7} {'queries/s':>10} {'ratio':>6} "
-          f"{'CPU ms/q':>9} {'ratio':>6} {'per replica':>14} {'sched':>6} {'client':>7} "
-          f"{'cores':>6} {'load':>5}")
+          f"{'CPU ms/q':>9} {'ratio':>6} {'per replica':>14} {'split':>9} {'sched':>6} "
+          f"{'client':>7} {'cores':>6} {'load':>5}")
     for r in results:
         each = "/".join(f"{ms:.0f}" for ms in r["replica_ms_per_query"]) or "-"
+        split = "/".join(str(n) for n in r["split"]) if len(r["split"]) > 1 else "-"
         print(f"{r['replicas']!s:>14} {r['answered']:>9} {r['errors']:>7} {r['qps']:>10.1f} "
               f"{r['qps'] / base['qps']:>6.2f} {r['cpu_ms_per_query']:>9.1f} "
               f"{r['cpu_ms_per_query'] / base['cpu_ms_per_query']:>6.2f} {each:>14} "
-              f"{r['scheduler_ms_per_query']:>6.1f} {r['client_ms_per_query']:>7.1f} "
-              f"{r['cores_busy']:>6.2f} {r['load']:>5.1f}")
+              f"{split:>9} {r['scheduler_ms_per_query']:>6.1f} "
+              f"{r['client_ms_per_query']:>7.1f} {r['cores_busy']:>6.2f} {r['load']:>5.1f}")
     print("  CPU ms/q: every server process; per replica: each replica's CPU per query it "
-          "answered; sched: the scheduler process; client: this load generator; cores: "
-          "server CPU s per wall s; load: 1-min load average")
+          "answered; split: queries each replica answered (the kernel spreads the clients' "
+          "connections, not their requests); sched: the scheduler process; client: this "
+          "load generator; cores: server CPU s per wall s; load: 1-min load average")
     if args.rounds > 1:
         for i, ((n, state), rs) in enumerate(zip(plan, runs)):
             label = n if state else f"{n}, no store"
             line = (f"  round by round, {label}: queries/s "
                     + ", ".join(f"{r['qps']:.1f}" for r in rs) + "; load "
                     + ", ".join(f"{r['load']:.1f}" for r in rs))
+            if any(len(r["split"]) > 1 for r in rs):
+                line += "; split " + ", ".join("/".join(map(str, r["split"])) for r in rs)
             if i:  # each round's ratio to the first configuration's run of that round
                 ratios = [r["qps"] / b["qps"] for r, b in zip(rs, runs[0])]
                 line += ("; ratio: " + ", ".join(f"{x:.2f}" for x in ratios)

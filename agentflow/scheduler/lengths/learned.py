@@ -234,11 +234,15 @@ class LearnedLengthModel(LengthModel):
         # at every rebuild (one per observation of the stage).
         prior = self.prior(stage)
         outs = self._sorted_outs.get(sid, _NO_OUTS)
-        at = outs.searchsorted(prior.values, side="right")
-        dist = Distribution._from_sorted_atoms(
-            np.insert(outs, at, prior.values),
-            np.insert(np.ones(outs.size), at, prior.probs * self.stage_prior_weight),
-            self.max_support)
+        n, k = outs.size, prior.values.size
+        at = outs.searchsorted(prior.values, side="right") + np.arange(k)  # merged places
+        values, weights = np.empty(n + k), np.ones(n + k)
+        rest = np.ones(n + k, dtype=bool)
+        rest[at] = False
+        values[rest] = outs
+        values[at] = prior.values
+        weights[at] = prior.probs * self.stage_prior_weight
+        dist = Distribution._from_sorted_atoms(values, weights, self.max_support)
         self._baselines[sid] = dist
         return dist
 
@@ -274,11 +278,12 @@ class LearnedLengthModel(LengthModel):
             if evicted >= 0:
                 self._rings[evicted].leave(slot)
                 gone = self._sorted_outs[evicted]
-                self._sorted_outs[evicted] = np.delete(
-                    gone, gone.searchsorted(self._out[slot]))
+                at = int(gone.searchsorted(self._out[slot]))
+                self._sorted_outs[evicted] = np.concatenate((gone[:at], gone[at + 1:]))
             outs = self._sorted_outs.get(sid, _NO_OUTS)
-            self._sorted_outs[sid] = np.insert(
-                outs, outs.searchsorted(float(output_tokens)), float(output_tokens))
+            at = int(outs.searchsorted(float(output_tokens)))
+            self._sorted_outs[sid] = np.concatenate(
+                (outs[:at], (float(output_tokens),), outs[at:]))
             ring = self._rings.get(sid)
             if ring is None:
                 ring = self._rings[sid] = _StageRing(self._dim, min(64, self.window))
