@@ -11,6 +11,17 @@ would be killed when that thread ends. Every tied child is therefore forked from
 that lives as long as the process (``_Spawner``). A child whose parent is already gone by the
 time it runs the request exits at once. Where ``prctl`` is missing (not Linux) the child is
 started plainly and ``atexit`` stops it on a normal exit.
+
+No Python runs in the forked child (``preexec_fn``). With one, CPython's after-fork hook
+runs in the child and clears the states of the parent's other threads, finalising what they
+held: a thread-local DuckDB connection (the engine check's parser, in the main thread after
+any DuckDB query) joined its worker threads, which the child does not have, and the child
+died with SIGSEGV before exec. The test PostgreSQL, started as the ``postgres`` user when we
+are root, "exited with status -11" once a DuckDB test had run in the same pytest process, and
+every PostgreSQL test after it skipped (llama-server, while it was started with one, had
+died the same way, "-11" mid-suite). Instead a fresh interpreter (``_EXEC_TIED``) changes
+user and group if asked, asks for the signal, and execs the command in the same process,
+which keeps the request.
 """
 
 from __future__ import annotations
@@ -45,15 +56,6 @@ def _load_prctl() -> Callable[..., int] | None:
 _PRCTL = _load_prctl()  # looked up before any fork: the child only calls it
 
 
-def _tie(sig: int, parent: int) -> Callable[[], None]:
-    def preexec() -> None:  # runs in the child, after any user/group change (which clears it)
-        if _PRCTL is not None:
-            _PRCTL(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the request was in place
-            os._exit(1)
-    return preexec
-
-
 class _Spawner:
     """One long-lived thread that forks every tied child (see the module docstring)."""
 
@@ -83,33 +85,62 @@ class _Spawner:
 
 
 _SPAWNER = _Spawner()
+# argv: signal, parent pid, uid, gid, supplementary groups ("-": unchanged), command...
+# The credentials change first: a change of user or group clears the death signal request.
+# Everything is imported before it (execvp's PATH search imports ``warnings``): the new user
+# may not be able to read this interpreter's library.
 _EXEC_TIED = (
-    "import ctypes, os, sys\n"
+    "import ctypes, os, sys, warnings\n"
+    "sig, parent, uid, gid, groups = sys.argv[1:6]\n"
+    "if groups != '-':\n"
+    "    os.setgroups([int(g) for g in groups.split(',') if g])\n"
+    "if gid != '-':\n"
+    "    os.setregid(int(gid), int(gid))\n"
+    "if uid != '-':\n"
+    "    os.setreuid(int(uid), int(uid))\n"
     "libc = ctypes.CDLL(None, use_errno=True)\n"
-    "libc.prctl(1, int(sys.argv[1]), 0, 0, 0)\n"
-    "if os.getppid() != int(sys.argv[2]):\n"
+    "libc.prctl(1, int(sig), 0, 0, 0)\n"
+    "if os.getppid() != int(parent):\n"
     "    os._exit(1)\n"
-    "os.execvp(sys.argv[3], sys.argv[3:])\n"
+    "os.execvp(sys.argv[6], sys.argv[6:])\n"
 )
 _CHILDREN: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()
+
+
+def _credentials(kwargs: dict[str, Any]) -> tuple[str, str, str]:
+    """``user``/``group``/``extra_groups`` (as ``subprocess.Popen`` takes them: names or
+    ids) taken out of ``kwargs`` as the wrapper's numeric arguments ("-": unchanged)."""
+    import grp
+    import pwd
+
+    def gid_of(g: str | int) -> int:
+        return g if isinstance(g, int) else grp.getgrnam(g).gr_gid
+
+    user, group = kwargs.pop("user", None), kwargs.pop("group", None)
+    extra = kwargs.pop("extra_groups", None)
+    uid = "-" if user is None else str(user if isinstance(user, int)
+                                       else pwd.getpwnam(user).pw_uid)
+    gid = "-" if group is None else str(gid_of(group))
+    groups = "-" if extra is None else ",".join(str(gid_of(g)) for g in extra)
+    if uid != "-" and os.geteuid() != 0 and int(uid) != os.geteuid():
+        raise PermissionError(f"only root may start a child as user {user!r}")
+    return uid, gid, groups
 
 
 def popen_tied(cmd: Sequence[str], *, death_signal: int = signal.SIGTERM,
                **kwargs: Any) -> subprocess.Popen:
     """``subprocess.Popen(cmd, **kwargs)`` for a child that gets ``death_signal`` when this
-    process dies, however it dies. ``preexec_fn`` is taken: pass ``user=``/``group=``
-    rather than switching users in one."""
+    process dies, however it dies. ``user=``/``group=``/``extra_groups=`` are applied by
+    the exec wrapper, not in the forked child; ``preexec_fn`` is refused (see the module
+    docstring)."""
     if "preexec_fn" in kwargs:
-        raise TypeError("popen_tied sets preexec_fn itself")
-    if _PRCTL is None or "user" in kwargs:  # another user may not run this interpreter
-        preexec = _tie(int(death_signal), os.getpid())
-        proc = _SPAWNER.run(lambda: subprocess.Popen(list(cmd), preexec_fn=preexec, **kwargs))
+        raise TypeError("popen_tied runs no Python between fork and exec: no preexec_fn")
+    if _PRCTL is None:  # no death signal to ask for: atexit stops it on a normal exit
+        proc = _SPAWNER.run(lambda: subprocess.Popen(list(cmd), **kwargs))
     else:
-        # No Python between fork and exec (preexec_fn in a process with many threads can crash
-        # the child, seen as llama-server "exiting with -11" mid-suite): a small interpreter asks
-        # for the signal and then execs the command in the same process, which keeps it.
+        uid, gid, groups = _credentials(kwargs)
         tied = [sys.executable, "-S", "-c", _EXEC_TIED, str(int(death_signal)),
-                str(os.getpid()), *cmd]
+                str(os.getpid()), uid, gid, groups, *cmd]
         proc = _SPAWNER.run(lambda: subprocess.Popen(tied, **kwargs))
     _CHILDREN.add(proc)
     return proc

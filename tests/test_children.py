@@ -124,3 +124,47 @@ def test_test_postgres_dies_when_its_parent_is_killed() -> None:
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_child_started_as_a_user_while_duckdb_holds_threads_runs() -> None:
+    """The parent's main thread holds a DuckDB connection (the engine check's per-thread
+    parser, as after any DuckDB test) and the child is started with ``user=``, as the test
+    PostgreSQL is when we are root. With Python run in the forked child (``preexec_fn``),
+    CPython dropped the main thread's locals there, DuckDB's destructor joined worker
+    threads the child does not have, and the child died with SIGSEGV before exec: every
+    PostgreSQL test after the first DuckDB test of a pytest process skipped."""
+    parent = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os, subprocess
+        from agentflow.children import popen_tied
+        from agentflow.sql.engine_check import duckdb_view
+        duckdb_view("SELECT 1")
+        for _ in range(3):
+            child = popen_tied(["id", "-u"], user=os.geteuid(), stdout=subprocess.PIPE)
+            out, _ = child.communicate(timeout=30)
+            print(child.returncode, out.decode().strip(), flush=True)
+    """)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, timeout=120)
+    assert parent.returncode == 0, parent.stderr
+    assert parent.stdout.splitlines() == [f"0 {os.geteuid()}"] * 3, parent.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_a_child_runs_as_the_user_asked_for() -> None:
+    import pwd
+
+    from agentflow.children import popen_tied
+
+    try:
+        entry = pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("no `postgres` user to switch to")
+    child = popen_tied(["id", "-u"], user="postgres", stdout=subprocess.PIPE)
+    out, _ = child.communicate(timeout=30)
+    assert (child.returncode, out.decode().strip()) == (0, str(entry.pw_uid))
+
+
+def test_preexec_fn_is_refused() -> None:
+    from agentflow.children import popen_tied
+
+    with pytest.raises(TypeError, match="preexec_fn"):
+        popen_tied(["true"], preexec_fn=lambda: None)
