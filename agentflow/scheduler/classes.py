@@ -32,6 +32,7 @@ import numpy as np
 
 from agentflow.scheduler.policies.base import QueuePolicy
 from agentflow.scheduler.ranking import Segment, segment_at
+from agentflow.scheduler.risk import hold_for_rank, ranks_by_risk
 from agentflow.slo_classes import DEFAULT_CLASS, SloClass, resolve_class
 
 if TYPE_CHECKING:
@@ -239,10 +240,15 @@ def headroom_gate(coordinator: Any) -> Any:
     ``1 - HEADROOM`` of the instance's slots and KV tokens. An instance running nothing
     always admits (the queue checks), and with no better band present nothing is held.
     First, the fast lane's cap (``scheduler.fast_lane``), which holds while a better tenant
-    is present, in flight or not."""
+    is present, in flight or not; then, under flowsage, the rank-aware hold
+    (``scheduler.risk.hold_for_rank``: a slack-rich prefill waits while calls of less slack
+    decode here)."""
     def gate(queue: Any, call: ScheduledCall, need: int) -> bool:
         lane = coordinator.fast_lane
         if lane is not None and lane.holds(queue, call):
+            return False
+        if ranks_by_risk(coordinator) and hold_for_rank(coordinator, queue, call,
+                                                        coordinator.clock.now()):
             return False
         best = best_active_band(coordinator)
         if best is None:

@@ -138,9 +138,12 @@ class LeanClient:
         return response
 
     def _pooled(self) -> _Conn | None:
+        """The least recently used idle connection (FIFO): requests spread over every
+        open connection. Most recent first (LIFO) sent most of them to whichever replica
+        answered first, whose connections were always back on top (70/30 splits)."""
         now = time.monotonic()
         while self._idle:
-            conn = self._idle.pop()
+            conn = self._idle.pop(0)
             if now - conn.idle_since < IDLE_S and not conn.reader.at_eof():
                 return conn
             conn.writer.close()

@@ -1,0 +1,91 @@
+"""How close a query is to missing its deadline, as flowsage's queue reads it, for the places
+that act on that rank outside the queue: which prefill waits in agentflow's queue while
+at-risk calls decode (``hold_for_rank``, in the admission gate).
+
+Why outside the queue: under ``marginal_delay`` calls are admitted to an engine almost as
+soon as they are ready, so the queue rarely has two calls to order; a call's latency above
+its time alone is then mostly spent *running beside* other calls — its decode steps
+lengthened by co-running decodes and stalled by co-running prefill chunks
+(``agentflow bench queue_choice --attribute`` measures the parts). The order can still act
+there: on who shares an engine's steps with whom, which agentflow decides by what it
+releases into each engine (vLLM or llama-server alike: nothing the engine must support).
+
+``slack_s``: seconds a query can still wait and meet its deadline at its mean remaining
+path, ``D - now - R`` (flowsage's latest start, less now); ``inf`` without a deadline.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentflow.scheduler.call import QueryState, ScheduledCall
+    from agentflow.scheduler.instance import InstanceQueue
+
+_Z90 = 1.2815515655446004  # standard normal quantile at 0.9 (as flowsage's spread)
+
+
+def ranks_by_risk(coordinator: Any) -> bool:
+    """Whether the coordinator's queue ranks by deadline risk (flowsage): only then do the
+    rank-aware hold and weights act (fcfs, edf and the rest keep their plain behaviour)."""
+    queue = getattr(coordinator, "_queue_policy", None)
+    return queue is not None and getattr(queue, "name", None) == "flowsage"
+
+
+def slack_s(coordinator: Any, query: QueryState, now: float) -> float:
+    """``D - now - R``: the query's slack at its mean remaining critical path (inf: none)."""
+    if query.deadline is None:
+        return math.inf
+    return float(query.deadline - now - coordinator.remaining_s(query, now))
+
+
+def miss_probability(coordinator: Any, query: QueryState, now: float) -> float:
+    """``1 - Phi(z)``, ``z = slack / sigma`` with flowsage's spread (P10-P90 width of the
+    remaining path read as a normal law); 0 without a deadline."""
+    if query.deadline is None:
+        return 0.0
+    remaining = float(coordinator.remaining_s(query, now))
+    lo, hi = (query.path_lo, query.path_hi) if query.run is not None else (remaining,
+                                                                           remaining)
+    sigma = max((hi - lo) / (2 * _Z90), 0.01 * remaining, 1e-6)
+    z = (query.deadline - now - remaining) / sigma
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+# --------------------------------------------------------------------- admission hold
+# A prefill chunk stalls every decode step it shares, and at 1.5-2 x L1 on paper-4gpu that
+# stall is about half of a call's time alone (3.4 s of 6.9 s per LLM call, against 0.35 s
+# in queues: ``queue_choice --attribute``). Each prompt stalls whoever decodes beside it, so
+# the order decides whose decodes pay: a prompt of a query that is safe (miss probability
+# at most ``HOLD_SAFE``) waits in agentflow's queue while a call of a query at risk (miss
+# probability at least ``HOLD_AT_RISK``) decodes on that instance, as long as it could wait
+# for that call to end and still keep more slack than the call has now. Released by the
+# next admission the instance makes (a first token, a finish, a dispatch there) once that
+# no longer holds: its own slack falls as it waits, and the at-risk call ends or runs late.
+# Holding every prompt of more slack than a decoding co-runner (no bounds) was measured
+# worse: at 1.5 x L1 it held 14-21% of admissions and P95 rose 14-15% on two of three seeds.
+RANK_HOLD = True
+HOLD_SAFE = 0.02
+HOLD_AT_RISK = 0.4
+
+
+def hold_for_rank(coordinator: Any, queue: InstanceQueue, call: ScheduledCall,
+                  now: float) -> bool:
+    """Whether ``call`` (the best waiting call on ``queue``, which runs something) waits."""
+    if not RANK_HOLD:
+        return False
+    mine = slack_s(coordinator, call.query, now)
+    if not mine > 0 or miss_probability(coordinator, call.query, now) > HOLD_SAFE:
+        return False
+    from agentflow.scheduler.preemption import remaining_s
+
+    for r in queue.running:
+        if r.attained_tokens == 0 or r.query is call.query:
+            continue  # still prefilling itself, or its own query's sibling
+        theirs = slack_s(coordinator, r.query, now)
+        if theirs >= mine or miss_probability(coordinator, r.query, now) < HOLD_AT_RISK:
+            continue
+        if mine - remaining_s(coordinator, r, queue.name, now) > theirs:
+            return True
+    return False

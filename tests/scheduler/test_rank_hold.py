@@ -1,0 +1,46 @@
+"""The rank-aware hold (``scheduler.risk.hold_for_rank``): under flowsage a safe query's long
+prompt waits in agentflow's queue while a call of a query at risk of missing its deadline
+decodes on the instance, so its prefill chunks do not stall that call's decode steps; with
+too little slack to wait, or under a queue that does not rank by deadline risk (fcfs), it
+starts at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
+from agentflow.sim.driver import Simulation, StageTiming
+from agentflow.sim.workload import TraceNode, TraceQuery
+
+URGENT = TraceQuery(id="u", question="q1", nodes=[TraceNode("a", "generate", "llm", (), 600,
+                                                            1500)])
+RICH = TraceQuery(id="r", question="q2", nodes=[TraceNode("a", "generate", "llm", (), 12000,
+                                                          40)])
+
+
+def _run(policy: str, rich_slo_s: float) -> dict[str, StageTiming]:
+    cluster = SimClusterConfig(name="one", instances=[
+        SimInstanceConfig(name="gpu", gpu="A100-80G", model="Llama-3.1-8B")])
+    seen: list[StageTiming] = []
+    sim = Simulation(cluster, policy, on_stage=seen.append)
+    result = sim.run([URGENT, RICH], [0.0, 2.0], [1.0, rich_slo_s], [10.0, 1.0])
+    assert all(r.status == "done" for r in result.records)
+    return {s.query_id.split(":")[1]: s for s in seen}
+
+
+def _ran_from(st: StageTiming) -> float:
+    return st.end - st.run_s
+
+
+def test_slack_rich_prefill_waits_for_the_at_risk_decode():
+    got = _run("flowsage", 600.0)
+    assert _ran_from(got["r"]) >= got["u"].end - 1e-9  # its prompt ran after u's last token
+    plain = _run("marginal_delay+fcfs", 600.0)
+    assert _ran_from(plain["r"]) < plain["u"].end  # fcfs: beside it, stalling its decode
+    assert got["u"].end < plain["u"].end  # and u finishes sooner for it
+
+
+@pytest.mark.parametrize("slo", [2.0, 3.0])
+def test_no_hold_without_the_slack_to_wait(slo: float):
+    got = _run("flowsage", slo)
+    assert _ran_from(got["r"]) < got["u"].end
