@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentflow.scheduler.call import CallState, ScheduledCall
 from agentflow.scheduler.classes import best_active_band, call_band, class_of, class_positions
-from agentflow.scheduler.gittins import expected_residual
+from agentflow.scheduler.remaining import prefill_left_s, remaining_s
 
 if TYPE_CHECKING:
     from agentflow.scheduler.instance import InstanceQueue
@@ -157,32 +157,6 @@ def redo_s(coordinator: Any, call: ScheduledCall, instance: str, now: float) -> 
     done = float(model.prefill_s(call.tokens_on(instance))
                  + model.decode_s(call.attained_tokens))
     return done - prefill_left_s(coordinator, call, instance, now)
-
-
-def remaining_s(coordinator: Any, call: ScheduledCall, instance: str, now: float) -> float:
-    """Expected seconds ``call`` still runs on ``instance``: what is left of its prefill
-    while it has written nothing, then the decode of the output its length distribution
-    still expects given the tokens it has reported (``expected_residual``: the Gittins
-    conditioning and over-run rule). Why not its admission-time finish estimate: that hits
-    0 once the call runs past its mean, and such a call (likely in its distribution's long
-    tail) is the one with the most left."""
-    model = coordinator.time_models[instance]
-    left = model.decode_s(expected_residual(call.output, call.attained_tokens,
-                                            call.max_tokens))
-    return float(left) + prefill_left_s(coordinator, call, instance, now)
-
-
-def prefill_left_s(coordinator: Any, call: ScheduledCall, instance: str, now: float) -> float:
-    """Expected seconds of ``call``'s prompt still to prefill on ``instance`` (0 once it has
-    written a token). Its own prefill began only after the prompts admitted there before it
-    and not yet prefilled (``prefill_ahead_at_start``, served first by the engine's token
-    budget), so the time since admission less theirs is what it has done."""
-    if call.attained_tokens > 0 or call.started_at is None:
-        return 0.0
-    model = coordinator.time_models[instance]
-    ahead_s = float(model.prompt_s(call.prefill_ahead_at_start))
-    done_s = max(0.0, now - call.started_at - ahead_s)
-    return max(0.0, float(model.prefill_s(call.tokens_on(instance))) - done_s)
 
 
 def budget_s(coordinator: Any, call: ScheduledCall, alone_s: float, now: float) -> float:

@@ -17,11 +17,24 @@ path, ``D - now - R`` (flowsage's latest start, less now); ``inf`` without a dea
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agentflow.scheduler.remaining import remaining_s
 
 if TYPE_CHECKING:
     from agentflow.scheduler.call import QueryState, ScheduledCall
-    from agentflow.scheduler.instance import InstanceQueue
+
+
+class RunningQueue(Protocol):
+    """What the hold reads of an instance's queue (``InstanceQueue`` has it): named here, not
+    imported, since the instance queue reads the classes, which call the hold."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def running(self) -> Iterable[ScheduledCall]: ...
 
 _Z90 = 1.2815515655446004  # standard normal quantile at 0.9 (as flowsage's spread)
 
@@ -70,7 +83,7 @@ HOLD_SAFE = 0.02
 HOLD_AT_RISK = 0.4
 
 
-def hold_for_rank(coordinator: Any, queue: InstanceQueue, call: ScheduledCall,
+def hold_for_rank(coordinator: Any, queue: RunningQueue, call: ScheduledCall,
                   now: float) -> bool:
     """Whether ``call`` (the best waiting call on ``queue``, which runs something) waits."""
     if not RANK_HOLD:
@@ -78,8 +91,6 @@ def hold_for_rank(coordinator: Any, queue: InstanceQueue, call: ScheduledCall,
     mine = slack_s(coordinator, call.query, now)
     if not mine > 0 or miss_probability(coordinator, call.query, now) > HOLD_SAFE:
         return False
-    from agentflow.scheduler.preemption import remaining_s
-
     for r in queue.running:
         if r.attained_tokens == 0 or r.query is call.query:
             continue  # still prefilling itself, or its own query's sibling
