@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agentflow.scheduler.policies.queue_flowsage import remaining_spread_s
 from agentflow.scheduler.remaining import remaining_s
 
 if TYPE_CHECKING:
@@ -35,8 +36,6 @@ class RunningQueue(Protocol):
 
     @property
     def running(self) -> Iterable[ScheduledCall]: ...
-
-_Z90 = 1.2815515655446004  # standard normal quantile at 0.9 (as flowsage's spread)
 
 
 def ranks_by_risk(coordinator: Any) -> bool:
@@ -59,10 +58,7 @@ def miss_probability(coordinator: Any, query: QueryState, now: float) -> float:
     if query.deadline is None:
         return 0.0
     remaining = float(coordinator.remaining_s(query, now))
-    lo, hi = (query.path_lo, query.path_hi) if query.run is not None else (remaining,
-                                                                           remaining)
-    sigma = max((hi - lo) / (2 * _Z90), 0.01 * remaining, 1e-6)
-    z = (query.deadline - now - remaining) / sigma
+    z = (query.deadline - now - remaining) / remaining_spread_s(query, remaining)
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 

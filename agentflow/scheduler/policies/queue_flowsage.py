@@ -36,7 +36,7 @@ from agentflow.scheduler.policies.base import QueuePolicy
 from agentflow.scheduler.ranking import Segment
 
 if TYPE_CHECKING:
-    from agentflow.scheduler.call import ScheduledCall
+    from agentflow.scheduler.call import QueryState, ScheduledCall
     from agentflow.scheduler.policies.base import SchedulerView
     from agentflow.scheduler.ranking import Key
 
@@ -46,6 +46,15 @@ _Z90 = 1.2815515655446004  # standard normal quantile at 0.9
 # (the oracle, or one left with a fixed-length tool step) would otherwise get an infinite
 # slope; 1% keeps the ranking finite without changing it for any real prediction.
 _MIN_REL_SPREAD = 0.01
+
+
+def remaining_spread_s(query: QueryState, remaining: float) -> float:
+    """Sigma of a query's remaining critical path, read as a normal law whose P10-P90 is the
+    paths' (lo, hi) (a query without a workflow run has only its mean). One definition, as
+    flowsage's rank and the admission hold's miss probability must read the same risk."""
+    lo, hi = (query.path_lo, query.path_hi) if query.run is not None else (remaining,
+                                                                           remaining)
+    return max((hi - lo) / (2 * _Z90), _MIN_REL_SPREAD * remaining, 1e-6)
 
 
 class FlowSageQueue(QueuePolicy):
@@ -58,7 +67,5 @@ class FlowSageQueue(QueuePolicy):
         if query.deadline is None:
             work = query.work_left if query.run is not None else remaining
             return (Segment(_NEG_INF, 1, query.arrival + work, 0.0),)
-        lo, hi = (query.path_lo, query.path_hi) if query.run is not None else (remaining,
-                                                                               remaining)
-        sigma = max((hi - lo) / (2 * _Z90), _MIN_REL_SPREAD * remaining, 1e-6)
+        sigma = remaining_spread_s(query, remaining)
         return (Segment(_NEG_INF, 0, (query.deadline - remaining) / sigma, 1.0 / sigma),)
