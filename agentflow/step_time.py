@@ -83,6 +83,13 @@ def _max(a, b):
     return a if a >= b else b
 
 
+def _min(a, b):
+    """``min`` of two floats or element-wise of arrays, as ``_max``."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.minimum(a, b)
+    return a if a <= b else b
+
+
 def _add(a, b):
     """The serial roofline: compute and memory time do not hide each other."""
     return a + b
@@ -200,6 +207,7 @@ class OperatorModel:
         self._tile_n = gpu.gemm_tile_features
         self._gemm_slots = gpu.sm_count * gpu.gemm_ctas_per_sm
         self._gemm_wave = gpu.gemm_wave_penalty
+        self._half_eff = gpu.gemm_half_tile_efficiency
         # Element-wise bytes per token and layer (2-byte activations): two RMS norms
         # (read + write hidden), rotary embedding (q and k in place), gated activation
         # (read 2 ffn, write ffn), residual add (two reads, one write).
@@ -261,13 +269,25 @@ class OperatorModel:
             return self._lat_lin + self._compute_s(flops, T, B) + nbytes / self._b_lin
         if not T:
             return self._lat_lin + self._gpu_roof(flops, nbytes)
-        rows = tile_rows(T, self._tile)
-        flops = flops * rows / T
+        t = self._tiled(i, T, flops, nbytes, self._tile, 1.0)
+        half = self._tile // 2
+        if self._half_eff > 0.0 and T > half >= 1:
+            # the half-height kernel: fewer padding rows above a full tile (T = 136-192
+            # computes 192 rows, not 256), each at a lower efficiency; the faster one runs
+            t = _min(t, self._tiled(i, T, flops, nbytes, half, self._half_eff))
+        return self._lat_lin + t
+
+    def _tiled(self, i: int, T, flops, nbytes, tile: int, efficiency: float):
+        """Seconds of GEMM ``i``'s kernel with ``tile``-row M tiles (relative compute
+        ``efficiency``) at ``T`` tokens, less its latency: padded rows, waves of output
+        tiles, the knee's roofline."""
+        rows = tile_rows(T, tile)
+        flops = flops * rows / T / efficiency
         if self._tile_n > 0:
             n = self._gemms[i][1] / self.tp
-            tiles = rows // min(rows, self._tile) * -(-n // self._tile_n)
+            tiles = rows // min(rows, tile) * -(-n // self._tile_n)
             flops = flops * wave_factor(tiles, self._gemm_slots, self._gemm_wave)
-        return self._lat_lin + self._gpu_roof(flops, nbytes)
+        return self._gpu_roof(flops, nbytes)
 
     def _gpu_roof(self, flops, nbytes):
         """A GPU GEMM's roofline: near the knee the kernel is slower than either asymptote,

@@ -138,7 +138,7 @@ def fit(rows: Rows) -> dict[str, float]:
     Ts = sorted(rows.mlp)
     # linear: latency, compute and weight-streaming efficiencies, and the knee's p-norm
     names = ("linear_latency_s", "compute_efficiency", "bw_efficiency", "gemm_knee_p",
-             "gemm_wave_penalty")
+             "gemm_wave_penalty", "gemm_half_tile_efficiency")
 
     meas = np.array([rows.mlp[T][op] * 1e-3 for T in Ts for op in GEMMS])
     # each GEMM's relative error weighted by its share of the four's time (the step's sum)
@@ -149,8 +149,9 @@ def fit(rows: Rows) -> dict[str, float]:
         o = om(**dict(zip(names, x)))
         return [o.gemm(i, T) for T in Ts for i in range(len(GEMMS))]
 
-    x = _least_squares(linear, [4e-6, 0.7, 0.75, 3.0, 0.3], [0, 0.05, 0.05, 1.0, 0.0],
-                       [1e-4, 1.0, 1.0, 50.0, 1.0], meas, share)
+    x = _least_squares(linear, [4e-6, 0.7, 0.75, 3.0, 0.3, 0.8],
+                       [0, 0.05, 0.05, 1.0, 0.0, 0.3], [1e-4, 1.0, 1.0, 50.0, 1.0, 1.0],
+                       meas, share)
     out.update(zip(names, (float(v) for v in x)))
     # element-wise: the five operators' sum per row: a latency per kernel, a bandwidth,
     # and one thread block's streaming rate (what a few tokens' rows cost)
