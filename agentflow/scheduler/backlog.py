@@ -44,38 +44,96 @@ def pending_query_s(coordinator: Any, query: Any, now: float) -> float:
     return float(query.work_left)
 
 
+def measured_factor(model: Any) -> float | None:
+    """Observed over priced seconds of an instance's last finished calls
+    (``InstanceTimeModel.recent_calls``), each priced by the model as it stands now; None
+    before its first answer. Sums, not a mean of ratios: the long calls, which hold the
+    backlog, weigh the most."""
+    seen = priced = 0.0
+    for uncached, output, total_s in model.recent_calls:
+        seen += total_s
+        priced += model.expected_s(uncached, output)
+    if not model.recent_calls or priced <= 0.0:
+        return None
+    return seen / priced
+
+
+def measured_speed_factors(coordinator: Any, up: list[str]) -> dict[str, float]:
+    """Per up instance of guessed speed (``InstanceSpec.speed_known`` false), what its
+    priced seconds are worth in measured ones (``measured_factor``; an instance that has
+    answered nothing takes its answered peers' pooled factor); instances not listed count
+    at 1.
+
+    Why: the learned ratios stop at ``RATIO_FLOOR`` / ``RATIO_CEILING`` so that no single
+    odd call swings a real engine's estimate 20x. A scripted backend answering in 5 ms is
+    priced by the CPU constants at >= 5% of llama.cpp's speed anyway, ~15x what it takes,
+    and 60 simultaneous queries on two such instances made a backlog of minutes and were
+    refused. Where the speed was a guess to begin with, what the instance measured is the
+    only price there is."""
+    models = coordinator.time_models
+    factors: dict[str, float] = {}
+    missing: list[str] = []
+    seen = priced = 0.0
+    for name in up:
+        if coordinator.queues[name].spec.speed_known:
+            continue
+        model = models[name]
+        f = measured_factor(model)
+        if f is None:
+            missing.append(name)
+            continue
+        factors[name] = f
+        for uncached, output, total_s in model.recent_calls:
+            seen += total_s
+            priced += model.expected_s(uncached, output)
+    if missing and priced > 0.0:
+        pooled = seen / priced
+        for name in missing:
+            factors[name] = pooled
+    return factors
+
+
 def backlog_clear_s(coordinator: Any, now: float, band: int | None = None) -> float:
     """Seconds the up instances need to clear the committed work, sharing it evenly; with
     ``band``, only the work a query in that band waits behind
-    (``work_ahead_excluded_s``)."""
+    (``work_ahead_excluded_s``). Instances of guessed speed count at what they measured
+    (``measured_speed_factors``); work not yet on an instance at the up instances' mean."""
     up = coordinator.up_instances
     if not up:
         return float("inf")
     work = coordinator.work_vector(now)
-    queued = sum(float(work[coordinator._index[name]]) for name in up)
-    pending = sum(pending_query_s(coordinator, q, now) for q in coordinator.queries.values())
+    factors = measured_speed_factors(coordinator, up)
+    queued = sum(float(work[coordinator._index[name]]) * factors.get(name, 1.0)
+                 for name in up)
+    spread = (sum(factors.values()) + len(up) - len(factors)) / len(up) if factors else 1.0
+    pending = spread * sum(pending_query_s(coordinator, q, now)
+                           for q in coordinator.queries.values())
     if band is not None:
-        excluded = work_ahead_excluded_s(coordinator, band, now)
+        excluded = work_ahead_excluded_s(coordinator, band, now, factors, spread)
         if excluded > 0:
             return max(0.0, queued + pending - excluded) / len(up)
     return (queued + pending) / len(up)
 
 
-def work_ahead_excluded_s(coordinator: Any, band: int, now: float) -> float:
+def work_ahead_excluded_s(coordinator: Any, band: int, now: float,
+                          factors: dict[str, float] | None = None,
+                          spread: float = 1.0) -> float:
     """Expected seconds of committed work a new query in ``band`` does not wait behind (0
     unless the queue ranks by class): waiting calls of worse bands (lower classes, tenants
     over their share), and such queries with no call out yet. Running calls count — they
-    hold their slots."""
+    hold their slots. ``factors`` / ``spread``: as ``backlog_clear_s`` prices them."""
     if not ranks_by_class(coordinator._queue_policy):
         return 0.0
+    factors = factors or {}
     excluded = 0.0
     for query in coordinator.queries.values():
         if call_band(coordinator, query) <= band:
             continue
         for call in query.calls:
             if call.state == CallState.WAITING and call.instance is not None:
-                excluded += coordinator.expected_s(call, call.instance)
-        excluded += pending_query_s(coordinator, query, now)
+                excluded += (coordinator.expected_s(call, call.instance)
+                             * factors.get(call.instance, 1.0))
+        excluded += spread * pending_query_s(coordinator, query, now)
     return excluded
 
 
@@ -126,6 +184,10 @@ def deadline_verdict(coordinator: Any, query: Any, now: float
         return None  # (a guessed speed refuses nothing: ``speed_unmeasured``)
     coordinator._critical_paths(query, now)
     path = float(query.path_cache.get(None, 0.0))
+    up = coordinator.up_instances
+    factors = measured_speed_factors(coordinator, up)
+    if factors:  # its own path at what the instances measured, as the work ahead of it
+        path *= (sum(factors.values()) + len(up) - len(factors)) / len(up)
     wait = backlog_clear_s(coordinator, now, call_band(coordinator, query))
     finish = wait + path
     if now + finish <= query.deadline:

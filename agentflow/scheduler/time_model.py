@@ -103,6 +103,11 @@ class InstanceTimeModel:
     # the first answer replaces the guess (the prefill fit has no prior term either way).
     speed_known: bool = True
     decode_observations: int = 0
+    # (uncached prompt tokens, output tokens, observed seconds) of the last finished calls:
+    # what backlog admission prices an instance of guessed speed by where its learned
+    # ratios sit at their bounds (``scheduler.backlog.measured_speed_factors``)
+    recent_calls: deque[tuple[int, int, float]] = field(
+        default_factory=lambda: deque(maxlen=32), repr=False)
 
     @classmethod
     def from_profile(cls, gpu: GPUProfile, model: ModelProfile,
@@ -161,6 +166,8 @@ class InstanceTimeModel:
         priced = self.expected_s(uncached, output_tokens)
         if priced > 1e-9 and total_s > 0:
             self.call_ratios.append(total_s / priced)
+        if total_s > 0:
+            self.recent_calls.append((uncached, output_tokens, total_s))
         predicted_prefill = uncached * self.prefill_s_per_token
         if predicted_prefill > 1e-6 and ttft_s > 0:
             self._fit_prefill(max(ttft_s - self.overhead_s, 1e-6), predicted_prefill,

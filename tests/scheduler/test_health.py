@@ -148,12 +148,12 @@ def test_one_instance_answering_non_retryable_errors_fails_no_query() -> None:
     broken = ScriptedBackend(script, latency_s=0.005, fail_after=40, fail_retryable=False,
                              name="broken")
     backends = {"broken": broken, "ok": ScriptedBackend(script, latency_s=0.005, name="ok")}
-    # Admission by backlog off: it prices a query on these unprofiled instances at ~18 s
-    # (the CPU constants, floored), and the 60 queries arrive at once, so how many are
-    # admitted before the first ones' calls are queued — the machine's speed — decided
-    # whether the estimate passed max_backlog_s: 3 of 60 were refused once at load ~13.
-    # The count limits still hold; what is tested here is where failed calls go.
-    with make(backends, revive_after_s=None, admit_by_backlog=False) as af:
+    # Admission by backlog on: these unprofiled instances count at the 5 ms they measured
+    # (scheduler.backlog.measured_speed_factors). Priced at the CPU constants' ratio floor
+    # instead (~18 s a query), how many of the 60 simultaneous queries were admitted before
+    # the first calls queued decided whether the estimate passed max_backlog_s: 3 of 60
+    # were refused once at load ~13.
+    with make(backends, revive_after_s=None, admit_by_backlog=True) as af:
         assert ask_many(af, 60) == {"done": 60}
         health = af.router.health.instances["broken"]
         assert health.state == HealthState.DOWN and "circuit open" in health.reason
