@@ -161,6 +161,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                   f"mean {np.mean(probes):.3f} CPU-s, range {min(probes):.3f}-"
                   f"{max(probes):.3f}; a replay that times it again matches its load to "
                   "this one's")
+            warning = calib.probe_spread_warning(probes)
+            if warning:
+                print(warning)
         refs = calib.reference_times(fit.profile, model, limits)
         print("reference times on the fit (s, dedicated core): "
               + ", ".join(f"{k} {v:.4f}" for k, v in refs.items()))
@@ -173,6 +176,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             print(f"stored in {path}")
         saved[f"{base} / {model_name}"] = {**entry.to_json(), "reference_s": refs,
                                           "rows": fit.rows,
+                                          "speed_probe_runs": probes,
                                           "batched": fit.batched, "joined": fit.joined}
     print(f"# load at the end {os.getloadavg()[0]:.1f}")
     if args.json:

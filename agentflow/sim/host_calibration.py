@@ -231,6 +231,30 @@ async def speed_probe(backend: Any, make_prompt: Any) -> float | None:
     return total
 
 
+# The probe's runs within one calibration should agree: at idle on this project's VM they
+# span 2% (4.24-4.32 CPU-s), but in one calibration 29% (4.71-6.07) while the replays after
+# it took 1.29-1.41x the CPU seconds of the same replays on a quiet host. A fit over rows
+# timed at moving speeds is a fit of no one speed, so ``calibrate`` says so.
+PROBE_SPREAD_LIMIT = 1.10
+
+
+def probe_spread_warning(probes: Sequence[float], limit: float = PROBE_SPREAD_LIMIT) -> str | None:
+    """A warning when the speed probe's runs (CPU-s) span more than ``limit`` (max/min),
+    else None."""
+    if len(probes) < 2:
+        return None
+    if min(probes) <= 0:
+        raise ValueError(f"speed probe CPU seconds must be positive: {list(probes)}")
+    spread = max(probes) / min(probes)
+    if spread <= limit:
+        return None
+    return (f"WARNING: the speed probe moved {(spread - 1) * 100:.0f}% within this calibration "
+            f"({min(probes):.3f}-{max(probes):.3f} CPU-s, limit {(limit - 1) * 100:.0f}%): the "
+            "machine's speed changed while the rows were timed (another VM on the host's "
+            "cores, or other processes), so the fit mixes speeds; calibrate again when the "
+            "machine is quiet, or read replays' load-matched engine work")
+
+
 # --------------------------------------------------------------------------- calibration
 CAL_PROMPTS = (32, 256, 1024, 2048)
 CAL_OUTPUTS = (1, 24, 96)
