@@ -27,7 +27,9 @@ cell's median and p99 (microseconds) as JSON.
 child processes, alternately on the scheduler of CHECKOUT (another checkout of the repository,
 say a worktree of main: the "before") and on this one (the "after"), ``--pairs`` times, each
 pair back to back, so both sides see the same load; it prints, per cell, the median over the
-pairs of each side's median and p99, the median of the per-pair after/before ratios, and the
+pairs of each side's median and p99, the median of the per-pair after/before ratios, the
+pooled p99 of each side (the 99th percentile of all its pairs' rounds together: with 200
+rounds a run's own p99 is its 2nd-largest round, which one slow round moves) and the
 load average (``os.getloadavg``) around each run. Only the scheduler differs between the two
 sides: the workload is this file's.
 """
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                 p99s[cluster, policy] = p99  # the last (largest) size
                 cells_out.append({"cluster": names[cluster], "instances": n_inst,
                                   "policy": policy, "waiting": n, "median_us": med,
-                                  "p99_us": p99})
+                                  "p99_us": p99, "costs_us": [x * 1e6 for x in costs]})
                 cells.append(f"{med:>11.0f} / {p99:<10.0f}")
             print(f"{policy:<20}" + "".join(f"{c:>24}" for c in cells), flush=True)
     if len(clusters) > 1:
@@ -219,6 +221,16 @@ def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
         elif not a.startswith(tuple(o + "=" for o in options)):
             out.append(a)
     return out
+
+
+def pooled_p99(runs: list[list[float]]) -> float:
+    """The 99th percentile of every round of ``runs`` together (the same index rule as a
+    single run's: the round at ``int(0.99 * n)`` of the sorted rounds). Why pooled: a run of
+    200 rounds has its p99 at its 2nd-largest round, and single runs of one checkout spread
+    +-25%; four runs pooled put it at the 8th largest of 800, which one slow round cannot
+    move."""
+    pooled = sorted(x for run in runs for x in run)
+    return pooled[min(len(pooled) - 1, int(0.99 * len(pooled)))]
 
 
 def compare(before: str, argv: list[str], pairs: int, json_out: str | None) -> None:
@@ -253,7 +265,7 @@ def compare(before: str, argv: list[str], pairs: int, json_out: str | None) -> N
     print(f"\nmicroseconds per decision, {runs['after'][0]['clock']} clock, medians over "
           f"{pairs} before/after pairs (before: {before}; after: {here})")
     print(f"{'cluster':<14}{'inst':>6}  {'policy':<10}{'waiting':>8}  {'before med/p99':>16}  "
-          f"{'after med/p99':>16}  {'ratio med/p99':>14}")
+          f"{'after med/p99':>16}  {'ratio med/p99':>14}  {'pooled p99 (ratio)':>22}")
     table = []
     for key in keys:
         b = [cell(r, key) for r in runs["before"]]
@@ -263,11 +275,20 @@ def compare(before: str, argv: list[str], pairs: int, json_out: str | None) -> N
             row[f"before_{stat}"] = med(x[stat] for x in b)
             row[f"after_{stat}"] = med(x[stat] for x in a)
             row[f"ratio_{stat}"] = med(y[stat] / x[stat] for x, y in zip(b, a))
+        for side, runs_ in (("before", b), ("after", a)):  # every pair's rounds, pooled
+            row[f"{side}_pooled_p99_us"] = pooled_p99([r["costs_us"] for r in runs_])
+        row["ratio_pooled_p99_us"] = row["after_pooled_p99_us"] / row["before_pooled_p99_us"]
         table.append(row)
         print(f"{key[0]!s:<14}{key[1]!s:>6}  {key[2]!s:<10}{key[3]!s:>8}  "
               f"{row['before_median_us']:>7.0f} /{row['before_p99_us']:>7.0f}  "
               f"{row['after_median_us']:>7.0f} /{row['after_p99_us']:>7.0f}  "
-              f"{row['ratio_median_us']:>6.2f} /{row['ratio_p99_us']:>6.2f}")
+              f"{row['ratio_median_us']:>6.2f} /{row['ratio_p99_us']:>6.2f}  "
+              f"{row['before_pooled_p99_us']:>7.0f} ->{row['after_pooled_p99_us']:>7.0f} "
+              f"({row['ratio_pooled_p99_us']:.2f})")
+    n_rounds = len(a[0]["costs_us"]) * pairs
+    print(f"pooled p99: the 99th percentile of all {n_rounds} timed rounds of a side's "
+          f"{pairs} runs (one run's p99 over {n_rounds // pairs} rounds is an order "
+          f"statistic near its top, which a few slow rounds move)")
     print("load average (1 min) before -> after each run: "
           + ", ".join(f"{s} {a:.1f}->{b:.1f}" for s, a, b in loads))
     if json_out:
