@@ -105,6 +105,11 @@ class ClusterView:
         self._blocks: dict[tuple[str | None, ...], dict[tuple[float, ...], np.ndarray]] = {}
         self._stale_groups: set[tuple[str | None, ...]] = set()
         self._own_ratios = np.ones((3, n))
+        # Per group, its answered members' own (prefill, decode, clean decode) ratios as
+        # Python floats, aligned with ``_answered`` (what ``_group_borrowed`` sums, kept
+        # there so a read does not gather and convert them); each untried member's block.
+        self._answered_ratios: dict[tuple[str | None, ...], tuple[list[float], ...]] = {}
+        self._block_of: dict[int, tuple[float, ...]] = {}
 
     @property
     def up_instances(self) -> list[str]:
@@ -138,7 +143,11 @@ class ClusterView:
         if i in self._untried:  # its first answer: out of its block, among the answered
             self._untried.discard(i)
             self._leave_block(i)
-            bisect.insort(self._answered.setdefault(key, []), i)
+            answered = self._answered.setdefault(key, [])
+            at = bisect.bisect_left(answered, i)
+            answered.insert(at, i)
+            for column in self._answered_ratios.setdefault(key, ([], [], [])):
+                column.insert(at, 1.0)  # its row is stale: written at the next read
         if self._blocks.get(key):  # its untried peers price by its ratios: theirs move too
             self._stale_groups.add(key)
 
@@ -209,9 +218,8 @@ class ClusterView:
         if answered:
             self._flush_rows()  # the answered rows' own ratios as their models hold them
             k = len(answered)
-            ratios = self._own_ratios[:, answered]
-            borrowed = (sum(ratios[0].tolist()) / k, sum(ratios[1].tolist()) / k,
-                        sum(ratios[2].tolist()) / k)
+            r0, r1, r2 = self._answered_ratios[key]  # = self._own_ratios[:, answered]
+            borrowed = (sum(r0) / k, sum(r1) / k, sum(r2) / k)
         self._borrow_cache[key] = (learns, borrowed)
         return borrowed
 
@@ -430,13 +438,17 @@ class ClusterView:
         models = [self.time_models[name] for name in self._names]
         self._untried = {i for i, m in enumerate(models) if not m.observations}
         self._answered, self._blocks, self._borrow_cache = {}, {}, {}
+        self._block_of = {}
         members: dict[tuple[str | None, ...], dict[tuple[float, ...], list[int]]] = {}
         for i, m in enumerate(models):
             key = self._peer_keys[i]
             if i in self._untried:
-                members.setdefault(key, {}).setdefault(self._block_key(m), []).append(i)
+                b = self._block_of[i] = self._block_key(m)
+                members.setdefault(key, {}).setdefault(b, []).append(i)
             else:
                 self._answered.setdefault(key, []).append(i)
+        self._answered_ratios = {key: ([1.0] * len(a), [1.0] * len(a), [1.0] * len(a))
+                                 for key, a in self._answered.items()}
         self._blocks = {key: {b: np.array(idx, dtype=np.intp) for b, idx in blocks.items()}
                         for key, blocks in members.items()}
         for i, m in enumerate(models):  # the answered rows, and every row's own entries
@@ -468,15 +480,16 @@ class ClusterView:
 
     def _leave_block(self, i: int) -> None:
         """Instance ``i`` answered its first call: out of its group's untried block."""
-        blocks = self._blocks.get(self._peer_keys[i], {})
-        for b, idx in blocks.items():
-            if i in idx:
-                rest = idx[idx != i]
-                if len(rest):
-                    blocks[b] = rest
-                else:
-                    del blocks[b]
-                return
+        b = self._block_of.pop(i, None)
+        if b is None:
+            return
+        blocks = self._blocks[self._peer_keys[i]]
+        idx = blocks[b]
+        rest = idx[idx != i]
+        if len(rest):
+            blocks[b] = rest
+        else:
+            del blocks[b]
 
     def _fill_row(self, i: int, m: InstanceTimeModel) -> None:
         """Instance ``i``'s entries in every coefficient array, from its time model (one
@@ -493,6 +506,10 @@ class ClusterView:
             seen[i] = fit[1]
         if i in self._untried:
             return
+        key = self._peer_keys[i]
+        at = bisect.bisect_left(self._answered[key], i)
+        for column, x in zip(self._answered_ratios[key], own):
+            column[at] = float(x)
         self._pf[i] = m.prefill_s_per_token * own[0]
         self._df[i] = m.decode_s_per_token * own[1]
         self._sums.set_row(i, (self._oh[i], self._pf[i], self._df[i]))
