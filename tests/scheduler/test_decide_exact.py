@@ -58,6 +58,9 @@ class ReferenceQueue(InstanceQueue):
                 return call
         return None
 
+    def rekey_query(self, call, now, key):  # through ``_rank`` below, as it was
+        self.rekey(call, now, None, key)
+
     def _rank(self, entry, call, now, view, key=None):
         if key is None:
             key = self.policy.rank(call, now, view)
