@@ -408,22 +408,28 @@ class Coordinator(WorkflowPaths):
         attained-service bucket): recompute its critical paths once, and re-key its waiting
         calls. Keys change only here, never per decision, so a queue of thousands of calls
         picks the next one in O(log n). Policies whose keys ignore the query skip both."""
-        if not self._queue_policy.query_dependent:
+        policy = self._queue_policy
+        if not policy.query_dependent:
             return
         if query.run is not None:
             self._critical_paths(query, now)
-        policy = self._queue_policy
+        queues, waiting = self.queues, CallState.WAITING
+        if not policy.per_query:
+            for c in list(query.calls):
+                if c.state == waiting and c.instance is not None:
+                    queues[c.instance].rekey(c, now, self)
+            return
+        # one key for the query, placed once per instance (ranked at the first waiting call)
         seen: set[str] = set()
         key = None
         for c in list(query.calls):
-            if c.state == CallState.WAITING and c.instance is not None:
-                if policy.per_query:  # one key for the query, placed once per instance
-                    if c.instance in seen:
-                        continue
-                    seen.add(c.instance)
-                    if key is None:
-                        key = policy.rank(c, now, self)
-                self.queues[c.instance].rekey(c, now, self, key)
+            instance = c.instance
+            if instance is None or instance in seen or c.state != waiting:
+                continue
+            seen.add(instance)
+            if key is None:
+                key = policy.rank(c, now, self)
+            queues[instance].rekey_query(c, now, key)
 
     def _live(self, call: ScheduledCall) -> bool:
         """Whether a runtime's report on ``call`` still concerns the coordinator: the call is

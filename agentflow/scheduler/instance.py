@@ -104,6 +104,23 @@ class InstanceQueue:
         entry = self._entries[call.query if self.policy.per_query else call]
         self._rank(entry, call, now, view, key)
 
+    def rekey_query(self, call: ScheduledCall, now: float, key: Key) -> None:
+        """``rekey`` for a per-query policy, with the query's key already computed: the
+        same steps without the calls through ``rekey`` and ``_rank`` (the coordinator makes
+        one per instance the query waits on at each of its events: ~20 on a large fleet)."""
+        if call not in self.waiting:
+            return
+        entry = self._entries[call.query]
+        if key == entry.key and entry.slot is not None:
+            return  # unchanged: nothing to move
+        entry.key = key
+        for _, c in entry.calls:  # the reference scan reads each call's key
+            c.rank_key = key
+        if entry.slot is None:
+            self._place(entry, now)
+        else:
+            self._stale[entry] = None  # re-placed at the next pick (see ``_rank``)
+
     def remove(self, call: ScheduledCall) -> None:
         """Forget a waiting call (cancelled, moved or admitted)."""
         if call not in self.waiting:

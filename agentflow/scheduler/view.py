@@ -63,6 +63,7 @@ class ClusterView:
         self._max_inflight = np.array([s.max_inflight for s in instances], dtype=float)
         self._kv_budget = np.array([s.kv_token_budget if s.kv_token_budget is not None
                                     else np.inf for s in instances], dtype=float)
+        self._kv_unbounded = bool(np.isposinf(self._kv_budget).all())
         self.time_models = _TimeModels(self, {s.name: InstanceTimeModel.for_spec(s)
                                               for s in instances})
         # Bumped when time models are replaced or edited outside ``observe`` (tests,
@@ -104,6 +105,11 @@ class ClusterView:
         self._blocks: dict[tuple[str | None, ...], dict[tuple[float, ...], np.ndarray]] = {}
         self._stale_groups: set[tuple[str | None, ...]] = set()
         self._own_ratios = np.ones((3, n))
+        # Per group, its answered members' own (prefill, decode, clean decode) ratios as
+        # Python floats, aligned with ``_answered`` (what ``_group_borrowed`` sums, kept
+        # there so a read does not gather and convert them); each untried member's block.
+        self._answered_ratios: dict[tuple[str | None, ...], tuple[list[float], ...]] = {}
+        self._block_of: dict[int, tuple[float, ...]] = {}
 
     @property
     def up_instances(self) -> list[str]:
@@ -137,7 +143,11 @@ class ClusterView:
         if i in self._untried:  # its first answer: out of its block, among the answered
             self._untried.discard(i)
             self._leave_block(i)
-            bisect.insort(self._answered.setdefault(key, []), i)
+            answered = self._answered.setdefault(key, [])
+            at = bisect.bisect_left(answered, i)
+            answered.insert(at, i)
+            for column in self._answered_ratios.setdefault(key, ([], [], [])):
+                column.insert(at, 1.0)  # its row is stale: written at the next read
         if self._blocks.get(key):  # its untried peers price by its ratios: theirs move too
             self._stale_groups.add(key)
 
@@ -208,9 +218,8 @@ class ClusterView:
         if answered:
             self._flush_rows()  # the answered rows' own ratios as their models hold them
             k = len(answered)
-            ratios = self._own_ratios[:, answered]
-            borrowed = (sum(ratios[0].tolist()) / k, sum(ratios[1].tolist()) / k,
-                        sum(ratios[2].tolist()) / k)
+            r0, r1, r2 = self._answered_ratios[key]  # = self._own_ratios[:, answered]
+            borrowed = (sum(r0) / k, sum(r1) / k, sum(r2) / k)
         self._borrow_cache[key] = (learns, borrowed)
         return borrowed
 
@@ -285,6 +294,73 @@ class ClusterView:
                          co_runner_decode_s=call.mean_output * slope[idx],
                          co_runners_seen=seen[idx], name_rank=self._name_rank[idx],
                          n_peers=self._peers(call, idx), solo_s=solo_s)
+
+    def marginal_price(self, call: ScheduledCall, instances: list[str], now: float
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``marginal_delay``'s price of each of ``instances`` for ``call`` (before the
+        seconds an instance waives: ``saved_s``), the co-runners it would run beside, and
+        the name rank: the same floats as ``MarginalDelayDispatch.price_s`` reading
+        ``batch_view``, computed in one pass.
+
+        Why: dispatch read a ``BatchView`` of twelve arrays, each built and indexed apart,
+        and then combined them: ~50 vector operations per decision, a fleet-sized cost
+        (1,024 to 4,096 floats each, most of them out of cache between decisions). Here
+        each term is computed once over every instance, in place where it can be, with
+        the expressions ``batch_view`` and ``price_s`` write, in their order (every operation
+        is elementwise, so the floats are the ones the aligned arrays gave), and indexed by
+        ``instances`` once at the end. ``tests/scheduler/test_decide_exact.py`` compares the
+        two bit for bit at every dispatch of seeded replays."""
+        idx = self._positions(instances)
+        oh, pf, df = self._coef_vectors()
+        book = self.loads
+        n_run = book.n_run
+        # wait: the queued work (less the worse bands it jumps), the prompts not yet
+        # prefilled and, without room, the mean remainder of the running calls
+        wait = book.n_wait * oh
+        wait += book.wait_prompt * pf
+        wait += book.wait_output * df
+        behind = self._work_behind(call)
+        if behind is not None:
+            wait -= behind
+        wait += book.prefill_prompt * pf
+        prompt: float | np.ndarray = call.prompt_tokens
+        if call.prompt_tokens_on:  # tokenizers disagree: each instance's own count
+            prompt = np.array([call.tokens_on(n) for n in self.queues], dtype=float)
+        need = prompt + self._output_reserve(call)
+        room = n_run < self._max_inflight
+        if not (self._kv_unbounded and isinstance(need, float) and need == need):
+            # (with every budget infinite and ``need`` a number, the KV test holds everywhere)
+            room &= (n_run == 0) | (book.kv_used + need <= self._kv_budget)
+        stall = book.running(now)
+        stall /= np.maximum(n_run, 1.0)
+        stall[room] = 0.0
+        wait += stall
+        # the call's own time there, corrected to its co-runners, floored at its solo time
+        out = call.mean_output
+        prefill = prompt * pf
+        own = oh + prefill
+        own += out * df
+        rate = df
+        if self._shielded(call):  # its decode as the gate keeps it
+            rate, slope, seen = self._batch_coefs(clean=True)
+            own += out * (rate - df)
+        else:
+            _, slope, seen = self._batch_coefs()
+        solo = own + out * (np.minimum(rate, self._solo_df()) - rate)
+        slots = self._max_inflight - 1.0
+        co = np.minimum(n_run, slots)
+        d = out * slope  # decode seconds one more co-runner adds to the call
+        own += d * (co - seen)
+        np.maximum(own, solo, out=own)
+        # the delay it inflicts on the co-runners it does not outrank
+        load = getattr(self, "_class_load", None)
+        prefill += d
+        prefill *= co if load is None else np.minimum(load.peers_running(call), slots)
+        wait += own
+        wait += prefill
+        if isinstance(idx, slice):
+            return wait, co, self._name_rank
+        return wait[idx], co[idx], self._name_rank[idx]
 
     def _peers(self, call: ScheduledCall, idx: slice | np.ndarray) -> np.ndarray | None:
         load = getattr(self, "_class_load", None)
@@ -362,13 +438,17 @@ class ClusterView:
         models = [self.time_models[name] for name in self._names]
         self._untried = {i for i, m in enumerate(models) if not m.observations}
         self._answered, self._blocks, self._borrow_cache = {}, {}, {}
+        self._block_of = {}
         members: dict[tuple[str | None, ...], dict[tuple[float, ...], list[int]]] = {}
         for i, m in enumerate(models):
             key = self._peer_keys[i]
             if i in self._untried:
-                members.setdefault(key, {}).setdefault(self._block_key(m), []).append(i)
+                b = self._block_of[i] = self._block_key(m)
+                members.setdefault(key, {}).setdefault(b, []).append(i)
             else:
                 self._answered.setdefault(key, []).append(i)
+        self._answered_ratios = {key: ([1.0] * len(a), [1.0] * len(a), [1.0] * len(a))
+                                 for key, a in self._answered.items()}
         self._blocks = {key: {b: np.array(idx, dtype=np.intp) for b, idx in blocks.items()}
                         for key, blocks in members.items()}
         for i, m in enumerate(models):  # the answered rows, and every row's own entries
@@ -400,15 +480,16 @@ class ClusterView:
 
     def _leave_block(self, i: int) -> None:
         """Instance ``i`` answered its first call: out of its group's untried block."""
-        blocks = self._blocks.get(self._peer_keys[i], {})
-        for b, idx in blocks.items():
-            if i in idx:
-                rest = idx[idx != i]
-                if len(rest):
-                    blocks[b] = rest
-                else:
-                    del blocks[b]
-                return
+        b = self._block_of.pop(i, None)
+        if b is None:
+            return
+        blocks = self._blocks[self._peer_keys[i]]
+        idx = blocks[b]
+        rest = idx[idx != i]
+        if len(rest):
+            blocks[b] = rest
+        else:
+            del blocks[b]
 
     def _fill_row(self, i: int, m: InstanceTimeModel) -> None:
         """Instance ``i``'s entries in every coefficient array, from its time model (one
@@ -425,6 +506,10 @@ class ClusterView:
             seen[i] = fit[1]
         if i in self._untried:
             return
+        key = self._peer_keys[i]
+        at = bisect.bisect_left(self._answered[key], i)
+        for column, x in zip(self._answered_ratios[key], own):
+            column[at] = float(x)
         self._pf[i] = m.prefill_s_per_token * own[0]
         self._df[i] = m.decode_s_per_token * own[1]
         self._sums.set_row(i, (self._oh[i], self._pf[i], self._df[i]))

@@ -52,3 +52,32 @@ def test_no_query_holds_two_calls_of_one_node_so_decisions_repeat(monkeypatch) -
     half = seen[:len(seen) // 2]
     assert len(half) > 400 and len(set(half)) == len(half)
     assert len(logs[0]) >= 60 and logs[0] == logs[1]
+
+
+def test_the_pooled_p99_reads_every_pair_s_rounds() -> None:
+    """Two runs of 100 rounds pooled: the p99 is the 199th of 200 (``int(0.99 * 200)``), so one
+    run's two slow rounds no longer decide it alone; each run's own p99 is its 2nd largest."""
+    fast = [1.0] * 98 + [50.0, 60.0]
+    slow = [2.0] * 100
+    assert scheduler_overhead.pooled_p99([fast, slow]) == 50.0
+    assert scheduler_overhead.pooled_p99([slow, slow]) == 2.0
+    assert scheduler_overhead.pooled_p99([[3.0]]) == 3.0
+
+
+def test_interleave_runs_two_checkouts_round_by_round(capsys) -> None:
+    """``--against CHECKOUT --interleave`` against this checkout itself: its modules loaded a
+    second time beside the ones in use (two module sets, two coordinators), round by round,
+    every start decision compared; then this checkout's modules are the ones in place again."""
+    import sys
+    from pathlib import Path
+
+    import agentflow.scheduler as before_run
+
+    root = str(Path(scheduler_overhead.__file__).resolve().parents[3])
+    scheduler_overhead.main(["--sizes", "40", "--repeat", "6", "--policies", "flowsage,vllm",
+                             "--clusters", "h100-8b-4", "--against", root, "--interleave"])
+    out = capsys.readouterr().out
+    assert "both schedulers in one process" in out
+    rows = [line for line in out.splitlines() if line.startswith("h100-8b-4")]
+    assert len(rows) == 2 and all(" equal " in r for r in rows), out
+    assert sys.modules["agentflow.scheduler"] is before_run

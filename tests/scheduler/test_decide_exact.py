@@ -1,6 +1,7 @@
 """Decisions are the same as before the per-decision work was cut (lazy re-placement of
 re-keyed queue entries, lines moved in place in the kinetic tournament, invalidation walks
-that stop early, a critical-path DP that sums each stage's chain once).
+that stop early, a critical-path DP that sums each stage's chain once, ``marginal_delay``'s
+price computed in one pass by the view instead of from a ``BatchView``).
 
 ``ReferenceCoordinator`` runs every instance queue as it was (``ReferenceQueue``: a re-key
 re-places its entry at once, by removing it and inserting it again; ``ReferenceTournament``:
@@ -16,14 +17,16 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
 import pytest
 
 from agentflow.bench.scheduler import scheduler_overhead
 from agentflow.scheduler import PRESETS, Coordinator
 from agentflow.scheduler.instance import InstanceQueue
+from agentflow.scheduler.policies.dispatch_marginal_delay import MarginalDelayDispatch
 from agentflow.scheduler.ranking import KineticTournament, next_switch, segment_at
 from agentflow.workflow.graph import NodeKind
-from tests.scheduler.test_view_rows import PEER_SPECS, replay
+from tests.scheduler.test_view_rows import PEER_SPECS, SPECS, replay
 
 _INF = float("inf")
 
@@ -55,6 +58,9 @@ class ReferenceQueue(InstanceQueue):
                 return call
         return None
 
+    def rekey_query(self, call, now, key):  # through ``_rank`` below, as it was
+        self.rekey(call, now, None, key)
+
     def _rank(self, entry, call, now, view, key=None):
         if key is None:
             key = self.policy.rank(call, now, view)
@@ -84,6 +90,8 @@ class ReferenceQueue(InstanceQueue):
 
 
 class ReferenceCoordinator(Coordinator):
+    marginal_price = None  # marginal_delay prices from ``batch_view``, term by term, as it did
+
     def __init__(self, instances, **kw):
         super().__init__(instances, **kw)
         for q in self.queues.values():  # before any event: nothing is queued yet
@@ -231,3 +239,61 @@ def test_the_paths_are_the_floats_of_the_per_edge_dp(policy):
 
     replay(Coordinator, policy, seed=5, check=both)
     assert len(compared) > 1000 and max(compared) >= 5
+
+
+# ------------------------------------------------- marginal_delay's price, fused and not
+
+
+def _bits(a: np.ndarray) -> bytes:
+    """The array's floats bit for bit (so -0.0 and 0.0, or two NaNs, are told apart)."""
+    return np.ascontiguousarray(np.asarray(a, dtype=float)).tobytes()
+
+
+@pytest.fixture
+def priced(monkeypatch):
+    """At every marginal_delay dispatch, the fused price (``ClusterView.marginal_price``)
+    and the one built from ``batch_view`` term by term, compared bit for bit."""
+    seen: list[int] = []
+    fused = MarginalDelayDispatch.price_s
+
+    def both(self, call, instances, now, view):
+        price, names = fused(self, call, instances, now, view)
+        ref_price, ref_names = self.price_from_batch_view(call, instances, now, view)
+        assert _bits(price) == _bits(ref_price), (call.id, instances)
+        assert _bits(names) == _bits(ref_names)
+        seen.append(len(instances))
+        return price, names
+
+    monkeypatch.setattr(MarginalDelayDispatch, "price_s", both)
+    return seen
+
+
+@pytest.mark.parametrize("policy", ["flowsage", "oracle", "marginal_delay+fcfs",
+                                    "cache_aware+edf"])
+@pytest.mark.parametrize("specs", ["plain", "peers"])
+def test_the_fused_price_is_the_batch_view_s_bit_for_bit(policy, specs, priced):
+    """Seeded replays (classes and tenants, so worse-band work behind, shielded calls and
+    peers counts; KV budgets; failures, so retries priced on a subset of instances)."""
+    replay(Coordinator, policy, seed=13, specs=SPECS if specs == "plain" else PEER_SPECS)
+    assert len(priced) > 100 and min(priced) < max(priced)  # some on a subset
+
+
+def test_the_fused_price_on_the_benchmark_s_fleet(priced):
+    """The benchmark's rounds on 64 instances without KV budgets (the unbounded-KV room
+    test), learning at every finish, every round's dispatch compared."""
+    scheduler_overhead.measure("flowsage", 1000, 60, "hetero-64")
+    assert len(priced) > 1000
+
+
+def test_the_fused_price_with_per_instance_prompt_lengths(priced):
+    """Tokenizers that disagree: each instance prices its own prompt length."""
+    from agentflow.workflow import ManualClock
+
+    c = Coordinator(SPECS, clock=ManualClock(0.0), policy="flowsage")
+    c.on_query_arrival("q", deadline=30.0)
+    for k in range(12):
+        c.clock.advance(0.1)
+        c.on_call_ready("q", stage="generate_candidate", node_id=f"n{k}", prompt_tokens=900,
+                        prompt_tokens_by_instance={s.name: 700 + 97 * i + k
+                                                   for i, s in enumerate(SPECS)})
+    assert len(priced) == 12

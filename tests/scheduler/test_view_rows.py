@@ -33,6 +33,8 @@ from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 class ReferenceCoordinator(Coordinator):
     """The coordinator with main's view (c857c21) restored, method for method."""
 
+    marginal_price = None  # marginal_delay prices from ``batch_view`` below, as it did
+
     def _init_view(self, instances):
         super()._init_view(instances)
         self._ref_mean = None

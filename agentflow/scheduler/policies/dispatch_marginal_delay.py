@@ -81,7 +81,19 @@ class MarginalDelayDispatch(DispatchPolicy):
 
     def price_s(self, call: ScheduledCall, instances: list[str], now: float,
                 view: SchedulerView) -> tuple[np.ndarray, np.ndarray]:
-        """(price in seconds, name rank) of each of ``instances`` for ``call``."""
+        """(price in seconds, name rank) of each of ``instances`` for ``call``. The
+        coordinator's view computes the price below in one pass (``marginal_price``: the
+        same floats, without building a ``BatchView``); a view without it is priced here."""
+        fused = getattr(view, "marginal_price", None)
+        if fused is not None:
+            price, co, names = fused(call, instances, now)
+            return price - self.saved_s(call, instances, view, co), names
+        return self.price_from_batch_view(call, instances, now, view)
+
+    def price_from_batch_view(self, call: ScheduledCall, instances: list[str], now: float,
+                              view: SchedulerView) -> tuple[np.ndarray, np.ndarray]:
+        """``price_s`` term by term from ``view.batch_view`` (the definition; what the
+        fused ``ClusterView.marginal_price`` is checked against)."""
         b = view.batch_view(call, instances, now)
         wait = b.queued_s + b.prefilling_s + np.where(
             b.room, 0.0, b.running_s / np.maximum(b.n_running, 1.0))
