@@ -113,9 +113,17 @@ class Distribution:
             new[0] = True
             np.not_equal(v[1:], v[:-1], out=new[1:])
             if not new.all():
-                w = np.add.reduceat(w, np.flatnonzero(new))
+                w = np.add.reduceat(w, new.nonzero()[0])
                 v = v[new]
-        return cls._trusted(v, w / w.sum()).compress(max_support)
+        if max_support < 1:
+            raise ValueError("max_support must be at least 1")
+        p = w / w.sum()
+        if v.size <= max_support:
+            return cls._trusted(v, p)
+        # ``_trusted(v, p).compress(max_support)`` without the Distribution in between
+        cum = np.cumsum(p)
+        cum[-1] = 1.0
+        return _binned(v, p, cum, max_support)
 
     # ---------------------------------------------------------------- constructors
     @classmethod
@@ -141,19 +149,7 @@ class Distribution:
         n = self.values.size
         if n <= max_support:
             return self
-        cum = self._cdf_array()
-        mid = cum - 0.5 * self.probs  # midpoint of each atom's probability mass
-        slot = np.minimum((mid * max_support).astype(np.int64), max_support - 1)
-        mass = np.bincount(slot, weights=self.probs, minlength=max_support)
-        moment = np.bincount(slot, weights=self.probs * self.values, minlength=max_support)
-        used = mass > 0
-        mass, moment = mass[used], moment[used]
-        values = moment / mass
-        # Rounding can put a slice mean a hair outside its members' range; keep order strict.
-        np.clip(values, self.values[0], self.values[-1], out=values)
-        if values.size > 1 and not (values[1:] > values[:-1]).all():
-            return Distribution(values, mass)
-        return Distribution._trusted(values, mass / mass.sum())
+        return _binned(self.values, self.probs, self._cdf_array(), max_support)
 
     # ---------------------------------------------------------------- summaries
     def __len__(self) -> int:
@@ -378,3 +374,23 @@ def cost_distribution(input_tokens: float, output_dist: Distribution) -> Distrib
         raise ValueError("input_tokens must be non-negative")
     i = float(input_tokens)
     return output_dist.map(lambda o: o * o / 2.0 + i * o)
+
+
+def _binned(v: np.ndarray, p: np.ndarray, cum: np.ndarray, max_support: int) -> Distribution:
+    """``compress`` of the atoms ``v`` (sorted, distinct) with probabilities ``p`` and
+    cumulative ``cum`` (``_cdf_array``'s), more of them than ``max_support``: quantile
+    binning, as the module docstring says. ``_from_sorted_atoms`` calls it on arrays it has
+    just made, so no Distribution is built only to be compressed."""
+    mid = cum - 0.5 * p  # midpoint of each atom's probability mass
+    slot = np.minimum((mid * max_support).astype(np.int64), max_support - 1)
+    mass = np.bincount(slot, weights=p, minlength=max_support)
+    moment = np.bincount(slot, weights=p * v, minlength=max_support)
+    used = mass > 0
+    mass, moment = mass[used], moment[used]
+    values = moment / mass
+    # Rounding can put a slice mean a hair outside its members' range; keep order strict.
+    # (maximum then minimum: ``np.clip`` on finite floats, without its Python wrapper)
+    np.minimum(np.maximum(values, v[0], out=values), v[-1], out=values)
+    if values.size > 1 and not (values[1:] > values[:-1]).all():
+        return Distribution(values, mass)
+    return Distribution._trusted(values, mass / mass.sum())
