@@ -25,6 +25,7 @@ masses (a stage that almost always writes 22 tokens) survive compression unmoved
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import overload
 
@@ -338,7 +339,21 @@ class Distribution:
         """``min(X, upper)``: a call cannot produce more than its ``max_tokens``."""
         if upper >= self.values[-1]:
             return self
-        return Distribution(np.minimum(self.values, upper), self.probs)
+        v, p = self.values, self.probs
+        if not (math.isfinite(upper) and upper >= 0):  # the validating constructor says why
+            return Distribution(np.minimum(v, upper), p)
+        # ``Distribution(np.minimum(v, upper), p)`` without its checks, sort and merge: the
+        # atoms below ``upper`` as they are, the rest merged into one at ``upper`` with their
+        # mass summed in order (as the constructor's bincount sums it), then normalised the
+        # way it normalises: the same floats (every prediction with a cap is clipped).
+        k = int(v.searchsorted(upper, side="left"))
+        values = np.empty(k + 1)
+        values[:k] = v[:k]
+        values[k] = upper
+        merged = np.empty(k + 1)
+        merged[:k] = p[:k]
+        merged[k] = np.add.accumulate(p[k:])[-1]
+        return Distribution._trusted(values, merged / merged.sum())
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` independent draws by inverse-CDF lookup."""
