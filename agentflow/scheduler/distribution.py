@@ -102,7 +102,7 @@ class Distribution:
         """Internal fast path for finite, non-negative atoms with positive weights (sums,
         mixtures, the predictor's neighbour sets): sort, merge equal values, compress. A few
         numpy calls instead of the validating constructor's dozen, for the hot path."""
-        order = np.argsort(values, kind="stable")
+        order = values.argsort(kind="stable")  # np.argsort's method, without its wrapper
         return cls._from_sorted_atoms(values[order], weights[order], max_support)
 
     @classmethod
@@ -122,7 +122,7 @@ class Distribution:
         if v.size <= max_support:
             return cls._trusted(v, p)
         # ``_trusted(v, p).compress(max_support)`` without the Distribution in between
-        cum = np.cumsum(p)
+        cum = p.cumsum()
         cum[-1] = 1.0
         return _binned(v, p, cum, max_support)
 
@@ -180,7 +180,7 @@ class Distribution:
     def _cdf_array(self) -> np.ndarray:
         """P(X <= values[i]), last entry exactly 1."""
         if self._cum is None:
-            cum = np.cumsum(self.probs)
+            cum = self.probs.cumsum()  # np.cumsum's method: the same sums, no wrapper
             cum[-1] = 1.0
             self._cum = _readonly(cum)
         return self._cum
@@ -190,7 +190,7 @@ class Distribution:
         trailing 0 so ``_tail_array()[searchsorted(values, x, 'right')]`` is P(X > x)."""
         if self._tail is None:
             tail = np.empty(self.values.size + 1)
-            tail[:-1] = np.cumsum(self.probs[::-1])[::-1]
+            tail[:-1] = self.probs[::-1].cumsum()[::-1]
             tail[-1] = 0.0
             self._tail = _readonly(tail)
         return self._tail

@@ -386,9 +386,9 @@ def _length_summary(dist: Distribution) -> tuple[float, float, float]:
     """(mean, P10, P90) of a length distribution (``Distribution.quantile``'s lower quantile,
     in one search)."""
     values = dist.values
-    idx = np.minimum(np.searchsorted(dist._cdf_array(), _QUANTILE_LEVELS, side="left"),
-                     values.size - 1)
-    return float(dist.mean()), float(values[idx[0]]), float(values[idx[1]])
+    lo, hi = dist._cdf_array().searchsorted(_QUANTILE_LEVELS, side="left").tolist()
+    last = values.size - 1
+    return float(dist.mean()), float(values[min(lo, last)]), float(values[min(hi, last)])
 
 
 def _sum_by_sampling(parts: list[Distribution], seed_text: str) -> Distribution:
