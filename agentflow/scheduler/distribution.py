@@ -25,6 +25,7 @@ masses (a stage that almost always writes 22 tokens) survive compression unmoved
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import overload
 
@@ -101,7 +102,7 @@ class Distribution:
         """Internal fast path for finite, non-negative atoms with positive weights (sums,
         mixtures, the predictor's neighbour sets): sort, merge equal values, compress. A few
         numpy calls instead of the validating constructor's dozen, for the hot path."""
-        order = np.argsort(values, kind="stable")
+        order = values.argsort(kind="stable")  # np.argsort's method, without its wrapper
         return cls._from_sorted_atoms(values[order], weights[order], max_support)
 
     @classmethod
@@ -113,9 +114,17 @@ class Distribution:
             new[0] = True
             np.not_equal(v[1:], v[:-1], out=new[1:])
             if not new.all():
-                w = np.add.reduceat(w, np.flatnonzero(new))
+                w = np.add.reduceat(w, new.nonzero()[0])
                 v = v[new]
-        return cls._trusted(v, w / w.sum()).compress(max_support)
+        if max_support < 1:
+            raise ValueError("max_support must be at least 1")
+        p = w / w.sum()
+        if v.size <= max_support:
+            return cls._trusted(v, p)
+        # ``_trusted(v, p).compress(max_support)`` without the Distribution in between
+        cum = p.cumsum()
+        cum[-1] = 1.0
+        return _binned(v, p, cum, max_support)
 
     # ---------------------------------------------------------------- constructors
     @classmethod
@@ -141,19 +150,7 @@ class Distribution:
         n = self.values.size
         if n <= max_support:
             return self
-        cum = self._cdf_array()
-        mid = cum - 0.5 * self.probs  # midpoint of each atom's probability mass
-        slot = np.minimum((mid * max_support).astype(np.int64), max_support - 1)
-        mass = np.bincount(slot, weights=self.probs, minlength=max_support)
-        moment = np.bincount(slot, weights=self.probs * self.values, minlength=max_support)
-        used = mass > 0
-        mass, moment = mass[used], moment[used]
-        values = moment / mass
-        # Rounding can put a slice mean a hair outside its members' range; keep order strict.
-        np.clip(values, self.values[0], self.values[-1], out=values)
-        if values.size > 1 and not (values[1:] > values[:-1]).all():
-            return Distribution(values, mass)
-        return Distribution._trusted(values, mass / mass.sum())
+        return _binned(self.values, self.probs, self._cdf_array(), max_support)
 
     # ---------------------------------------------------------------- summaries
     def __len__(self) -> int:
@@ -183,7 +180,7 @@ class Distribution:
     def _cdf_array(self) -> np.ndarray:
         """P(X <= values[i]), last entry exactly 1."""
         if self._cum is None:
-            cum = np.cumsum(self.probs)
+            cum = self.probs.cumsum()  # np.cumsum's method: the same sums, no wrapper
             cum[-1] = 1.0
             self._cum = _readonly(cum)
         return self._cum
@@ -193,7 +190,7 @@ class Distribution:
         trailing 0 so ``_tail_array()[searchsorted(values, x, 'right')]`` is P(X > x)."""
         if self._tail is None:
             tail = np.empty(self.values.size + 1)
-            tail[:-1] = np.cumsum(self.probs[::-1])[::-1]
+            tail[:-1] = self.probs[::-1].cumsum()[::-1]
             tail[-1] = 0.0
             self._tail = _readonly(tail)
         return self._tail
@@ -342,7 +339,21 @@ class Distribution:
         """``min(X, upper)``: a call cannot produce more than its ``max_tokens``."""
         if upper >= self.values[-1]:
             return self
-        return Distribution(np.minimum(self.values, upper), self.probs)
+        v, p = self.values, self.probs
+        if not (math.isfinite(upper) and upper >= 0):  # the validating constructor says why
+            return Distribution(np.minimum(v, upper), p)
+        # ``Distribution(np.minimum(v, upper), p)`` without its checks, sort and merge: the
+        # atoms below ``upper`` as they are, the rest merged into one at ``upper`` with their
+        # mass summed in order (as the constructor's bincount sums it), then normalised the
+        # way it normalises: the same floats (every prediction with a cap is clipped).
+        k = int(v.searchsorted(upper, side="left"))
+        values = np.empty(k + 1)
+        values[:k] = v[:k]
+        values[k] = upper
+        merged = np.empty(k + 1)
+        merged[:k] = p[:k]
+        merged[k] = np.add.accumulate(p[k:])[-1]
+        return Distribution._trusted(values, merged / merged.sum())
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` independent draws by inverse-CDF lookup."""
@@ -378,3 +389,23 @@ def cost_distribution(input_tokens: float, output_dist: Distribution) -> Distrib
         raise ValueError("input_tokens must be non-negative")
     i = float(input_tokens)
     return output_dist.map(lambda o: o * o / 2.0 + i * o)
+
+
+def _binned(v: np.ndarray, p: np.ndarray, cum: np.ndarray, max_support: int) -> Distribution:
+    """``compress`` of the atoms ``v`` (sorted, distinct) with probabilities ``p`` and
+    cumulative ``cum`` (``_cdf_array``'s), more of them than ``max_support``: quantile
+    binning, as the module docstring says. ``_from_sorted_atoms`` calls it on arrays it has
+    just made, so no Distribution is built only to be compressed."""
+    mid = cum - 0.5 * p  # midpoint of each atom's probability mass
+    slot = np.minimum((mid * max_support).astype(np.int64), max_support - 1)
+    mass = np.bincount(slot, weights=p, minlength=max_support)
+    moment = np.bincount(slot, weights=p * v, minlength=max_support)
+    used = mass > 0
+    mass, moment = mass[used], moment[used]
+    values = moment / mass
+    # Rounding can put a slice mean a hair outside its members' range; keep order strict.
+    # (maximum then minimum: ``np.clip`` on finite floats, without its Python wrapper)
+    np.minimum(np.maximum(values, v[0], out=values), v[-1], out=values)
+    if values.size > 1 and not (values[1:] > values[:-1]).all():
+        return Distribution(values, mass)
+    return Distribution._trusted(values, mass / mass.sum())

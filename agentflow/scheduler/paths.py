@@ -13,17 +13,18 @@ since a future stage's instance is not chosen yet.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from agentflow.scheduler.call import CallState, QueryState, ScheduledCall
 from agentflow.scheduler.distribution import Distribution, cost_distribution, kv_cost
+from agentflow.scheduler.lengths.base import LengthModel
 from agentflow.scheduler.view import ClusterView
 from agentflow.workflow.graph import Node, NodeKind, WorkflowRun, generation_order
 
 if TYPE_CHECKING:
-    from agentflow.scheduler.lengths import LengthModel
     from agentflow.scheduler.policies.base import QueuePolicy
     from agentflow.workflow.clock import Clock
 
@@ -178,8 +179,19 @@ class WorkflowPaths(ClusterView):
         done = query.done_nodes
         # a WorkflowRun's own state dict (one lookup per stage, not a method call), or a
         # shard's mirror of one
-        state_of = run._state.__getitem__ if type(run) is WorkflowRun else run.state
+        started_of: Callable[[str], float | None]
+        if type(run) is WorkflowRun:
+            state_of, started_of = run._state.__getitem__, run._started_at.get
+        else:
+            state_of, started_of = run.state, run.started_at
         pending, running, llm = run.PENDING, run.RUNNING, NodeKind.LLM
+        # Future stages (``_stage_lengths``) inline, with what it looks up once per stage
+        # looked up once per pass: only the oracle knows true sizes (then the method itself
+        # runs), the stage prompt means, the query's predictions and their summaries.
+        knows = type(self.length_model).true_lengths is not LengthModel.true_lengths
+        stage_prompts = self._stage_prompts if prompts is None else prompts
+        predicted = self._stage_prediction.get(query.id)
+        summaries = self._stage_summary.get(query.id)
         # per unfinished stage: its time plus the longest chain after it (expected, P10, P90),
         # what a parent's chain through it is (the sums are made once, here, not per edge)
         through: dict[str, tuple[float, float, float]] = {}
@@ -194,17 +206,39 @@ class WorkflowPaths(ClusterView):
                 continue
             if node.kind == llm:
                 call = calls.get(n)
-                if call is not None and call.length_summary is not None:  # the common case
-                    prompt, (mean, lo, hi) = call.prompt_tokens, call.length_summary
-                else:
-                    prompt, (mean, lo, hi) = self._stage_lengths(query, node, call, prompts)
+                if call is not None:  # the common case: its call's prediction
+                    prompt, summary = call.prompt_tokens, call.length_summary
+                    if summary is None:
+                        summary = call.length_summary = _length_summary(call.output)
+                elif knows:
+                    prompt, summary = self._stage_lengths(query, node, None, prompts)
+                else:  # ``_stage_lengths`` of a future stage, as it computes it
+                    stage, hints = node.stage, node.hints
+                    hinted = hints.get("prompt_tokens")
+                    if hinted is None:
+                        seen = stage_prompts.get(stage)
+                        hinted = seen[0] if seen is not None else DEFAULT_PROMPT_TOKENS
+                    prompt = int(hinted)
+                    dist = predicted.get(stage) if predicted is not None else None
+                    if dist is None:
+                        dist = self._predict_stage(query, stage, prompt, hints.get("max_tokens"))
+                        predicted = self._stage_prediction[query.id]
+                    if summaries is None:
+                        summaries = self._stage_summary[query.id] = {}
+                    kept = summaries.get(stage)
+                    if kept is None or kept[0] is not dist:
+                        kept = summaries[stage] = (dist, _length_summary(dist))
+                    summary = kept[1]
+                mean, lo, hi = summary
                 base = oh + prompt * pf
                 t, t_lo, t_hi = base + mean * df, base + lo * df, base + hi * df
                 work += t
-            else:
+            elif knows:
                 t = t_lo = t_hi = self._tool_time(query, node)
+            else:  # ``_tool_time`` without a truth to read
+                t = t_lo = t_hi = max(0.0, float(node.expected_s))
             if state == running:
-                started = run.started_at(n)
+                started = started_of(n)
                 if started is not None:
                     elapsed = now - started
                     t = max(0.0, t - elapsed)
@@ -352,9 +386,9 @@ def _length_summary(dist: Distribution) -> tuple[float, float, float]:
     """(mean, P10, P90) of a length distribution (``Distribution.quantile``'s lower quantile,
     in one search)."""
     values = dist.values
-    idx = np.minimum(np.searchsorted(dist._cdf_array(), _QUANTILE_LEVELS, side="left"),
-                     values.size - 1)
-    return float(dist.mean()), float(values[idx[0]]), float(values[idx[1]])
+    lo, hi = dist._cdf_array().searchsorted(_QUANTILE_LEVELS, side="left").tolist()
+    last = values.size - 1
+    return float(dist.mean()), float(values[min(lo, last)]), float(values[min(hi, last)])
 
 
 def _sum_by_sampling(parts: list[Distribution], seed_text: str) -> Distribution:

@@ -50,11 +50,16 @@ class GrowingDag:
             raise ValueError(f"trace {trace.id}: the recorded DAG has a cycle") from None
         self._shown: set[str] = set()
         self._done: set[str] = set()
+        # the nodes not shown yet, in ``_order`` (what ``_due`` walks at every finished stage:
+        # the shown ones it would only skip), and each node's trigger, when the trace names one
+        self._hidden = list(self._order)
+        self._by = {n.id: n.expanded_by if n.expanded_by in self._nodes else None
+                    for n in trace.nodes}
 
     @property
     def hidden(self) -> list[str]:
         """Recorded nodes the scheduler has not been shown yet."""
-        return [n for n in self._order if n not in self._shown]
+        return list(self._hidden)
 
     def initial_graph(self) -> nx.DiGraph:
         """The graph at arrival: the pipeline's shape, plus any run-time node already due (a
@@ -81,17 +86,15 @@ class GrowingDag:
         """Hidden nodes the pipeline would have added by now, in topological order: their
         trigger has finished and every recorded parent is shown (or due with them)."""
         due: list[str] = []
-        taken = set(self._shown)
-        for n in self._order:
-            if n in taken:
-                continue
-            rec = self._nodes[n]
-            by = rec.expanded_by if rec.expanded_by in self._nodes else None
-            triggered = by in self._done if by is not None else \
-                all(p in self._done for p in rec.parents)
-            if triggered and all(p in taken for p in rec.parents):
+        new: set[str] = set()
+        shown, done, nodes, by_of = self._shown, self._done, self._nodes, self._by
+        for n in self._hidden:
+            parents = nodes[n].parents
+            by = by_of[n]
+            triggered = by in done if by is not None else all(p in done for p in parents)
+            if triggered and all(p in shown or p in new for p in parents):
                 due.append(n)
-                taken.add(n)
+                new.add(n)
         return due
 
     def _show(self, ids: list[str]) -> tuple[list[Node], list[tuple[str, str]]]:
@@ -99,6 +102,8 @@ class GrowingDag:
         shown recorded parent, and to every shown node reachable through nodes still hidden
         (a shape node's hidden parents are bridged that way, from their shown ancestors)."""
         self._shown.update(ids)
+        shown = self._shown
+        self._hidden = [n for n in self._hidden if n not in shown]
         edges: list[tuple[str, str]] = []
         for n in ids:
             edges += [(p, n) for p in self._nodes[n].parents if p in self._shown]

@@ -100,7 +100,7 @@ class WorkflowRun:
         grows (a graph only grows, by expansion, so its node and edge counts say when): the
         simulator asks for the ready nodes at every finished stage."""
         g = self.graph
-        shape = (g.number_of_nodes(), g.number_of_edges())
+        shape = _shape(g)
         cached = self.__dict__.get("_order")
         if cached is None or cached[0] != shape:
             cached = self._keep_order(lexical_order(g))
@@ -108,9 +108,11 @@ class WorkflowRun:
 
     def _keep_order(self, order: list[str]) -> tuple[Any, ...]:
         g = self.graph
-        nodes, pred = g.nodes, g.pred
-        kept = self._order = ((g.number_of_nodes(), g.number_of_edges()),
-                              [(n, nodes[n]["node"], list(pred[n])) for n in order])
+        if type(g) is nx.DiGraph:  # its own dicts: what the views below read, without them
+            nodes, pred = g._node, g._pred
+        else:
+            nodes, pred = g.nodes, g.pred
+        kept = self._order = (_shape(g), [(n, nodes[n]["node"], list(pred[n])) for n in order])
         return kept
 
     @property
@@ -216,8 +218,20 @@ def lexical_order(g: nx.DiGraph) -> list[Any]:
     smallest ready node id first, which fixes the order uniquely, so the same list; without
     networkx's per-call dispatch and generator layers (a simulated query's graph grows at
     most of its stages, and its ready list is read at each)."""
+    if type(g) is nx.DiGraph:  # its own dicts, in the order its views iterate them
+        pred = g._pred
+        return lexical_order_of(g._succ, {n: len(pred[n]) for n in g._node})
     pred = g.pred
     return lexical_order_of(g.succ, {n: len(pred[n]) for n in g})
+
+
+def _shape(g: nx.DiGraph) -> tuple[int, int]:
+    """(nodes, edges) of a graph: what changes when it grows. A plain DiGraph's edges are
+    its successor lists' lengths summed (``number_of_edges`` sums every node's in and out
+    degree through networkx's degree view, at every ``ready``)."""
+    if type(g) is nx.DiGraph:
+        return len(g._node), sum(map(len, g._succ.values()))
+    return g.number_of_nodes(), g.number_of_edges()
 
 
 def lexical_order_of(succ: Mapping[Any, Iterable[Any]], indegree: dict[Any, int]

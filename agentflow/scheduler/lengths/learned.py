@@ -195,6 +195,7 @@ class LearnedLengthModel(LengthModel):
         self._stage = np.full(self.window, -1, dtype=np.int32)
         self._out = np.zeros(self.window, dtype=np.float64)
         self._log_in = np.full(self.window, np.nan, dtype=np.float64)
+        self._nan_in = 0  # entries of the window without a known prompt length
         self._seq = np.zeros(self.window, dtype=np.int64)
         self._next = 0
         self._count = 0
@@ -292,7 +293,13 @@ class LearnedLengthModel(LengthModel):
             ring.join(slot, emb)
             self._stage[slot] = sid
             self._out[slot] = float(output_tokens)
-            self._log_in[slot] = np.nan if input_tokens is None else math.log1p(input_tokens)
+            if evicted >= 0 and math.isnan(self._log_in[slot]):
+                self._nan_in -= 1
+            if input_tokens is None:
+                self._log_in[slot] = np.nan
+                self._nan_in += 1
+            else:
+                self._log_in[slot] = math.log1p(input_tokens)
             self._seq[slot] = self._observed
             self._observed += 1
             self._next = (slot + 1) % self.window
@@ -318,27 +325,41 @@ class LearnedLengthModel(LengthModel):
         q = self._embed(key_text)
         with self._lock:
             baseline = self._baseline(stage, sid)
-            # method forms of flatnonzero/any/argpartition: the same operations without
-            # numpy's Python-level wrappers (this runs for every call)
+            # method forms of flatnonzero/any/argpartition and ufuncs writing in place: the
+            # same operations, and so the same floats, without numpy's Python-level wrappers
+            # and temporaries (this runs for every call)
             rows = (self._stage[:self._count] == sid).nonzero()[0]
+            factor = None
+            if input_tokens is not None:
+                factor = self._log_in[rows]
+                factor -= math.log1p(input_tokens)
+                np.abs(factor, out=factor)
+                factor *= -1.0 / self.input_scale
+                np.exp(factor, out=factor)
+                if self._nan_in:  # an entry without a known prompt length counts fully
+                    factor[np.isnan(factor)] = 1.0
             if q.any():
                 sims = _dot(*self._stage_rows(sid, rows), q).astype(np.float64)
+                if factor is not None:
+                    sims *= factor
+            elif factor is not None:  # no key text: 1.0 * factor is factor, bit for bit
+                sims = factor
             else:  # no key text: the text says nothing, so prompt length and recency decide
                 sims = np.ones(rows.size)
-            if input_tokens is not None:
-                factor = np.exp(np.abs(self._log_in[rows] - math.log1p(input_tokens))
-                                * (-1.0 / self.input_scale))
-                factor[np.isnan(factor)] = 1.0  # entry without a known prompt length
-                sims *= factor
-            ok = (sims >= self.min_similarity) & (sims > 0)
+            # a positive floor already rules out similarities <= 0 (and NaN fails both)
+            ok = sims >= self.min_similarity
+            if self.min_similarity <= 0:
+                ok &= sims > 0
             if not ok.any():
                 dist = baseline
             else:
-                rows, sims = rows[ok], sims[ok]
+                if not ok.all():
+                    rows, sims = rows[ok], sims[ok]
                 if rows.size > self.k:
                     # Ties (identical keys) go to the most recent entries.
-                    recency = (self._seq[rows] - self._observed) * (1e-9 / self.window)
-                    top = (-(sims + recency)).argpartition(self.k - 1)[:self.k]
+                    key = (self._seq[rows] - self._observed) * (1e-9 / self.window)
+                    key += sims
+                    top = np.negative(key, out=key).argpartition(self.k - 1)[:self.k]
                     rows, sims = rows[top], sims[top]
                 dist = Distribution._from_atoms(
                     np.concatenate((self._out[rows], baseline.values)),
