@@ -74,9 +74,21 @@ def miss_probability(coordinator: Any, query: QueryState, now: float) -> float:
 # no longer holds: its own slack falls as it waits, and the at-risk call ends or runs late.
 # Holding every prompt of more slack than a decoding co-runner (no bounds) was measured
 # worse: at 1.5 x L1 it held 14-21% of admissions and P95 rose 14-15% on two of three seeds.
+#
+# The wait is bounded too: the prompt is held for an at-risk call only while that call's
+# expected remainder on the instance is at most ``HOLD_WAIT_PER_STALL`` times the prompt's own
+# prefill seconds there. Why: holding buys the at-risk call about the prompt's prefill time
+# (its chunks would lengthen that call's decode steps by about as much) and costs the held
+# call the at-risk call's whole remainder (the hold lasts until that call ends): a long
+# wait for a short stall is a net loss of time. Measured (paper-4gpu, trace1, 80 queries,
+# depth 2, 1.5 and 2 x L1, seeds 1-10: 20 cells), k = 4 against no bound: mean latency
+# 0.984x (lower in 18 of 20 cells), P95 0.995x (+-0.006: no clear change; 11 lower, 8
+# higher); k = 1 holds too little (P95 0.957 and 0.975 of md+fcfs on seeds 1-3 and 4-7,
+# against 0.960 and 0.956 unbounded); k = 8 is as k = 4 (P95 0.990x of unbounded, 14 cells).
 RANK_HOLD = True
 HOLD_SAFE = 0.02
 HOLD_AT_RISK = 0.4
+HOLD_WAIT_PER_STALL: float | None = 4.0  # None: no bound on the wait
 
 
 def hold_for_rank(coordinator: Any, queue: RunningQueue, call: ScheduledCall,
@@ -87,12 +99,21 @@ def hold_for_rank(coordinator: Any, queue: RunningQueue, call: ScheduledCall,
     mine = slack_s(coordinator, call.query, now)
     if not mine > 0 or miss_probability(coordinator, call.query, now) > HOLD_SAFE:
         return False
+    stall: float | None = None  # the call's prefill seconds here, priced once if needed
     for r in queue.running:
         if r.attained_tokens == 0 or r.query is call.query:
             continue  # still prefilling itself, or its own query's sibling
         theirs = slack_s(coordinator, r.query, now)
         if theirs >= mine or miss_probability(coordinator, r.query, now) < HOLD_AT_RISK:
             continue
-        if mine - remaining_s(coordinator, r, queue.name, now) > theirs:
-            return True
+        wait = remaining_s(coordinator, r, queue.name, now)
+        if mine - wait <= theirs:
+            continue  # it could not wait for r to end and keep more slack than r has now
+        if HOLD_WAIT_PER_STALL is not None:
+            if stall is None:
+                stall = float(coordinator.time_models[queue.name].prefill_s(
+                    call.tokens_on(queue.name)))
+            if wait > HOLD_WAIT_PER_STALL * stall:
+                continue  # a long wait for a short stall saved
+        return True
     return False

@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -342,6 +343,12 @@ class SimInstance:
         # iteration. Reads only: the same events with it on or off.
         self.attribute = False
         self.attributed: list[SeqTimes] = []
+        # With ``attribute`` on, also called for each iteration that carried both decodes and
+        # another sequence's prompt chunk: (its start, the decoding ids, [(prompt id, tokens
+        # computed)], the seconds its prompt chunks added to each decode) — who stalled whom
+        # (``agentflow bench queue_choice --stall-by-risk``). Reads only, like ``attribute``.
+        self.stall_observer: Callable[[float, list[str], list[tuple[str, int]], float],
+                                      None] | None = None
 
     # ------------------------------------------------------------------------------ timing
     def _durations(self, T: int, S: int, B: int, dec_kv: np.ndarray) -> np.ndarray:
@@ -762,6 +769,9 @@ class SimInstance:
 
     def _attribute_step(self, p: _Plan, dt: float) -> None:
         """Charge one general iteration of ``dt`` seconds to the sequences it computed."""
+        observe = self.stall_observer is not None and p.dec_only is not None
+        decoding: list[str] = []
+        prompts: list[tuple[str, int]] = []
         for s, n in zip(p.seqs, p.ns):
             if s.state != _RUNNING:
                 continue
@@ -772,8 +782,15 @@ class SimInstance:
                 tm[1] += dt
                 if p.dec_only is not None:
                     tm[2] += dt - p.dec_only
+                if observe:
+                    decoding.append(s.id)
             else:
                 tm[0] += dt
+                if observe:
+                    prompts.append((s.id, n))
+        if observe and decoding and prompts:
+            assert self.stall_observer is not None and p.dec_only is not None
+            self.stall_observer(p.t0, decoding, prompts, dt - p.dec_only)
 
     def _solo_s(self, s: _Seq, cached: int) -> tuple[float, float]:
         """(prefill, decode) seconds of ``s``'s work on this engine with nothing beside it."""

@@ -9,8 +9,10 @@ import pytest
 
 from agentflow.bench.scheduler.queue_choice import (
     PARTS,
+    RISK_CLASSES,
     best_depth_per_kind,
     parse_depths,
+    risk_class,
     run_cell,
     run_depth,
     summarize,
@@ -93,3 +95,30 @@ def test_attribution_parts_add_up_to_the_calls_time() -> None:
                                            f["calls_by_kind"].values())) / calls
     assert sum(where.values()) == pytest.approx(mean_call, rel=1e-6)
     assert run_depth(CLUSTER, wl, "marginal_delay+fcfs")["where"] == {}
+
+
+def test_stall_by_risk_splits_the_attributed_stall_and_changes_nothing() -> None:
+    """The who-stalled-whom table sums to the stall the engines attribute to the calls'
+    decodes (every decoder and prompt is a running call the coordinator knows), and turning
+    it on changes no result (it only reads)."""
+    trace = [TraceQuery(id=f"t{i}", question=f"question {i}", nodes=[
+        TraceNode("a", "link", "llm", (), 6000, 40),
+        TraceNode("b", "generate", "llm", ("a",), 3000, 400),
+        TraceNode("c", "generate", "llm", ("a",), 3000, 400)]) for i in range(6)]
+    wl = build_workload(trace, CLUSTER, n=12, rate=2.0, seed=1)
+    on = run_depth(CLUSTER, wl, "flowsage", attribute=True, by_risk=True)
+    off = run_depth(CLUSTER, wl, "flowsage")
+    assert (on["p95"], on["mean"], on["choice"]) == (off["p95"], off["mean"], off["choice"])
+    table = on["stall_by_risk"]
+    assert set(table) == set(RISK_CLASSES) and all(set(r) == set(RISK_CLASSES)
+                                                   for r in table.values())
+    total = sum(v for r in table.values() for v in r.values())
+    calls = sum(on["calls_by_kind"].values())
+    assert total > 0
+    assert total == pytest.approx(on["where"]["stall"] * calls, rel=1e-6)
+    assert off["stall_by_risk"] == {}
+
+
+def test_risk_classes_use_the_holds_thresholds() -> None:
+    assert [risk_class(p) for p in (0.0, 0.02, 0.1, 0.39, 0.4, 1.0)] == [
+        "safe", "safe", "middle", "middle", "at_risk", "at_risk"]

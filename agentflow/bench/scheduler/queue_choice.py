@@ -44,8 +44,9 @@ from typing import Any
 import numpy as np
 
 from agentflow.bench.scheduler.policy_suite import cluster_named, find_l1, geomean, workloads
+from agentflow.scheduler import risk
 from agentflow.sim.cluster import SimClusterConfig
-from agentflow.sim.driver import Simulation, StageTiming
+from agentflow.sim.driver import Simulation, StageTiming, _engine_id
 from agentflow.sim.experiment import build_workload
 from agentflow.sim.slo import IdleLatency
 
@@ -124,11 +125,66 @@ def attribution(engines: Any, queued_s: float, calls: int) -> dict[str, float]:
     return out
 
 
-def run_depth(cluster: SimClusterConfig, wl: Any, policy: str, attribute: bool = False
-              ) -> dict[str, Any]:
+# Miss-probability classes of ``--stall-by-risk`` (the rank hold's own thresholds).
+RISK_CLASSES = ("at_risk", "middle", "safe")
+
+
+def risk_class(p_miss: float) -> str:
+    """``at_risk`` at the hold's ``HOLD_AT_RISK`` or above, ``safe`` at its ``HOLD_SAFE`` or
+    below, else ``middle``."""
+    if p_miss >= risk.HOLD_AT_RISK:
+        return "at_risk"
+    return "safe" if p_miss <= risk.HOLD_SAFE else "middle"
+
+
+class StallByRisk:
+    """Who stalled whom: decode seconds added by co-running prompt chunks, summed over the
+    decoding calls, by (the decoder's class, the prompt's class) — each query's miss
+    probability at the iteration's start (``scheduler.risk.miss_probability``, flowsage's
+    reading, whatever policy ran), an iteration's stall split over its prompts by tokens.
+    Why: the rank hold moves stalls from at-risk decodes to safe prompts' calls; what is
+    left on the at-risk decodes, and from whom, says what a further gain must move."""
+
+    def __init__(self, sim: Simulation):
+        self.coordinator = sim.coordinator
+        self.seconds: dict[tuple[str, str], float] = {}
+        for name, engine in sim.instances.items():
+            engine.attribute = True
+            engine.stall_observer = self._observer(name)
+
+    def _observer(self, name: str) -> Any:
+        queue = self.coordinator.queues[name]
+
+        def observe(t: float, decoding: list[str], prompts: list[tuple[str, int]],
+                    stall_s: float) -> None:
+            calls = {_engine_id(c): c for c in queue.running}
+            known = [(calls[i], n) for i, n in prompts if i in calls]
+            tokens = sum(n for _, n in known)
+            if not tokens:
+                return
+            by = [(risk_class(risk.miss_probability(self.coordinator, c.query, t)), n)
+                  for c, n in known]
+            for i in decoding:
+                if i not in calls:
+                    continue
+                mine = risk_class(risk.miss_probability(self.coordinator, calls[i].query, t))
+                for theirs, n in by:
+                    key = (mine, theirs)
+                    self.seconds[key] = self.seconds.get(key, 0.0) + stall_s * n / tokens
+        return observe
+
+    def table(self) -> dict[str, dict[str, float]]:
+        """{decoder class: {prompt class: stall seconds}}."""
+        return {d: {p: self.seconds.get((d, p), 0.0) for p in RISK_CLASSES}
+                for d in RISK_CLASSES}
+
+
+def run_depth(cluster: SimClusterConfig, wl: Any, policy: str, attribute: bool = False,
+              by_risk: bool = False) -> dict[str, Any]:
     """One policy on one cluster: P95 and mean latency, SLO attainment, the admissions with a
     choice, and per GPU kind the LLM calls' mean time from ready to done and their share of
-    it spent waiting (``attribute``: also where the calls' time went, ``attribution``)."""
+    it spent waiting (``attribute``: also where the calls' time went, ``attribution``;
+    ``by_risk``: also the stall table of ``StallByRisk``)."""
     kind_of = {name: cfg.gpu or "cpu" for name, cfg in cluster.expanded()}
     stage_time: dict[str, list[float]] = {}  # kind -> [queue_s, run_s, calls]
 
@@ -143,6 +199,7 @@ def run_depth(cluster: SimClusterConfig, wl: Any, policy: str, attribute: bool =
     sim = Simulation(cluster, policy, on_stage=on_stage)
     for engine in sim.instances.values():
         engine.attribute = attribute
+    stalls = StallByRisk(sim) if by_risk else None
     result = sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s)
     lat = [r.latency_s for r in result.records if r.status == "done" and r.latency_s]
     met = [r for r in result.records if r.slo_s is not None]
@@ -164,7 +221,8 @@ def run_depth(cluster: SimClusterConfig, wl: Any, policy: str, attribute: bool =
             "call_s_by_kind": {k: (r[0] + r[1]) / r[2] for k, r in stage_time.items() if r[2]},
             "calls_by_kind": {k: r[2] for k, r in stage_time.items() if r[2]},
             "where": attribution(sim.instances.values(), waited,
-                                 sum(r[2] for r in stage_time.values())) if attribute else {}}
+                                 sum(r[2] for r in stage_time.values())) if attribute else {},
+            "stall_by_risk": stalls.table() if stalls is not None else {}}
 
 
 def best_depth_per_kind(sweep: Mapping[Depth, Mapping[str, Any]]) -> dict[str, Depth]:
@@ -216,11 +274,17 @@ def _line(label: str, policy: str, f: dict[str, Any], wall: float) -> str:
     where = f.get("where")
     if where:
         line += "\n           s/call " + " ".join(f"{k}={where[k]:.2f}" for k in PARTS)
+    table = f.get("stall_by_risk")
+    if table:
+        for d in RISK_CLASSES:
+            line += (f"\n           stall s on {d:<7} decodes by prompts of: "
+                     + " ".join(f"{p}={table[d][p]:.0f}" for p in RISK_CLASSES))
     return line
 
 
 def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[str],
-             depths: list[Depth], attribute: bool = False) -> dict[str, Any]:
+             depths: list[Depth], attribute: bool = False, by_risk: bool = False
+             ) -> dict[str, Any]:
     """One (cluster, load, seed) cell: the sweep, the per-kind tuned depth, the others."""
     cell: dict[str, Any] = {"depths": {}, "own": {}, "tuned_depths": {}}
     sweeps: dict[str, dict[Depth, dict[str, Any]]] = {p: {} for p in policies}
@@ -230,7 +294,7 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
         for policy in policies:
             t0 = time.perf_counter()
             runs[policy] = sweeps[policy][depth] = run_depth(with_depth(base, depth), wl,
-                                                             policy, attribute)
+                                                             policy, attribute, by_risk)
             print(_line(label, policy, runs[policy], time.perf_counter() - t0), flush=True)
     if len(depths) > 1:
         runs = cell["depths"].setdefault(TUNED, {})
@@ -238,7 +302,8 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
             chosen = best_depth_per_kind(sweeps[policy])
             cell["tuned_depths"][policy] = {k: depth_label(d) for k, d in chosen.items()}
             t0 = time.perf_counter()
-            runs[policy] = run_depth(with_depth(base, chosen), wl, policy, attribute)
+            runs[policy] = run_depth(with_depth(base, chosen), wl, policy, attribute,
+                                     by_risk)
             print(_line(TUNED, policy, runs[policy], time.perf_counter() - t0)
                   + "  depths " + " ".join(f"{k}={depth_label(d)}"
                                            for k, d in sorted(chosen.items())), flush=True)
@@ -249,7 +314,7 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
             cell["own"][policy] = cell["depths"][own_label][policy]
             continue
         t0 = time.perf_counter()
-        cell["own"][policy] = run_depth(base, wl, policy, attribute)
+        cell["own"][policy] = run_depth(base, wl, policy, attribute, by_risk)
         print(_line("own", policy, cell["own"][policy], time.perf_counter() - t0), flush=True)
     return cell
 
@@ -275,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="also print where each policy's LLM call time went, per call: "
                         "alone, queues, shared prefill, stalls by co-running prefill chunks, "
                         "shared decode, preemption")
+    p.add_argument("--stall-by-risk", action="store_true",
+                   help="also print the decode seconds co-running prompt chunks added, by the "
+                        "decoder's and the prompt's miss probability (at risk >= the hold's "
+                        "0.4, safe <= 0.02, middle between)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.inflight is not None and args.inflight < 1:
@@ -306,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key}: L1 {l1:.4g} q/s, rate {load * l1:.4g}, {args.queries} queries",
                       flush=True)
                 cells[key] = run_cell(base, wl, policies, others, args.pending,
-                                      args.attribute)
+                                      args.attribute, args.stall_by_risk)
                 pair = cells[key]["depths"]
                 print("    " + "  ".join(
                     f"{lab}: {pair[lab][policies[0]]['p95'] / pair[lab][policies[1]]['p95']:.3f}"
