@@ -34,7 +34,7 @@ import asyncio
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -590,12 +590,86 @@ def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.Mo
 
 @dataclass
 class Measured:
-    """One instance's calibration rows, and the speed probe's CPU seconds around them."""
+    """One instance's calibration rows, and the speed probe's CPU seconds around them;
+    ``corun``: the probe's (alone, beside busy neighbours) CPU-s pairs (``measure_corun``)."""
 
     rows: list[tuple]
     batched: list[tuple]
     joined: list[tuple]
     probes: list[float]
+    corun: list[tuple[float, float]] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- co-run factor
+# The rows are timed with every local instance busy at once, as they serve, so the fit
+# prices a core beside busy neighbours. How much a core's work costs with its neighbours
+# idle instead is measured apart: ``SPEED_PROBE`` on one instance with the others idle, and
+# again while each other instance runs ``CORUN_LOAD`` round and round (a prompt and a
+# decode, as serving mixes them), alternating which comes first each round so a drift of
+# the machine's speed cancels over rounds. The median alone/beside ratio over all pairs is
+# the host's ``GPUProfile.cpu_alone_factor``, which the simulator applies while a local
+# engine's neighbours are idle (``agentflow.sim.host_corun``).
+CORUN_LOAD = ((512, 16), (64, 32))
+
+
+async def _keep_busy(backend: Any, make_prompt: Any, stop: asyncio.Event) -> int:
+    """``CORUN_LOAD``'s requests one after another until ``stop`` (the one in flight then
+    runs to its end: no cancelled request leaves the server working); how many ran."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    n = 0
+    while not stop.is_set():
+        p, o = CORUN_LOAD[n % len(CORUN_LOAD)]
+        await backend.generate(LLMRequest(prompt=make_prompt(p), params=SamplingParams(
+            max_tokens=o, temperature=0.0), stage="corun-load"))
+        n += 1
+    return n
+
+
+async def probe_beside_busy(backends: dict[str, Any], make_prompt: Any, name: str,
+                            others: Sequence[str]) -> float | None:
+    """``speed_probe`` on ``name`` while every instance of ``others`` keeps busy."""
+    stop = asyncio.Event()
+    loads = [asyncio.ensure_future(_keep_busy(backends[o], make_prompt, stop)) for o in others]
+    try:
+        await asyncio.sleep(0.2)  # the neighbours' first requests are in and running
+        return await speed_probe(backends[name], make_prompt)
+    finally:
+        stop.set()
+        await asyncio.gather(*loads)
+
+
+async def measure_corun(backends: dict[str, Any], make_prompt: Any, names: Sequence[str],
+                        rounds: int, *, tag: str = "") -> dict[str, list[tuple[float, float]]]:
+    """Per instance of ``names``, ``rounds`` pairs (alone, beside busy) of the speed probe's
+    CPU seconds, the instances taking turns (only one is probed at a time)."""
+    pairs: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    if len(names) < 2:
+        return pairs
+    for r in range(rounds):
+        for n in names:
+            others = [o for o in names if o != n]
+            got: dict[str, float | None] = {}
+            for how in ("alone", "beside") if r % 2 == 0 else ("beside", "alone"):
+                got[how] = await (speed_probe(backends[n], make_prompt) if how == "alone"
+                                  else probe_beside_busy(backends, make_prompt, n, others))
+            alone, beside = got["alone"], got["beside"]
+            if alone is None or beside is None:
+                print(f"{tag}# co-run probe {n}: no CPU clock, skipped", flush=True)
+                return {m: [] for m in names}
+            pairs[n].append((alone, beside))
+            print(f"{tag}# co-run probe {n}, round {r + 1}: alone {alone:.3f} CPU-s, beside "
+                  f"busy {', '.join(others)} {beside:.3f} CPU-s (alone/beside "
+                  f"{alone / beside:.3f})", flush=True)
+    return pairs
+
+
+def corun_factor(pairs: Sequence[tuple[float, float]]) -> float:
+    """``cpu_alone_factor`` from (alone, beside) CPU-s pairs: their median ratio (1.0 with
+    no pairs: nothing measured, nothing applied)."""
+    if any(not (a > 0 and b > 0) for a, b in pairs):
+        raise ValueError(f"co-run probe CPU seconds must be positive: {list(pairs)}")
+    return float(np.median([a / b for a, b in pairs])) if pairs else 1.0
 
 
 async def measure_instance(backend: Any, maker: PromptMaker, repeats: int, *,
@@ -641,6 +715,14 @@ def measure_together(args: argparse.Namespace, names: Sequence[str]) -> dict[str
                                  tag=tags[n]) for n in names))
 
         got = loop.run_until_complete(every())
+        rounds = int(getattr(args, "corun_rounds", 0) or 0)
+        if rounds > 0 and len(names) > 1 and cpu_clock:
+            print(f"# co-run factor: the speed probe on each instance alone and beside the "
+                  f"others busy, {rounds} round(s)", flush=True)
+            pairs = loop.run_until_complete(measure_corun(backends, maker.make, names,
+                                                          rounds))
+            for m, n in zip(got, names, strict=True):
+                m.corun = pairs[n]
         maker.close()
     finally:
         loop.run_until_complete(close_all(backends))
