@@ -123,3 +123,48 @@ def test_the_background_is_the_other_processes_share_of_the_machine():
     assert background_share({"others_cpu_s": 30.0, "wall_s": 100.0, "cpus": 2.0}) == 0.15
     assert background_share({"others_cpu_s": 500.0, "wall_s": 100.0, "cpus": 2.0}) == 1.0
     assert background_share({}) == 0.0
+
+
+def test_resim_prices_the_saved_run_with_the_hosts_factor_and_shows_it_off(
+        tmp_path, monkeypatch, capsys):
+    """A host profile with a factor: ``--resim`` simulates with it, the saved run's other
+    processes as background; a "real" side that is that very replay gives engine work 1,
+    and the line with the factor off gives less (the lone stretches priced beside)."""
+    import json
+
+    from agentflow.bench.fidelity import real_vs_sim
+    from agentflow.sim import host_profiles as hp
+
+    trace = ROOT.parent / "shared" / "traces" / "hexgen-flow" / "trace1.json"
+    if not trace.is_file():
+        pytest.skip("the shared HexGen-Flow trace is not here")
+    from agentflow.sim.workload import load_trace
+
+    host = hp.HostIdentity("AMD EPYC")
+    monkeypatch.setenv(hp.ENV, str(tmp_path / "host-profiles.json"))
+    monkeypatch.setattr(hp, "this_host", lambda: host)
+    hp.save(hp.HostProfile(base="Xeon-core", model="gemma-3-270m", host=host,
+                           constants={}, alone_factor=1.2))
+    environment = {"others_cpu_s": 20.0, "wall_s": 100.0, "cpus": 2.0}  # background 0.1
+    args = {"trace": str(trace), "rate": 0.05, "quick": False, "queries": 3, "skip": 0,
+            "scale": 0.02, "max_prompt": None, "max_output": None, "assign": "query",
+            "seed": 0}
+    w = build_workload(load_trace(str(trace))[:3], ["cpu-0", "cpu-1"], rate=0.05, seed=0,
+                       scale=0.02, max_prompt=None, max_output=None, assign="query")
+    sim = replay_sim(w, sim_engines(CLUSTER), background=0.1)
+    assert sim.alone_factor == pytest.approx({"cpu-0": 1.18, "cpu-1": 1.18})  # 1 + 0.2 x 0.9
+    ids = [c.id for cs in w.calls for c in cs]
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({
+        "args": args, "environment": environment,
+        "call_real_s": [sim.call_latency(i) for i in ids],
+        "query_real_s": [sim.query_latency(w, q) for q in range(len(w.calls))],
+        "engine_real_cpu_s": sim.engine_s}))
+    real_vs_sim.main(["--cluster", CLUSTER, "--resim", str(saved)])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-3] == "engine work sim/real per instance: 1.000, 1.000 (cpu-0, cpu-1)"
+    assert any(line.startswith("co-run pricing") and "10.0% of the machine" in line
+               for line in out)
+    (off,) = [line for line in out if "co-run off" in line]
+    values = [float(v) for v in off.split(": ")[1].split(" (")[0].split(", ")]
+    assert all(0.8 < v < 1.0 for v in values)
