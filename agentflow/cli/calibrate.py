@@ -10,7 +10,11 @@ with a fixed speed probe before and after each instance's rows whose CPU seconds
 with the fit (a replay times it again to match its load to the calibration's), fits the
 profile's efficiencies and
 overheads on all of their rows, and stores the fit keyed by this host's CPU model (and GPU
-model / driver: ``agentflow.sim.host_profiles``). Instances on other machines (``openai``
+model / driver: ``agentflow.sim.host_profiles``). The rows price a core beside busy
+neighbours; after them the same probe is timed on each instance alone and beside the others
+busy (``--corun-rounds``, ``host_calibration.measure_corun``) and the median ratio is stored
+as the host's co-run factor, which the simulator applies while a local engine's neighbours
+are idle (``agentflow.sim.host_corun``). Instances on other machines (``openai``
 backends) are listed and skipped: their hardware is not this host's.
 """
 
