@@ -132,6 +132,14 @@ class GPUProfile:
     # many rows up one read serves them all (0: always one read). Host-fitted by agentflow
     # calibrate (4 on this project's AMD EPYC VM; agentflow.sim.llama_batches).
     cpu_tiled_rows: float = 0.0
+    # A CPU host's co-run factor: the CPU seconds a unit of work costs on one core while no
+    # other local instance is busy, over what it costs beside busy ones. ``agentflow
+    # calibrate`` fits a host's profile with all its local instances busy at once (as they
+    # serve) and then times a fixed probe on each instance alone and beside its busy
+    # neighbours (``host_calibration.measure_corun``); the simulator multiplies a local
+    # engine's iterations by it while none of the host's other engines is busy
+    # (``agentflow.sim.host_corun``). 1.0: no difference (every stored profile, every GPU).
+    cpu_alone_factor: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,11 @@ with a fixed speed probe before and after each instance's rows whose CPU seconds
 with the fit (a replay times it again to match its load to the calibration's), fits the
 profile's efficiencies and
 overheads on all of their rows, and stores the fit keyed by this host's CPU model (and GPU
-model / driver: ``agentflow.sim.host_profiles``). Instances on other machines (``openai``
+model / driver: ``agentflow.sim.host_profiles``). The rows price a core beside busy
+neighbours; after them the same probe is timed on each instance alone and beside the others
+busy (``--corun-rounds``, ``host_calibration.measure_corun``) and the median ratio is stored
+as the host's co-run factor, which the simulator applies while a local engine's neighbours
+are idle (``agentflow.sim.host_corun``). Instances on other machines (``openai``
 backends) are listed and skipped: their hardware is not this host's.
 """
 
@@ -49,6 +53,12 @@ def register(sub) -> None:
                    "cluster serves: a core beside busy neighbours costs more CPU seconds per "
                    "unit of work than one timed alone, where cores share caches, memory or "
                    "a physical core)")
+    p.add_argument("--corun-rounds", type=int, default=2, metavar="N",
+                   help="after the rows, time the speed probe on each instance alone and "
+                   "beside the others busy, N alternating rounds, and store the median "
+                   "alone/beside ratio as the host's co-run factor (cpu_alone_factor: the "
+                   "simulator prices a local engine's work at it while its neighbours are "
+                   "idle); 0 skips it (factor 1). Default 2; not with --one-at-a-time")
     p.add_argument("--single-only", dest="fit_batched", action="store_false",
                    help="fit on single requests only (default: the batched rows too)")
     p.add_argument("--tokenizer", help="a .gguf file or Hugging Face tokenizer for the prompts "
@@ -97,6 +107,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise ValueError("--repeats must be >= 1")
+    if args.corun_rounds < 0:
+        raise ValueError("--corun-rounds must be >= 0")
     only = set(args.instances.split(",")) if args.instances else None
     groups, skipped = local_groups(args.cluster, only)
     for name in skipped:
@@ -107,13 +119,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"# host: {host.describe()}; load {os.getloadavg()[0]:.1f}")
     measure_args = argparse.Namespace(cluster=args.cluster, tokenizer=args.tokenizer,
                                       seed=args.seed, repeats=args.repeats,
-                                      cpu_clock=args.cpu_clock)
+                                      cpu_clock=args.cpu_clock,
+                                      corun_rounds=args.corun_rounds if args.together
+                                      else 0)
     saved: dict[str, dict] = {}
     for (base, model_name), members in groups.items():
         rows: list[tuple] = []
         batched: list[tuple] = []
         joined: list[tuple] = []
         probes: list[float] = []
+        corun: list[tuple[float, float]] = []
         if args.refit:
             key = f"{base} / {model_name}"
             try:
@@ -126,6 +141,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             if old.get("speed_probe_shapes") and tuple(map(tuple, old["speed_probe_shapes"])) \
                     == calib.SPEED_PROBE and old.get("speed_probe_cpu_s"):
                 probes = [float(old["speed_probe_cpu_s"])]
+            corun = [(float(a), float(b)) for a, b in old.get("corun_pairs", ())]
             print(f"# refit of {len(rows)} single, {len(batched)} batched and {len(joined)} "
                   f"joined rows from {args.refit}")
         if not args.refit:
@@ -141,6 +157,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 batched += m.batched
                 joined += m.joined
                 probes += m.probes
+                corun += m.corun
         name, cfg = members[0]
         limits = calib.engine_limits(cfg)
         model = engine_for(name, limits, hardware.gpu(base)).model
@@ -153,7 +170,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             fit_error={"median": fit.median_error, "max": fit.max_error},
             instances=tuple(n for n, _ in members),
             speed_probe_cpu_s=float(np.mean(probes)) if probes else 0.0,
-            speed_probe_shapes=calib.SPEED_PROBE if probes else ())
+            speed_probe_shapes=calib.SPEED_PROBE if probes else (),
+            alone_factor=calib.corun_factor(corun), corun_pairs=tuple(corun))
         if probes and args.refit:
             print(f"speed probe of the saved rows: {probes[0]:.3f} CPU-s")
         elif probes:
@@ -164,6 +182,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             warning = calib.probe_spread_warning(probes)
             if warning:
                 print(warning)
+        if corun:
+            ratios = [a / b for a, b in corun]
+            print(f"co-run factor (cpu_alone_factor): {entry.alone_factor:.3f}, the median "
+                  f"alone/beside-busy ratio of the speed probe over {len(corun)} pairs "
+                  f"(range {min(ratios):.3f}-{max(ratios):.3f}); the simulator prices a "
+                  "local engine's work at it while its neighbours are idle")
+        elif len(members) > 1:
+            print("co-run factor: not measured (1.0)")
         refs = calib.reference_times(fit.profile, model, limits)
         print("reference times on the fit (s, dedicated core): "
               + ", ".join(f"{k} {v:.4f}" for k, v in refs.items()))

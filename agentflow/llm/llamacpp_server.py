@@ -456,6 +456,7 @@ class LlamaServerBackend(LLMBackend):
         body = {"cache_prompt": self.spec.cache_prompt, **self.spec.extra_body}
         if self.spec.ignore_eos:
             body["ignore_eos"] = True
+        self._body = body
         self._make_client = lambda: OpenAIBackend(
             f"{self.process.base_url}/v1", Path(self.model_path).stem,
             timeout_s=self.spec.timeout_s, grammar_param="grammar", extra_body=body,
@@ -465,6 +466,23 @@ class LlamaServerBackend(LLMBackend):
         self._closed = False
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
+
+    def pinned(self, slot: int) -> LLMBackend:
+        """A client of this server whose every request runs in slot ``slot`` (llama-server's
+        ``id_slot``; a request for a busy slot waits for it). Why: with one KV stream per
+        slot only consecutive slots share a ubatch, and the server gives a request the idle
+        slot released longest ago, so which slots a batch of calibration requests lands in
+        depends on the requests before it; pinned, it is the slots the simulator's fresh
+        engine gives them (``host_calibration.fresh_slots``). Close it after use (its own
+        connections; the server stays)."""
+        from agentflow.llm.openai_compat import OpenAIBackend
+
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"{self.name}: no slot {slot} (it has {self.slots})")
+        return OpenAIBackend(f"{self.process.base_url}/v1", Path(self.model_path).stem,
+                             timeout_s=self.spec.timeout_s, grammar_param="grammar",
+                             extra_body={**self._body, "id_slot": int(slot)},
+                             name=f"{self.name}[slot {slot}]", client=self._openai_client())
 
     def _openai_client(self) -> Any:
         """The OpenAI client with one fresh loopback connection per call (no keep-alive):

@@ -34,7 +34,7 @@ import asyncio
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -265,6 +265,46 @@ CAL_BATCHES = (2, 4)
 CAL_BATCH_SHAPES = ((32, 64), (512, 64))
 
 
+def fresh_slots(n_slots: int, batch: int) -> list[int]:
+    """The slots a fresh llama-server gives ``batch`` requests arriving together, in order:
+    what the simulator's engine of a calibration row gives them (``SlotTable.take``)."""
+    from agentflow.llm.llama_batches import SlotTable
+
+    table = SlotTable(n_slots)
+    return [table.take(f"x{i}") for i in range(batch)]
+
+
+class SlotClients:
+    """Batched and joined calibration rows with each request pinned to the slot the
+    simulator's fresh engine gives it (``fresh_slots``; a llama-server's ``pinned``
+    clients), so the batch lands in the same ubatches on both sides whatever requests came
+    before (llama-server gives a request the idle slot released longest ago, which after a
+    lone request is often not next to the other idle one; on the Sapphire Rapids build host
+    two decodes in slots 0 and 2 cost 1.94-2.11x a lone step, in 0 and 1 1.25-1.37x).
+    A backend without slots to pin (a remote server) serves every request itself."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+        self._n = int(getattr(backend, "slots", 0) or 0)
+        self._pinned: dict[int, Any] = {}
+        self.pins = callable(getattr(backend, "pinned", None)) and self._n > 0
+
+    def for_batch(self, batch: int) -> list[Any]:
+        if not self.pins:
+            return [self._backend] * batch
+        out = []
+        for slot in fresh_slots(self._n, batch):
+            if slot not in self._pinned:
+                self._pinned[slot] = self._backend.pinned(slot)
+            out.append(self._pinned[slot])
+        return out
+
+    async def close(self) -> None:
+        for client in self._pinned.values():
+            await client.close()
+        self._pinned.clear()
+
+
 async def measure_single(backend: Any, maker: PromptMaker, repeats: int, *,
                          cpu_clock: bool = True, tag: str = "") -> list[tuple]:
     """(prompt, output, ttft_s, total_s, share, wall ttft_s, wall total_s) of one-at-a-time
@@ -327,16 +367,18 @@ async def measure_batched(backend: Any, maker: PromptMaker, repeats: int, *,
 
     rows = []
     clock = ServerClock(backend, use_cpu=cpu_clock)
+    slots = SlotClients(backend)
 
-    async def one(p: int, o: int, start: float) -> tuple[int, float, float]:
+    async def one(p: int, o: int, start: float, client: Any) -> tuple[int, float, float]:
         req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
-        res = await backend.generate(req)
+        res = await client.generate(req)
         per_tok = (res.engine_timings or {}).get("predicted_per_token_ms", float("nan"))
         return res.prompt_tokens, clock.now() - start, float(per_tok)
 
     async def timed(b: int, p: int, o: int) -> tuple[list, float, float]:
+        clients = slots.for_batch(b)
         c0, t, start = cpu_seconds(backend), time.perf_counter(), clock.now()
-        got = await asyncio.gather(*(one(p, o, start) for _ in range(b)))
+        got = await asyncio.gather(*(one(p, o, start, c) for c in clients))
         elapsed, c1 = time.perf_counter() - t, cpu_seconds(backend)
         share = min(1.0, (c1 - c0) / elapsed) if c0 is not None and c1 is not None else 1.0
         return got, float(np.mean([g[1] for g in got])), 1.0 if clock.cpu else share
@@ -359,7 +401,10 @@ async def measure_batched(backend: Any, maker: PromptMaker, repeats: int, *,
                           f"decode ms/token (wall) {batch_tok:.1f} vs lone {lone_tok:.1f} "
                           f"({batch_tok / lone_tok:.3f})", flush=True)
 
-    await all_rows()
+    try:
+        await all_rows()
+    finally:
+        await slots.close()
     return rows
 
 
@@ -383,20 +428,24 @@ async def measure_joined(backend: Any, maker: PromptMaker, repeats: int, *,
 
     rows = []
     clock = ServerClock(backend, use_cpu=cpu_clock)
+    slots = SlotClients(backend)
 
-    async def one(p: int, o: int, delay: float = 0.0) -> tuple[int, float, float]:
+    async def one(p: int, o: int, delay: float = 0.0, client: Any = None
+                  ) -> tuple[int, float, float]:
         await asyncio.sleep(delay)
         req = LLMRequest(prompt=maker.make(p), params=SamplingParams(max_tokens=o))
         t = clock.now()
-        res = await backend.generate(req)
+        res = await (client or slots.for_batch(1)[0]).generate(req)
         return res.prompt_tokens, clock.now() - t, t
 
     async def all_rows() -> None:
         for _ in range(repeats):
             for pb in CAL_JOIN_PROMPTS:
                 _, a_lone, _ = await one(32, CAL_JOIN_OUTPUT)
+                pair = slots.for_batch(2)
                 (pa, a_join, a_t), (served, b_join, b_t) = await asyncio.gather(
-                    one(32, CAL_JOIN_OUTPUT), one(pb, 4, CAL_JOIN_DELAY_S))
+                    one(32, CAL_JOIN_OUTPUT, client=pair[0]),
+                    one(pb, 4, CAL_JOIN_DELAY_S, client=pair[1]))
                 _, b_lone, _ = await one(pb, 4)
                 rows.append((served, a_join, a_lone, b_join, b_lone, b_t - a_t))
                 print(f"{tag}  decode of {CAL_JOIN_OUTPUT} joined after {b_t - a_t:.3f} s by a "
@@ -405,7 +454,10 @@ async def measure_joined(backend: Any, maker: PromptMaker, repeats: int, *,
                       f"ratio {b_join / b_lone:.3f}; "
                       f"{'server CPU' if clock.cpu else 'wall'})", flush=True)
 
-    await all_rows()
+    try:
+        await all_rows()
+    finally:
+        await slots.close()
     return rows
 
 
@@ -590,12 +642,86 @@ def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.Mo
 
 @dataclass
 class Measured:
-    """One instance's calibration rows, and the speed probe's CPU seconds around them."""
+    """One instance's calibration rows, and the speed probe's CPU seconds around them;
+    ``corun``: the probe's (alone, beside busy neighbours) CPU-s pairs (``measure_corun``)."""
 
     rows: list[tuple]
     batched: list[tuple]
     joined: list[tuple]
     probes: list[float]
+    corun: list[tuple[float, float]] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- co-run factor
+# The rows are timed with every local instance busy at once, as they serve, so the fit
+# prices a core beside busy neighbours. How much a core's work costs with its neighbours
+# idle instead is measured apart: ``SPEED_PROBE`` on one instance with the others idle, and
+# again while each other instance runs ``CORUN_LOAD`` round and round (a prompt and a
+# decode, as serving mixes them), alternating which comes first each round so a drift of
+# the machine's speed cancels over rounds. The median alone/beside ratio over all pairs is
+# the host's ``GPUProfile.cpu_alone_factor``, which the simulator applies while a local
+# engine's neighbours are idle (``agentflow.sim.host_corun``).
+CORUN_LOAD = ((512, 16), (64, 32))
+
+
+async def _keep_busy(backend: Any, make_prompt: Any, stop: asyncio.Event) -> int:
+    """``CORUN_LOAD``'s requests one after another until ``stop`` (the one in flight then
+    runs to its end: no cancelled request leaves the server working); how many ran."""
+    from agentflow.llm.base import LLMRequest, SamplingParams
+
+    n = 0
+    while not stop.is_set():
+        p, o = CORUN_LOAD[n % len(CORUN_LOAD)]
+        await backend.generate(LLMRequest(prompt=make_prompt(p), params=SamplingParams(
+            max_tokens=o, temperature=0.0), stage="corun-load"))
+        n += 1
+    return n
+
+
+async def probe_beside_busy(backends: dict[str, Any], make_prompt: Any, name: str,
+                            others: Sequence[str]) -> float | None:
+    """``speed_probe`` on ``name`` while every instance of ``others`` keeps busy."""
+    stop = asyncio.Event()
+    loads = [asyncio.ensure_future(_keep_busy(backends[o], make_prompt, stop)) for o in others]
+    try:
+        await asyncio.sleep(0.2)  # the neighbours' first requests are in and running
+        return await speed_probe(backends[name], make_prompt)
+    finally:
+        stop.set()
+        await asyncio.gather(*loads)
+
+
+async def measure_corun(backends: dict[str, Any], make_prompt: Any, names: Sequence[str],
+                        rounds: int, *, tag: str = "") -> dict[str, list[tuple[float, float]]]:
+    """Per instance of ``names``, ``rounds`` pairs (alone, beside busy) of the speed probe's
+    CPU seconds, the instances taking turns (only one is probed at a time)."""
+    pairs: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    if len(names) < 2:
+        return pairs
+    for r in range(rounds):
+        for n in names:
+            others = [o for o in names if o != n]
+            got: dict[str, float | None] = {}
+            for how in ("alone", "beside") if r % 2 == 0 else ("beside", "alone"):
+                got[how] = await (speed_probe(backends[n], make_prompt) if how == "alone"
+                                  else probe_beside_busy(backends, make_prompt, n, others))
+            alone, beside = got["alone"], got["beside"]
+            if alone is None or beside is None:
+                print(f"{tag}# co-run probe {n}: no CPU clock, skipped", flush=True)
+                return {m: [] for m in names}
+            pairs[n].append((alone, beside))
+            print(f"{tag}# co-run probe {n}, round {r + 1}: alone {alone:.3f} CPU-s, beside "
+                  f"busy {', '.join(others)} {beside:.3f} CPU-s (alone/beside "
+                  f"{alone / beside:.3f})", flush=True)
+    return pairs
+
+
+def corun_factor(pairs: Sequence[tuple[float, float]]) -> float:
+    """``cpu_alone_factor`` from (alone, beside) CPU-s pairs: their median ratio (1.0 with
+    no pairs: nothing measured, nothing applied)."""
+    if any(not (a > 0 and b > 0) for a, b in pairs):
+        raise ValueError(f"co-run probe CPU seconds must be positive: {list(pairs)}")
+    return float(np.median([a / b for a, b in pairs])) if pairs else 1.0
 
 
 async def measure_instance(backend: Any, maker: PromptMaker, repeats: int, *,
@@ -641,6 +767,14 @@ def measure_together(args: argparse.Namespace, names: Sequence[str]) -> dict[str
                                  tag=tags[n]) for n in names))
 
         got = loop.run_until_complete(every())
+        rounds = int(getattr(args, "corun_rounds", 0) or 0)
+        if rounds > 0 and len(names) > 1 and cpu_clock:
+            print(f"# co-run factor: the speed probe on each instance alone and beside the "
+                  f"others busy, {rounds} round(s)", flush=True)
+            pairs = loop.run_until_complete(measure_corun(backends, maker.make, names,
+                                                          rounds))
+            for m, n in zip(got, names, strict=True):
+                m.corun = pairs[n]
         maker.close()
     finally:
         loop.run_until_complete(close_all(backends))

