@@ -127,8 +127,12 @@ def answered_by(state: Path, since: float) -> dict[str, int]:
     return {owner: n for owner, n in rows}
 
 
-def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, Any]:
+def one(n: int, args: argparse.Namespace, *, state: bool = True, root: Path | None = None,
+        launcher: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One run of ``n`` replicas; ``root``: the checkout whose server runs (this one by
+    default), ``launcher``: see ``served.serve``."""
     from agentflow.bench.serving.load_test import SQL, drive
+    from agentflow.bench.serving.served import ROOT
 
     instances = [{"name": f"scripted-{i}", "max_inflight": args.inflight,
                   "backend": {"type": "scripted", "name": f"scripted-{i}",
@@ -142,7 +146,8 @@ def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, An
         extra.append("--scheduler-per-replica")
     # its own session: one replica gets the CPU share each of N replicas gets (supervisor)
     proc, url, path = serve(config, prefix="agentflow-replicas-", start_timeout_s=180,
-                            extra_args=extra, new_session=True)
+                            extra_args=extra, new_session=True, root=root or ROOT,
+                            launcher=launcher)
     store_path = path.parent / "state.sqlite"
     try:
         if state:
