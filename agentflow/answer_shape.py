@@ -70,6 +70,18 @@ def record_tree(sql: str, dialect: str | None, statements: list[Any]) -> None:
         _keep((sql, dialect), _judge(statements[0]))
 
 
+def known(sql: str, dialect: str | None) -> bool | None:
+    """The verdict kept for ``sql``, or None (never judged, or forgotten since)."""
+    with _LOCK:
+        return _VERDICTS.get((sql, dialect))
+
+
+def remember(sql: str, dialect: str | None, verdict: bool) -> None:
+    """Keep a verdict given earlier (a statement the database remembers having checked
+    hands its verdict on again, which this memo may have dropped meanwhile)."""
+    _keep((sql, dialect), verdict)
+
+
 def _keep(key: tuple[str, str | None], verdict: bool) -> None:
     if len(key[0]) > _KEEP_CHARS:
         return
@@ -124,4 +136,5 @@ def degenerate(question: str, sql: str | None, dialect: str = "sqlite") -> str |
     return "SELECT * returns whole rows, but the question asks for something specific"
 
 
-__all__ = ["asks_for_everything", "degenerate", "record_tree", "star_projection"]
+__all__ = ["asks_for_everything", "degenerate", "known", "record_tree", "remember",
+           "star_projection"]

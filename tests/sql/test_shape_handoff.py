@@ -36,9 +36,13 @@ TEXTS = [
 
 @pytest.fixture(autouse=True)
 def fresh_memo():
+    from agentflow.sql import database
+
     answer_shape._VERDICTS.clear()
+    database._CHECKED.clear()
     yield
     answer_shape._VERDICTS.clear()
+    database._CHECKED.clear()
 
 
 @pytest.fixture
@@ -100,3 +104,53 @@ def test_the_memo_is_bounded(monkeypatch) -> None:
     long = "SELECT * FROM book WHERE title = '" + "x" * answer_shape._KEEP_CHARS + "'"
     assert star_projection(long) is True
     assert (long, "sqlite") not in answer_shape._VERDICTS
+
+
+# ------------------------------------------------------------------ accepted statements
+@pytest.fixture
+def guard_calls(monkeypatch) -> list[str]:
+    from agentflow.sql import database
+
+    calls: list[str] = []
+    real = database.parse_single_query
+
+    def counted(sql, *args, **kwargs):
+        calls.append(sql)
+        return real(sql, *args, **kwargs)
+
+    monkeypatch.setattr(database, "parse_single_query", counted)
+    database._CHECKED.clear()
+    yield calls
+    database._CHECKED.clear()
+
+
+def test_an_accepted_statement_is_checked_once(db, guard_calls: list[str],
+                                              parse_calls: list[str]) -> None:
+    first = db.execute("SELECT title FROM book ORDER BY book_id")
+    again = db.execute("SELECT title FROM book ORDER BY book_id")
+    assert guard_calls == ["SELECT title FROM book ORDER BY book_id"]
+    assert first.rows == again.rows and first.columns == again.columns
+    # the shape memo forgot the verdict; running the statement again hands it on again
+    db.execute("SELECT * FROM book")
+    answer_shape._VERDICTS.clear()
+    db.execute("SELECT * FROM book")
+    assert star_projection("SELECT * FROM book", db.dialect) is True
+    assert parse_calls == []
+
+
+def test_a_refusal_is_checked_every_time(db, guard_calls: list[str]) -> None:
+    from agentflow.sql import RejectedStatementError
+
+    catalog = ("SELECT file FROM pragma_database_list" if db.dialect == "sqlite"
+               else "SELECT name FROM duckdb_settings()")
+    for _ in range(2):
+        with pytest.raises(RejectedStatementError):
+            db.execute("DELETE FROM book")
+        with pytest.raises(RejectedStatementError):
+            db.execute(catalog)
+    assert guard_calls.count("DELETE FROM book") == 2
+    # accepted with the catalog allowed (admins) does not make it accepted without
+    db.execute(catalog, allow_catalog=True)
+    with pytest.raises(RejectedStatementError):
+        db.execute(catalog)
+    assert guard_calls.count(catalog) == 4
