@@ -13,7 +13,7 @@ details of ...") may be answered with ``*``; the patterns are in ``_ASKS_FOR_EVE
 The pipelines ask about the same candidate several times per query (whether to retry it, its
 cluster's votes, the confidence assessment: ~10 calls for a CHESS query), and each call used
 to parse the SQL again: a fifth of a replica's engine-loop CPU on scripted backends
-(``agentflow bench replica_cpu --profile``). The verdict depends on the text and dialect
+(``agentflow bench replicas_load --profile``). The verdict depends on the text and dialect
 alone, so it is kept (``_VERDICTS``, bounded); and the SQL guard, which has just parsed the
 same text to run it, hands its verdict on (``record_tree``), so a candidate that ran is not
 parsed here at all.

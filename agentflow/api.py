@@ -107,7 +107,7 @@ class Answer:
         """The answer as plain data, nothing shared with it: ``dataclasses.asdict``'s result
         (plus ``met_slo`` and ``retries``), built without its generic walk, which
         deep-copied every value of the rows, stages and details one by one (~12% of a
-        replica's engine-loop CPU per CHESS query in ``bench replica_cpu --profile``)."""
+        replica's engine-loop CPU per CHESS query in ``bench replicas_load --profile``)."""
         d = {f.name: _plain(getattr(self, f.name)) for f in _ANSWER_FIELDS}
         d["met_slo"] = self.met_slo
         d["retries"] = self.retries

@@ -39,8 +39,8 @@ def serve(config: dict[str, Any], *, prefix: str = "agentflow-bench-",
     (as ``--replicas N`` gives each replica its own).
     ``root``: the checkout whose ``serve.py`` (and ``agentflow``) runs, so that an A/B of
     server CPU can start a "before" worktree's server from this one's benchmark
-    (``replica_cpu``); ``launcher``: a script the interpreter runs first, which then runs
-    ``serve.py`` (``thread_profile``)."""
+    (``replicas_load --against``); ``launcher``: a script the interpreter runs first,
+    which then runs ``serve.py`` (``thread_profile``)."""
     path = Path(tempfile.mkdtemp(prefix=prefix)) / "serve.json"
     server = config.setdefault("server", {})  # its state beside its config, not in the cache
     server.setdefault("state", str(path.parent / "state.sqlite"))

@@ -10,7 +10,7 @@ its own CPU (``time.thread_time``: waiting in a queue or a lock costs nothing, a
 figures the profile explains). Each is written to ``OUT_DIR/thread-N.prof`` at exit, or when
 uvicorn re-raises the SIGTERM it caught. A thread still inside a call then (a worker blocked
 in its queue's ``get``) has that call charged with the *writing* thread's CPU: read such
-entries as waiting, not work. ``replica_cpu --profile`` starts the server through this file
+entries as waiting, not work. ``replicas_load --profile`` starts the server through this file
 and merges the files (``pstats.Stats(*paths)``). Standard library only: it runs under any
 checkout's interpreter.
 """
@@ -72,7 +72,6 @@ def run_script(argv: list[str]) -> None:
         raise SystemExit("usage: thread_profile.py OUT_DIR SCRIPT [ARGS...]")
     out_dir, script = argv[0], argv[1]
     sys.argv = [script, *argv[2:]]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     _install(out_dir)
     runpy.run_path(script, run_name="__main__")
 

@@ -1,15 +1,16 @@
-"""Server CPU per query, this checkout against another, in interleaved pairs; or a profile.
+"""``replicas_load --against`` and ``--profile``: server CPU per query of this checkout against
+another in interleaved pairs, and a profile of one server.
 
-    agentflow bench replica_cpu --against /work/wt/before [--pairs 4] [--queries 120]
-    agentflow bench replica_cpu --profile DIR [--top 40]      # where one server's CPU goes
+    agentflow bench replicas_load --against /work/wt/before [--pairs 4] [--replicas 1]
+    agentflow bench replicas_load --profile DIR [--top 40]   # where one server's CPU goes
 
 On a shared machine an absolute CPU figure moves with the load (caches, frequency, other
 processes' cache traffic), so a change is judged by a ratio: the same ``replicas_load`` run
-(``--replicas 1`` by default: one process, its scheduler inside it; scripted instances, NOT a
-model) is made with this checkout's server and with the ``--against`` checkout's server, in
-pairs whose order alternates (A B, B A, ...), and the median of the per-pair ratios of
-server CPU per answered query is printed beside each side's median. The benchmark's own
-client and code are this checkout's in both runs; only the server differs.
+(scripted instances, NOT a model; a connection per query) is made with this checkout's server
+and with the ``--against`` checkout's server, in pairs whose order alternates (A B, B A, ...),
+and the median of the per-pair ratios of server CPU per answered query is printed beside each
+side's median. The benchmark's own client and code are this checkout's in both runs; only the
+server differs.
 
 ``--profile DIR`` runs this checkout's server once under ``thread_profile`` (cProfile on every
 thread: the engine loop and the SQL worker threads are not the main thread) and prints the
@@ -20,23 +21,17 @@ pstats files stay in DIR.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
-
-QUICK_ARGS: tuple[str, ...] = ("--queries", "60", "--clients", "8", "--pairs", "2")
 
 HERE = Path(__file__).resolve().parent
 
 
 def run_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The arguments ``replicas_load.one`` reads."""
-    return argparse.Namespace(
-        queries=args.queries, clients=args.clients, instances=2, inflight=16,
-        latency=args.latency, pipeline=args.pipeline, slo=60.0, timeout=120.0,
-        scheduler_per_replica=False, fresh_connections=True, httpx=False)
+    """``replicas_load``'s arguments, with a connection per query (the kernel spreads
+    connections, not requests, over replicas)."""
+    return argparse.Namespace(**{**vars(args), "fresh_connections": True})
 
 
 def pairs(args: argparse.Namespace) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -52,7 +47,7 @@ def pairs(args: argparse.Namespace) -> list[tuple[dict[str, Any], dict[str, Any]
             order.reverse()
         got: dict[str, dict[str, Any]] = {}
         for label, root in order:
-            got[label] = one(args.replicas, run_args(args), root=root)
+            got[label] = one(args.ab_replicas, run_args(args), root=root)
             r = got[label]
             print(f"  pair {i + 1} {label:>6}: {r['cpu_ms_per_query']:.1f} ms/q, "
                   f"{r['answered']}/{r['queries']} answered, {r['errors']} errors, "
@@ -67,7 +62,7 @@ def report(done: list[tuple[dict[str, Any], dict[str, Any]]], args: argparse.Nam
 
     ratios = [a["cpu_ms_per_query"] / b["cpu_ms_per_query"] for b, a in done]
     print(f"\n{args.queries} {args.pipeline} queries, {args.clients} clients, "
-          f"--replicas {args.replicas}, scripted instances (NOT a model: 2 x "
+          f"--replicas {args.ab_replicas}, scripted instances (NOT a model: {args.instances} x "
           f"{args.latency * 1000:g} ms per call), a connection per query; {len(done)} "
           f"interleaved pairs; before = {Path(args.against).resolve()}")
     print(f"{'':>8} {'CPU ms/q':>9} {'sched ms/q':>11} {'queries/s':>10} {'errors':>7}")
@@ -92,7 +87,7 @@ def profile(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("thread-*.prof"):
         old.unlink()
-    r = one(args.replicas, run_args(args),
+    r = one(args.ab_replicas, run_args(args),
             launcher=(str(HERE / "thread_profile.py"), str(out)))
     files = sorted(str(p) for p in out.glob("thread-*.prof") if p.stat().st_size)
     if not files:
@@ -104,27 +99,3 @@ def profile(args: argparse.Namespace) -> int:
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats(args.top)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--against", help="the other checkout (a 'before' worktree)")
-    p.add_argument("--profile", metavar="DIR", help="profile this checkout's server instead")
-    p.add_argument("--pairs", type=int, default=4)
-    p.add_argument("--queries", type=int, default=120)
-    p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--latency", type=float, default=0.005, help="scripted seconds per call")
-    p.add_argument("--pipeline", default="chess")
-    p.add_argument("--top", type=int, default=40, help="rows of the profile")
-    args = p.parse_args(argv)
-    if args.profile:
-        return profile(args)
-    if not args.against:
-        p.error("--against PATH or --profile DIR")
-    print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
-    return report(pairs(args), args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
