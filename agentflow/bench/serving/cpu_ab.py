@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# replicas_load.one, passed in (this module is its helper and does not import it back)
+Run = Callable[..., dict[str, Any]]
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,8 +38,8 @@ def run_args(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), "fresh_connections": True})
 
 
-def pairs(args: argparse.Namespace) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    from agentflow.bench.serving.replicas_load import one
+def pairs(args: argparse.Namespace, one: Run) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``args.pairs`` interleaved (before, after) runs of ``one`` (``replicas_load.one``)."""
 
     against = Path(args.against).resolve()
     if not (against / "serve.py").exists():
@@ -78,10 +82,9 @@ def report(done: list[tuple[dict[str, Any], dict[str, Any]]], args: argparse.Nam
     return 0 if all(p[s]["errors"] == 0 for p in done for s in (0, 1)) else 1
 
 
-def profile(args: argparse.Namespace) -> int:
+def profile(args: argparse.Namespace, one: Run) -> int:
     import pstats
 
-    from agentflow.bench.serving.replicas_load import one
 
     out = Path(args.profile).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -252,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
 
         args.ab_replicas = counts[0]
         if args.profile:
-            return cpu_ab.profile(args)
+            return cpu_ab.profile(args, one)
         print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
-        return cpu_ab.report(cpu_ab.pairs(args), args)
+        return cpu_ab.report(cpu_ab.pairs(args, one), args)
     plan = [(n, True) for n in counts]
     if args.baseline:  # one process, state kept in it: the server before the store
         plan.append((1, False))
