@@ -9,12 +9,29 @@ it as a vote, and the confidence score treats it as implausible.
 
 A question that does ask for everything ("Show all information about ...", "list all the
 details of ...") may be answered with ``*``; the patterns are in ``_ASKS_FOR_EVERYTHING``.
+
+The pipelines ask about the same candidate several times per query (whether to retry it, its
+cluster's votes, the confidence assessment: ~10 calls for a CHESS query), and each call used
+to parse the SQL again: a fifth of a replica's engine-loop CPU on scripted backends
+(``agentflow bench replicas_load --profile``). The verdict depends on the text and dialect
+alone, so it is kept (``_VERDICTS``, bounded); and the SQL guard, which has just parsed the
+same text to run it, hands its verdict on (``record_tree``), so a candidate that ran is not
+parsed here at all.
 """
 
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
+
+# (sql, dialect) -> star_projection's verdict, most recently used last. Texts longer than
+# _KEEP_CHARS are not kept (so the memo holds at most ~20 MB of text).
+_VERDICTS: OrderedDict[tuple[str, str | None], bool] = OrderedDict()
+_KEEP = 2048
+_KEEP_CHARS = 10_000
+_LOCK = threading.Lock()  # the guard records from database threads, the loop reads
 
 _ASKS_FOR_EVERYTHING = re.compile(
     r"\b(all|every|full|complete|whole)\s+(the\s+)?(information|info|details?|data|columns?|"
@@ -28,11 +45,55 @@ def asks_for_everything(question: str) -> bool:
     return bool(_ASKS_FOR_EVERYTHING.search(question))
 
 
-def star_projection(sql: str, dialect: str = "sqlite") -> bool:
+def star_projection(sql: str, dialect: str | None = "sqlite") -> bool:
     """Whether the outermost SELECT (or any SELECT of a UNION) returns ``*`` or ``t.*``:
     ``COUNT(*)`` is not a star projection."""
+    key = (sql, dialect)
+    with _LOCK:
+        known = _VERDICTS.get(key)
+        if known is not None:
+            _VERDICTS.move_to_end(key)
+            return known
+    verdict = _parse_and_judge(sql, dialect)
+    _keep(key, verdict)
+    return verdict
+
+
+def record_tree(sql: str, dialect: str | None, statements: list[Any]) -> None:
+    """The SQL guard's parse of ``sql`` (every statement its parser returned, before any is
+    dropped or the tree is changed): keep the verdict it gives, so that ``star_projection``
+    need not parse the text again. Only a parse that is exactly what ``sqlglot.parse_one``
+    would return (one statement) is used: ``SELECT * FROM t; -- note`` parses to a
+    ``Block`` there, which is not a star projection, and the verdict must not depend on
+    who parsed first."""
+    if len(statements) == 1 and statements[0] is not None and len(sql) <= _KEEP_CHARS:
+        _keep((sql, dialect), _judge(statements[0]))
+
+
+def known(sql: str, dialect: str | None) -> bool | None:
+    """The verdict kept for ``sql``, or None (never judged, or forgotten since)."""
+    with _LOCK:
+        return _VERDICTS.get((sql, dialect))
+
+
+def remember(sql: str, dialect: str | None, verdict: bool) -> None:
+    """Keep a verdict given earlier (a statement the database remembers having checked
+    hands its verdict on again, which this memo may have dropped meanwhile)."""
+    _keep((sql, dialect), verdict)
+
+
+def _keep(key: tuple[str, str | None], verdict: bool) -> None:
+    if len(key[0]) > _KEEP_CHARS:
+        return
+    with _LOCK:
+        _VERDICTS[key] = verdict
+        _VERDICTS.move_to_end(key)
+        while len(_VERDICTS) > _KEEP:
+            _VERDICTS.popitem(last=False)
+
+
+def _parse_and_judge(sql: str, dialect: str | None) -> bool:
     import sqlglot
-    from sqlglot import exp
 
     try:
         tree = sqlglot.parse_one(sql, read=dialect)
@@ -40,6 +101,12 @@ def star_projection(sql: str, dialect: str = "sqlite") -> bool:
         return bool(re.match(r"\s*SELECT\s+(DISTINCT\s+)?(\w+\.)?\*", sql, re.I))
     if tree is None:
         return False
+    return _judge(tree)
+
+
+def _judge(tree: Any) -> bool:
+    from sqlglot import exp
+
     for select in _outer_selects(tree):
         for projection in select.expressions:
             if isinstance(projection, exp.Star) or (
@@ -69,4 +136,5 @@ def degenerate(question: str, sql: str | None, dialect: str = "sqlite") -> str |
     return "SELECT * returns whole rows, but the question asks for something specific"
 
 
-__all__ = ["asks_for_everything", "degenerate", "star_projection"]
+__all__ = ["asks_for_everything", "degenerate", "known", "record_tree", "remember",
+           "star_projection"]

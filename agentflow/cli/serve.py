@@ -49,6 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "them, a replica that dies has its queries moved to another; with "
                         "--ray, N Ray Serve replicas on that cluster (needs "
                         "agentflow[serve])")
+    p.add_argument("--serve-config", default=None, metavar="FILE",
+                   help="write a Ray Serve config for this command line to FILE ('-': "
+                        "stdout) and exit: --replicas N Serve replicas built by "
+                        "agentflow.server.ray_serve:app_builder, the config inline; for "
+                        "'serve deploy FILE' or a KubeRay RayService's serveConfigV2 (needs "
+                        "--state or server.state: postgresql://... across pods)")
     p.add_argument("--replica-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--scheduler-socket", default=None, help=argparse.SUPPRESS)
     p.add_argument("--scheduler-per-replica", action="store_true",
@@ -132,6 +138,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 return missing_extra("--replicas N with --ray (Ray Serve)", "serve", err)
     if args.drain is not None:
         settings.drain_s = args.drain
+    if args.serve_config:
+        return _write_serve_config(args, config, settings)
     from agentflow.server.settings import resolve_state
 
     settings.state = resolve_state(args.state, settings.state, args.port)
@@ -194,6 +202,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
             access_log=not args.no_access_log, sockets=sockets)
     finally:
         service.close()  # if uvicorn never started (port taken), still release the engine
+    return 0
+
+
+def _write_serve_config(args: argparse.Namespace, config, settings) -> int:
+    """``--serve-config FILE``: the Serve config of ``--replicas N`` replicas; nothing runs
+    (the state store must be named: a default file in this machine's cache would be no
+    store the pods share)."""
+    import os
+
+    import yaml
+
+    from agentflow.server.ray_serve import serve_config
+    from agentflow.server.settings import STATE_ENV
+
+    chosen = args.state or settings.state or os.environ.get(STATE_ENV)
+    settings.state = None if not chosen or chosen.strip().lower() == "off" else chosen
+    host = args.host if args.host != "127.0.0.1" else "0.0.0.0"  # the pods' proxies
+    try:
+        data = serve_config(config, settings, args.replicas, host=host, port=args.port,
+                            log_level=args.log_level)
+    except ValueError as err:
+        print(f"agentflow: error: {err}", file=sys.stderr)
+        return 2
+    text = yaml.safe_dump(data, sort_keys=False)
+    if args.serve_config == "-":
+        sys.stdout.write(text)
+    else:
+        from pathlib import Path
+
+        Path(args.serve_config).write_text(text)
+        log.info("wrote a Serve config for %d replicas to %s", args.replicas,
+                 args.serve_config)
     return 0
 
 

@@ -99,6 +99,11 @@ class ShardHost:
     async def load(self) -> ShardLoad:
         return self._load()
 
+    def instance_report(self) -> dict[str, dict[str, Any]]:
+        """This shard's instances as the front ends' /v1/instances and /metrics show them
+        (``ScheduledRouter.instance_report``)."""
+        return self.router.instance_report()
+
     def _run(self, query: dict[str, Any], dag: dict[str, Any]) -> Any:
         """The query's mirror, registered with the coordinator on first sight (raises
         ``QueryRejected`` when the shard refuses it)."""

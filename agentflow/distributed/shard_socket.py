@@ -185,9 +185,7 @@ class ShardServer:
                         self._owner.pop(args[0], None)
                 elif kind == "ask":
                     _, rid, what = message
-                    value = self.stats() if what == "stats" else \
-                        [h._load() for h in self.hosts]
-                    outbox.send(encode((rid, ("reply", value))))
+                    outbox.send(encode((rid, ("reply", self._answer(what)))))
                 else:
                     log.warning("scheduler: unknown message %r from %s", kind, info["name"])
         finally:
@@ -202,6 +200,18 @@ class ShardServer:
             info["closed"] = True
             self._writers.discard(writer)
             writer.close()
+
+    def _answer(self, what: str) -> Any:
+        """A replica's question: ``stats``, ``load`` (each shard's summary) or ``health``
+        (every instance's state and counters, for its /v1/instances and /metrics)."""
+        if what == "stats":
+            return self.stats()
+        if what == "health":
+            report: dict[str, dict[str, Any]] = {}
+            for host in self.hosts:
+                report.update(host.instance_report())
+            return report
+        return [h._load() for h in self.hosts]
 
     async def _stream(self, outbox: Outbox, rid: int, host: ShardHost,
                       query: dict[str, Any], dag: dict[str, Any], node_id: str,
@@ -409,7 +419,7 @@ class SchedulerLink:
             self._backlog.append(frame)
 
     async def ask(self, what: str) -> Any:
-        """A question with an answer: ``stats`` or ``load``."""
+        """A question with an answer: ``stats``, ``load`` or ``health``."""
         await self.connect()
         rid = next(self._ids)
         queue: asyncio.Queue = asyncio.Queue()
@@ -479,6 +489,12 @@ class SocketShard:
 
     def load(self) -> ShardLoad:
         return self._load
+
+    async def instance_report(self) -> dict[str, dict[str, Any]]:
+        """Every instance of the scheduler process (all its shards: they share this link)
+        as its coordinator sees it (``ScheduledRouter.instance_report``): one round trip."""
+        report: dict[str, dict[str, Any]] = await self.link.ask("health")
+        return report
 
     def set_share_weights(self, weights: Mapping[str, float]) -> None:
         self.link.tell(self.index, "set_share_weights", dict(weights))

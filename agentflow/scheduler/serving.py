@@ -134,6 +134,28 @@ class ScheduledRouter:
                 task.cancel()
         self._apply(decisions)
 
+    # ------------------------------------------------------------------ view
+    def instance_report(self) -> dict[str, dict[str, Any]]:
+        """Each instance as /v1/instances and /metrics show it: in service or not, calls
+        waiting and running, health state and reason, and the counters since start.
+        Plain data (it crosses the scheduler socket to the replicas, which hold no
+        coordinator of their own: ``ShardServer``'s ``health`` question)."""
+        out: dict[str, dict[str, Any]] = {}
+        preempted: dict[str, dict[str, int]] = {}
+        for (name, cls), n in list(self.preempted.items()):  # read from another thread
+            preempted.setdefault(name, {})[cls] = n
+        for name, h in self.health.instances.items():
+            queue = self.coordinator.queues.get(name)
+            out[name] = {
+                "up": queue.up if queue is not None else True,
+                "waiting": len(queue.waiting) if queue is not None else 0,
+                "running": len(queue.running) if queue is not None else 0,
+                "health": h.state.value, "reason": h.reason, "outages": h.opened,
+                "probes_ok": h.probes_ok, "probes_failed": h.probes_failed,
+                "timeouts": self.counts["timeout", name], "stalled": self.counts["stalled", name],
+                "retried": self.counts["retried", name], "preempted": preempted.get(name, {})}
+        return out
+
     # ------------------------------------------------------------------ calls
     async def submit(self, call: LLMCall,
                      on_progress: ProgressCallback | None = None) -> CallOutcome:

@@ -240,6 +240,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
     @app.get("/v1/instances", response_model=InstanceList, dependencies=keyed,
              tags=["cluster"])
     async def instances() -> InstanceList:
+        await service.refresh_instances()  # --replicas N: the scheduler process's view
         return InstanceList(instances=service.instances())
 
     @app.get("/healthz", response_model=Health, tags=["cluster"],
@@ -247,6 +248,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
     async def healthz() -> Any:
         """Open without a key. ``ok`` (every instance up), ``degraded`` (some down, still
         serving), 503 ``unavailable`` (none up) or 503 ``draining`` (shutting down)."""
+        await service.refresh_instances()
         health = service.health()
         if health.status in ("unavailable", "draining"):
             return JSONResponse(health.model_dump(), status_code=503,
@@ -266,6 +268,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
     async def readyz() -> Any:
         """Readiness (Kubernetes readinessProbe): 200 while new queries can be served; 503
         with Retry-After while no instance is up or the server drains."""
+        await service.refresh_instances()
         health = service.health()
         if health.status in ("unavailable", "draining"):
             return JSONResponse({"status": "not_ready", "reason": health.status,
@@ -278,6 +281,7 @@ def create_app(config: AgentFlowConfig | None = None, settings: ServerSettings |
     async def prometheus() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
+        await service.refresh_instances()
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     from agentflow.server import docs

@@ -51,6 +51,8 @@ class ServiceState(Protocol):
 
     def instances(self) -> list[InstanceInfo]: ...
 
+    def instance_reports(self) -> dict[str, dict[str, Any]] | None: ...
+
 
 def class_label(name: str | None, classes: Collection[str]) -> str:
     """The ``slo_class`` label of a query of class ``name`` (None: the default class): the
@@ -181,10 +183,10 @@ class _ClusterCollector:
         yield attainment
 
     def _health(self) -> Any:
-        """Instance health and what the router did about late or failing calls."""
-        router = getattr(self.service.af, "router", None)
-        tracker = getattr(router, "health", None)
-        if router is None or tracker is None:
+        """Instance health and what the router did about late or failing calls: from this
+        process's coordinators, or the scheduler process's report (``--replicas N``)."""
+        reports = self.service.instance_reports()
+        if reports is None:
             return
         state = GaugeMetricFamily("agentflow_instance_health", "1 for the instance's current "
                                   "health state (healthy, suspect, down, probing)",
@@ -194,12 +196,12 @@ class _ClusterCollector:
                                      labels=["instance"])
         probes = CounterMetricFamily("agentflow_instance_probes", "Probe calls to an instance "
                                      "out of service, by result", labels=["instance", "result"])
-        for name, h in tracker.instances.items():
+        for name, r in reports.items():
             for s in ("healthy", "suspect", "down", "probing"):
-                state.add_metric([name, s], 1.0 if h.state.value == s else 0.0)
-            opened.add_metric([name], h.opened)
-            probes.add_metric([name, "ok"], h.probes_ok)
-            probes.add_metric([name, "failed"], h.probes_failed)
+                state.add_metric([name, s], 1.0 if r["health"] == s else 0.0)
+            opened.add_metric([name], r["outages"])
+            probes.add_metric([name, "ok"], r["probes_ok"])
+            probes.add_metric([name, "failed"], r["probes_failed"])
         timeouts = CounterMetricFamily("agentflow_llm_call_timeouts", "LLM calls cancelled on "
                                        "an instance: past their deadline or stalled",
                                        labels=["instance", "kind"])
@@ -213,13 +215,14 @@ class _ClusterCollector:
                                         labels=["instance", "slo_class"])
         configured = self.metrics.classes()
         stopped: Counter_[tuple[str, str]] = Counter_()
-        for (name, cls), n in dict(getattr(router, "preempted", {})).items():
-            stopped[name, class_label(cls, configured)] += n
+        for name, r in reports.items():
+            for cls, n in r["preempted"].items():
+                stopped[name, class_label(cls, configured)] += n
         classes = sorted({*configured, *(k[1] for k in stopped)})
-        for name in tracker.instances:
-            timeouts.add_metric([name, "deadline"], router.counts["timeout", name])
-            timeouts.add_metric([name, "stalled"], router.counts["stalled", name])
-            retries.add_metric([name], router.counts["retried", name])
+        for name, r in reports.items():
+            timeouts.add_metric([name, "deadline"], r["timeouts"])
+            timeouts.add_metric([name, "stalled"], r["stalled"])
+            retries.add_metric([name], r["retried"])
             for cls in classes:
                 preempted.add_metric([name, cls], stopped.get((name, cls), 0))
         yield from (state, opened, probes, timeouts, retries, preempted)

@@ -199,6 +199,8 @@ class QueryService:
         self._closed = False
         self._tables: dict[str, list[str]] = {}
         self._examples = ExampleQuestions()
+        # the scheduler process's report of its instances (socket mode): (when, report)
+        self._remote: tuple[float, dict[str, dict[str, Any]]] | None = None
         # A router passed in code may schedule nothing (no coordinator, no health states).
         self.scheduled = af.router if isinstance(af.router, ScheduledRouter) else None
         self.coordinator = self.scheduled.coordinator if self.scheduled else None
@@ -560,30 +562,85 @@ class QueryService:
                 self._tables[db_id] = []
         return self._tables[db_id]
 
+    def _remote_shard(self) -> Any:
+        """The handle whose ``instance_report`` asks the scheduler process (socket mode:
+        one link serves every shard), or None where the coordinators are in this process."""
+        for shard in getattr(self.af.router, "shards", ()):
+            if asyncio.iscoroutinefunction(getattr(shard, "instance_report", None)):
+                return shard
+        return None
+
+    async def refresh_instances(self, max_age_s: float = 1.0, timeout_s: float = 2.0) -> None:
+        """Ask the scheduler process for its instances' state (``--replicas N``: this
+        replica holds no coordinator) unless the last answer is under ``max_age_s`` old;
+        the routes that show instances await this first. Only over a connection the
+        replica's calls have made: a health view does not dial the process itself, so
+        readiness still turns on what the calls found (the process gone: not ready). No
+        connection, or no answer within ``timeout_s``, leaves no report: the instances then
+        read as up while the process can be reached, as before."""
+        shard = self._remote_shard()
+        if shard is None:
+            return
+        if not shard.link.connected:
+            self._remote = None
+            return
+        if self._remote is not None and time.monotonic() - self._remote[0] < max_age_s:
+            return
+        try:
+            future = self.af._submit(shard.instance_report())  # on the engine's loop
+            report = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+        except Exception as err:  # noqa: BLE001 - a health view must answer regardless
+            log.debug("no instance report from the scheduler process: %s", err)
+            self._remote = None
+            return
+        self._remote = (time.monotonic(), report)
+
+    def instance_reports(self) -> dict[str, dict[str, Any]] | None:
+        """Each instance's state and counters (``ScheduledRouter.instance_report``), from
+        this process's coordinators or, in socket mode, the scheduler process's last report
+        (``refresh_instances``); None where nothing schedules (a router passed in code)."""
+        router = self.af.router
+        if isinstance(router, ScheduledRouter):
+            return router.instance_report()
+        shards = getattr(router, "shards", None)
+        if not shards:
+            return None
+        out: dict[str, dict[str, Any]] = {}
+        found = False
+        for shard in shards:
+            local = getattr(shard, "router", None)
+            if isinstance(local, ScheduledRouter):  # a shard in this process
+                out.update(local.instance_report())
+                found = True
+        if self._remote_shard() is not None and self._remote is not None:
+            out.update(self._remote[1])
+            found = True
+        return out if found else None
+
     def instances(self) -> list[InstanceInfo]:
         by_name = {i.name: i for i in self.af.config.instances}
-        tracker = self.scheduled.health if self.scheduled else None
+        reports = self.instance_reports() or {}
         out = []
         # a replica whose calls go to a shared scheduler process holds no backends itself:
-        # its instances are up while that process can be reached
+        # its instances are up while that process can be reached (and its report says so)
         names = list(self.af.backends) or list(by_name)
         reachable = getattr(self.af.router, "reachable", None)
         shared_up = reachable() if callable(reachable) else True
         for name in names:
             cfg = by_name.get(name)
-            queue = self.coordinator.queues.get(name) if self.coordinator else None
             placed = getattr(self.af.backends.get(name), "placement_info", None)
             where = placed() if callable(placed) else {}
-            health = tracker.instances.get(name) if tracker is not None else None
-            state = health.state.value if health is not None else "healthy"
+            report = reports.get(name)
+            state = report["health"] if report is not None else "healthy"
             out.append(InstanceInfo(
                 name=name, gpu=cfg.gpu if cfg else None, model=cfg.model if cfg else None,
-                up=queue.up if queue else shared_up, waiting=len(queue.waiting) if queue else 0,
-                running=len(queue.running) if queue else 0,
+                up=(report["up"] and shared_up) if report is not None else shared_up,
+                waiting=report["waiting"] if report is not None else 0,
+                running=report["running"] if report is not None else 0,
                 max_inflight=cfg.inflight_limit if cfg else 1, health=state,
                 node=where.get("node"), gpu_ids=where.get("gpu_ids"),
                 restarts=where.get("restarts"),
-                reason=health.reason if health is not None and state != "healthy" else None))
+                reason=report["reason"] if report is not None and state != "healthy" else None))
         return out
 
     def health(self):

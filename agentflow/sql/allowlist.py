@@ -203,18 +203,22 @@ def check_function(node: exp.Func, dialect: str | None) -> Verdict | None:
         return None
     qualifier = _qualifier(node)
     anonymous = isinstance(node, (exp.Anonymous, exp.AnonymousAggFunc))
-    name = normalised_name(node) if anonymous else _written_name(node, dialect)
+    # A typed node's written name is generated SQL (the whole call, arguments included):
+    # only a refusal's message needs it, so an allowed call never pays for it.
+    name = normalised_name(node) if anonymous else None
     if qualifier is not None and qualifier not in _SYSTEM_SCHEMAS.get(dialect or "", ()):
         # ``'x'.repeat(5)`` in DuckDB is repeat('x', 5) in disguise; other schemas hold
         # functions nobody vetted.
-        return Verdict(f"{qualifier}.{name}", "is a qualified function or a method call; "
+        shown = name if name is not None else _written_name(node, dialect)
+        return Verdict(f"{qualifier}.{shown}", "is a qualified function or a method call; "
                        "call the built-in function by its plain name")
-    allowed = ALLOWED.get(dialect or "", _ANY)
-    if anonymous:
-        if name in allowed:
+    if name is not None:
+        if name in ALLOWED.get(dialect or "", _ANY):
             return None
     elif type(node) in _allowed_types(dialect or ""):
         return None
+    else:
+        name = _written_name(node, dialect)
     return Verdict(name, _why(name))
 
 

@@ -19,6 +19,7 @@ import sqlite3
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from urllib.parse import quote
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
+from agentflow import answer_shape
 from agentflow.sql import errors as E
 from agentflow.sql.allowlist import warm as warm_allowlist
 from agentflow.sql.bounds import (
@@ -135,6 +137,17 @@ def json_value(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode("utf-8", errors="replace")
     return str(value)
+
+
+# Statements the guard accepted: (text, dialect, engine kind, allow_catalog) -> (the text
+# that runs, the tables it may read); see ``Database._checked``. Bounded in entries and in
+# the length of a text kept (at most ~10 MB of text).
+# (and the guard's SELECT * verdict, for ``answer_shape``)
+_CHECKED: OrderedDict[tuple[str, str, str, bool],
+                      tuple[str, frozenset[tuple[str, str, str]], bool | None]] = OrderedDict()
+_CHECKED_KEEP = 1024
+_CHECKED_CHARS = 10_000
+_CHECKED_LOCK = threading.Lock()
 
 
 @dataclass
@@ -300,22 +313,8 @@ class Database:
             allow_catalog = self.catalog_allowed
         if dialect and dialect != self.dialect:
             sql = transpile(sql, read=dialect, write=self.dialect)
-        tree = parse_single_query(sql, self.dialect, allow_catalog=allow_catalog)
-        if self.kind == "duckdb":
-            bound_value_sizes(tree, sql)
-            bound_growth(tree)
-            check_run_depth(tree, sql)  # the checks nest: the text that runs must be written
-        elif self.kind == "postgresql":
-            bound_postgres_sizes(tree, sql)
-        # SQLite runs the text as written (the evaluators' text, with its column names): the
-        # authorizer checks every function and table SQLite itself resolves in it, and its
-        # per-value limit (SQLITE_LIMIT_LENGTH) and progress handler bound it, so no reading
-        # of sqlglot's matters. Elsewhere the guard's tree is what runs.
-        run_sql = (strip_trailing(sql, self.dialect) if self.kind == "sqlite"
-                   else regenerate(tree, self.dialect))
-        tables = approved_tables(tree)
-        verify(run_sql, dialect=self.dialect, tables=tables, allow_catalog=allow_catalog)
-        authorizer = (SqliteAuthorizer(tables, allow_catalog=allow_catalog)
+        run_sql, tables = self._checked(sql, allow_catalog)
+        authorizer = (SqliteAuthorizer(set(tables), allow_catalog=allow_catalog)
                       if self.kind == "sqlite" else None)
         remaining = None
         if timeout_s is not None:
@@ -332,6 +331,47 @@ class Database:
         return QueryResult(columns=columns, rows=rows, truncated=truncated_by is not None,
                            elapsed_s=time.monotonic() - start, sql=sql,
                            truncated_by=truncated_by)
+
+    def _checked(self, sql: str, allow_catalog: bool
+                 ) -> tuple[str, frozenset[tuple[str, str, str]]]:
+        """The text that runs for ``sql`` and the tables it may read, once the guard (and,
+        for DuckDB and PostgreSQL, the engine's own parser) accepted it; raises as they do.
+
+        Every step is a function of the text, this database's dialect and engine, and
+        ``allow_catalog``, so an accepted statement is remembered under exactly those
+        (``_CHECKED``; refusals are not, they raise afresh): the three candidates of a CHESS
+        query often agree, and the same text was parsed and checked three times."""
+        key = (sql, self.dialect, self.kind, allow_catalog)
+        with _CHECKED_LOCK:
+            checked = _CHECKED.get(key)
+            if checked is not None:
+                _CHECKED.move_to_end(key)
+        if checked is not None:
+            run_sql, tables, star = checked
+            if star is not None:  # the guard's SELECT * verdict, handed on again
+                answer_shape.remember(sql, self.dialect, star)
+            return run_sql, tables
+        tree = parse_single_query(sql, self.dialect, allow_catalog=allow_catalog)
+        if self.kind == "duckdb":
+            bound_value_sizes(tree, sql)
+            bound_growth(tree)
+            check_run_depth(tree, sql)  # the checks nest: the text that runs must be written
+        elif self.kind == "postgresql":
+            bound_postgres_sizes(tree, sql)
+        # SQLite runs the text as written (the evaluators' text, with its column names): the
+        # authorizer checks every function and table SQLite itself resolves in it, and its
+        # per-value limit (SQLITE_LIMIT_LENGTH) and progress handler bound it, so no reading
+        # of sqlglot's matters. Elsewhere the guard's tree is what runs.
+        run_sql = (strip_trailing(sql, self.dialect) if self.kind == "sqlite"
+                   else regenerate(tree, self.dialect))
+        tables = frozenset(approved_tables(tree))
+        verify(run_sql, dialect=self.dialect, tables=set(tables), allow_catalog=allow_catalog)
+        if len(sql) <= _CHECKED_CHARS:
+            with _CHECKED_LOCK:
+                _CHECKED[key] = (run_sql, tables, answer_shape.known(sql, self.dialect))
+                while len(_CHECKED) > _CHECKED_KEEP:
+                    _CHECKED.popitem(last=False)
+        return run_sql, tables
 
     def _run(self, run_sql: str, sql: str, remaining: float | None, timeout_s: float | None,
              max_rows: int | None, authorizer: SqliteAuthorizer | None = None,

@@ -21,6 +21,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
+from agentflow.answer_shape import record_tree
 from agentflow.sql.allowlist import check_function, normalised_name
 from agentflow.sql.complexity import check_complexity
 from agentflow.sql.engine_check import catalog_problem, is_catalog_function
@@ -77,8 +78,8 @@ def parse_single_query(sql: str, dialect: str | None = None, *,
     try:
         # A trailing comment becomes an empty statement holding it: not a second statement.
         # The tokens of the size check are parsed (tokenizing is half of the guard's cost).
-        statements = [s for s in Dialect.get_or_raise(dialect).parser().parse(tokens, sql)
-                      if s is not None and not isinstance(s, exp.Semicolon)]
+        parsed = Dialect.get_or_raise(dialect).parser().parse(tokens, sql)
+        statements = [s for s in parsed if s is not None and not isinstance(s, exp.Semicolon)]
     except RecursionError as err:
         raise QueryTooComplexError("query too deeply nested", sql=sql) from err
     except ParseError as err:
@@ -90,6 +91,9 @@ def parse_single_query(sql: str, dialect: str | None = None, *,
         ) from err
     except TokenError as err:
         raise SqlSyntaxError(f"syntax error: {err}", sql=sql) from err
+    # The pipelines judge each candidate's shape (SELECT *?) from the same parse: hand it on
+    # before anything changes the tree (bounds rewrite it for DuckDB and PostgreSQL).
+    record_tree(sql, dialect, parsed)
     if not statements:
         raise RejectedStatementError("empty SQL statement", sql=sql)
     if len(statements) > 1:

@@ -16,6 +16,10 @@ scheduler process's CPU per query, and how many of the host's cores the server k
 CPU-bound, which is what this measures. The clients run on the same machine and take CPU
 too (their CPU per query is printed); on a shared machine the ratio is a floor.
 
+``--against PATH`` compares this checkout's server with another checkout's (a "before"
+worktree): server CPU per query in interleaved pairs, ``--pairs K``, at the first ``--replicas``
+count; ``--profile DIR`` profiles one server on every thread (``cpu_ab``).
+
 A shared machine's load moves between runs, so ``--rounds K`` runs the configurations in
 turn (1, 2, 1, 2, ...) and prints the median of the per-round ratios, each round's ratio
 and the 1-minute load average at each run. The CPU figures hold under any load; the
@@ -127,8 +131,12 @@ def answered_by(state: Path, since: float) -> dict[str, int]:
     return {owner: n for owner, n in rows}
 
 
-def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, Any]:
+def one(n: int, args: argparse.Namespace, *, state: bool = True, root: Path | None = None,
+        launcher: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One run of ``n`` replicas; ``root``: the checkout whose server runs (this one by
+    default), ``launcher``: see ``served.serve``."""
     from agentflow.bench.serving.load_test import SQL, drive
+    from agentflow.bench.serving.served import ROOT
 
     instances = [{"name": f"scripted-{i}", "max_inflight": args.inflight,
                   "backend": {"type": "scripted", "name": f"scripted-{i}",
@@ -142,7 +150,8 @@ def one(n: int, args: argparse.Namespace, *, state: bool = True) -> dict[str, An
         extra.append("--scheduler-per-replica")
     # its own session: one replica gets the CPU share each of N replicas gets (supervisor)
     proc, url, path = serve(config, prefix="agentflow-replicas-", start_timeout_s=180,
-                            extra_args=extra, new_session=True)
+                            extra_args=extra, new_session=True, root=root or ROOT,
+                            launcher=launcher)
     store_path = path.parent / "state.sqlite"
     try:
         if state:
@@ -227,8 +236,25 @@ def main(argv: list[str] | None = None) -> int:
                         "is measured on")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every configuration this many times, in turn; medians")
+    p.add_argument("--against", metavar="PATH",
+                   help="another checkout (a 'before' worktree): server CPU per query of "
+                        "this checkout's server against its, in interleaved pairs, at the "
+                        "first --replicas count, a connection per query")
+    p.add_argument("--pairs", type=int, default=4, help="with --against: pairs to run")
+    p.add_argument("--profile", metavar="DIR",
+                   help="profile this checkout's server (cProfile on every thread, pstats "
+                        "files in DIR) at the first --replicas count, instead")
+    p.add_argument("--top", type=int, default=40, help="with --profile: rows printed")
     args = p.parse_args(argv)
     counts = [int(x) for x in args.replicas.split(",") if x.strip()]
+    if args.against or args.profile:
+        from agentflow.bench.serving import cpu_ab
+
+        args.ab_replicas = counts[0]
+        if args.profile:
+            return cpu_ab.profile(args, one)
+        print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
+        return cpu_ab.report(cpu_ab.pairs(args, one), args)
     plan = [(n, True) for n in counts]
     if args.baseline:  # one process, state kept in it: the server before the store
         plan.append((1, False))

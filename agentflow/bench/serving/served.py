@@ -30,12 +30,17 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def serve(config: dict[str, Any], *, prefix: str = "agentflow-bench-",
           start_timeout_s: float = 90.0, extra_args: Sequence[str] = (),
-          new_session: bool = False) -> tuple[subprocess.Popen[str], str, Path]:
+          new_session: bool = False, root: Path = ROOT,
+          launcher: Sequence[str] = ()) -> tuple[subprocess.Popen[str], str, Path]:
     """Start ``serve.py --config`` with ``config``; (process, base URL, config path) once
     healthy. SystemExit if it exits or is not healthy within ``start_timeout_s``.
     ``new_session``: the server in a session of its own, so that on a busy Linux host the
     kernel's autogroup scheduling does not split one CPU share between it and the clients
-    (as ``--replicas N`` gives each replica its own)."""
+    (as ``--replicas N`` gives each replica its own).
+    ``root``: the checkout whose ``serve.py`` (and ``agentflow``) runs, so that an A/B of
+    server CPU can start a "before" worktree's server from this one's benchmark
+    (``replicas_load --against``); ``launcher``: a script the interpreter runs first,
+    which then runs ``serve.py`` (``thread_profile``)."""
     path = Path(tempfile.mkdtemp(prefix=prefix)) / "serve.json"
     server = config.setdefault("server", {})  # its state beside its config, not in the cache
     server.setdefault("state", str(path.parent / "state.sqlite"))
@@ -44,10 +49,11 @@ def serve(config: dict[str, Any], *, prefix: str = "agentflow-bench-",
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTFLOW_")}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--config", str(path),
+    proc = subprocess.Popen([sys.executable, *launcher, str(root / "serve.py"),
+                             "--config", str(path),
                              "--port", str(port), "--log-level", "warning", "--no-access-log",
                              *extra_args],
-                            cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                            cwd=root, env={**env, "PYTHONPATH": str(root)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=new_session)
     url = f"http://127.0.0.1:{port}"
