@@ -62,22 +62,3 @@ def test_the_pooled_p99_reads_every_pair_s_rounds() -> None:
     assert scheduler_overhead.pooled_p99([fast, slow]) == 50.0
     assert scheduler_overhead.pooled_p99([slow, slow]) == 2.0
     assert scheduler_overhead.pooled_p99([[3.0]]) == 3.0
-
-
-def test_interleave_runs_two_checkouts_round_by_round(capsys) -> None:
-    """``--against CHECKOUT --interleave`` against this checkout itself: its modules loaded a
-    second time beside the ones in use (two module sets, two coordinators), round by round,
-    every start decision compared; then this checkout's modules are the ones in place again."""
-    import sys
-    from pathlib import Path
-
-    import agentflow.scheduler as before_run
-
-    root = str(Path(scheduler_overhead.__file__).resolve().parents[3])
-    scheduler_overhead.main(["--sizes", "40", "--repeat", "6", "--policies", "flowsage,vllm",
-                             "--clusters", "h100-8b-4", "--against", root, "--interleave"])
-    out = capsys.readouterr().out
-    assert "both schedulers in one process" in out
-    rows = [line for line in out.splitlines() if line.startswith("h100-8b-4")]
-    assert len(rows) == 2 and all(" equal " in r for r in rows), out
-    assert sys.modules["agentflow.scheduler"] is before_run

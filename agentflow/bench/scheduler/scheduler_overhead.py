@@ -2,8 +2,7 @@
 
     agentflow bench scheduler_overhead [--sizes 10,1000,10000] [--repeat 200]
         [--clusters hetero-64,hetero-1024,hetero-4096 | --cluster FILE ...] [--no-learn]
-        [--check] [--clock wall|cpu] [--json FILE]
-        [--against CHECKOUT [--pairs 3 | --interleave]]
+        [--check] [--clock wall|cpu] [--json FILE] [--against CHECKOUT [--pairs 3]]
 
 A cluster (a name: ``paper-4gpu``, four GPUs serving Llama-3.1-70B; ``hetero-64``, 64
 Llama-3.1-8B instances on five GPU kinds; ``hetero-1024`` and ``hetero-4096``, that mix 16
@@ -33,14 +32,6 @@ pooled p99 of each side (the 99th percentile of all its pairs' rounds together: 
 rounds a run's own p99 is its 2nd-largest round, which one slow round moves) and the
 load average (``os.getloadavg``) around each run. Only the scheduler differs between the two
 sides: the workload is this file's.
-
-``--against CHECKOUT --interleave``: both schedulers in this one process (CHECKOUT's modules
-imported beside this checkout's, each put in place while its rounds run), each on a
-coordinator filled with the same workload, round i of one then round i of the other (the
-order alternating), every start decision of the two compared. Both sides see the same
-machine at the same moment, so the ratios hold on a loaded machine where separate runs
-spread +-25%; it prints each side's median and p99, their ratios, the median per-round ratio
-and whether every decision was equal (a checkout against itself reads ~1.00).
 """
 
 from __future__ import annotations
@@ -53,32 +44,27 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import networkx as nx
 
-# (read through ``_names``, so that another checkout's can stand in: ``--interleave``)
-from agentflow.scheduler import PRESETS, Coordinator, InstanceSpec  # noqa: F401
-from agentflow.scheduler.decisions import StartCall  # noqa: F401
-from agentflow.scheduler.lengths.learned import LearnedLengthModel  # noqa: F401
+from agentflow.scheduler import PRESETS, Coordinator, InstanceSpec
+from agentflow.scheduler.decisions import StartCall
+from agentflow.scheduler.lengths.learned import LearnedLengthModel
 from agentflow.sim.cluster import load_cluster
-from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun  # noqa: F401
+from agentflow.workflow import ManualClock, Node, NodeKind, Query, WorkflowRun
 
 WARMUP = 5
 STAGES = ["extract_keywords"] + ["generate_candidate"] * 5 + ["revise"] * 6 + \
     ["generate_unit_test"] + ["evaluate"] * 7
 
 
-def workflow(query_id: str, deadline: float, ns: dict[str, Any] | None = None) -> WorkflowRun:
-    """``ns``: the classes to build it from (another checkout's: ``--interleave``)."""
-    ns = ns if ns is not None else _names()
+def workflow(query_id: str, deadline: float) -> WorkflowRun:
     async def noop(ctx):
         return None
     g = nx.DiGraph()
-    nodes = [ns["Node"](f"{query_id}.{i}", s, ns["NodeKind"].LLM, noop,
-                        hints={"prompt_tokens": 1500}) for i, s in enumerate(STAGES)]
+    nodes = [Node(f"{query_id}.{i}", s, NodeKind.LLM, noop, hints={"prompt_tokens": 1500})
+             for i, s in enumerate(STAGES)]
     for n in nodes:
         g.add_node(n.id, node=n)
     g.add_edge(nodes[0].id, nodes[1].id)
@@ -89,27 +75,15 @@ def workflow(query_id: str, deadline: float, ns: dict[str, Any] | None = None) -
         g.add_edge(nodes[i].id, nodes[12].id)
     for i in range(13, 20):
         g.add_edge(nodes[12].id, nodes[i].id)
-    return ns["WorkflowRun"](ns["Query"]("q", "db", arrival=0.0, slo_s=deadline, id=query_id), g)
+    return WorkflowRun(Query("q", "db", arrival=0.0, slo_s=deadline, id=query_id), g)
 
 
-def specs_for(cluster: str, ns: dict[str, Any] | None = None) -> list[InstanceSpec]:
+def specs_for(cluster: str) -> list[InstanceSpec]:
     """One admission slot per instance, so nearly every call waits in a queue."""
-    ns = ns if ns is not None else _names()
-    return [ns["InstanceSpec"](name, cfg.gpu, cfg.model, max_inflight=1,
-                               weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits,
-                               tensor_parallel=cfg.tensor_parallel)
-            for name, cfg in ns["load_cluster"](cluster).expanded()]
-
-
-_NAMES = ("Coordinator", "InstanceSpec", "StartCall", "LearnedLengthModel", "load_cluster",
-          "ManualClock", "Node", "NodeKind", "Query", "WorkflowRun")
-
-
-def _names() -> dict[str, Any]:
-    """The scheduler classes the workload is built from: this module's (read at each call,
-    so a test that patches ``Coordinator`` here measures its own)."""
-    g = globals()
-    return {n: g[n] for n in _NAMES}
+    return [InstanceSpec(name, cfg.gpu, cfg.model, max_inflight=1,
+                         weight_bits=cfg.weight_bits, kv_bits=cfg.kv_bits,
+                         tensor_parallel=cfg.tensor_parallel)
+            for name, cfg in load_cluster(cluster).expanded()]
 
 
 # What a finished call reports when the benchmark learns (serving and the simulator send both).
@@ -122,36 +96,16 @@ def measure(policy: str, waiting: int, repeat: int, cluster: str = "paper-4gpu",
     """Seconds per decision of each timed round; ``log``: also collect every start the
     timed rounds decide, as (call id, instance, backend priority), so two runs (or two
     schedulers) can be compared decision for decision."""
-    state = fill(policy, waiting, cluster, check)
-    # Collect what earlier measurements left behind (a 10,000-call coordinator is a large
-    # object graph) before timing, so its collection does not land in this one's p99.
-    gc.collect()
-    costs = []
-    for i in range(repeat + WARMUP):
-        cost, starts = one_round(state, i, timer, learn)
-        if i >= WARMUP:  # the first rounds fill cold per-query caches once
-            costs.append(cost)
-            if log is not None:
-                log += starts
-    return costs
-
-
-def fill(policy: str, waiting: int, cluster: str, check: bool = False,
-         ns: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A coordinator of ``cluster`` with ``waiting`` calls waiting (``measure``'s set-up);
-    ``ns``: the scheduler classes to use (default: this module's)."""
-    ns = ns if ns is not None else _names()
-    clock = ns["ManualClock"](0.0)
-    specs = specs_for(cluster, ns)
-    c = ns["Coordinator"](specs, clock=clock, policy=policy,
-                          length_model=ns["LearnedLengthModel"]())
+    clock = ManualClock(0.0)
+    specs = specs_for(cluster)
+    c = Coordinator(specs, clock=clock, policy=policy, length_model=LearnedLengthModel())
     for q in c.queues.values():
         q.check_reference = check
     n_queries = max(1, waiting // len(STAGES))
     running = []
     made = 0
     for q in range(n_queries + 1):
-        run = workflow(f"q{q}", 30.0 + q % 50, ns)
+        run = workflow(f"q{q}", 30.0 + q % 50)
         c.on_query_arrival(f"q{q}", deadline=30.0 + q % 50, key_text=f"question {q % 97}",
                            run=run)
         for node in [run.node(n) for n in run.graph]:
@@ -161,31 +115,30 @@ def fill(policy: str, waiting: int, cluster: str, check: bool = False,
                                               prompt_tokens=1500)
             running += [d.call for d in decisions]
             made += 1
-    return {"c": c, "clock": clock, "running": running, "n_queries": n_queries,
-            "StartCall": ns["StartCall"]}
-
-
-def one_round(state: dict[str, Any], i: int, timer: Callable[[], float], learn: bool = True
-              ) -> tuple[float, list[tuple[str, str, int]]]:
-    """Round ``i`` on a ``fill``ed coordinator: one call ready, one done. Returns seconds per
-    decision (two decisions) and the starts decided, as (call id, instance, priority)."""
-    c, running = state["c"], state["running"]
-    state["clock"].advance(0.01)
-    q = f"q{(i * 7) % (state['n_queries'] + 1)}"
-    start = timer()
-    # a node id of its own (a revision outside the graph): re-readying one of the
-    # graph's nodes would give the query two calls of one node, and which of them the
-    # critical path reads would follow the set's order, so decisions would vary run to run
-    call, decisions = c.on_call_ready(q, stage="revise", node_id=f"{q}.r{i}",
-                                      prompt_tokens=900)
-    running += [d.call for d in decisions]
-    done = running.pop(0)
-    times = {"ttft_s": TTFT_S, "total_s": TOTAL_S} if learn else {}
-    admitted = c.on_call_done(done, output_tokens=80, **times)
-    running += [d.call for d in admitted]
-    cost = (timer() - start) / 2  # two decisions per round
-    return cost, [(d.call.id, d.instance, d.priority)
-                  for d in (*decisions, *admitted) if isinstance(d, state["StartCall"])]
+    # Collect what earlier measurements left behind (a 10,000-call coordinator is a large
+    # object graph) before timing, so its collection does not land in this one's p99.
+    gc.collect()
+    costs = []
+    for i in range(repeat + WARMUP):
+        clock.advance(0.01)
+        q = f"q{(i * 7) % (n_queries + 1)}"
+        start = timer()
+        # a node id of its own (a revision outside the graph): re-readying one of the
+        # graph's nodes would give the query two calls of one node, and which of them the
+        # critical path reads would follow the set's order, so decisions would vary run to run
+        call, decisions = c.on_call_ready(q, stage="revise", node_id=f"{q}.r{i}",
+                                          prompt_tokens=900)
+        running += [d.call for d in decisions]
+        done = running.pop(0)
+        times = {"ttft_s": TTFT_S, "total_s": TOTAL_S} if learn else {}
+        admitted = c.on_call_done(done, output_tokens=80, **times)
+        running += [d.call for d in admitted]
+        if i >= WARMUP:  # the first rounds fill cold per-query caches once
+            costs.append((timer() - start) / 2)  # two decisions per round
+            if log is not None:
+                log += [(d.call.id, d.instance, d.priority)
+                        for d in (*decisions, *admitted) if isinstance(d, StartCall)]
+    return costs
 
 
 # `agentflow bench NAME --quick`: a short run (registry.expand_quick)
@@ -213,20 +166,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--against", metavar="CHECKOUT",
                    help="another checkout: measure its scheduler and this one alternately")
     p.add_argument("--pairs", type=int, default=3, help="with --against: before/after pairs")
-    p.add_argument("--interleave", action="store_true",
-                   help="with --against: both schedulers in this process, round by round")
     args = p.parse_args(argv)
-    timer = time.process_time if args.clock == "cpu" else time.perf_counter
-    if args.against and args.interleave:
-        interleave(args.against, args.cluster or args.clusters.split(","),
-                   [int(s) for s in args.sizes.split(",")], args.policies.split(","),
-                   args.repeat, timer, not args.no_learn, args.json)
-        return
     if args.against:
         child = [a for a in (argv if argv is not None else sys.argv[1:])]
         compare(args.against, _without(child, ("--against", "--pairs", "--json")),
                 args.pairs, args.json)
         return
+    timer = time.process_time if args.clock == "cpu" else time.perf_counter
     sizes = [int(s) for s in args.sizes.split(",")]
     clusters = args.cluster or args.clusters.split(",")
     policies = args.policies.split(",")
@@ -275,136 +221,6 @@ def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
         elif not a.startswith(tuple(o + "=" for o in options)):
             out.append(a)
     return out
-
-
-def _ours(name: str) -> bool:
-    return name == "agentflow" or name.startswith("agentflow.")
-
-
-class _Checkout:
-    """One checkout's agentflow modules, loaded apart from another's in one process: they
-    are put in ``sys.modules`` (and the checkout's root first on ``sys.path``, for what its
-    code imports lazily) while its rounds run, and taken out after."""
-
-    def __init__(self, root: str, modules: dict[str, Any]):
-        self.root, self.modules = root, modules
-
-    @classmethod
-    def load(cls, root: str) -> _Checkout:
-        """Import ``root``'s scheduler beside the one loaded now (which is put back)."""
-        current = {k: m for k, m in sys.modules.items() if _ours(k)}
-        for k in current:
-            del sys.modules[k]
-        sys.path.insert(0, root)
-        try:
-            import importlib
-
-            for name in ("agentflow.scheduler", "agentflow.scheduler.decisions",
-                         "agentflow.scheduler.lengths.learned", "agentflow.sim.cluster",
-                         "agentflow.workflow"):
-                importlib.import_module(name)
-            loaded = sys.modules["agentflow"].__file__ or ""
-            if not Path(loaded).resolve().is_relative_to(Path(root).resolve()):
-                raise SystemExit(f"--interleave: agentflow came from {loaded}, not {root}")
-            theirs = {k: m for k, m in sys.modules.items() if _ours(k)}
-        finally:
-            for k in [k for k in sys.modules if _ours(k)]:
-                del sys.modules[k]
-            sys.path.remove(root)
-            sys.modules.update(current)
-        return cls(root, theirs)
-
-    @classmethod
-    def current(cls) -> _Checkout:
-        here = str(Path(__file__).resolve().parents[3])
-        return cls(here, {k: m for k, m in sys.modules.items() if _ours(k)})
-
-    def names(self) -> dict[str, Any]:
-        m = self.modules
-        return {"Coordinator": m["agentflow.scheduler"].Coordinator,
-                "InstanceSpec": m["agentflow.scheduler"].InstanceSpec,
-                "StartCall": m["agentflow.scheduler.decisions"].StartCall,
-                "LearnedLengthModel": m["agentflow.scheduler.lengths.learned"]
-                .LearnedLengthModel,
-                "load_cluster": m["agentflow.sim.cluster"].load_cluster,
-                **{n: getattr(m["agentflow.workflow"], n)
-                   for n in ("ManualClock", "Node", "NodeKind", "Query", "WorkflowRun")}}
-
-    def __enter__(self) -> _Checkout:
-        for k in [k for k in sys.modules if _ours(k)]:
-            del sys.modules[k]
-        sys.modules.update(self.modules)
-        sys.path.insert(0, self.root)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sys.path.remove(self.root)
-        self.modules = {k: m for k, m in sys.modules.items() if _ours(k)}  # lazy imports
-
-
-def interleave(before: str, clusters: list[str], sizes: list[int], policies: list[str],
-               repeat: int, timer: Callable[[], float], learn: bool,
-               json_out: str | None) -> None:
-    """``--against CHECKOUT --interleave``: ``before``'s scheduler and this one in one
-    process, each on a coordinator filled with the same workload, round i of one then round i
-    of the other (which goes first alternates), so both see the same machine at the same
-    moment; every start decision of both sides is compared.
-
-    Why: on a shared machine, runs in separate processes minutes apart see different loads
-    (single runs of one checkout spread +-25%, and a side's median moves with the load between
-    pairs); here a slow spell lands on both sides' rounds alike. The per-round ratio (after /
-    before of round i) has a median near 1.00 for a checkout against itself."""
-    if not (Path(before) / "agentflow" / "scheduler").is_dir():
-        raise SystemExit(f"--against {before}: not a checkout of agentflow")
-    old, new = _Checkout.load(before), _Checkout.current()
-    med = statistics.median
-
-    def p99(xs: list[float]) -> float:
-        xs = sorted(xs)
-        return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
-
-    print(f"microseconds per decision, both schedulers in one process, round by round "
-          f"({repeat} rounds; before: {before}; after: {new.root})")
-    print(f"{'cluster':<14}{'policy':<10}{'waiting':>8}  {'before med/p99':>16}  "
-          f"{'after med/p99':>16}  {'ratio med/p99':>14}  {'per-round':>9}  decisions  load")
-    table = []
-    for cluster in clusters:
-        for policy in policies:
-            for n in sizes:
-                states: dict[int, dict[str, Any]] = {}  # by side (a checkout may face itself)
-                for side in (old, new):
-                    with side:
-                        states[id(side)] = fill(policy, n, cluster, ns=side.names())
-                gc.collect()
-                costs: dict[int, list[float]] = {id(old): [], id(new): []}
-                differ = None
-                load0 = os.getloadavg()[0]
-                for i in range(repeat + WARMUP):
-                    logs = []
-                    for side in ((old, new) if i % 2 == 0 else (new, old)):
-                        with side:
-                            cost, starts = one_round(states[id(side)], i, timer, learn)
-                        logs.append(starts)
-                        if i >= WARMUP:
-                            costs[id(side)].append(cost * 1e6)
-                    if differ is None and logs[0] != logs[1]:
-                        differ = i
-                del states
-                b, a = costs[id(old)], costs[id(new)]
-                row = {"cluster": cluster, "policy": policy, "waiting": n,
-                       "before_median_us": med(b), "before_p99_us": p99(b),
-                       "after_median_us": med(a), "after_p99_us": p99(a),
-                       "per_round_ratio_median": med(y / x for x, y in zip(b, a) if x > 0),
-                       "decisions_equal": differ is None,
-                       "load": (load0, os.getloadavg()[0])}
-                table.append(row)
-                print(f"{cluster:<14}{policy:<10}{n:>8}  {med(b):>7.0f} /{p99(b):>7.0f}  "
-                      f"{med(a):>7.0f} /{p99(a):>7.0f}  {med(a) / med(b):>6.2f} /"
-                      f"{p99(a) / p99(b):>6.2f}  {row['per_round_ratio_median']:>9.2f}  "
-                      f"{'equal' if differ is None else f'differ@{differ}':<9}  "
-                      f"{load0:.1f}->{os.getloadavg()[0]:.1f}", flush=True)
-    if json_out:
-        Path(json_out).write_text(json.dumps({"rounds": repeat, "cells": table}, indent=1))
 
 
 def pooled_p99(runs: list[list[float]]) -> float:
