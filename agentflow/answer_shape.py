@@ -22,16 +22,15 @@ parsed here at all.
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 from typing import Any
 
-# (sql, dialect) -> star_projection's verdict, most recently used last. Texts longer than
-# _KEEP_CHARS are not kept (so the memo holds at most ~20 MB of text).
-_VERDICTS: OrderedDict[tuple[str, str | None], bool] = OrderedDict()
-_KEEP = 2048
+from agentflow.text_memo import TextMemo
+
+# (sql, dialect) -> star_projection's verdict. Texts longer than _KEEP_CHARS are not kept (so
+# the memo holds at most ~20 MB of text); the guard records from database threads, the loop reads.
 _KEEP_CHARS = 10_000
-_LOCK = threading.Lock()  # the guard records from database threads, the loop reads
+_VERDICTS: TextMemo[tuple[str, str | None], bool] = TextMemo(
+    keep=2048, keep_chars=_KEEP_CHARS, text_of=lambda key: key[0])
 
 _ASKS_FOR_EVERYTHING = re.compile(
     r"\b(all|every|full|complete|whole)\s+(the\s+)?(information|info|details?|data|columns?|"
@@ -49,13 +48,11 @@ def star_projection(sql: str, dialect: str | None = "sqlite") -> bool:
     """Whether the outermost SELECT (or any SELECT of a UNION) returns ``*`` or ``t.*``:
     ``COUNT(*)`` is not a star projection."""
     key = (sql, dialect)
-    with _LOCK:
-        known = _VERDICTS.get(key)
-        if known is not None:
-            _VERDICTS.move_to_end(key)
-            return known
+    kept = _VERDICTS.get(key)
+    if kept is not None:
+        return kept
     verdict = _parse_and_judge(sql, dialect)
-    _keep(key, verdict)
+    _VERDICTS.put(key, verdict)
     return verdict
 
 
@@ -66,30 +63,20 @@ def record_tree(sql: str, dialect: str | None, statements: list[Any]) -> None:
     would return (one statement) is used: ``SELECT * FROM t; -- note`` parses to a
     ``Block`` there, which is not a star projection, and the verdict must not depend on
     who parsed first."""
-    if len(statements) == 1 and statements[0] is not None and len(sql) <= _KEEP_CHARS:
-        _keep((sql, dialect), _judge(statements[0]))
+    key = (sql, dialect)
+    if len(statements) == 1 and statements[0] is not None and _VERDICTS.keeps(key):
+        _VERDICTS.put(key, _judge(statements[0]))
 
 
 def known(sql: str, dialect: str | None) -> bool | None:
     """The verdict kept for ``sql``, or None (never judged, or forgotten since)."""
-    with _LOCK:
-        return _VERDICTS.get((sql, dialect))
+    return _VERDICTS.peek((sql, dialect))
 
 
 def remember(sql: str, dialect: str | None, verdict: bool) -> None:
     """Keep a verdict given earlier (a statement the database remembers having checked
     hands its verdict on again, which this memo may have dropped meanwhile)."""
-    _keep((sql, dialect), verdict)
-
-
-def _keep(key: tuple[str, str | None], verdict: bool) -> None:
-    if len(key[0]) > _KEEP_CHARS:
-        return
-    with _LOCK:
-        _VERDICTS[key] = verdict
-        _VERDICTS.move_to_end(key)
-        while len(_VERDICTS) > _KEEP:
-            _VERDICTS.popitem(last=False)
+    _VERDICTS.put((sql, dialect), verdict)
 
 
 def _parse_and_judge(sql: str, dialect: str | None) -> bool:

@@ -19,7 +19,6 @@ import sqlite3
 import sys
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +57,7 @@ from agentflow.sql.schema import (
     trim_samples,
 )
 from agentflow.sql.watchdog import WATCHDOG
+from agentflow.text_memo import TextMemo
 
 log = logging.getLogger(__name__)
 
@@ -140,14 +140,12 @@ def json_value(value: Any) -> Any:
 
 
 # Statements the guard accepted: (text, dialect, engine kind, allow_catalog) -> (the text
-# that runs, the tables it may read); see ``Database._checked``. Bounded in entries and in
-# the length of a text kept (at most ~10 MB of text).
-# (and the guard's SELECT * verdict, for ``answer_shape``)
-_CHECKED: OrderedDict[tuple[str, str, str, bool],
-                      tuple[str, frozenset[tuple[str, str, str]], bool | None]] = OrderedDict()
-_CHECKED_KEEP = 1024
-_CHECKED_CHARS = 10_000
-_CHECKED_LOCK = threading.Lock()
+# that runs, the tables it may read, and the guard's SELECT * verdict for ``answer_shape``);
+# see ``Database._checked``. Bounded in entries and in the length of a text kept (at most
+# ~10 MB of text).
+_CHECKED: TextMemo[tuple[str, str, str, bool],
+                   tuple[str, frozenset[tuple[str, str, str]], bool | None]] = TextMemo(
+    keep=1024, keep_chars=10_000, text_of=lambda key: key[0])
 
 
 @dataclass
@@ -342,10 +340,7 @@ class Database:
         (``_CHECKED``; refusals are not, they raise afresh): the three candidates of a CHESS
         query often agree, and the same text was parsed and checked three times."""
         key = (sql, self.dialect, self.kind, allow_catalog)
-        with _CHECKED_LOCK:
-            checked = _CHECKED.get(key)
-            if checked is not None:
-                _CHECKED.move_to_end(key)
+        checked = _CHECKED.get(key)
         if checked is not None:
             run_sql, tables, star = checked
             if star is not None:  # the guard's SELECT * verdict, handed on again
@@ -366,11 +361,7 @@ class Database:
                    else regenerate(tree, self.dialect))
         tables = frozenset(approved_tables(tree))
         verify(run_sql, dialect=self.dialect, tables=set(tables), allow_catalog=allow_catalog)
-        if len(sql) <= _CHECKED_CHARS:
-            with _CHECKED_LOCK:
-                _CHECKED[key] = (run_sql, tables, answer_shape.known(sql, self.dialect))
-                while len(_CHECKED) > _CHECKED_KEEP:
-                    _CHECKED.popitem(last=False)
+        _CHECKED.put(key, (run_sql, tables, answer_shape.known(sql, self.dialect)))
         return run_sql, tables
 
     def _run(self, run_sql: str, sql: str, remaining: float | None, timeout_s: float | None,

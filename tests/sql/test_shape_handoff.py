@@ -45,17 +45,22 @@ def fresh_memo():
     database._CHECKED.clear()
 
 
-@pytest.fixture
-def parse_calls(monkeypatch) -> list[str]:
+def count_calls(monkeypatch, owner, name: str) -> list[str]:
+    """The SQL texts ``owner.name`` is called with from now on (the real function still runs)."""
     calls: list[str] = []
-    real = sqlglot.parse_one
+    real = getattr(owner, name)
 
     def counted(sql, *args, **kwargs):
         calls.append(sql)
         return real(sql, *args, **kwargs)
 
-    monkeypatch.setattr(sqlglot, "parse_one", counted)
+    monkeypatch.setattr(owner, name, counted)
     return calls
+
+
+@pytest.fixture
+def parse_calls(monkeypatch) -> list[str]:
+    return count_calls(monkeypatch, sqlglot, "parse_one")
 
 
 @pytest.fixture(params=["sqlite", "duckdb"])
@@ -97,7 +102,7 @@ def test_the_guards_verdict_is_the_parsers(sql: str, db) -> None:
 
 
 def test_the_memo_is_bounded(monkeypatch) -> None:
-    monkeypatch.setattr(answer_shape, "_KEEP", 8)
+    monkeypatch.setattr(answer_shape._VERDICTS, "keep", 8)
     for i in range(20):
         star_projection(f"SELECT {i} FROM book")
     assert len(answer_shape._VERDICTS) == 8
@@ -111,17 +116,7 @@ def test_the_memo_is_bounded(monkeypatch) -> None:
 def guard_calls(monkeypatch) -> list[str]:
     from agentflow.sql import database
 
-    calls: list[str] = []
-    real = database.parse_single_query
-
-    def counted(sql, *args, **kwargs):
-        calls.append(sql)
-        return real(sql, *args, **kwargs)
-
-    monkeypatch.setattr(database, "parse_single_query", counted)
-    database._CHECKED.clear()
-    yield calls
-    database._CHECKED.clear()
+    return count_calls(monkeypatch, database, "parse_single_query")  # memos: fresh_memo
 
 
 def test_an_accepted_statement_is_checked_once(db, guard_calls: list[str],
