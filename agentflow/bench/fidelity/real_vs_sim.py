@@ -378,13 +378,14 @@ def corun_replay(w: Workload, cluster_path: str, environment: dict, sim: Outcome
         "machine busy: the factor counts for the rest)")
     if real is not None and real.engine_s:
         info["engine_work_corun_off"] = engine_work(real, off)
-        print(engine_work_line(info["engine_work_corun_off"]).replace(
-            "per instance:", "per instance, co-run off:"))
+        print(engine_work_line(info["engine_work_corun_off"], "co-run off"))
     return sim, info
 
 
-def engine_work_line(work: dict[str, float]) -> str:
-    return ("engine work sim/real per instance: "
+def engine_work_line(work: dict[str, float], variant: str | None = None) -> str:
+    """The ``engine work sim/real per instance`` line; ``variant`` names another replay's
+    figure (``..., co-run off: ...``), printed beside the headline."""
+    return ("engine work sim/real per instance" + (f", {variant}" if variant else "") + ": "
             + (", ".join(f"{v:.3f}" for v in work.values()) or "n/a (no CPU seconds)")
             + (f" ({', '.join(work)})" if work else ""))
 
@@ -925,8 +926,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(v.startswith("host profile") for v in sources.values()):
         stored = replay_sim(w, stored_engines(args.cluster))
         result["engine_work_stored"] = engine_work(real, stored)
-        print(engine_work_line(result["engine_work_stored"]).replace(
-            "per instance:", "per instance, stored profile:"))
+        print(engine_work_line(result["engine_work_stored"], "stored profile"))
     if speed:
         factors = load_factors(speed["before"], speed["after"], references)
         result["speed_probe"] = {**speed, "reference": references, "factor": factors}
@@ -977,8 +977,7 @@ def main(argv: list[str] | None = None) -> None:
         result["engine_work_share_slowed"] = {
             n: slowed.engine_s[n] * real.cpu_share.get(n, 1.0) / real.engine_s[n]
             for n in slowed.engine_s if real.engine_s.get(n)}
-        print(engine_work_line(result["engine_work_share_slowed"]).replace(
-            "per instance:", "per instance, share-slowed replay:"))
+        print(engine_work_line(result["engine_work_share_slowed"], "share-slowed replay"))
     normalised = lone_normalised(w, real, args.cluster)
     if normalised is not None:
         result["lone_normalised"] = normalised
