@@ -209,15 +209,12 @@ def _write_serve_config(args: argparse.Namespace, config, settings) -> int:
     """``--serve-config FILE``: the Serve config of ``--replicas N`` replicas; nothing runs
     (the state store must be named: a default file in this machine's cache would be no
     store the pods share)."""
-    import os
-
     import yaml
 
     from agentflow.server.ray_serve import serve_config
-    from agentflow.server.settings import STATE_ENV
+    from agentflow.server.settings import resolve_state
 
-    chosen = args.state or settings.state or os.environ.get(STATE_ENV)
-    settings.state = None if not chosen or chosen.strip().lower() == "off" else chosen
+    settings.state = resolve_state(args.state, settings.state, default_file=False)
     host = args.host if args.host != "127.0.0.1" else "0.0.0.0"  # the pods' proxies
     try:
         data = serve_config(config, settings, args.replicas, host=host, port=args.port,

@@ -93,16 +93,19 @@ class ServerSettings(BaseModel):
 STATE_ENV = "AGENTFLOW_STATE"
 
 
-def resolve_state(option: str | None, setting: str | None, port: int = 8000) -> str | None:
+def resolve_state(option: str | None, setting: str | None, port: int = 8000, *,
+                  default_file: bool = True) -> str | None:
     """The state store ``agentflow serve`` uses: ``--state``, else ``server.state``, else
     ``AGENTFLOW_STATE``, else ``<cache>/server-state-<port>.sqlite`` (answers and
     conversations survive a restart by default; the replicas of one port share it, servers
-    on other ports do not); ``off`` keeps them in the process only."""
+    on other ports do not); ``off`` keeps them in the process only. Without
+    ``default_file`` nothing named is None: a file in this machine's cache is no store that
+    other hosts' replicas could share (``--serve-config``)."""
     from agentflow.datasets.types import cache_dir
 
-    chosen = option or setting or os.environ.get(STATE_ENV) or str(
-        cache_dir() / f"server-state-{port}.sqlite")
-    return None if chosen.strip().lower() == "off" else chosen
+    chosen = option or setting or os.environ.get(STATE_ENV) or (
+        str(cache_dir() / f"server-state-{port}.sqlite") if default_file else None)
+    return None if not chosen or chosen.strip().lower() == "off" else chosen
 
 
 def tenant_table(keys: list[str], admin_keys: list[str], tenants: list[TenantEntry],
