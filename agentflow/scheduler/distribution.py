@@ -51,7 +51,7 @@ class Distribution:
     relies on that); compare contents with ``np.allclose`` on ``values``/``probs``.
     """
 
-    __slots__ = ("values", "probs", "_cum", "_tail", "_cq")
+    __slots__ = ("values", "probs", "_cum", "_tail", "_cq", "_mean")
 
     values: np.ndarray
     probs: np.ndarray
@@ -88,6 +88,7 @@ class Distribution:
         self._cum: np.ndarray | None = None
         self._tail: np.ndarray | None = None
         self._cq: dict[tuple[int, float], float] | None = None  # conditional_quantile's
+        self._mean: float | None = None  # ``mean``'s (immutable atoms: the same float)
 
     @classmethod
     def _trusted(cls, values: np.ndarray, probs: np.ndarray) -> Distribution:
@@ -162,7 +163,12 @@ class Distribution:
                 f"max={self.max():.4g})")
 
     def mean(self) -> float:
-        return float(self.values @ self.probs)
+        """E[X]; kept after the first call: a call's prediction is averaged by its call, its
+        length summary and the paths pass, each reading the same float."""
+        m = self._mean
+        if m is None:
+            m = self._mean = float(self.values @ self.probs)
+        return m
 
     def variance(self) -> float:
         m = self.mean()
