@@ -219,8 +219,12 @@ class Distribution:
 
     def survival(self, x: float | np.ndarray) -> float | np.ndarray:
         """P(X > x)."""
-        if isinstance(x, float | int):  # the scalar path the scheduler takes per event
-            return float(self._tail_array()[self.values.searchsorted(x, side="right")])
+        tx = type(x)  # exact types first: isinstance with a union is the slower test
+        if tx is float or tx is int or isinstance(x, float | int):  # the per-event path
+            tail = self._tail
+            if tail is None:
+                tail = self._tail_array()
+            return tail.item(self.values.searchsorted(x, side="right"))  # a Python float
         out = self._tail_array()[np.searchsorted(self.values, x, side="right")]
         return float(out) if np.ndim(out) == 0 else out
 
@@ -235,7 +239,7 @@ class Distribution:
             if not 0 <= q <= 1:
                 raise ValueError("quantile level must be in [0, 1]")
             i = int(self._cdf_array().searchsorted(float(q) - 1e-12, side="left"))
-            return float(self.values[min(i, self.values.size - 1)])
+            return self.values.item(min(i, self.values.size - 1))  # a Python float
         qa = np.asarray(q, dtype=np.float64)
         if np.any((qa < 0) | (qa > 1)):
             raise ValueError("quantile level must be in [0, 1]")
@@ -318,13 +322,10 @@ class Distribution:
         distribution (the same arithmetic, so the same float): what the scheduler reads
         at every progress report of a running call (``ClusterView._output_reserve``)."""
         start = int(self.values.searchsorted(a, side="right"))
-        if start >= self.values.size:
-            raise ValueError(f"no probability mass above {a} (max {self.max()})")
-        if not 0 <= q <= 1:
-            raise ValueError("quantile level must be in [0, 1]")
         # The answer depends on ``a`` only through ``start``: a call's reports at 1, 2, 4,
         # ... tokens mostly fall below its distribution's first atoms, so most repeat one
-        # computation; kept per (start, q) on this immutable distribution.
+        # computation; kept per (start, q) on this immutable distribution (a kept answer
+        # passed both checks below when it was made).
         cache = self._cq
         if cache is None:
             cache = self._cq = {}
@@ -332,13 +333,17 @@ class Distribution:
         hit = cache.get(key)
         if hit is not None:
             return hit
+        if start >= self.values.size:
+            raise ValueError(f"no probability mass above {a} (max {self.max()})")
+        if not 0 <= q <= 1:
+            raise ValueError("quantile level must be in [0, 1]")
         p = self.probs[start:]
         # method forms, and add.reduce for p.sum(): the same operations without numpy's
         # Python-level wrappers (this runs at every progress report)
         cum = (p / _add_reduce(p)).cumsum()
         cum[-1] = 1.0
         i = int(cum.searchsorted(float(q) - 1e-12, side="left"))
-        out = cache[key] = float(self.values[start + min(i, cum.size - 1)])
+        out = cache[key] = self.values.item(start + min(i, cum.size - 1))
         return out
 
     def clip(self, upper: float) -> Distribution:
