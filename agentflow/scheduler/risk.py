@@ -85,6 +85,9 @@ def miss_probability(coordinator: Any, query: QueryState, now: float) -> float:
 # 0.984x (lower in 18 of 20 cells), P95 0.995x (+-0.006: no clear change; 11 lower, 8
 # higher); k = 1 holds too little (P95 0.957 and 0.975 of md+fcfs on seeds 1-3 and 4-7,
 # against 0.960 and 0.956 unbounded); k = 8 is as k = 4 (P95 0.990x of unbounded, 14 cells).
+# Rules measured and not taken since (the budget in rank order, stopping safe calls for an
+# at-risk one, hold by projected latency, a greedy stall hold, ...): docs/scheduler.md, "Where
+# the queue order acts" — none beats this one on paper-4gpu over seeds 1-10.
 RANK_HOLD = True
 HOLD_SAFE = 0.02
 HOLD_AT_RISK = 0.4

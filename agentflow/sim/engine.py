@@ -252,6 +252,27 @@ class _Plan:
         self.dec_only: float | None = None
 
 
+# One ``OperatorModel`` per (GPU profile, model profile, tensor parallelism), shared by every
+# engine built from the same three: it is a pure function of them whose per-step-size caches
+# (``_per_tok``, ``_head``) then fill once per fleet, not once per engine. Why: at 1,024
+# instances each engine saw its own few prefill sizes, and pricing a step size afresh (its
+# GEMM rooflines) was most of a general iteration's cost. Same floats: each cache entry is
+# the same computation on the same inputs, whichever engine asks first.
+_OPERATOR_MODELS: dict[tuple, OperatorModel] = {}
+
+
+def _operator_model(gpu: GPUProfile, model: ModelProfile, tensor_parallel: int
+                    ) -> OperatorModel:
+    try:
+        key = (gpu, model, tensor_parallel)
+        ops = _OPERATOR_MODELS.get(key)
+    except TypeError:  # a profile with an unhashable field: not shared
+        return OperatorModel(gpu, model, tensor_parallel)
+    if ops is None:
+        ops = _OPERATOR_MODELS[key] = OperatorModel(gpu, model, tensor_parallel)
+    return ops
+
+
 class SimInstance:
     """One model instance (``tensor_parallel`` GPUs of one kind) with continuous batching.
 
@@ -309,7 +330,7 @@ class SimInstance:
         if self.kv_blocks_total < 1:
             raise ValueError(f"{model.name} does not fit on {tensor_parallel} x {gpu.name} "
                              f"({gpu.mem_gb} GiB at utilization {gpu_memory_utilization})")
-        self.ops = OperatorModel(gpu, model, tensor_parallel)
+        self.ops = _operator_model(gpu, model, tensor_parallel)
 
         self._seqs: dict[str, _Seq] = {}
         self._running: list[_Seq] = []
