@@ -224,7 +224,8 @@ class Distribution:
             tail = self._tail
             if tail is None:
                 tail = self._tail_array()
-            return tail.item(self.values.searchsorted(x, side="right"))  # a Python float
+            p: float = tail.item(self.values.searchsorted(x, side="right"))  # Python float
+            return p
         out = self._tail_array()[np.searchsorted(self.values, x, side="right")]
         return float(out) if np.ndim(out) == 0 else out
 
@@ -239,7 +240,8 @@ class Distribution:
             if not 0 <= q <= 1:
                 raise ValueError("quantile level must be in [0, 1]")
             i = int(self._cdf_array().searchsorted(float(q) - 1e-12, side="left"))
-            return self.values.item(min(i, self.values.size - 1))  # a Python float
+            v: float = self.values.item(min(i, self.values.size - 1))  # a Python float
+            return v
         qa = np.asarray(q, dtype=np.float64)
         if np.any((qa < 0) | (qa > 1)):
             raise ValueError("quantile level must be in [0, 1]")
@@ -343,7 +345,8 @@ class Distribution:
         cum = (p / _add_reduce(p)).cumsum()
         cum[-1] = 1.0
         i = int(cum.searchsorted(float(q) - 1e-12, side="left"))
-        out = cache[key] = self.values.item(start + min(i, cum.size - 1))
+        out: float = self.values.item(start + min(i, cum.size - 1))
+        cache[key] = out
         return out
 
     def clip(self, upper: float) -> Distribution:

@@ -104,18 +104,19 @@ class Query:
         it), extended as the timeline grows — it only grows, by appends — and rebuilt if the
         list was replaced or shrank; the runtime asks at every stage start and finish."""
         timeline = self.timeline
-        index = self.__dict__.get("_stage_index")
+        index: tuple[list[StageRecord], int, dict[str, StageRecord]] | None = \
+            self.__dict__.get("_stage_index")
         if index is None or index[0] is not timeline or index[1] > len(timeline):
             index = self.__dict__["_stage_index"] = (timeline, 0, {})
         _, seen, by_id = index
         if seen < len(timeline):
-            for record in timeline[seen:]:
-                by_id.setdefault(record.node_id, record)
+            for added in timeline[seen:]:
+                by_id.setdefault(added.node_id, added)
             self.__dict__["_stage_index"] = (timeline, len(timeline), by_id)
-        record = by_id.get(node_id)
-        if record is None:
+        found = by_id.get(node_id)
+        if found is None:
             raise KeyError(node_id)
-        return record
+        return found
 
     def timeline_dicts(self) -> list[dict[str, Any]]:
         """The timeline in start order (stages that never started last), times relative to
