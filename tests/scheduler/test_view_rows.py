@@ -12,6 +12,7 @@ same, for every preset policy.
 
 from __future__ import annotations
 
+import copy
 import random
 from fractions import Fraction
 
@@ -493,3 +494,37 @@ def test_a_block_counts_as_its_members_one_by_one():
         rows.set_row(i, [float("inf"), 1.0, 1.0])
     assert blocked.means()[0] == rows.means()[0] == float("inf")
     assert blocked.means()[1:] == rows.means()[1:]
+
+
+def test_the_kept_cluster_mean_is_current_when_read_first():
+    """``_mean_coefs`` answers from its kept mean without asking ``_coef_vectors`` whether
+    rows are stale (the common read in a paths pass): read first after every event, before
+    anything flushes the rows, it is still the exact mean of a fresh build from the models."""
+    def check(c: Coordinator) -> None:
+        mean = c._mean_coefs()  # first: no other read has brought the rows up to date
+        models = [c.time_models[n] for n in c.queues]
+        ratios = [_priced_ratios(c, i) for i in range(len(models))]
+        up = [q.up for q in c.queues.values()]
+        rows = [i for i, u in enumerate(up) if u] or list(range(len(up)))
+        cols = ([m.overhead_s for m in models],
+                [m.prefill_s_per_token * r[0] for m, r in zip(models, ratios)],
+                [m.decode_s_per_token * r[1] for m, r in zip(models, ratios)])
+        assert mean == tuple(_exact_mean([v[i] for i in rows]) for v in cols)
+        assert c._mean_coefs() is mean  # unchanged since: the kept tuple itself
+
+    replay(Coordinator, "flowsage", seed=3, events=300, check=check)
+    replay(Coordinator, "flowsage", seed=5, events=300, check=check, specs=PEER_SPECS)
+
+
+def test_a_replaced_model_moves_the_kept_cluster_mean():
+    """A model replaced outside ``observe`` (tests, calibration) moves ``_models_epoch``
+    only; the kept mean must not outlive it."""
+    specs = SPECS[:3]
+    c = Coordinator(specs, clock=ManualClock(0.0), policy="flowsage")
+    before = c._mean_coefs()
+    model = copy.deepcopy(c.time_models["h200-0"])
+    model.overhead_s += 1.0
+    c.time_models["h200-0"] = model
+    after = c._mean_coefs()
+    assert after[0] == _exact_mean([c.time_models[s.name].overhead_s for s in specs])
+    assert after[0] != before[0]
