@@ -51,7 +51,7 @@ class Distribution:
     relies on that); compare contents with ``np.allclose`` on ``values``/``probs``.
     """
 
-    __slots__ = ("values", "probs", "_cum", "_tail", "_cq")
+    __slots__ = ("values", "probs", "_cum", "_tail", "_cq", "_mean")
 
     values: np.ndarray
     probs: np.ndarray
@@ -88,6 +88,7 @@ class Distribution:
         self._cum: np.ndarray | None = None
         self._tail: np.ndarray | None = None
         self._cq: dict[tuple[int, float], float] | None = None  # conditional_quantile's
+        self._mean: float | None = None  # ``mean``'s (immutable atoms: the same float)
 
     @classmethod
     def _trusted(cls, values: np.ndarray, probs: np.ndarray) -> Distribution:
@@ -162,7 +163,12 @@ class Distribution:
                 f"max={self.max():.4g})")
 
     def mean(self) -> float:
-        return float(self.values @ self.probs)
+        """E[X]; kept after the first call: a call's prediction is averaged by its call, its
+        length summary and the paths pass, each reading the same float."""
+        m = self._mean
+        if m is None:
+            m = self._mean = float(self.values @ self.probs)
+        return m
 
     def variance(self) -> float:
         m = self.mean()
@@ -213,8 +219,13 @@ class Distribution:
 
     def survival(self, x: float | np.ndarray) -> float | np.ndarray:
         """P(X > x)."""
-        if isinstance(x, float | int):  # the scalar path the scheduler takes per event
-            return float(self._tail_array()[self.values.searchsorted(x, side="right")])
+        tx = type(x)  # exact types first: isinstance with a union is the slower test
+        if tx is float or tx is int or isinstance(x, float | int):  # the per-event path
+            tail = self._tail
+            if tail is None:
+                tail = self._tail_array()
+            p: float = tail.item(self.values.searchsorted(x, side="right"))  # Python float
+            return p
         out = self._tail_array()[np.searchsorted(self.values, x, side="right")]
         return float(out) if np.ndim(out) == 0 else out
 
@@ -229,7 +240,8 @@ class Distribution:
             if not 0 <= q <= 1:
                 raise ValueError("quantile level must be in [0, 1]")
             i = int(self._cdf_array().searchsorted(float(q) - 1e-12, side="left"))
-            return float(self.values[min(i, self.values.size - 1)])
+            v: float = self.values.item(min(i, self.values.size - 1))  # a Python float
+            return v
         qa = np.asarray(q, dtype=np.float64)
         if np.any((qa < 0) | (qa > 1)):
             raise ValueError("quantile level must be in [0, 1]")
@@ -312,13 +324,10 @@ class Distribution:
         distribution (the same arithmetic, so the same float): what the scheduler reads
         at every progress report of a running call (``ClusterView._output_reserve``)."""
         start = int(self.values.searchsorted(a, side="right"))
-        if start >= self.values.size:
-            raise ValueError(f"no probability mass above {a} (max {self.max()})")
-        if not 0 <= q <= 1:
-            raise ValueError("quantile level must be in [0, 1]")
         # The answer depends on ``a`` only through ``start``: a call's reports at 1, 2, 4,
         # ... tokens mostly fall below its distribution's first atoms, so most repeat one
-        # computation; kept per (start, q) on this immutable distribution.
+        # computation; kept per (start, q) on this immutable distribution (a kept answer
+        # passed both checks below when it was made).
         cache = self._cq
         if cache is None:
             cache = self._cq = {}
@@ -326,13 +335,18 @@ class Distribution:
         hit = cache.get(key)
         if hit is not None:
             return hit
+        if start >= self.values.size:
+            raise ValueError(f"no probability mass above {a} (max {self.max()})")
+        if not 0 <= q <= 1:
+            raise ValueError("quantile level must be in [0, 1]")
         p = self.probs[start:]
         # method forms, and add.reduce for p.sum(): the same operations without numpy's
         # Python-level wrappers (this runs at every progress report)
         cum = (p / _add_reduce(p)).cumsum()
         cum[-1] = 1.0
         i = int(cum.searchsorted(float(q) - 1e-12, side="left"))
-        out = cache[key] = float(self.values[start + min(i, cum.size - 1)])
+        out: float = self.values.item(start + min(i, cum.size - 1))
+        cache[key] = out
         return out
 
     def clip(self, upper: float) -> Distribution:

@@ -92,8 +92,15 @@ class WorkflowRun:
     def ready(self) -> list[Node]:
         """Pending nodes whose parents have all finished, in a stable (topological) order."""
         state, pending, done = self._state, self.PENDING, self.DONE
-        return [node for n, node, parents in self._lexical_order()
-                if state[n] == pending and all(state[p] == done for p in parents)]
+        ready = []
+        for n, node, parents in self._lexical_order():
+            if state[n] == pending:
+                for p in parents:  # all(...) without a generator per pending node
+                    if state[p] != done:
+                        break
+                else:
+                    ready.append(node)
+        return ready
 
     def _lexical_order(self) -> list[tuple[str, Node, list[str]]]:
         """(id, node, parents) in lexicographical topological order. Kept until the graph

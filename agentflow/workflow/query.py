@@ -99,10 +99,24 @@ class Query:
         return None if self.finished is None else self.finished - self.arrival
 
     def stage(self, node_id: str) -> StageRecord:
-        for record in self.timeline:
-            if record.node_id == node_id:
-                return record
-        raise KeyError(node_id)
+        """The first record of ``node_id`` in the timeline. Looked up in an index of the
+        records by node id (not a dataclass field: equality, repr and ``asdict`` do not see
+        it), extended as the timeline grows — it only grows, by appends — and rebuilt if the
+        list was replaced or shrank; the runtime asks at every stage start and finish."""
+        timeline = self.timeline
+        index: tuple[list[StageRecord], int, dict[str, StageRecord]] | None = \
+            self.__dict__.get("_stage_index")
+        if index is None or index[0] is not timeline or index[1] > len(timeline):
+            index = self.__dict__["_stage_index"] = (timeline, 0, {})
+        _, seen, by_id = index
+        if seen < len(timeline):
+            for added in timeline[seen:]:
+                by_id.setdefault(added.node_id, added)
+            self.__dict__["_stage_index"] = (timeline, len(timeline), by_id)
+        found = by_id.get(node_id)
+        if found is None:
+            raise KeyError(node_id)
+        return found
 
     def timeline_dicts(self) -> list[dict[str, Any]]:
         """The timeline in start order (stages that never started last), times relative to

@@ -18,7 +18,9 @@ after a speed-up) must print the same one, so the speed is compared on identical
 ``CALLS`` finished calls with the simulated time and the queries and calls in flight at its
 end: whether the rate holds along one run (a cost that grows with the run shows as a
 falling rate at a steady load) rather than between runs of different lengths, which load
-the fleet differently (a 500-query run is mostly ramp and drain). The simulator is what
+the fleet differently (a 500-query run is mostly ramp and drain). Each window is printed
+as it closes, with the run's CPU seconds and calls/CPU-s so far, so a long run stopped
+before its end (a 50k-query run is tens of CPU-minutes) still reports. The simulator is what
 proves policies at fleet size: a day of traffic (100k queries, ~1.9M calls) must replay in
 minutes, not hours.
 """
@@ -29,6 +31,7 @@ import argparse
 import cProfile
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,13 +57,15 @@ class _WindowClock:
     """A coordinator observer: every ``size`` finished calls, the CPU seconds since the
     last window and what is in flight (the observer sees events; it changes none)."""
 
-    def __init__(self, sim: Simulation, size: int):
+    def __init__(self, sim: Simulation, size: int,
+                 on_window: Callable[[Window, float], None] | None = None):
         if size < 1:
             raise ValueError(f"a window is at least one call, not {size}")
         self.sim, self.size = sim, size
+        self.on_window = on_window
         self.done = 0
         self.windows: list[Window] = []
-        self._since = time.process_time()
+        self._start = self._since = time.process_time()
 
     def event_started(self, event: str) -> None:
         pass
@@ -75,16 +80,20 @@ class _WindowClock:
             self.windows.append(Window(self.done, self.size / max(now - self._since, 1e-9),
                                        sim.clock.now(), sim.pending_queries,
                                        len(sim._calls)))
+            if self.on_window is not None:  # as it closes: a run cut short still reports
+                self.on_window(self.windows[-1], now - self._start)
             self._since = time.process_time()
 
 
 def replay(cluster_name: str, trace_path: Path, queries: int, rate: float, policy: str,
            seed: int = 0, profile: cProfile.Profile | None = None,
-           windows: list[Window] | None = None, window: int = 5000
+           windows: list[Window] | None = None, window: int = 5000,
+           on_window: Callable[[Window, float], None] | None = None
            ) -> tuple[int, float, int, str]:
     """(calls simulated, CPU seconds of the replay, queries done, records digest) of one
     run; ``windows``: a list to append the run's windows of ``window`` finished calls to
-    (then the run is made as ``run_policy`` makes it, with an observer added)."""
+    (then the run is made as ``run_policy`` makes it, with an observer added), each also
+    handed to ``on_window`` with the run's CPU seconds so far as it closes."""
     cluster = load_cluster(cluster_name)
     workload = build_workload(load_trace(trace_path), cluster, n=queries, rate=rate, seed=seed)
     start = time.process_time()
@@ -94,7 +103,7 @@ def replay(cluster_name: str, trace_path: Path, queries: int, rate: float, polic
         result = run_policy(cluster, workload, policy)
     else:  # run_policy's run, with the window clock watching the coordinator
         sim = Simulation(cluster, policy)
-        clock = _WindowClock(sim, window)
+        clock = _WindowClock(sim, window, on_window)
         sim.coordinator.add_observer(clock)
         result = sim.run(workload.queries, workload.arrivals, workload.deadlines(2.0),
                          workload.idle_latency_s)
@@ -146,8 +155,14 @@ def main(argv: list[str] | None = None) -> None:
         last = i == len(lengths) - 1
         prof = cProfile.Profile() if args.profile and last else None
         windows: list[Window] | None = [] if args.window and last else None
+        if windows is not None:  # printed as each closes: a long run cut short still says
+            print(f"  per window of {args.window} finished calls ({n} queries), as they "
+                  f"close:")
+            print(f"  {'calls':>9} {'calls/CPU-s':>12} {'sim s':>8} {'queries':>8} "
+                  f"{'in flight':>10} {'CPU s':>9} {'so far':>8}", flush=True)
         calls, cpu, done, digest = replay(args.cluster, trace, n, args.rate, args.policy,
-                                          args.seed, prof, windows, args.window or 1)
+                                          args.seed, prof, windows, args.window or 1,
+                                          _print_window)
         rates.append(calls / cpu)
         print(f"{n:>9} {done:>7} {calls:>9} {cpu:>9.1f} {calls / cpu:>12.0f} "
               f"{n / cpu:>14.1f}" + (f"  records {digest}" if args.digest else ""),
@@ -155,18 +170,18 @@ def main(argv: list[str] | None = None) -> None:
         if prof is not None:
             prof.dump_stats(args.profile)
         if windows:
-            print(f"  per window of {args.window} finished calls ({n} queries):")
-            print(f"  {'calls':>9} {'calls/CPU-s':>12} {'sim s':>8} {'queries':>8} "
-                  f"{'in flight':>10}")
-            for w in windows:
-                print(f"  {w.calls:>9} {w.rate:>12.0f} {w.sim_s:>8.1f} {w.queries:>8} "
-                      f"{w.running:>10}")
             rates_w = sorted(w.rate for w in windows)
             print(f"  last window over the first: {windows[-1].rate / windows[0].rate:.2f}; "
                   f"median {rates_w[len(rates_w) // 2]:.0f} calls/CPU-s", flush=True)
     if len(rates) > 1:
         print(f"calls/CPU-s at {lengths[-1]} over at {lengths[0]} queries: "
               f"{rates[-1] / rates[0]:.2f}")
+
+
+def _print_window(w: Window, cpu_s: float) -> None:
+    """One ``--window`` row: the window's rate, and the run's so far (calls / CPU s)."""
+    print(f"  {w.calls:>9} {w.rate:>12.0f} {w.sim_s:>8.1f} {w.queries:>8} {w.running:>10} "
+          f"{cpu_s:>9.1f} {w.calls / max(cpu_s, 1e-9):>8.0f}", flush=True)
 
 
 if __name__ == "__main__":
