@@ -53,6 +53,12 @@ _LOCK_TYPES = {type(threading.Lock()): threading.Lock, type(threading.RLock()): 
 # Container allocations between two young-generation collections while events drain
 # (CPython's default is 700; see ``_fewer_collections``).
 GC_YOUNG_THRESHOLD = 50_000
+# How many drains are inside ``_fewer_collections`` now (nested, or in other threads), and
+# what the outermost one found: the collector's settings are the process's, so only the
+# first in changes them and only the last out puts them back.
+_GC_LOCK = threading.Lock()
+_gc_depth = 0
+_gc_restore: tuple[tuple[int, ...], bool] | None = None
 
 
 @contextmanager
@@ -70,17 +76,27 @@ def _fewer_collections() -> Iterator[None]:
     previous thresholds come back afterwards. Results cannot change: nothing the
     simulation computes depends on when the collector runs (no finalisers, no weak
     references on its path)."""
-    old = gc.get_threshold()
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    gc.set_threshold(max(old[0], GC_YOUNG_THRESHOLD), *old[1:])
+    global _gc_depth, _gc_restore
+    with _GC_LOCK:  # drains overlapping in threads: the first in sets, the last out restores
+        if _gc_depth == 0:
+            old = gc.get_threshold()
+            freeze = gc.get_freeze_count() == 0
+            if freeze:
+                gc.freeze()
+            gc.set_threshold(max(old[0], GC_YOUNG_THRESHOLD), *old[1:])
+            _gc_restore = (old, freeze)
+        _gc_depth += 1
     try:
         yield
     finally:
-        gc.set_threshold(*old)
-        if freeze:
-            gc.unfreeze()
+        with _GC_LOCK:
+            _gc_depth -= 1
+            if _gc_depth == 0 and _gc_restore is not None:
+                found, unfreeze = _gc_restore
+                _gc_restore = None
+                gc.set_threshold(*found)
+                if unfreeze:
+                    gc.unfreeze()
 
 
 async def _replayed(ctx):  # pragma: no cover - simulated stages are never executed

@@ -52,3 +52,34 @@ def test_a_drain_runs_inside_it(monkeypatch) -> None:
     gc.set_threshold(700, 10, 10)
     sim.drain()
     assert seen == [GC_YOUNG_THRESHOLD] and gc.get_threshold()[0] == 700
+
+
+def test_drains_overlapping_in_threads_restore_what_the_first_found() -> None:
+    """A leaves before B: the thresholds stay raised until B leaves too, then come back to
+    what A found (B alone would have found A's raised ones and put those back)."""
+    import threading
+
+    gc.set_threshold(700, 10, 10)
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a() -> None:
+        with _fewer_collections():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def b() -> None:
+        a_in.wait(5)
+        with _fewer_collections():
+            b_in.set()
+            a_out.wait(5)
+            seen["after_a"] = gc.get_threshold()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen["after_a"] == (GC_YOUNG_THRESHOLD, 10, 10)
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
