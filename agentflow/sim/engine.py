@@ -230,6 +230,8 @@ class _Plan:
         "ends",
         "ev_ptr",
         "evs",
+        "last",
+        "wake",
         "g0",
         "m",
         "ns",
@@ -253,6 +255,8 @@ class _Plan:
         # event, in iteration order; ev_ptr: the first not yet emitted
         self.evs: list[tuple[int, int, int]] = []
         self.ev_ptr = 0
+        self.wake = -1  # the iteration whose end next_event_time last gave (-1: none)
+        self.last = t0  # the end of the last committed iteration (t0: none yet)
         # attribution only: seconds the iteration would take with its decodes alone (None:
         # no decode beside a prefill chunk in it, or attribution off)
         self.dec_only: float | None = None
@@ -576,16 +580,20 @@ class SimInstance:
         if not p.run:
             return p.ends[0]
         k = p.evs[p.ev_ptr][0] if p.ev_ptr < len(p.evs) else p.K - 1
-        return p.ends[k if k < p.K else p.K - 1]
+        if k >= p.K:
+            k = p.K - 1
+        p.wake = k
+        return p.ends[k]
 
     def step_until(self, t: float) -> list[SeqEvent]:
         """Run every iteration that ends at or before ``t``; the events, in time order (ties:
         admission order, then first_token < progress < finished)."""
         events, self._buf = self._buf, []
         self._advance(t, events)
-        self._now = max(self._now, t)
+        if t > self._now:
+            self._now = t
         if len(events) > 1:
-            events.sort(key=lambda e: e[:3])
+            events.sort(key=_event_key)
         return [e[3] for e in events]
 
     def load(self) -> SimLoad:
@@ -670,9 +678,13 @@ class SimInstance:
                         continue
                     return
             if p.run:
-                m = bisect_right(p.ends, t)
-                if m > p.K:
-                    m = p.K
+                ends, k = p.ends, p.wake
+                if p.m <= k < p.K and ends[k] == t and (k + 1 == p.K or ends[k + 1] > t):
+                    m = k + 1  # woken at the end it asked for: what bisecting would find
+                else:  # iterations before p.m ended by an earlier t: bisect above them
+                    m = bisect_right(ends, t, p.m)
+                    if m > p.K:
+                        m = p.K
             else:
                 m = 1 if p.ends[0] <= t else 0
             if m > p.m:
@@ -1010,7 +1022,9 @@ class SimInstance:
                                                             preempted=s.preempted)))
         p.ev_ptr = k
         if m > p.m:
-            dt = ends[m - 1] - (ends[p.m - 1] if p.m else p.t0)
+            end = ends[m - 1]
+            dt = end - p.last  # ends[p.m - 1], or t0, without reading the list again
+            p.last = end
             self.busy_s += dt
             if self.attribute:
                 for s in p.seqs:
@@ -1076,6 +1090,11 @@ class SimInstance:
         else:
             if any(s.state == _DONE for s in p.seqs):
                 self._running = [s for s in self._running if s.state == _RUNNING]
+
+
+def _event_key(e: tuple) -> tuple:
+    """Events in time order; ties: admission order, then first_token < progress < finished."""
+    return e[:3]
 
 
 # Up to this many sequences a decode run's events are listed in plain Python: numpy's
