@@ -90,6 +90,7 @@ iteration ending at or before ``t`` and returns the events in time order.
 from __future__ import annotations
 
 import heapq
+import operator
 import weakref
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
@@ -592,8 +593,9 @@ class SimInstance:
         self._advance(t, events)
         if t > self._now:
             self._now = t
-        if len(events) > 1:
-            events.sort(key=_event_key)
+        if len(events) < 2:  # most wakes: one event (no comprehension frame for it)
+            return [events[0][3]] if events else []
+        events.sort(key=_event_key)
         return [e[3] for e in events]
 
     def load(self) -> SimLoad:
@@ -812,7 +814,8 @@ class SimInstance:
             return
         self.plans += 1
         nl = [ns[s] for s in sched]
-        T, S, nd, dkv, pt, pp, pkv = step_sums(nl, [s.computed for s in sched])
+        computed = [s.computed for s in sched]
+        T, S, nd, dkv, pt, pp, pkv = step_sums(nl, computed)
         run = (self.jump_ahead and not preempted and T == len(sched) == len(running)
                and all(s.prompt + s.generated - s.computed == 1 for s in sched))
         if not run:
@@ -826,10 +829,10 @@ class SimInstance:
         g0: list[int] | np.ndarray
         out: list[int] | np.ndarray
         if S <= _PY_EVENTS_MAX:  # the few sequences of most engines: plain Python
-            c0 = [s.computed for s in sched]
+            c0 = computed
             g0 = [s.generated for s in sched]
             out = [s.output for s in sched]
-            K = min([o - g for o, g in zip(out, g0)])
+            K = min(map(operator.sub, out, g0))
             if K > 1:  # blocks for iterations 1..K-1 must come from the free pool
                 blocks = 0
                 for c in c0:
