@@ -90,6 +90,8 @@ iteration ending at or before ``t`` and returns the events in time order.
 from __future__ import annotations
 
 import heapq
+import weakref
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -215,7 +217,11 @@ class _Seq:
 
 
 class _Plan:
-    """``K`` iterations starting at ``t0``; ``m`` of them committed so far."""
+    """``K`` iterations starting at ``t0``; ``m`` of them committed so far.
+
+    ``ends`` is a list of Python floats (each iteration's end), so a wake reads and bisects
+    it without numpy scalars; a run's ``c0`` / ``g0`` / ``out`` are lists for the few
+    sequences most engines run (``_PY_EVENTS_MAX``) and arrays above."""
 
     __slots__ = (
         "K",
@@ -271,6 +277,45 @@ def _operator_model(gpu: GPUProfile, model: ModelProfile, tensor_parallel: int
     if ops is None:
         ops = _OPERATOR_MODELS[key] = OperatorModel(gpu, model, tensor_parallel)
     return ops
+
+
+# A pure-decode iteration of ``S`` sequences reading ``kv`` KV tokens in all takes
+# ``ops.step_parts(S, S, S, kv)``: a function of (operator model, S, kv) alone. A decode run
+# of ``K`` iterations reads ``kv0, kv0 + S, kv0 + 2S, ...``, so its durations are a strided
+# slice of one table per (operator model, S), filled once per fleet and grown as longer
+# contexts appear, instead of a dozen array operations over ``K`` new elements per plan.
+# Same floats: each entry is ``step_parts``'s element-wise arithmetic (+, *, /, max) on the
+# same integer operand, which gives the same double whatever array it sits in.
+# ``_DECODE_TABLE_MAX_S = 0`` turns the tables off (the direct computation; tests compare).
+_DECODE_TABLE_MAX_S = 16
+_DECODE_TABLE_MAX_KV = 1 << 20  # entries per table (8 MiB); longer runs are computed directly
+_DECODE_TABLES: weakref.WeakKeyDictionary[OperatorModel, dict[int, np.ndarray]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _decode_tables(ops: OperatorModel) -> dict[int, np.ndarray]:
+    """The decode-run tables of ``ops`` (batch size -> durations by KV tokens read)."""
+    tables = _DECODE_TABLES.get(ops)
+    if tables is None:
+        tables = _DECODE_TABLES[ops] = {}
+    return tables
+
+
+def _decode_table(ops: OperatorModel, tables: dict[int, np.ndarray], S: int, stop: int
+                  ) -> np.ndarray | None:
+    """``ops.step_parts(S, S, S, kv)`` for every ``kv < stop`` (at least; None: too long),
+    kept in ``tables`` (``_decode_tables(ops)``)."""
+    if stop > _DECODE_TABLE_MAX_KV:
+        return None
+    tab = tables.get(S)
+    n = 0 if tab is None else len(tab)
+    if stop > n:  # grow geometrically: a table is extended a few times per fleet
+        size = min(max(stop, 2 * n, 4096), _DECODE_TABLE_MAX_KV)
+        part = np.asarray(ops.step_parts(S, S, S, np.arange(n, size, dtype=np.int64)),
+                          dtype=np.float64)
+        tab = part if tab is None else np.concatenate((tab, part))
+        tables[S] = tab
+    return tab
 
 
 class SimInstance:
@@ -331,6 +376,7 @@ class SimInstance:
             raise ValueError(f"{model.name} does not fit on {tensor_parallel} x {gpu.name} "
                              f"({gpu.mem_gb} GiB at utilization {gpu_memory_utilization})")
         self.ops = _operator_model(gpu, model, tensor_parallel)
+        self._tables = _decode_tables(self.ops)  # its decode runs' durations (shared)
 
         self._seqs: dict[str, _Seq] = {}
         self._running: list[_Seq] = []
@@ -376,6 +422,17 @@ class SimInstance:
         """Seconds of consecutive pure-decode iterations (``T = S = B``) whose decode
         attention reads ``dec_kv[j]`` KV tokens."""
         return self.ops.step_parts(T, S, B, dec_kv) * self.slowdown
+
+    def _decode_run(self, S: int, dkv: int, K: int) -> np.ndarray:
+        """Seconds of the ``K`` iterations of a decode run of ``S`` sequences whose first
+        reads ``dkv`` KV tokens (each next one ``S`` more): ``_durations``'s values, read
+        from the shared table where it covers them (a new array: the caller adds to it)."""
+        stop = dkv + S * (K - 1) + 1
+        if S <= _DECODE_TABLE_MAX_S:
+            tab = _decode_table(self.ops, self._tables, S, stop)
+            if tab is not None:
+                return tab[dkv:stop:S] * self.slowdown
+        return self._durations(S, S, S, dkv + S * np.arange(K, dtype=np.int64))
 
     def _duration(self, T: int, S: int, B: int, dec_kv: int, pf_tokens: int = 0,
                   pf_pairs: int = 0, pf_kv: int = 0) -> float:
@@ -519,7 +576,7 @@ class SimInstance:
         if not p.run:
             return p.ends[0]
         k = p.evs[p.ev_ptr][0] if p.ev_ptr < len(p.evs) else p.K - 1
-        return float(p.ends[k if k < p.K else p.K - 1])
+        return p.ends[k if k < p.K else p.K - 1]
 
     def step_until(self, t: float) -> list[SeqEvent]:
         """Run every iteration that ends at or before ``t``; the events, in time order (ties:
@@ -536,8 +593,9 @@ class SimInstance:
         p = self._plan
         if p is not None and p.run and p.m > 0:  # blocks taken lazily inside a decode run
             alive = np.array([s.state == _RUNNING for s in p.seqs])
-            need = -(-(p.c0 + p.m + 1) // self.block_size)
-            had = -(-(p.c0 + 1) // self.block_size)
+            c0 = np.asarray(p.c0, dtype=np.int64)
+            need = -(-(c0 + p.m + 1) // self.block_size)
+            had = -(-(c0 + 1) // self.block_size)
             used += int(np.maximum(need - had, 0)[alive].sum())
         return SimLoad(running=len(self._running), waiting=self._n_waiting,
                        kv_blocks_used=used, kv_blocks_total=self.kv_blocks_total,
@@ -555,7 +613,7 @@ class SimInstance:
         if p is None:
             return out
         if p.run:  # iteration j writes token g0 + j + 1 of every sequence
-            done = min(p.K, int(np.searchsorted(p.ends, t, side="right")))
+            done = min(p.K, bisect_right(p.ends, t))
             for i, s in enumerate(p.seqs):
                 if s.state == _RUNNING:
                     out[s.id] = int(p.g0[i]) + done
@@ -586,7 +644,7 @@ class SimInstance:
         p = self._plan
         if p is None or not p.run:
             return
-        k = max(p.m, int(np.searchsorted(p.ends, t, side="left")) + 1)
+        k = max(p.m, bisect_left(p.ends, t) + 1)
         if k < p.K:
             p.K = k
             p.ends = p.ends[:k]
@@ -612,8 +670,9 @@ class SimInstance:
                         continue
                     return
             if p.run:
-                m = int(np.searchsorted(p.ends, t, side="right"))
-                m = min(m, p.K)
+                m = bisect_right(p.ends, t)
+                if m > p.K:
+                    m = p.K
             else:
                 m = 1 if p.ends[0] <= t else 0
             if m > p.m:
@@ -751,34 +810,57 @@ class SimInstance:
             if self.attribute and 0 < nd < S:
                 self._plan.dec_only = self._decodes_alone(sched, nl, nd, dkv)
             return
-        c0 = np.fromiter((s.computed for s in sched), dtype=np.int64, count=S)
-        g0 = np.fromiter((s.generated for s in sched), dtype=np.int64, count=S)
-        out = np.fromiter((s.output for s in sched), dtype=np.int64, count=S)
-        K = int((out - g0).min())
-        if K > 1:  # blocks for iterations 1..K-1 must come from the free pool
-            first = B - (c0 % B)  # iteration at which each sequence next needs a block
-            cnt = np.where(first <= K - 1, (K - 1 - first) // B + 1, 0)
-            if int(cnt.sum()) > self._free:
-                steps = np.sort(np.concatenate(
-                    [np.arange(f, K, B) for f in first[cnt > 0].tolist()]))
-                K = int(steps[self._free])
-        if K == 1:
-            ends = np.array([tb + self._iteration(sched, nl, T, S, nd, dkv, pt, pp, pkv)])
+        c0: list[int] | np.ndarray  # tokens computed, generated and to generate, at tb
+        g0: list[int] | np.ndarray
+        out: list[int] | np.ndarray
+        if S <= _PY_EVENTS_MAX:  # the few sequences of most engines: plain Python
+            c0 = [s.computed for s in sched]
+            g0 = [s.generated for s in sched]
+            out = [s.output for s in sched]
+            K = min([o - g for o, g in zip(out, g0)])
+            if K > 1:  # blocks for iterations 1..K-1 must come from the free pool
+                blocks = 0
+                for c in c0:
+                    first = B - c % B  # iteration at which it next needs a block
+                    if first <= K - 1:
+                        blocks += (K - 1 - first) // B + 1
+                if blocks > self._free:
+                    K = self._blocks_run_out(np.array(c0, dtype=np.int64), K)
         else:
-            j = np.arange(K, dtype=np.int64)
-            dt = self._durations(T, S, nd, dkv + S * j) if self.llama_slots is None \
-                else self._llama_decode_run(sched, j)
+            c0 = np.fromiter((s.computed for s in sched), dtype=np.int64, count=S)
+            g0 = np.fromiter((s.generated for s in sched), dtype=np.int64, count=S)
+            out = np.fromiter((s.output for s in sched), dtype=np.int64, count=S)
+            K = int((out - g0).min())
+            if K > 1:
+                firsts = B - (c0 % B)
+                cnt = np.where(firsts <= K - 1, (K - 1 - firsts) // B + 1, 0)
+                if int(cnt.sum()) > self._free:
+                    K = self._blocks_run_out(c0, K)
+        if K == 1:
+            ends = [tb + self._iteration(sched, nl, T, S, nd, dkv, pt, pp, pkv)]
+        else:
+            dt = self._decode_run(S, dkv, K) if self.llama_slots is None \
+                else self._llama_decode_run(sched, np.arange(K, dtype=np.int64))
             dt[0] += tb
-            ends = np.cumsum(dt)  # sequential: ((tb + dt0) + dt1) + ...
+            ends = np.cumsum(dt).tolist()  # sequential: ((tb + dt0) + dt1) + ...
         if self._pending:  # cut after the iteration in flight when a request turns eligible
             te = self._pending[0][0]
-            k = int(np.searchsorted(ends, te, side="left")) + 1
+            k = bisect_left(ends, te) + 1
             if k < K:
                 K = k
                 ends = ends[:K]
         p = _Plan(sched, nl, K, tb, ends, True, c0, g0, out)
         p.evs = _run_events(g0, out, K)
         self._plan = p
+
+    def _blocks_run_out(self, c0: np.ndarray, K: int) -> int:
+        """The iterations a decode run of ``K`` can make before its sequences (``c0`` tokens
+        computed each) need more new KV blocks than are free."""
+        B = self.block_size
+        first = B - (c0 % B)
+        cnt = np.where(first <= K - 1, (K - 1 - first) // B + 1, 0)
+        steps = np.sort(np.concatenate([np.arange(f, K, B) for f in first[cnt > 0].tolist()]))
+        return int(steps[self._free])
 
     # --------------------------------------------------------------------- attribution
     def _decodes_alone(self, sched: list, nl: list[int], nd: int, dkv: int) -> float:
@@ -911,14 +993,14 @@ class SimInstance:
             self.busy_s += float(t - p.t0)
             self.tokens_computed += sum(p.ns)
             return
-        evs, k = p.evs, p.ev_ptr
+        evs, k, ends = p.evs, p.ev_ptr, p.ends
         n_evs = len(evs)
         while k < n_evs and evs[k][0] < m:
             it, i, pw = evs[k]
             k += 1
             s = p.seqs[i]
             if s.state == _RUNNING:
-                t = float(p.ends[it])
+                t = ends[it]
                 if pw == 1:
                     s.first_token = t
                     events.append((t, s.order, 0, SeqEvent("first_token", s.id, t, 1,
@@ -928,7 +1010,7 @@ class SimInstance:
                                                             preempted=s.preempted)))
         p.ev_ptr = k
         if m > p.m:
-            dt = float(p.ends[m - 1] - (p.ends[p.m - 1] if p.m else p.t0))
+            dt = ends[m - 1] - (ends[p.m - 1] if p.m else p.t0)
             self.busy_s += dt
             if self.attribute:
                 for s in p.seqs:
@@ -971,11 +1053,11 @@ class SimInstance:
     def _finish_plan(self, p: _Plan, events: list) -> None:
         """All of the plan's iterations are committed: write the run's state back."""
         self._plan = None
-        self._t_bound = float(p.ends[p.K - 1])
+        self._t_bound = p.ends[p.K - 1]
         if p.run:
             B = self.block_size
             m = p.m
-            t = float(p.ends[m - 1])
+            t = p.ends[m - 1]
             done = False
             for i, s in enumerate(p.seqs):
                 if s.state != _RUNNING:
@@ -1002,15 +1084,18 @@ class SimInstance:
 _PY_EVENTS_MAX = 8
 
 
-def _run_events(g0: np.ndarray, out: np.ndarray, K: int) -> list[tuple[int, int, int]]:
+def _run_events(g0, out, K: int) -> list[tuple[int, int, int]]:
     """(iteration, sequence index, token count) of every first-token/progress event of a
     decode run of ``K`` iterations, in iteration order (ties: smaller count, then sequence
     order): token counts that are powers of two, reached at iteration ``pw - g0 - 1`` (a
     sequence's last token is reported by its finish event instead, unless it is its first)."""
-    if g0.size > _PY_EVENTS_MAX:
-        return _run_events_numpy(g0, out, K)
+    if len(g0) > _PY_EVENTS_MAX:
+        return _run_events_numpy(np.asarray(g0, dtype=np.int64),
+                                 np.asarray(out, dtype=np.int64), K)
+    if isinstance(g0, np.ndarray):
+        g0, out = g0.tolist(), out.tolist()
     found = []
-    for i, (g, o) in enumerate(zip(g0.tolist(), out.tolist())):
+    for i, (g, o) in enumerate(zip(g0, out)):
         b = (g + 1).bit_length() - 1  # the first power of two not yet written: >= g + 1
         pw = 1 << b
         if pw < g + 1:

@@ -1,0 +1,105 @@
+"""The engine's fast paths give the very same floats and events as the direct computation.
+
+A decode run's iteration times come from one table per (operator model, batch size) shared
+by the fleet (``engine._decode_table``), and a plan's iteration ends are Python floats. Each
+test compares against the direct path (``_DECODE_TABLE_MAX_S = 0``, or ``_durations``) bit
+for bit, so an off-by-one slice, a wrong stride or a missed slowdown fails here.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from agentflow import hardware
+from agentflow.sim import engine as engine_mod
+from agentflow.sim.engine import SimInstance
+
+L8B = hardware.model("Llama-3.1-8B")
+
+
+def _bits(a: np.ndarray) -> list[int]:
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.int64).tolist()
+
+
+@pytest.mark.parametrize("gpu,model", [
+    ("H100", "Llama-3.1-8B"), ("A100-80G", "Llama-3.1-8B"), ("L40S", "Llama-3.1-8B"),
+    ("A6000", "Llama-3.1-8B"), ("H100", "Qwen3-30B-A3B"),
+    ("Xeon-core", "gemma-3-270m"),  # a CPU profile: the serial roofline
+])
+def test_decode_run_table_equals_the_direct_durations(gpu, model):
+    inst = SimInstance(hardware.gpu(gpu), hardware.model(model), name=f"t-{gpu}")
+    rng = random.Random(7)
+    for trial in range(400):
+        S = rng.randint(1, engine_mod._DECODE_TABLE_MAX_S)
+        dkv = sum(rng.randint(1, 6000) for _ in range(S))
+        K = rng.choice([2, 3, rng.randint(2, 64), rng.randint(2, 3000)])
+        if trial % 3 == 0:
+            inst.slowdown = rng.choice([1.0, 1.37, 2.5])
+        want = inst._durations(S, S, S, dkv + S * np.arange(K, dtype=np.int64))
+        got = inst._decode_run(S, dkv, K)
+        assert _bits(got) == _bits(want), (gpu, S, dkv, K, inst.slowdown)
+
+
+def test_decode_run_past_the_table_is_computed_directly(monkeypatch):
+    inst = SimInstance(hardware.gpu("H100"), L8B, name="long")
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_MAX_KV", 5000)
+    want = inst._durations(2, 2, 2, 4990 + 2 * np.arange(40, dtype=np.int64))
+    assert _bits(inst._decode_run(2, 4990, 40)) == _bits(want)
+
+
+def _workload(inst: SimInstance, seed: int, n: int = 60) -> list[tuple]:
+    """Adds and aborts at random times, the engine woken at each event and each action;
+    every event and every ``load`` / ``tokens_written`` reading along the way."""
+    rnd = random.Random(seed)
+    acts, t = [], 0.0
+    for k in range(n):
+        t += rnd.expovariate(4.0)
+        acts.append((t, "add", f"s{k}", rnd.randint(20, 3000), rnd.randint(1, 700),
+                     rnd.randint(0, 3)))
+        if k > 2 and rnd.random() < 0.15:
+            acts.append((t + rnd.random() * 0.3, "abort", f"s{rnd.randint(0, k)}"))
+    acts.sort(key=lambda a: a[0])
+    out: list[tuple] = []
+
+    def wake(until: float | None) -> None:
+        while (t := inst.next_event_time()) is not None and (until is None or t <= until):
+            for e in inst.step_until(t):
+                out.append((e.kind, e.seq_id, e.time, e.output_tokens, e.ttft_s, e.total_s,
+                            e.queue_s, e.preempted))
+            load = inst.load()
+            out.append(("load", load.running, load.waiting, load.kv_blocks_used,
+                        sorted(inst.tokens_written(t).items())))
+
+    for a in acts:
+        wake(a[0])
+        out.append(("at", sorted(inst.tokens_written(a[0]).items())))
+        if a[1] == "add":
+            inst.add(a[2], a[3], a[4], a[5], a[0])
+        else:
+            inst.abort(a[2], a[0])
+    wake(None)
+    assert all(type(x[2]) is float for x in out if x[0] in ("first_token", "progress",
+                                                            "finished"))
+    return out
+
+
+@pytest.mark.parametrize("seed,kw", [
+    (0, {}),
+    (1, {"num_gpu_blocks": 250, "max_num_seqs": 8}),  # preemptions, runs cut by blocks
+    (2, {"max_num_batched_tokens": 256, "request_overhead_s": 0.02}),
+    (3, {"max_num_seqs": 32}),  # wider batches: the array path above _PY_EVENTS_MAX
+])
+def test_runs_from_the_table_equal_the_direct_runs_event_by_event(monkeypatch, seed, kw):
+    kw.setdefault("request_overhead_s", 0.0)
+    fast = _workload(SimInstance(hardware.gpu("A100-80G"), L8B, **kw), seed)
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_MAX_S", 0)
+    slow = _workload(SimInstance(hardware.gpu("A100-80G"), L8B, **kw), seed)
+    stepped = _workload(SimInstance(hardware.gpu("A100-80G"), L8B, jump_ahead=False, **kw),
+                        seed)
+    assert fast == slow
+    events = [x for x in fast if x[0] in ("first_token", "progress", "finished")]
+    assert events == [x for x in stepped if x[0] in ("first_token", "progress", "finished")]
+    assert len(events) > 200
