@@ -121,6 +121,8 @@ class Coordinator(WorkflowPaths):
         self.preemption = check_preemption(preemption, policy, fair=self._fair)
         self.preempted_calls = 0  # calls stopped so far (each also counts on the call)
         self._init_view(instances)
+        for q in self.queues.values():  # how a held progress report is priced
+            q.kv_at = self._kv_tokens_at
         self.length_model = length_model if length_model is not None \
             else make_length_model(parse_policy(policy).length_model)
         self.max_waiting_calls = max_waiting_calls
@@ -249,7 +251,8 @@ class Coordinator(WorkflowPaths):
                     and self._defer_paths(query, self.clock.now(), stamp)):
                 self._refresh(query, self.clock.now())
         if crossed and call.instance is not None and call.state == CallState.RUNNING:
-            self.queues[call.instance].reserve(call, self._kv_tokens(call))
+            # held, priced when its instance's KV is read (``InstanceQueue.note_progress``)
+            self.queues[call.instance].note_progress(call, call.attained_tokens)
         if first and call.instance is not None and call.state == CallState.RUNNING:
             queue = self.queues[call.instance]
             queue.first_token(call)
