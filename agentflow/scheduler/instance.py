@@ -69,7 +69,7 @@ class InstanceQueue:
         # something reads this instance's KV (``note_progress``): call -> the output tokens
         # each report said it had written; each held call's share of ``book.kv_pending``.
         self._kv_held: dict[ScheduledCall, list[int]] = {}
-        self._kv_bound: dict[ScheduledCall, int] = {}
+        self._kv_bound: dict[ScheduledCall, list[int]] = {}
         # (call, output tokens written) -> KV tokens it may hold: the coordinator's rule
         self.kv_at: Callable[[ScheduledCall, int], int] | None = None
 
@@ -283,14 +283,18 @@ class InstanceQueue:
                 return  # ``reserve`` would do nothing
             held = self._kv_held[call] = []
             self.book.kv_folded[self.index] = self.settle_kv
+            tokens = call.tokens_on(self.name)
+            bound = self._kv_bound[call] = [
+                0, tokens, tokens + math.ceil(call.output.values.item(-1))]
+        else:
+            bound = self._kv_bound[call]
         held.append(written)
-        top = call.tokens_on(self.name) + max(math.ceil(call.output.values.item(-1)),
-                                              math.ceil(2 * written))
-        grow = max(0, top - call.kv_reserved)
-        before = self._kv_bound.get(call, 0)
-        if grow != before:
-            self._kv_bound[call] = grow
-            self.book.kv_pending[self.index] += grow - before
+        # [what its held reports may add, its prompt, prompt + the largest predicted length];
+        # its reports come in growing token counts, so the bound only grows
+        grow = max(bound[2], bound[1] + math.ceil(2 * written)) - call.kv_reserved
+        if grow > bound[0]:
+            self.book.kv_pending[self.index] += grow - bound[0]
+            bound[0] = grow
 
     def settle_kv(self) -> None:
         """Price the held progress reports (``note_progress``), each call's in order."""
@@ -322,7 +326,7 @@ class InstanceQueue:
     def _drop_held(self, call: ScheduledCall) -> None:
         """``call`` leaves with progress reports held: they are never priced (see
         ``note_progress``), and its share of the pending bound goes with it."""
-        grow = self._kv_bound.pop(call, 0)
+        grow = self._kv_bound.pop(call)[0]
         if not self._kv_held:
             self._kv_bound.clear()
             self.book.kv_pending[self.index] = 0.0
