@@ -140,6 +140,15 @@ class GPUProfile:
     # engine's iterations by it while none of the host's other engines is busy
     # (``agentflow.sim.host_corun``). 1.0: no difference (every stored profile, every GPU).
     cpu_alone_factor: float = 1.0
+    # A CPU host's per-instance speed: (instance name, factor) pairs, each the CPU seconds the
+    # speed probe typically cost on that instance's core (the median of every probe of every
+    # calibration try, with its neighbours busy) over what it cost while the rows these
+    # constants were fitted on were timed. Why: a VM's speed moves ~20% within minutes, so
+    # one try's rows catch one phase, and its pinned cores need not run at one speed; the
+    # simulator multiplies a local engine's iterations by its instance's factor
+    # (``llamacpp_server.configure_engine``). Empty: 1.0 for every instance (every stored
+    # profile, every GPU, host profiles stored before it).
+    cpu_instance_speed: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

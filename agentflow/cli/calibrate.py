@@ -59,6 +59,13 @@ def register(sub) -> None:
                    "alone/beside ratio as the host's co-run factor (cpu_alone_factor: the "
                    "simulator prices a local engine's work at it while its neighbours are "
                    "idle); 0 skips it (factor 1). Default 2; not with --one-at-a-time")
+    p.add_argument("--tries", type=int, default=1, metavar="N",
+                   help="calibrate again while the speed probe moved more than 10%% within "
+                   "a try, at most N tries in all (default 1); the fit is the last try's "
+                   "rows, and every try's probes are kept: each instance's speed reference "
+                   "is the median of all of them (the machine's typical speed, not the calm "
+                   "phase a stable try caught), and the co-run factor the median over every "
+                   "try's pairs")
     p.add_argument("--single-only", dest="fit_batched", action="store_false",
                    help="fit on single requests only (default: the batched rows too)")
     p.add_argument("--tokenizer", help="a .gguf file or Hugging Face tokenizer for the prompts "
@@ -109,6 +116,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ValueError("--repeats must be >= 1")
     if args.corun_rounds < 0:
         raise ValueError("--corun-rounds must be >= 0")
+    if args.tries < 1:
+        raise ValueError("--tries must be >= 1")
     only = set(args.instances.split(",")) if args.instances else None
     groups, skipped = local_groups(args.cluster, only)
     for name in skipped:
@@ -129,6 +138,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         joined: list[tuple] = []
         probes: list[float] = []
         corun: list[tuple[float, float]] = []
+        instance_probes: dict[str, list[float]] = {}
+        tries: list[dict] = []
         if args.refit:
             key = f"{base} / {model_name}"
             try:
@@ -142,6 +153,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                     == calib.SPEED_PROBE and old.get("speed_probe_cpu_s"):
                 probes = [float(old["speed_probe_cpu_s"])]
             corun = [(float(a), float(b)) for a, b in old.get("corun_pairs", ())]
+            if probes:  # the probe's shapes match: its per-instance runs are comparable
+                instance_probes = {n: [float(x) for x in v]
+                                   for n, v in old.get("instance_probes", {}).items()}
             print(f"# refit of {len(rows)} single, {len(batched)} batched and {len(joined)} "
                   f"joined rows from {args.refit}")
         if not args.refit:
@@ -149,15 +163,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             print(f"# {base} / {model_name}: timing {', '.join(names)} "
                   + ("at once, as the cluster serves" if args.together or len(names) == 1
                      else "one after another"))
-            measured: dict[str, calib.Measured] = {}
-            for group in [names] if args.together else [[n] for n in names]:
-                measured.update(calib.measure_together(measure_args, group))
+            for t in range(1, args.tries + 1):
+                measured: dict[str, calib.Measured] = {}
+                for group in [names] if args.together else [[n] for n in names]:
+                    measured.update(calib.measure_together(measure_args, group))
+                try_probes = [x for m in measured.values() for x in m.probes]
+                for n, m in measured.items():
+                    instance_probes.setdefault(n, []).extend(calib.busy_probe_samples(m))
+                    corun += m.corun
+                warning = calib.probe_spread_warning(try_probes)
+                tries.append({"speed_probe_runs": try_probes, "moved": warning is not None,
+                              "corun_pairs": [list(x) for m in measured.values()
+                                              for x in m.corun]})
+                if warning is None or t == args.tries:
+                    break
+                print(f"try {t}: {warning}")
+                print(f"# try {t + 1} of at most {args.tries}: calibrating again "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+            # the fit is the last try's rows (the stable one, if any was)
             for m in measured.values():
                 rows += m.rows
                 batched += m.batched
                 joined += m.joined
                 probes += m.probes
-                corun += m.corun
         name, cfg = members[0]
         limits = calib.engine_limits(cfg)
         model = engine_for(name, limits, hardware.gpu(base)).model
@@ -171,7 +199,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             instances=tuple(n for n, _ in members),
             speed_probe_cpu_s=float(np.mean(probes)) if probes else 0.0,
             speed_probe_shapes=calib.SPEED_PROBE if probes else (),
-            alone_factor=calib.corun_factor(corun), corun_pairs=tuple(corun))
+            alone_factor=calib.corun_factor(corun), corun_pairs=tuple(corun),
+            instance_probes={n: tuple(v) for n, v in instance_probes.items()} if probes
+            else {})
         if probes and args.refit:
             print(f"speed probe of the saved rows: {probes[0]:.3f} CPU-s")
         elif probes:
@@ -182,6 +212,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             warning = calib.probe_spread_warning(probes)
             if warning:
                 print(warning)
+        speeds = entry.instance_speeds()
+        if speeds:
+            print(f"speed reference per instance (the median of its probes with its "
+                  f"neighbours busy, {len(tries) or 'saved'} tr{'y' if len(tries) == 1 else 'ies'}"
+                  f"), over the fitted rows' {entry.speed_probe_cpu_s:.3f} CPU-s: " + ", ".join(
+                      f"{n} {entry.instance_reference(n, calib.SPEED_PROBE):.3f} CPU-s "
+                      f"(x{v:.3f}, {len(entry.instance_probes[n])} probes)"
+                      for n, v in speeds.items())
+                  + "; the simulator prices each instance's engine at its factor")
         if corun:
             ratios = [a / b for a, b in corun]
             print(f"co-run factor (cpu_alone_factor): {entry.alone_factor:.3f}, the median "
@@ -203,6 +242,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         saved[f"{base} / {model_name}"] = {**entry.to_json(), "reference_s": refs,
                                           "rows": fit.rows,
                                           "speed_probe_runs": probes,
+                                          "tries": tries,
                                           "batched": fit.batched, "joined": fit.joined}
     print(f"# load at the end {os.getloadavg()[0]:.1f}")
     if args.json:

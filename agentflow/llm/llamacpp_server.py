@@ -152,9 +152,16 @@ def configure_engine(engine: Any, backend: dict[str, Any], model: Any) -> None:
     """A simulated engine (``SimInstance``) made to batch as this llama-server does: its
     checkpoint breaks (``prompt_breaks``) and, with one KV stream per slot (agentflow's
     ``--no-kv-unified``, unless ``extra_args`` ask for ``--kv-unified``), its slots and
-    ubatches (``agentflow.llm.llama_batches``)."""
+    ubatches (``agentflow.llm.llama_batches``); and priced at its instance's speed on this
+    host where the host profile measured one (``GPUProfile.cpu_instance_speed``: its
+    iterations x that factor, on top of any slowdown it already has)."""
     from agentflow.llm.llama_batches import SlotTable
 
+    speed = dict(getattr(engine.gpu, "cpu_instance_speed", ()) or ()).get(engine.name)
+    if speed is not None:
+        if not speed > 0:
+            raise ValueError(f"{engine.name}: instance speed factor must be positive: {speed}")
+        engine.slowdown = engine.slowdown * float(speed)
     engine.prompt_breaks = prompt_breaks(backend, model)
     fields = LlamaServerSpec.model_fields
     args = [str(a) for a in backend.get("extra_args", ())]

@@ -121,6 +121,8 @@ class Coordinator(WorkflowPaths):
         self.preemption = check_preemption(preemption, policy, fair=self._fair)
         self.preempted_calls = 0  # calls stopped so far (each also counts on the call)
         self._init_view(instances)
+        for q in self.queues.values():  # how a held progress report is priced
+            q.kv_at = self._kv_tokens_at
         self.length_model = length_model if length_model is not None \
             else make_length_model(parse_policy(policy).length_model)
         self.max_waiting_calls = max_waiting_calls
@@ -236,20 +238,24 @@ class Coordinator(WorkflowPaths):
     def on_call_progress(self, call: ScheduledCall, output_tokens: int) -> list[Decision]:
         """Streaming progress: attained service feeds Gittins ranks and outstanding work; a
         first token frees a pending-prefill slot, so more calls may be admitted."""
-        if not self._live(call):
-            return []
-        first = call.attained_tokens == 0 and output_tokens > 0
-        crossed = self._bucket(call.attained_tokens) != self._bucket(output_tokens)
-        call.attained_tokens = max(call.attained_tokens, output_tokens)
-        if crossed and call.query.id in self.queries:
-            query = call.query
+        query = call.query
+        if call.state != CallState.RUNNING or self.queries.get(query.id) is not query:
+            return []  # not ``_live``
+        attained = call.attained_tokens
+        first = attained == 0 and output_tokens > 0
+        # crossed a geometric bucket of attained output tokens (1, 2, 4, 8, ...)?
+        crossed = int(attained).bit_length() != int(output_tokens).bit_length()
+        if output_tokens > attained:
+            call.attained_tokens = attained = output_tokens
+        if crossed:
             stamp = self._paths_stamp(query)
             query.calls_version += 1  # re-rank at bucket boundaries, not every token
             if not (self._queue_policy.query_dependent
                     and self._defer_paths(query, self.clock.now(), stamp)):
                 self._refresh(query, self.clock.now())
-        if crossed and call.instance is not None and call.state == CallState.RUNNING:
-            self.queues[call.instance].reserve(call, self._kv_tokens(call))
+            if call.instance is not None:
+                # held, priced when its instance's KV is read (``InstanceQueue.note_progress``)
+                self.queues[call.instance].note_progress(call, attained)
         if first and call.instance is not None and call.state == CallState.RUNNING:
             queue = self.queues[call.instance]
             queue.first_token(call)
@@ -481,10 +487,6 @@ class Coordinator(WorkflowPaths):
         """Whether a runtime's report on ``call`` still concerns the coordinator: the call is
         running and its query is still known (a cancelled query's calls may report late)."""
         return call.state == CallState.RUNNING and self.queries.get(call.query.id) is call.query
-
-    def _bucket(self, tokens: int) -> int:
-        """Geometric buckets of attained output tokens (1, 2, 4, 8, ...)."""
-        return int(tokens).bit_length()
 
     def _dispatch(self, call: ScheduledCall, now: float, *,
                   reason_if_none: str = "no instance is up") -> list[Decision]:

@@ -11,6 +11,7 @@ same call.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,13 @@ class InstanceQueue:
         # (queue, best waiting call, its KV tokens) -> may it start now; None: capacity only
         self.gate: Callable[[InstanceQueue, ScheduledCall, int], bool] | None = None
         self.class_load: ClassLoad | None = None  # under class ranking
+        # Progress reports that may grow a running call's KV reservation, held until
+        # something reads this instance's KV (``note_progress``): call -> the output tokens
+        # each report said it had written; each held call's share of ``book.kv_pending``.
+        self._kv_held: dict[ScheduledCall, list[int]] = {}
+        self._kv_bound: dict[ScheduledCall, list[int]] = {}
+        # (call, output tokens written) -> KV tokens it may hold: the coordinator's rule
+        self.kv_at: Callable[[ScheduledCall, int], int] | None = None
 
     @property
     def name(self) -> str:
@@ -71,8 +79,11 @@ class InstanceQueue:
 
     @property
     def kv_tokens_in_use(self) -> int:
-        """KV-cache tokens the admitted calls may hold (kept in the shared ``LoadBook``)."""
-        return int(self.book.kv_used[self.index])
+        """KV-cache tokens the admitted calls may hold (kept in the shared ``LoadBook``),
+        the held progress reports priced first (``note_progress``)."""
+        if self._kv_held:
+            self.settle_kv()
+        return int(self.book.kv_settled[self.index])
 
     # ------------------------------------------------------------------------------ waiting
     def enqueue(self, call: ScheduledCall, now: float, view: SchedulerView) -> None:
@@ -242,13 +253,68 @@ class InstanceQueue:
         length it was expected to stay under): hold that much for it from now on, so no new
         call is admitted into memory it will take."""
         if call in self.running and kv_tokens > call.kv_reserved:
-            self.book.kv_used[self.index] += kv_tokens - call.kv_reserved
+            self.book.kv_settled[self.index] += kv_tokens - call.kv_reserved
             call.kv_reserved = kv_tokens
+
+    def note_progress(self, call: ScheduledCall, written: int) -> None:
+        """A running call reported ``written`` output tokens at a bucket boundary: it may
+        need more KV than it holds (``reserve``). The report is held, not priced: the
+        reservation is computed only when something reads this instance's KV
+        (``kv_tokens_in_use``, ``LoadBook.kv_used``, the dispatch room test where the held
+        reports could change its answer), and a call that finishes with reports still held
+        never prices them.
+
+        Why exact: a reservation only moves this instance's KV total, in whole tokens (exact
+        float sums), and its call's own ``kv_reserved``. Settled, the held reports are
+        priced in their order with each report's own token count (``kv_at``: the rule that
+        reads ``attained_tokens``), so every reader gets what pricing each report as it came
+        gives. A call that leaves with reports held gives back what it holds by the
+        reports priced so far: what eager reservations would have added, and then taken
+        back with it, cancels to the token. Why: a call reports ~5 times (1, 2, 4, ...
+        tokens), each reservation a quantile of its prediction (~8 µs), and most calls
+        finish before anything reads their instance's KV (the sim's 1,024-instance fleet).
+
+        ``book.kv_pending`` holds an upper bound on what the held reports may add (a
+        reservation is at most the prompt plus the prediction's largest length or twice
+        what was written), for a reader that settles only instances where it matters."""
+        held = self._kv_held.get(call)
+        if held is None:
+            if call not in self.running:
+                return  # ``reserve`` would do nothing
+            held = self._kv_held[call] = []
+            self.book.kv_folded[self.index] = self.settle_kv
+            tokens = call.tokens_on(self.name)
+            bound = self._kv_bound[call] = [
+                0, tokens, tokens + math.ceil(call.output.values.item(-1))]
+        else:
+            bound = self._kv_bound[call]
+        held.append(written)
+        # [what its held reports may add, its prompt, prompt + the largest predicted length];
+        # its reports come in growing token counts, so the bound only grows
+        grow = max(bound[2], bound[1] + math.ceil(2 * written)) - call.kv_reserved
+        if grow > bound[0]:
+            self.book.kv_pending[self.index] += grow - bound[0]
+            bound[0] = grow
+
+    def settle_kv(self) -> None:
+        """Price the held progress reports (``note_progress``), each call's in order."""
+        held, kv_at = self._kv_held, self.kv_at
+        if held:
+            assert kv_at is not None  # set by the coordinator that holds reports
+            for call, written in held.items():
+                for w in written:
+                    self.reserve(call, kv_at(call, w))
+            held.clear()
+            self._kv_bound.clear()
+        self.book.kv_pending[self.index] = 0.0
+        self.book.kv_folded.pop(self.index, None)
 
     def finish(self, call: ScheduledCall, completed: bool = False) -> None:
         """``call`` leaves the instance; ``completed``: it ran to its end (so its prompt was
         prefilled even if no first token was reported), else it was stopped, failed or
         cancelled (a prompt still pending did not run)."""
+        if self._kv_held and self._kv_held.pop(call, None) is not None:
+            self._drop_held(call)
         if call in self.running:
             self.running.discard(call)
             if self.class_load is not None:
@@ -257,6 +323,17 @@ class InstanceQueue:
             self.book.finish(self.index, call, call.kv_reserved)
 
     # ---------------------------------------------------------------------------- internals
+    def _drop_held(self, call: ScheduledCall) -> None:
+        """``call`` leaves with progress reports held: they are never priced (see
+        ``note_progress``), and its share of the pending bound goes with it."""
+        grow = self._kv_bound.pop(call)[0]
+        if not self._kv_held:
+            self._kv_bound.clear()
+            self.book.kv_pending[self.index] = 0.0
+            self.book.kv_folded.pop(self.index, None)
+        elif grow:
+            self.book.kv_pending[self.index] -= grow
+
     def _rank(self, entry: _Entry, call: ScheduledCall, now: float,
               view: SchedulerView, key: Key | None = None) -> None:
         if key is None:

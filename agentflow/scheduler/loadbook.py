@@ -157,7 +157,16 @@ class LoadBook:
     expected finish times (estimated at admission). The work left on running calls is
     ``sum(f) - n * now`` over calls not yet past their expected finish; the ``ExpiryWheel``
     retires the over-running ones (the clock never goes back, so an over-run stays one, and
-    it counts 0 as before), in one vector update per decision whatever their number."""
+    it counts 0 as before), in one vector update per decision whatever their number.
+
+    KV tokens held per instance (``kv_used``) may lag the progress reports: a report that
+    grows a running call's reservation is kept by its instance's queue and priced only when
+    something reads that instance's KV (``InstanceQueue.note_progress``). ``kv_used`` settles
+    every instance first, so any reader gets the value eager reservations give;
+    ``kv_settled`` is the array as it stands, with ``kv_pending`` (an upper bound on what
+    the held reports may add, per instance) and ``kv_folded`` (the instances holding
+    reports, each with its settle function) beside it, for a reader that settles only
+    where the answer could change (``ClusterView._kv_room``)."""
 
     def __init__(self, n: int):
         self.n_wait = np.zeros(n)
@@ -166,15 +175,33 @@ class LoadBook:
         self.finish_sum = np.zeros(n)
         self.finish_n = np.zeros(n)
         self.n_run = np.zeros(n)
-        self.kv_used = np.zeros(n)
+        self.kv_settled = np.zeros(n)
+        self.kv_pending = np.zeros(n)  # whole tokens: sums of them are exact
+        self.kv_folded: dict[int, Any] = {}  # instance index -> its settle function
         self.prefill_prompt = np.zeros(n)  # prompt tokens admitted but not yet prefilled
         self.expiry = ExpiryWheel()
         self._marks = np.zeros(n, dtype=np.intp)  # scratch for ``_repeats``
 
+    @property
+    def kv_used(self) -> np.ndarray:
+        """KV tokens held per instance, every held progress report priced first (the array
+        is the book's own: callers read it, never write it)."""
+        if self.kv_folded:
+            self.settle_kv()
+        return self.kv_settled
+
+    def settle_kv(self, rows: Any = None) -> None:
+        """Price the progress reports held on instances ``rows`` (all when None)."""
+        folded = self.kv_folded
+        for i in (list(folded) if rows is None else rows):
+            settle = folded.get(int(i))
+            if settle is not None:
+                settle()
+
     def start(self, index: int, call: ScheduledCall, finish: float, kv_tokens: int = 0
               ) -> None:
         self.n_run[index] += 1
-        self.kv_used[index] += kv_tokens
+        self.kv_settled[index] += kv_tokens
         call.expected_finish = finish
         call.expiry_ticket = self.expiry.add(finish, call.seq, index)
         self.finish_sum[index] += finish
@@ -183,7 +210,7 @@ class LoadBook:
     def finish(self, index: int, call: ScheduledCall, kv_tokens: int = 0) -> None:
         """An admitted call left the instance (done, failed, cancelled)."""
         self.n_run[index] -= 1
-        self.kv_used[index] = max(0.0, self.kv_used[index] - kv_tokens)
+        self.kv_settled[index] = max(0.0, self.kv_settled[index] - kv_tokens)
         self.stop(index, call)
 
     def stop(self, index: int, call: ScheduledCall) -> None:

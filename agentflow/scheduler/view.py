@@ -36,6 +36,7 @@ import numpy as np
 from agentflow.scheduler import classes
 from agentflow.scheduler.call import ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
+from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.exact_mean import ExactColumnMeans
 from agentflow.scheduler.instance import InstanceQueue
 from agentflow.scheduler.loadbook import LoadBook
@@ -330,7 +331,7 @@ class ClusterView:
         room = n_run < self._max_inflight
         if not (self._kv_unbounded and isinstance(need, float) and need == need):
             # (with every budget infinite and ``need`` a number, the KV test holds everywhere)
-            room &= (n_run == 0) | (book.kv_used + need <= self._kv_budget)
+            room &= (n_run == 0) | self._kv_fits(need)
         stall = book.running(now)
         stall /= np.maximum(n_run, 1.0)
         stall[room] = 0.0
@@ -560,9 +561,34 @@ class ClusterView:
         coef = self._mean_coef = (means[0], means[1], means[2])
         return coef
 
+    def _kv_fits(self, need: float | np.ndarray) -> np.ndarray:
+        """``kv_used + need <= budget`` per instance, pricing held progress reports
+        (``InstanceQueue.note_progress``) only on instances where they could change the
+        answer: the held reports only add KV, at most ``kv_pending``, so an instance that
+        does not fit without them does not fit with them, and one that fits with the bound
+        added fits (float addition is monotone, and the KV totals are whole tokens, so
+        ``kv_settled + kv_pending`` is exact). The rest are settled and tested again: the
+        same booleans as testing the settled totals everywhere."""
+        book, budget = self.loads, self._kv_budget
+        kv = book.kv_settled
+        fits: np.ndarray = kv + need <= budget
+        if book.kv_folded:
+            top = kv + book.kv_pending
+            top += need
+            unsure = fits & (top > budget)
+            if unsure.any():
+                book.settle_kv(unsure.nonzero()[0].tolist())
+                fits = kv + need <= budget  # the same array, settled where it was unsure
+        return fits
+
     def _kv_tokens(self, call: ScheduledCall) -> int:
         """KV-cache tokens a call may hold on its instance: prompt + ``_output_reserve``."""
         return int(call.tokens_on(call.instance) + self._output_reserve(call))
+
+    def _kv_tokens_at(self, call: ScheduledCall, written: int) -> int:
+        """``_kv_tokens`` of ``call`` as of a report of ``written`` output tokens (what it
+        reads as ``attained_tokens`` then): how a held report is priced when settled."""
+        return int(call.tokens_on(call.instance) + self._reserve_at(call.output, written))
 
     @staticmethod
     def _output_reserve(call: ScheduledCall) -> float:
@@ -570,7 +596,11 @@ class ClusterView:
         what the call has written so far (``attained_tokens``) — once past that percentile,
         the 90th percentile of the lengths above it, and once past every length the
         prediction allows, the next progress report (twice what it has written)."""
-        output, written = call.output, call.attained_tokens
+        return ClusterView._reserve_at(call.output, call.attained_tokens)
+
+    @staticmethod
+    def _reserve_at(output: Distribution, written: int) -> float:
+        """``_output_reserve`` of a call predicted ``output`` that has written ``written``."""
         if written <= 0:
             return output.quantile(0.9)
         if output.survival(written) > 0:

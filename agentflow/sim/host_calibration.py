@@ -716,6 +716,13 @@ async def measure_corun(backends: dict[str, Any], make_prompt: Any, names: Seque
     return pairs
 
 
+def busy_probe_samples(m: Measured) -> list[float]:
+    """The speed probe's CPU-s on one instance with its neighbours busy: before and after
+    its rows (every instance timed at once) and beside busy neighbours in the co-run rounds.
+    The alone runs are left out: they are the other condition the co-run factor prices."""
+    return [*m.probes, *(beside for _, beside in m.corun)]
+
+
 def corun_factor(pairs: Sequence[tuple[float, float]]) -> float:
     """``cpu_alone_factor`` from (alone, beside) CPU-s pairs: their median ratio (1.0 with
     no pairs: nothing measured, nothing applied)."""

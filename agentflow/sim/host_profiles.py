@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from agentflow import hardware
@@ -109,13 +110,43 @@ class HostProfile:
     # ``constants`` so a store written with it still loads in code that predates it.
     alone_factor: float = 1.0
     corun_pairs: tuple[tuple[float, float], ...] = ()
+    # Per instance, every CPU-s of the speed probe (same shapes) the calibration timed on it
+    # with its neighbours busy, over all its tries (before and after its rows, and beside
+    # busy neighbours in the co-run rounds): the distribution each instance's speed
+    # reference is the median of (``instance_reference``). Why not the fitted try's mean
+    # alone: on this project's VM the speed moves ~20% within minutes, and a calibration
+    # that retries until its probe is stable keeps a calm phase, which was a fast one (the
+    # replays after stop 49's ran the same work ~16% slower); and one pinned core's probe
+    # ran ~7% slower than the other's. Empty (stores written before it): no per-instance
+    # reference, every instance priced at the fit's constants as before.
+    instance_probes: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def speed_reference(self, shapes: tuple[tuple[int, int], ...]) -> float | None:
-        """The stored probe's CPU seconds if it was the probe of ``shapes``, else None."""
+        """The stored probe's CPU seconds while the fitted rows were timed (the speed the
+        constants price) if it was the probe of ``shapes``, else None."""
         if self.speed_probe_cpu_s > 0 and tuple(map(tuple, self.speed_probe_shapes)) \
                 == tuple(map(tuple, shapes)):
             return self.speed_probe_cpu_s
         return None
+
+    def instance_reference(self, instance: str, shapes: tuple[tuple[int, int], ...]
+                           ) -> float | None:
+        """The typical CPU seconds of the probe of ``shapes`` on ``instance``: the median of
+        its ``instance_probes``; without them (an older store, an instance not timed) the
+        fit's own reference (``speed_reference``), or None."""
+        fit = self.speed_reference(shapes)
+        got = self.instance_probes.get(instance)
+        if fit is None or not got:
+            return fit
+        return float(median(got))
+
+    def instance_speeds(self) -> dict[str, float]:
+        """Per instance with probes: its typical probe CPU-s over the fit's, the factor the
+        simulator multiplies its engine's iterations by (``GPUProfile.cpu_instance_speed``)."""
+        if self.speed_probe_cpu_s <= 0:
+            return {}
+        return {n: float(median(v)) / self.speed_probe_cpu_s
+                for n, v in sorted(self.instance_probes.items()) if v}
 
     def profile(self) -> hardware.GPUProfile:
         """The named profile with this host's constants."""
@@ -125,13 +156,15 @@ class HostProfile:
             raise ValueError(f"host profile for {self.base}: unknown constants {bad}")
         constants: dict[str, Any] = dict(self.constants)
         return replace(hardware.gpu(self.base), **constants,
-                       cpu_alone_factor=float(self.alone_factor))
+                       cpu_alone_factor=float(self.alone_factor),
+                       cpu_instance_speed=tuple(self.instance_speeds().items()))
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["instances"] = list(self.instances)
         d["speed_probe_shapes"] = [list(x) for x in self.speed_probe_shapes]
         d["corun_pairs"] = [list(x) for x in self.corun_pairs]
+        d["instance_probes"] = {n: list(v) for n, v in self.instance_probes.items()}
         return d
 
     @classmethod
@@ -147,7 +180,9 @@ class HostProfile:
                                                 d.get("speed_probe_shapes", ())),
                        alone_factor=float(d.get("alone_factor", 1.0)),
                        corun_pairs=tuple((float(a), float(b)) for a, b in
-                                         d.get("corun_pairs", ())))
+                                         d.get("corun_pairs", ())),
+                       instance_probes={str(n): tuple(float(x) for x in v) for n, v in
+                                        d.get("instance_probes", {}).items()})
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"malformed host profile entry {d!r}: {err}") from None
 

@@ -273,7 +273,8 @@ def test_resim_checks_the_current_simulator_against_a_saved_real_side(tmp_path, 
         work = f"{1 / factor:.3f}"
         busy = [n for n, v in sim.engine_s.items() if v > 0]
         assert last[-3] == (f"engine work sim/real per instance: "
-                            f"{', '.join([work] * len(busy))} ({', '.join(busy)})")
+                            f"{', '.join([work] * len(busy))} ({', '.join(busy)}; priced "
+                            "at the profile's constants, no probe before the replay)")
         assert last[-2] == f"median |sim-real|/real per call: {expected}"
         assert last[-1] == f"P95 error per query: {expected}"
 

@@ -150,3 +150,27 @@ def test_without_repeat_the_cluster_is_required(capsys):
     with pytest.raises(SystemExit):
         real_vs_sim.main(["--trace", "t.json", "--rate", "0.05"])
     assert "--cluster is required (unless --repeat)" in capsys.readouterr().err
+
+
+def test_runs_without_lone_rows_are_matched_by_the_probe_before_as_their_headline_is(
+        tmp_path):
+    """No calibrate-first rows, but the speed probe before each replay: A's probe cost its
+    reference (3.0), B's 1.2x it, so B's headline was priced at x1.1 (half the probe, half
+    the reference); B's calls took 1.1x A's, and matched by the same pricing predict A
+    exactly. A run without the probe is compared as recorded."""
+    common = {"instances": ["i0", "i1", "i0"], "outputs": [8, 1, 30]}
+    a = write(tmp_path / "a.json", [1.0, 2.0, 4.0], [7.0], **common)
+    b = write(tmp_path / "b.json", [1.1, 2.2, 4.4], [7.7], **common)
+    refs = {"i0": 3.0, "i1": 3.0}
+    for path, before in ((a, {"i0": 3.0, "i1": 3.0}), (b, {"i0": 3.6, "i1": 3.6})):
+        saved = json.loads(Path(path).read_text())
+        saved["speed_probe"] = {"before": before, "after": before, "reference": refs}
+        Path(path).write_text(json.dumps(saved))
+    ra, rb = repeat.load_runs([a, b])
+    assert rb.predicted_probe_s == pytest.approx({"i0": 3.3, "i1": 3.3})
+    assert repeat.speed_factors(ra, rb) == pytest.approx({"i0": 1 / 1.1, "i1": 1 / 1.1})
+    out = repeat.summarise([ra, rb])
+    assert out["all_speed_matched"]
+    assert out["pairs"][0]["matched"]["median_call_error"] == pytest.approx(0.0, abs=1e-12)
+    c = write(tmp_path / "c.json", [1.1, 2.2, 4.4], [7.7], **common)
+    assert repeat.speed_factors(ra, repeat.load_runs([a, c])[1]) is None

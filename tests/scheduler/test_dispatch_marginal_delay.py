@@ -180,10 +180,48 @@ def test_a_call_that_outgrows_its_prediction_holds_more_kv_and_blocks_new_admiss
     first = start_decoders(c, 1)[0]
     assert first.kv_reserved == 10 and c.queues["fast"].kv_tokens_in_use == 10
     c.on_call_progress(first, 16)
-    assert first.kv_reserved == 32 and c.queues["fast"].kv_tokens_in_use == 32
+    # held (``InstanceQueue.note_progress``) until the instance's KV is read, which prices it
+    assert c.queues["fast"].kv_tokens_in_use == 32 and first.kv_reserved == 32
     second, decisions = c.on_call_ready("load", stage="decode", node_id="late", prompt_tokens=0)
     assert decisions == [] and second.state == CallState.WAITING
     # once it finishes its memory is all released and the waiting call starts
     decisions = c.on_call_done(first, output_tokens=20)
     assert [d.call for d in decisions] == [second]
     assert c.queues["fast"].kv_tokens_in_use == 10
+
+
+def test_dispatch_prices_a_held_report_where_it_decides_the_room() -> None:
+    # The same outgrown call, both instances up: its report is held, and "fast" fits a
+    # 10-token probe without it (10 + 10 <= 40) but not with it (32 + 10 > 40). The room
+    # test prices the held report (the bound of what it may add says it could matter), so
+    # "fast" is priced with the wait for a slot, as with the report priced at once.
+    c = batching(kv=40, slots=8)
+    first = start_decoders(c, 1)[0]
+    c.on_call_progress(first, 16)
+    assert c.loads.kv_folded and c.loads.kv_settled[0] == 10  # held, not priced yet
+    call = probe(c, prompt=0, output=10)
+    price, _ = c.dispatch.price_s(call, ["fast", "slow"], 0.0, c)
+    assert not c.loads.kv_folded and c.loads.kv_settled[0] == 32  # priced by the room test
+    assert c._kv_fits(10.0).tolist() == [False, True]
+    c.loads.settle_kv()
+    assert price.tolist() == c.dispatch.price_s(call, ["fast", "slow"], 0.0, c)[0].tolist()
+    # fast: 10 s left on its running call (the wait for a slot) + 10 s own + nothing
+    # inflicted (no prompt, the slope unlearned); slow: 20 s alone (without the wait, fast
+    # would have been 10 s: the held report decides this dispatch)
+    assert price.tolist() == pytest.approx([20.0, 20.0])
+
+
+def test_a_held_report_that_cannot_change_the_room_stays_held() -> None:
+    # With a budget of 100, "fast" fits the probe whatever the held report adds (at most
+    # 32 + 10 <= 100): dispatch reads the answer without pricing it; the call then finishes
+    # and gives back what it holds, the held report never priced (what it would have
+    # added, it would have taken back).
+    c = batching(kv=100, slots=8)
+    first = start_decoders(c, 1)[0]
+    c.on_call_progress(first, 16)
+    call = probe(c, prompt=0, output=10)
+    c.dispatch.price_s(call, ["fast", "slow"], 0.0, c)
+    assert c.loads.kv_folded and c.loads.kv_settled[0] == 10
+    c.on_call_done(first, output_tokens=20)
+    assert not c.loads.kv_folded and c.loads.kv_pending[0] == 0.0
+    assert c.queues["fast"].kv_tokens_in_use == 0

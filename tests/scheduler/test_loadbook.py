@@ -29,6 +29,11 @@ from tests.scheduler.test_view_rows import replay
 
 
 class HeapLoadBook:
+    # The KV totals are today's (held progress reports, ``InstanceQueue.note_progress``):
+    # the heap against the wheel is what is compared here.
+    kv_used = LoadBook.kv_used
+    settle_kv = LoadBook.settle_kv
+
     def __init__(self, n: int):
         self.n_wait = np.zeros(n)
         self.wait_prompt = np.zeros(n)
@@ -36,13 +41,15 @@ class HeapLoadBook:
         self.finish_sum = np.zeros(n)
         self.finish_n = np.zeros(n)
         self.n_run = np.zeros(n)
-        self.kv_used = np.zeros(n)
+        self.kv_settled = np.zeros(n)
+        self.kv_pending = np.zeros(n)
+        self.kv_folded = {}
         self.prefill_prompt = np.zeros(n)
         self._heap = []
 
     def start(self, index, call, finish, kv_tokens=0):
         self.n_run[index] += 1
-        self.kv_used[index] += kv_tokens
+        self.kv_settled[index] += kv_tokens
         call.expected_finish = finish
         heapq.heappush(self._heap, (finish, call.seq, index, call))
         self.finish_sum[index] += finish
@@ -50,7 +57,7 @@ class HeapLoadBook:
 
     def finish(self, index, call, kv_tokens=0):
         self.n_run[index] -= 1
-        self.kv_used[index] = max(0.0, self.kv_used[index] - kv_tokens)
+        self.kv_settled[index] = max(0.0, self.kv_settled[index] - kv_tokens)
         self.stop(index, call)
 
     def stop(self, index, call):

@@ -151,8 +151,11 @@ def test_resim_prices_the_saved_run_with_the_hosts_factor_and_shows_it_off(
             "seed": 0}
     w = build_workload(load_trace(str(trace))[:3], ["cpu-0", "cpu-1"], rate=0.05, seed=0,
                        scale=0.02, max_prompt=None, max_output=None, assign="query")
-    sim = replay_sim(w, sim_engines(CLUSTER), background=0.1)
-    assert sim.alone_factor == pytest.approx({"cpu-0": 1.18, "cpu-1": 1.18})  # 1 + 0.2 x 0.9
+    assert replay_sim(w, sim_engines(CLUSTER), background=0.1).alone_factor == \
+        pytest.approx({"cpu-0": 1.18, "cpu-1": 1.18})  # 1 + 0.2 x 0.9
+    # the headline is priced before the replay: the background measured during it does not
+    # price it, so a "real" side that is the replay priced at the factor in full gives 1
+    sim = replay_sim(w, sim_engines(CLUSTER))
     ids = [c.id for cs in w.calls for c in cs]
     saved = tmp_path / "run.json"
     saved.write_text(json.dumps({
@@ -162,9 +165,16 @@ def test_resim_prices_the_saved_run_with_the_hosts_factor_and_shows_it_off(
         "engine_real_cpu_s": sim.engine_s}))
     real_vs_sim.main(["--cluster", CLUSTER, "--resim", str(saved)])
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-3] == "engine work sim/real per instance: 1.000, 1.000 (cpu-0, cpu-1)"
+    assert out[-3] == ("engine work sim/real per instance: 1.000, 1.000 (cpu-0, cpu-1; "
+                       "priced at the profile's constants, no probe before the replay)")
     assert any(line.startswith("co-run pricing") and "10.0% of the machine" in line
                for line in out)
+
+    def values(line: str) -> list[float]:
+        return [float(v) for v in line.split("): ")[-1].split(" (")[0].split(", ")]
+
     (off,) = [line for line in out if "co-run off" in line]
-    values = [float(v) for v in off.split(": ")[1].split(" (")[0].split(", ")]
-    assert all(0.8 < v < 1.0 for v in values)
+    assert all(0.8 < v < 1.0 for v in values(off.replace("co-run off:", "co-run off):")))
+    # beside it, the factor on the 90% the other processes left (not predictive): between
+    (bg,) = [line for line in out if "not predictive" in line]
+    assert all(0.95 < v < 1.0 for v in values(bg))

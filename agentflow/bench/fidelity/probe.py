@@ -70,7 +70,9 @@ async def speed_probes(backends: dict[str, Any], make_prompt: Callable[[int], st
 
 def speed_references(cluster_path: str) -> dict[str, float]:
     """Per local instance whose host profile stored a speed probe of today's shapes: its CPU
-    seconds at calibration."""
+    seconds at calibration, the speed its simulated engine is priced at (the median of the
+    instance's own probes over every try, ``HostProfile.instance_reference``; stores
+    written before those: the fitted rows' probe)."""
     from agentflow.sim import host_profiles
     from agentflow.sim.cluster import load_cluster
     from agentflow.sim.host_calibration import SPEED_PROBE
@@ -80,7 +82,7 @@ def speed_references(cluster_path: str) -> dict[str, float]:
         if (cfg.backend or {}).get("type") != "llama_server":
             continue
         entry = host_profiles.lookup(str(cfg.gpu), str(cfg.model))
-        ref = entry.speed_reference(SPEED_PROBE) if entry is not None else None
+        ref = entry.instance_reference(name, SPEED_PROBE) if entry is not None else None
         if ref is not None:
             out[name] = ref
     return out
@@ -107,3 +109,48 @@ def load_matched_line(matched: dict[str, float], factors: dict[str, float]) -> s
             + ", ".join(f"{v:.3f}" for v in matched.values()) + f" ({', '.join(matched)}; "
             "the speed probe's CPU per work around the replay x"
             + ", x".join(f"{factors[n]:.3f}" for n in matched) + " the calibration's)")
+
+
+# --------------------------------------------------------------- the headline's pricing
+# How much of the speed the probe found just before a replay the headline prices in. The
+# replay's own speed is unknown when it starts (nothing measured during or after it may
+# price the headline); two estimates of it are at hand: the instance's typical speed over
+# its calibration (``speed_references``: a median of ~15 probes over minutes) and the probe
+# just before (one ~3 CPU-s sample of the phase the machine is in). On this project's VM the
+# speed moves ~20% within minutes and a quick replay lasts 2-3: the probes just before and
+# just after one replay correlate ~0.4, so the phase at the start only partly holds over the
+# replay. Neither estimate is known to be the better, so each weighs the same.
+BEFORE_WEIGHT = 0.5
+
+
+def predicted_factors(before: dict[str, float], references: dict[str, float],
+                      weight: float = BEFORE_WEIGHT) -> dict[str, float]:
+    """Per instance with a reference and a probe before the replay: the factor its
+    simulated engine (priced at the reference) is slowed by for the headline, the
+    predicted probe CPU-s (``weight`` x the probe before + the rest x the reference) over
+    the reference."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"the probe's weight must be in [0, 1]: {weight}")
+    out = {}
+    for n, ref in references.items():
+        if n in before and ref > 0 and before[n] > 0:
+            out[n] = (weight * before[n] + (1.0 - weight) * ref) / ref
+    return out
+
+
+def instance_priced(engines: dict[str, SimInstance]) -> bool:
+    """Whether any engine is priced at its instance's own speed (``GPUProfile.
+    cpu_instance_speed``, from a host profile that kept its probes)."""
+    return any(n in dict(e.gpu.cpu_instance_speed) for n, e in engines.items())
+
+
+def pricing_note(factors: dict[str, float], typical: bool) -> str:
+    """What the headline's engine work is priced at, for its line: ``factors`` from
+    ``predicted_factors`` (empty: no probe before the replay); ``typical``: the engines
+    are priced at each instance's typical speed (``instance_priced``)."""
+    speed = "each instance's typical calibration speed" if typical else \
+        "the profile's constants"
+    if factors:
+        return (f"priced at the mean of {speed} and the speed probe just before the replay: "
+                "x" + ", x".join(f"{factors[n]:.3f}" for n in factors) + " the former")
+    return f"priced at {speed}, no probe before the replay"

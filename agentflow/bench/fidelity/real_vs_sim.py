@@ -109,9 +109,13 @@ from agentflow.bench.fidelity.figures import call_figures, p95
 from agentflow.bench.fidelity.normalise import instance_slowdowns, lone_calls, machine_factors
 from agentflow.bench.fidelity.precalibrate import describe, fit_speed, measure_lone, workload_shapes
 from agentflow.bench.fidelity.probe import (
+    BEFORE_WEIGHT,
+    instance_priced,
     load_factors,
     load_matched,
     load_matched_line,
+    predicted_factors,
+    pricing_note,
     probe,
     speed_probes,
     speed_references,
@@ -355,19 +359,30 @@ def engine_work(real: Outcome, sim: Outcome) -> dict[str, float]:
             if real.engine_s.get(n)}
 
 
+def priced_engines(cluster_path: str, factors: dict[str, float] | None = None
+                   ) -> dict[str, SimInstance]:
+    """``sim_engines`` with each engine of ``factors`` slowed by its factor on top of its
+    own pricing (the headline's: ``probe.predicted_factors``)."""
+    engines = sim_engines(cluster_path)
+    for name, f in (factors or {}).items():
+        engines[name].slowdown *= f
+    return engines
+
+
 def corun_replay(w: Workload, cluster_path: str, environment: dict, sim: Outcome,
-                 real: Outcome | None) -> tuple[Outcome, dict[str, Any]]:
-    """Where the host profile has a co-run factor (``agentflow.sim.host_corun``): the
-    simulated replay again with the other processes' share of the machine the real side
-    measured as background (a core beside their work is not alone), and the figures of a
-    replay with the factor off beside it. ``sim``: the replay simulated before the real
-    side ran (background 0); returned as is where no engine has a factor."""
+                 real: Outcome | None, factors: dict[str, float] | None = None
+                 ) -> dict[str, Any]:
+    """Where the host profile has a co-run factor (``agentflow.sim.host_corun``): what it
+    priced in ``sim`` (the headline's replay, priced before the real side ran: the factor
+    in full while an engine's neighbours are idle), and beside it the figures of the replay
+    with the factor off and with the other processes' share of the machine the real side
+    measured as background (a core beside their work is not alone; measured during the
+    replay, so it may not price the headline). ``factors``: the headline's per-instance
+    factors (``priced_engines``), kept in both. Empty where no engine has a factor."""
     if not sim.alone_factor:
-        return sim, {}
+        return {}
     background = background_share(environment)
-    if background > 0:
-        sim = replay_sim(w, sim_engines(cluster_path), background=background)
-    off = replay_sim(w, sim_engines(cluster_path), corun=False)
+    off = replay_sim(w, priced_engines(cluster_path, factors), corun=False)
     info: dict[str, Any] = {"background": background, "factor": sim.alone_factor,
                             "alone_busy_s": sim.alone_busy_s, "busy_s": sim.engine_s,
                             "busy_s_corun_off": off.engine_s}
@@ -375,19 +390,28 @@ def corun_replay(w: Workload, cluster_path: str, environment: dict, sim: Outcome
         f"{n} x{sim.alone_factor[n]:.3f} while its neighbours are idle, "
         f"{sim.alone_busy_s.get(n, 0.0):.1f} of {sim.engine_s[n]:.1f} busy s so priced"
         for n in sim.engine_s) + f" (other processes kept {background * 100:.1f}% of the "
-        "machine busy: the factor counts for the rest)")
+        "machine busy during the replay: the headline does not know it)")
     if real is not None and real.engine_s:
         info["engine_work_corun_off"] = engine_work(real, off)
         print(engine_work_line(info["engine_work_corun_off"], "co-run off"))
-    return sim, info
+        if background > 0:
+            bg = replay_sim(w, priced_engines(cluster_path, factors), background=background)
+            info["engine_work_background"] = engine_work(real, bg)
+            print(engine_work_line(info["engine_work_background"], "co-run factor on the "
+                                   f"{(1 - background) * 100:.1f}% of the machine the replay "
+                                   "left idle (measured during it: not predictive)"))
+    return info
 
 
-def engine_work_line(work: dict[str, float], variant: str | None = None) -> str:
+def engine_work_line(work: dict[str, float], variant: str | None = None,
+                     pricing: str | None = None) -> str:
     """The ``engine work sim/real per instance`` line; ``variant`` names another replay's
-    figure (``..., co-run off: ...``), printed beside the headline."""
+    figure (``..., co-run off: ...``), printed beside the headline; ``pricing`` says what
+    the headline's simulated engines were priced at (``probe.pricing_note``)."""
+    names = ", ".join(work) + (f"; {pricing}" if pricing else "")
     return ("engine work sim/real per instance" + (f", {variant}" if variant else "") + ": "
             + (", ".join(f"{v:.3f}" for v in work.values()) or "n/a (no CPU seconds)")
-            + (f" ({', '.join(work)})" if work else ""))
+            + (f" ({names})" if work else ""))
 
 
 def stored_engines(cluster_path: str) -> dict[str, SimInstance]:
@@ -593,8 +617,14 @@ def report(w: Workload, real: Outcome, sim: Outcome, plot: Path | None,
             "calls": per_call_records(ids, real.split, sim.split, conc, real.engine_timings)}
 
 
-def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
-    """The saved real latencies (per call in workload order, per query) against ``sim``."""
+def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str, *,
+               base: Outcome | None = None, pricing: str | None = None,
+               references: dict[str, float] | None = None) -> None:
+    """The saved real latencies (per call in workload order, per query) against ``sim``
+    (the headline's replay; ``base``: the same priced at each instance's reference only,
+    which the load-matched figure scales, default ``sim``; ``pricing``: what the headline
+    is priced at; ``references``: today's store's, which the saved run's probes are taken
+    over)."""
     saved = json.loads(Path(path).read_text())
     ids = [c.id for cs in w.calls for c in cs]
     r_call, r_q = np.asarray(saved["call_real_s"]), np.asarray(saved["query_real_s"])
@@ -630,10 +660,12 @@ def resimulate(path: str, w: Workload, sim: Outcome, cluster_path: str) -> None:
     if "engine_real_cpu_s" in saved:  # runs saved since the engine-work figure
         measured = Outcome(engine_s=saved["engine_real_cpu_s"])
         if "speed_probe" in saved:  # runs saved since the load-matched figure
-            factors = saved["speed_probe"]["factor"]
-            print(load_matched_line(load_matched(sim.engine_s, measured.engine_s, factors),
-                                    factors))
-        print(engine_work_line(engine_work(measured, sim)))
+            probes = saved["speed_probe"]
+            factors = load_factors(probes["before"], probes["after"], references) \
+                if references else probes["factor"]
+            print(load_matched_line(load_matched((base or sim).engine_s, measured.engine_s,
+                                                 factors), factors))
+        print(engine_work_line(engine_work(measured, sim), pricing=pricing))
     print(f"median |sim-real|/real per call: {median:.4f}")
     print(f"P95 error per query: {p95:.4f}")
 
@@ -721,8 +753,8 @@ def lone_normalised(w: Workload, real: Outcome, cluster_path: str) -> dict[str, 
         print(f"machine factor from lone calls, {name}: {slow[name]:.3f} over {len(fs)} "
               f"calls ({sum(r for _, r, _ in fs):.1f} s real){drift}")
     engines = sim_engines(cluster_path)
-    for name, e in engines.items():
-        e.slowdown = slow[name]
+    for name, e in engines.items():  # (factors against these very engines: on top of them)
+        e.slowdown *= slow[name]
     sim = replay_sim(w, engines)
     figures: dict[str, Any] = dict(error_figures(w, real, sim))
     shared = [i for i in ids if i not in alone]
@@ -877,8 +909,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.resim:
         saved = json.loads(Path(args.resim).read_text())
         measured = Outcome(engine_s=saved.get("engine_real_cpu_s", {}))
-        sim, _ = corun_replay(w, args.cluster, saved.get("environment") or {}, sim, measured)
-        resimulate(args.resim, w, sim, args.cluster)
+        references = speed_references(args.cluster)
+        before = (saved.get("speed_probe") or {}).get("before", {})
+        factors = predicted_factors(before, references)
+        base = sim
+        if factors:
+            sim = replay_sim(w, priced_engines(args.cluster, factors))
+        corun_replay(w, args.cluster, saved.get("environment") or {}, sim, measured, factors)
+        resimulate(args.resim, w, sim, args.cluster, base=base,
+                   pricing=pricing_note(factors, instance_priced(engines)),
+                   references=references)
         return
     backends = start_backends(args.cluster)
     loop = asyncio.new_event_loop()
@@ -913,8 +953,18 @@ def main(argv: list[str] | None = None) -> None:
     off = [abs(real.prompt_tokens[c.id] - c.prompt_tokens) for cs in w.calls for c in cs]
     print(f"real replay: {real.wall_s:.1f} s wall; prompt tokens as served vs planned: "
           f"mean |diff| {np.mean(off):.2f}, max {max(off)}")
-    sim, corun = corun_replay(w, args.cluster, real.environment, sim, real)
+    # The headline's pricing, all from before the real side ran: each instance's typical
+    # calibration speed (its engine's own pricing: ``sim``) and the speed probe just before
+    base = sim
+    factors = predicted_factors(speed.get("before", {}), references)
+    pricing = pricing_note(factors, instance_priced(engines))
+    if factors:
+        sim = replay_sim(w, priced_engines(args.cluster, factors))
+    corun = corun_replay(w, args.cluster, real.environment, sim, real, factors)
     result = report(w, real, sim, Path(args.plot) if args.plot else None, busy)
+    result["engine_work_pricing"] = {"note": pricing, "factors": factors,
+                                     "references": references,
+                                     "before_weight": BEFORE_WEIGHT if factors else 0.0}
     if corun:
         result["corun"] = corun
     print(real.environment_line)
@@ -928,10 +978,11 @@ def main(argv: list[str] | None = None) -> None:
         result["engine_work_stored"] = engine_work(real, stored)
         print(engine_work_line(result["engine_work_stored"], "stored profile"))
     if speed:
-        factors = load_factors(speed["before"], speed["after"], references)
-        result["speed_probe"] = {**speed, "reference": references, "factor": factors}
-        result["engine_work_load_matched"] = load_matched(sim.engine_s, real.engine_s, factors)
-        print(load_matched_line(result["engine_work_load_matched"], factors))
+        # (priced at the probes around the replay, so not predictive: a diagnosis)
+        around = load_factors(speed["before"], speed["after"], references)
+        result["speed_probe"] = {**speed, "reference": references, "factor": around}
+        result["engine_work_load_matched"] = load_matched(base.engine_s, real.engine_s, around)
+        print(load_matched_line(result["engine_work_load_matched"], around))
 
     def save() -> None:
         # Written as soon as the replay is in hand, then again with each later figure: an
@@ -947,8 +998,8 @@ def main(argv: list[str] | None = None) -> None:
         print("single-request probes, real/sim (before, after the replay): " + ", ".join(
             f"{n} {probes['before'][n]:.3f} / {probes['after'][n]:.3f}" for n in engines))
         slowed = sim_engines(args.cluster)
-        for name, e in slowed.items():
-            e.slowdown = (probes["before"][name] + probes["after"][name]) / 2
+        for name, e in slowed.items():  # (real/sim on these very engines: on top of them)
+            e.slowdown *= (probes["before"][name] + probes["after"][name]) / 2
         corrected = error_figures(w, real, replay_sim(w, slowed))
         result["probes"] = probes
         result["probe_corrected"] = corrected
@@ -962,7 +1013,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{n} {v:.2f}" for n, v in real.cpu_share.items()))
         shared = sim_engines(args.cluster)
         for name, e in shared.items():
-            e.slowdown = 1.0 / real.cpu_share.get(name, 1.0)
+            e.slowdown *= 1.0 / real.cpu_share.get(name, 1.0)
         slowed = replay_sim(w, shared, background=background_share(real.environment))
         corrected = error_figures(w, real, slowed)
         result["cpu_share"] = real.cpu_share
@@ -991,7 +1042,7 @@ def main(argv: list[str] | None = None) -> None:
         median, p95_q = headline["median_call_error"], headline["p95_query_error"]
     save()
     print(figures_line(headline))
-    print(engine_work_line(work))
+    print(engine_work_line(work, pricing=pricing))
     print(f"median |sim-real|/real per call: {median:.4f}")
     print(f"P95 error per query: {p95_q:.4f}")
 

@@ -24,7 +24,11 @@ to lone requests timed just before A; B's calls on each instance are scaled by t
 instance's lone-request time before A over its lone-request time before B (the same shapes,
 same order: one factor per instance, where the simulator fits three speeds), so a machine
 that ran 10% slower during B does not count as repeat error. Runs without
-``--calibrate-first`` rows are compared unmatched (said so). Beside each pair, the simulator
+``--calibrate-first`` rows but with the speed probe before the replay (every run on a host
+profile with a stored probe) are matched the way their headline is priced
+(``probe.predicted_factors``): B's calls on each instance x A's predicted probe CPU-s over
+B's (half the probe before each, half the instance's reference). Runs with neither are
+compared unmatched (said so). Beside each pair, the simulator
 on A with the same figures: median per call, time-weighted per call, median over calls of > 2
 output tokens, P95 per query.
 
@@ -72,6 +76,9 @@ class Run:
     call_instance: tuple[str, ...] | None = None
     call_outputs: np.ndarray | None = None
     lone_rows: dict[str, list[tuple]] | None = None  # per instance, calibrate-first rows
+    # per instance, the probe CPU-s the headline's pricing predicted for the replay (from
+    # the speed probe before it and the instance's reference; ``probe.predicted_factors``)
+    predicted_probe_s: dict[str, float] | None = None
 
     @classmethod
     def load(cls, path: str, saved: dict[str, Any]) -> Run:
@@ -98,11 +105,22 @@ class Run:
         lone = {n: [tuple(r) for r in v["rows"]] for n, v in first["instances"].items()} \
             if first.get("instances") else None
         return cls(path, str(saved.get("args", {}).get("cluster")), ids, calls, queries, *sim,
-                   call_sim, query_sim, inst, outs, lone)
+                   call_sim, query_sim, inst, outs, lone, predicted_probe(saved))
 
     def query_of_call(self) -> list[int]:
         """Each call's query (ids are ``q<index>/<node>``)."""
         return [int(i.split("/", 1)[0][1:]) for i in self.call_ids]
+
+
+def predicted_probe(saved: dict[str, Any]) -> dict[str, float] | None:
+    """Per instance, the probe CPU-s a saved run's headline pricing predicted for its replay
+    (``probe.predicted_factors`` x the reference); None without a speed probe before it."""
+    from agentflow.bench.fidelity.probe import predicted_factors
+
+    speed = saved.get("speed_probe") or {}
+    before, refs = speed.get("before") or {}, speed.get("reference") or {}
+    got = {n: f * refs[n] for n, f in predicted_factors(before, refs).items()}
+    return got or None
 
 
 def load_runs(paths: list[str]) -> list[Run]:
@@ -131,9 +149,14 @@ def load_runs(paths: list[str]) -> list[Run]:
 
 def speed_factors(reference: Run, other: Run) -> dict[str, float] | None:
     """Per instance, the reference's lone-request time over the other run's (their
-    calibrate-first rows: same shapes, same order); None where either run has none."""
+    calibrate-first rows: same shapes, same order); else the reference's predicted probe
+    CPU-s over the other's (``predicted_probe``: the headline's pricing); None where
+    either run has neither."""
     if reference.lone_rows is None or other.lone_rows is None:
-        return None
+        a, b = reference.predicted_probe_s, other.predicted_probe_s
+        if a is None or b is None or set(a) != set(b):
+            return None
+        return {n: a[n] / b[n] for n in a}
     out = {}
     for name, rows in reference.lone_rows.items():
         theirs = other.lone_rows.get(name)
@@ -239,7 +262,7 @@ def report(paths: list[str], json_out: str | None = None) -> None:
     sim_of = {s["run"]: s for s in out["sim"]}
     for p in out["pairs"]:
         note = "" if p["same_cluster"] else "  (other cluster file: not in the summary)"
-        how = "speed-matched" if p["speed_matched"] else "NOT speed-matched (no rows)"
+        how = "speed-matched" if p["speed_matched"] else "NOT speed-matched (no rows, no probe)"
         print(_row(f"{name[p['other']]} for {name[p['reference']]}, {how}", p["matched"])
               + note)
         print(f"{'  as recorded, unmatched':28} {p['median_call_error']:11.3f} {'':9} {'':9} "
