@@ -291,8 +291,11 @@ def _operator_model(gpu: GPUProfile, model: ModelProfile, tensor_parallel: int
 # contexts appear, instead of a dozen array operations over ``K`` new elements per plan.
 # Same floats: each entry is ``step_parts``'s element-wise arithmetic (+, *, /, max) on the
 # same integer operand, which gives the same double whatever array it sits in.
-# ``_DECODE_TABLE_MAX_S = 0`` turns the tables off (the direct computation; tests compare).
-_DECODE_TABLE_MAX_S = 16
+# A table covers every kv below its top, S times the entries one run reads, so only batches
+# common enough to reuse it have one: at 1,024 lightly loaded instances 1-4 sequences are
+# ~99% of runs, and a 9-16 sequence table (tens of thousands of entries) cost ~0.8 ms to fill
+# for a handful of runs. ``_DECODE_TABLE_MAX_S = 0`` turns the tables off (tests compare).
+_DECODE_TABLE_MAX_S = 4
 _DECODE_TABLE_MAX_KV = 1 << 20  # entries per table (8 MiB); longer runs are computed directly
 _DECODE_TABLES: weakref.WeakKeyDictionary[OperatorModel, dict[int, np.ndarray]] = \
     weakref.WeakKeyDictionary()
