@@ -90,6 +90,7 @@ iteration ending at or before ``t`` and returns the events in time order.
 from __future__ import annotations
 
 import heapq
+import operator
 import weakref
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
@@ -230,6 +231,8 @@ class _Plan:
         "ends",
         "ev_ptr",
         "evs",
+        "last",
+        "wake",
         "g0",
         "m",
         "ns",
@@ -253,6 +256,8 @@ class _Plan:
         # event, in iteration order; ev_ptr: the first not yet emitted
         self.evs: list[tuple[int, int, int]] = []
         self.ev_ptr = 0
+        self.wake = -1  # the iteration whose end next_event_time last gave (-1: none)
+        self.last = t0  # the end of the last committed iteration (t0: none yet)
         # attribution only: seconds the iteration would take with its decodes alone (None:
         # no decode beside a prefill chunk in it, or attribution off)
         self.dec_only: float | None = None
@@ -576,16 +581,21 @@ class SimInstance:
         if not p.run:
             return p.ends[0]
         k = p.evs[p.ev_ptr][0] if p.ev_ptr < len(p.evs) else p.K - 1
-        return p.ends[k if k < p.K else p.K - 1]
+        if k >= p.K:
+            k = p.K - 1
+        p.wake = k
+        return p.ends[k]
 
     def step_until(self, t: float) -> list[SeqEvent]:
         """Run every iteration that ends at or before ``t``; the events, in time order (ties:
         admission order, then first_token < progress < finished)."""
         events, self._buf = self._buf, []
         self._advance(t, events)
-        self._now = max(self._now, t)
-        if len(events) > 1:
-            events.sort(key=lambda e: e[:3])
+        if t > self._now:
+            self._now = t
+        if len(events) < 2:  # most wakes: one event (no comprehension frame for it)
+            return [events[0][3]] if events else []
+        events.sort(key=_event_key)
         return [e[3] for e in events]
 
     def load(self) -> SimLoad:
@@ -670,9 +680,13 @@ class SimInstance:
                         continue
                     return
             if p.run:
-                m = bisect_right(p.ends, t)
-                if m > p.K:
-                    m = p.K
+                ends, k = p.ends, p.wake
+                if p.m <= k < p.K and ends[k] == t and (k + 1 == p.K or ends[k + 1] > t):
+                    m = k + 1  # woken at the end it asked for: what bisecting would find
+                else:  # iterations before p.m ended by an earlier t: bisect above them
+                    m = bisect_right(ends, t, p.m)
+                    if m > p.K:
+                        m = p.K
             else:
                 m = 1 if p.ends[0] <= t else 0
             if m > p.m:
@@ -800,7 +814,8 @@ class SimInstance:
             return
         self.plans += 1
         nl = [ns[s] for s in sched]
-        T, S, nd, dkv, pt, pp, pkv = step_sums(nl, [s.computed for s in sched])
+        computed = [s.computed for s in sched]
+        T, S, nd, dkv, pt, pp, pkv = step_sums(nl, computed)
         run = (self.jump_ahead and not preempted and T == len(sched) == len(running)
                and all(s.prompt + s.generated - s.computed == 1 for s in sched))
         if not run:
@@ -814,10 +829,10 @@ class SimInstance:
         g0: list[int] | np.ndarray
         out: list[int] | np.ndarray
         if S <= _PY_EVENTS_MAX:  # the few sequences of most engines: plain Python
-            c0 = [s.computed for s in sched]
+            c0 = computed
             g0 = [s.generated for s in sched]
             out = [s.output for s in sched]
-            K = min([o - g for o, g in zip(out, g0)])
+            K = min(map(operator.sub, out, g0))
             if K > 1:  # blocks for iterations 1..K-1 must come from the free pool
                 blocks = 0
                 for c in c0:
@@ -1010,7 +1025,9 @@ class SimInstance:
                                                             preempted=s.preempted)))
         p.ev_ptr = k
         if m > p.m:
-            dt = ends[m - 1] - (ends[p.m - 1] if p.m else p.t0)
+            end = ends[m - 1]
+            dt = end - p.last  # ends[p.m - 1], or t0, without reading the list again
+            p.last = end
             self.busy_s += dt
             if self.attribute:
                 for s in p.seqs:
@@ -1076,6 +1093,11 @@ class SimInstance:
         else:
             if any(s.state == _DONE for s in p.seqs):
                 self._running = [s for s in self._running if s.state == _RUNNING]
+
+
+def _event_key(e: tuple) -> tuple:
+    """Events in time order; ties: admission order, then first_token < progress < finished."""
+    return e[:3]
 
 
 # Up to this many sequences a decode run's events are listed in plain Python: numpy's

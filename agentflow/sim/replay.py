@@ -88,11 +88,12 @@ class GrowingDag:
         due: list[str] = []
         new: set[str] = set()
         shown, done, nodes, by_of = self._shown, self._done, self._nodes, self._by
-        for n in self._hidden:
+        for n in self._hidden:  # set methods, not a generator per node: called per stage
             parents = nodes[n].parents
             by = by_of[n]
-            triggered = by in done if by is not None else all(p in done for p in parents)
-            if triggered and all(p in shown or p in new for p in parents):
+            if not (by in done if by is not None else done.issuperset(parents)):
+                continue  # not triggered
+            if shown.issuperset(parents) or all(p in shown or p in new for p in parents):
                 due.append(n)
                 new.add(n)
         return due

@@ -94,12 +94,18 @@ def _workload(inst: SimInstance, seed: int, n: int = 60) -> list[tuple]:
 ])
 def test_runs_from_the_table_equal_the_direct_runs_event_by_event(monkeypatch, seed, kw):
     kw.setdefault("request_overhead_s", 0.0)
-    fast = _workload(SimInstance(hardware.gpu("A100-80G"), L8B, **kw), seed)
+    engines = [SimInstance(hardware.gpu("A100-80G"), L8B, **kw)]
+    fast = _workload(engines[0], seed)
     monkeypatch.setattr(engine_mod, "_DECODE_TABLE_MAX_S", 0)
-    slow = _workload(SimInstance(hardware.gpu("A100-80G"), L8B, **kw), seed)
-    stepped = _workload(SimInstance(hardware.gpu("A100-80G"), L8B, jump_ahead=False, **kw),
-                        seed)
+    engines.append(SimInstance(hardware.gpu("A100-80G"), L8B, **kw))
+    slow = _workload(engines[1], seed)
+    engines.append(SimInstance(hardware.gpu("A100-80G"), L8B, jump_ahead=False, **kw))
+    stepped = _workload(engines[2], seed)
     assert fast == slow
     events = [x for x in fast if x[0] in ("first_token", "progress", "finished")]
     assert events == [x for x in stepped if x[0] in ("first_token", "progress", "finished")]
     assert len(events) > 200
+    # what the engine counts along the way (busy seconds: real_vs_sim's engine work)
+    a, b, c = ((e.steps, e.tokens_computed, e.busy_s, e.plans) for e in engines)
+    assert a == b
+    assert a[:2] == c[:2] and a[2] == pytest.approx(c[2], rel=1e-12) and a[3] < c[3]
