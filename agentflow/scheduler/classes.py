@@ -54,9 +54,26 @@ SHED_STEP = 0.8  # each class position below the default class: count limits x t
 DEADLINE_ADMISSION = ("reject", "batch")
 
 
+# The last classes asked about, their values then, and their positions (``class_positions``).
+_LAST_POSITIONS: tuple[Mapping[str, SloClass], tuple[SloClass, ...], dict[int, int]] | None = None
+
+
 def class_positions(classes: Mapping[str, SloClass]) -> dict[int, int]:
-    """Distinct ranks in order (0 for the best): bands stay small whatever ranks are used."""
-    return {rank: i for i, rank in enumerate(sorted({c.rank for c in classes.values()}))}
+    """Distinct ranks in order (0 for the best): bands stay small whatever ranks are used.
+
+    Kept for the last mapping asked about: every LLM call asks ~6 times (dispatch's band
+    checks, the engine priority, the class load) and a set plus a sort each time was ~5% of
+    a fleet-sized simulation. The values are compared too (identity first, so it costs a
+    tuple), so a mapping edited in place is not answered from before its edit. Callers
+    must not edit the dict returned."""
+    global _LAST_POSITIONS
+    values = tuple(classes.values())
+    last = _LAST_POSITIONS
+    if last is not None and last[0] is classes and last[1] == values:
+        return last[2]
+    positions = {rank: i for i, rank in enumerate(sorted({c.rank for c in values}))}
+    _LAST_POSITIONS = (classes, values, positions)
+    return positions
 
 
 def class_of(query: QueryState, classes: Mapping[str, SloClass]) -> SloClass:
@@ -103,7 +120,13 @@ class ClassRankedQueue(QueuePolicy):
         self._positions: tuple[object, dict[int, int]] | None = None
 
     def __getattr__(self, item: str) -> Any:  # the inner policy's own settings and helpers
-        return getattr(self.__dict__["inner"], item)
+        # copy/deepcopy/pickle build the object without __init__ and look up __setstate__ and
+        # friends before ``inner`` is set: those must be AttributeError, not KeyError, or a
+        # simulation under a class-ranked queue cannot fork (the alpha tuner forks).
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(item)
+        return getattr(inner, item)
 
     def rank(self, call: ScheduledCall, now: float, view: SchedulerView) -> Key:
         key = self.inner.rank(call, now, view)

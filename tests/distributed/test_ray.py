@@ -225,6 +225,8 @@ def test_llama_cpp_actor_on_a_cpu_node(ray_nodes):
         answer = af.ask("How many stores are there?", db="bookshop")
         calls = [c for s in answer.stages for c in s["llm_calls"]]
         assert calls and all(c["node"] == af.backends["cpu"].node_label for c in calls)
-        assert answer.status in ("done", "failed")  # a 270M model may write bad SQL
+        # a 270M model may write bad SQL, or SQL whose answer scores below the confidence
+        # floor ("unsure": served with the best guess, not green)
+        assert answer.status in ("done", "unsure", "failed")
     finally:
         af.close()

@@ -251,3 +251,51 @@ def test_deadline_admission_counts_only_the_work_a_tenant_in_share_waits_behind(
     with pytest.raises(DeadlineRejected) as refused:  # heavy waits behind everything
         arrive("h4", "heavy", 450)
     assert refused.value.earliest_slo_s == 600.0  # 200 + 100 + 100 + 100, then its 100
+
+
+# ------------------------------------------------------------------------ copies, positions memo
+def test_a_simulation_under_a_class_ranked_queue_can_fork() -> None:
+    # deepcopy builds the wrapper without __init__ and asks for __setstate__ before ``inner``
+    # is set: a KeyError there made every fork under flowsage/vllm fail (the alpha tuner forks)
+    import copy
+
+    from agentflow.scheduler.classes import ClassRankedQueue
+    from agentflow.sim.cluster import CLUSTERS
+    from agentflow.sim.driver import Simulation
+    from agentflow.sim.experiment import build_workload
+    from tests.sim.test_alpha import trace
+
+    for policy in ("flowsage", "vllm"):
+        cluster = CLUSTERS["paper-4gpu"]
+        wl = build_workload(trace(), cluster, n=20, rate=5.0, seed=2)
+        sim = Simulation(cluster, policy)
+        assert isinstance(sim.coordinator._queue_policy, ClassRankedQueue)
+        copied = copy.deepcopy(sim.coordinator._queue_policy)
+        assert copied.name == sim.coordinator._queue_policy.name and copied.inner is not None
+        seen: dict[str, int] = {}
+
+        def probe(s: Simulation, seen: dict[str, int] = seen) -> None:
+            fork = s.fork()
+            fork.drain()
+            seen["fork_left"] = len(fork.in_flight)
+            seen["live"] = len(s.in_flight)
+
+        sim.schedule_hook(3.0, probe)
+        result = sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s)
+        assert seen["fork_left"] == 0 and seen["live"] >= 1, policy
+        assert all(r.status == "done" for r in result.records)
+
+
+def test_class_positions_follow_a_mapping_edited_in_place() -> None:
+    from agentflow.scheduler.classes import class_positions
+
+    classes = dict(DEFAULT_SLO_CLASSES)
+    before = class_positions(classes)
+    assert class_positions(classes) is before  # kept while nothing changed
+    assert sorted(before.values()) == list(range(len(set(c.rank for c in classes.values()))))
+    classes["extra"] = SloClass(name="extra", rank=50, weight=1.0)  # a class added in place
+    after = class_positions(classes)
+    assert after == {r: i for i, r in enumerate(sorted({50, *before}))}
+    existing = min(before)
+    classes["extra"] = SloClass(name="extra", rank=existing, weight=1.0)  # a value replaced
+    assert class_positions(classes) == before

@@ -125,3 +125,32 @@ def test_held_reports_are_priced_where_they_are_read() -> None:
         seen += _run("flowsage", False, tenants, False, rate)[2]
     assert seen["priced when read"] > 0
     assert seen["dispatch settled"] > 0
+
+
+def test_a_fork_holds_its_own_reports() -> None:
+    """A fork (what the alpha tuner replays forecasts on) copies the held reports with the
+    queues: its settle functions are its own queues', so pricing them in the fork leaves the
+    live run's held, and both price them to the same KV."""
+    cluster = load_cluster("paper-4gpu")
+    wl = build_workload(small_trace(), cluster, n=60, rate=30.0, seed=2)
+    sim = Simulation(cluster, "hexgen-flow")
+    checked = []
+
+    def probe(s: Simulation) -> None:
+        live = s.coordinator
+        if not live.loads.kv_folded:
+            return
+        fork = s.fork().coordinator
+        assert all(settle.__self__ is fork.queues[settle.__self__.name]
+                   for settle in fork.loads.kv_folded.values())
+        assert all(q.kv_at.__self__ is fork for q in fork.queues.values())
+        held = len(live.loads.kv_folded)
+        forked = fork.loads.kv_used.tolist()
+        assert len(live.loads.kv_folded) == held  # the live run's reports still held
+        assert forked == live.loads.kv_used.tolist()
+        checked.append(held)
+
+    for i in range(1, 40):
+        sim.schedule_hook(0.5 * i, probe)
+    sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s)
+    assert len(checked) > 5
