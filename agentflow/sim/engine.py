@@ -291,35 +291,62 @@ def _operator_model(gpu: GPUProfile, model: ModelProfile, tensor_parallel: int
 # contexts appear, instead of a dozen array operations over ``K`` new elements per plan.
 # Same floats: each entry is ``step_parts``'s element-wise arithmetic (+, *, /, max) on the
 # same integer operand, which gives the same double whatever array it sits in.
-# ``_DECODE_TABLE_MAX_S = 0`` turns the tables off (the direct computation; tests compare).
+# A table covers every kv below its top, S times the entries one run reads, so a batch size
+# gets one only once ``_DECODE_TABLE_AFTER`` runs of it asked: at 500 queries on 1,024
+# instances 1-4 sequences are ~99% of runs and a 9-16 sequence table (tens of thousands of
+# entries, ~0.8 ms) would serve a handful; at 5,000 queries 5-16 sequences are a third of
+# them. ``_DECODE_TABLE_MAX_S = 0`` turns the tables off (the tests compare).
 _DECODE_TABLE_MAX_S = 16
-_DECODE_TABLE_MAX_KV = 1 << 20  # entries per table (8 MiB); longer runs are computed directly
-_DECODE_TABLES: weakref.WeakKeyDictionary[OperatorModel, dict[int, np.ndarray]] = \
+_DECODE_TABLE_AFTER = 16  # runs of one batch size computed directly before its table is made
+_DECODE_TABLE_MAX_KV = 1 << 19  # entries per table (4 MiB); longer runs are computed directly
+
+
+class _DecodeTables:
+    """One operator model's decode-run durations by batch size (``tabs``: S -> seconds by
+    KV tokens read), and how many runs of each size asked before it had one."""
+
+    __slots__ = ("asked", "tabs")
+
+    def __init__(self) -> None:
+        self.tabs: dict[int, np.ndarray] = {}
+        self.asked: dict[int, int] = {}
+
+
+_DECODE_TABLES: weakref.WeakKeyDictionary[OperatorModel, _DecodeTables] = \
     weakref.WeakKeyDictionary()
 
 
-def _decode_tables(ops: OperatorModel) -> dict[int, np.ndarray]:
-    """The decode-run tables of ``ops`` (batch size -> durations by KV tokens read)."""
+def _decode_tables(ops: OperatorModel) -> _DecodeTables:
+    """The decode-run tables of ``ops``, shared by the engines built on it."""
     tables = _DECODE_TABLES.get(ops)
     if tables is None:
-        tables = _DECODE_TABLES[ops] = {}
+        tables = _DECODE_TABLES[ops] = _DecodeTables()
     return tables
 
 
-def _decode_table(ops: OperatorModel, tables: dict[int, np.ndarray], S: int, stop: int
+def _decode_table(ops: OperatorModel, tables: _DecodeTables, S: int, stop: int
                   ) -> np.ndarray | None:
-    """``ops.step_parts(S, S, S, kv)`` for every ``kv < stop`` (at least; None: too long),
-    kept in ``tables`` (``_decode_tables(ops)``)."""
+    """``ops.step_parts(S, S, S, kv)`` for every ``kv < stop`` (at least), kept in
+    ``tables`` (``_decode_tables(ops)``); None: compute it directly (too long a run, or a
+    batch size not yet asked for often enough to be worth a table)."""
     if stop > _DECODE_TABLE_MAX_KV:
         return None
-    tab = tables.get(S)
-    n = 0 if tab is None else len(tab)
-    if stop > n:  # grow geometrically: a table is extended a few times per fleet
-        size = min(max(stop, 2 * n, 4096), _DECODE_TABLE_MAX_KV)
-        part = np.asarray(ops.step_parts(S, S, S, np.arange(n, size, dtype=np.int64)),
-                          dtype=np.float64)
-        tab = part if tab is None else np.concatenate((tab, part))
-        tables[S] = tab
+    tab = tables.tabs.get(S)
+    if tab is None:
+        asked = tables.asked[S] = tables.asked.get(S, 0) + 1
+        if asked <= _DECODE_TABLE_AFTER:
+            return None
+        n = 0
+    else:
+        n = len(tab)
+        if stop <= n:
+            return tab
+    # grow geometrically: a table is extended a few times per fleet
+    size = min(max(stop, 2 * n, 4096), _DECODE_TABLE_MAX_KV)
+    part = np.asarray(ops.step_parts(S, S, S, np.arange(n, size, dtype=np.int64)),
+                      dtype=np.float64)
+    tab = part if tab is None else np.concatenate((tab, part))
+    tables.tabs[S] = tab
     return tab
 
 

@@ -1,7 +1,8 @@
 """The engine's fast paths give the very same floats and events as the direct computation.
 
 A decode run's iteration times come from one table per (operator model, batch size) shared
-by the fleet (``engine._decode_table``), and a plan's iteration ends are Python floats. Each
+by the fleet once that size has run a few times (``engine._decode_table``), and a plan's
+iteration ends are Python floats. Each
 test compares against the direct path (``_DECODE_TABLE_MAX_S = 0``, or ``_durations``) bit
 for bit, so an off-by-one slice, a wrong stride or a missed slowdown fails here.
 """
@@ -29,11 +30,13 @@ def _bits(a: np.ndarray) -> list[int]:
     ("A6000", "Llama-3.1-8B"), ("H100", "Qwen3-30B-A3B"),
     ("Xeon-core", "gemma-3-270m"),  # a CPU profile: the serial roofline
 ])
-def test_decode_run_table_equals_the_direct_durations(gpu, model):
+def test_decode_run_table_equals_the_direct_durations(monkeypatch, gpu, model):
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_MAX_S", 16)  # wider batches too
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_AFTER", 0)  # a table from the first run
     inst = SimInstance(hardware.gpu(gpu), hardware.model(model), name=f"t-{gpu}")
     rng = random.Random(7)
     for trial in range(400):
-        S = rng.randint(1, engine_mod._DECODE_TABLE_MAX_S)
+        S = rng.randint(1, 16)
         dkv = sum(rng.randint(1, 6000) for _ in range(S))
         K = rng.choice([2, 3, rng.randint(2, 64), rng.randint(2, 3000)])
         if trial % 3 == 0:
@@ -46,6 +49,7 @@ def test_decode_run_table_equals_the_direct_durations(gpu, model):
 def test_decode_run_past_the_table_is_computed_directly(monkeypatch):
     inst = SimInstance(hardware.gpu("H100"), L8B, name="long")
     monkeypatch.setattr(engine_mod, "_DECODE_TABLE_MAX_KV", 5000)
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_AFTER", 0)
     want = inst._durations(2, 2, 2, 4990 + 2 * np.arange(40, dtype=np.int64))
     assert _bits(inst._decode_run(2, 4990, 40)) == _bits(want)
 
@@ -94,6 +98,7 @@ def _workload(inst: SimInstance, seed: int, n: int = 60) -> list[tuple]:
 ])
 def test_runs_from_the_table_equal_the_direct_runs_event_by_event(monkeypatch, seed, kw):
     kw.setdefault("request_overhead_s", 0.0)
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_AFTER", 2)  # direct runs, then the table
     engines = [SimInstance(hardware.gpu("A100-80G"), L8B, **kw)]
     fast = _workload(engines[0], seed)
     monkeypatch.setattr(engine_mod, "_DECODE_TABLE_MAX_S", 0)
