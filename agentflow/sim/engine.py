@@ -760,6 +760,7 @@ class SimInstance:
             self._launch_into_slots()
             self._running.sort(key=fill_key(self.llama_slots))
         running = self._running
+        breaks = self.prompt_breaks  # () on vLLM: no call per sequence to cut at none
         sched: list[_Seq] = []
         ns: dict[_Seq, int] = {}
         preempted = False
@@ -767,7 +768,10 @@ class SimInstance:
         while i < len(running) and budget > 0:
             s = running[i]
             n = s.prompt + s.generated - s.computed
-            n = self._cut_at_breaks(s, s.computed, min(n, budget))
+            if n > budget:
+                n = budget
+            if breaks:
+                n = self._cut_at_breaks(s, s.computed, n)
             need = -(-(s.computed + n) // B) - s.blocks
             if need > self._free:
                 while need > self._free:
@@ -814,7 +818,8 @@ class SimInstance:
                         break
                 else:
                     n = unc
-                n = self._cut_at_breaks(s, comp, n)
+                if breaks:
+                    n = self._cut_at_breaks(s, comp, n)
                 need = -(-(comp + n) // B)
                 if need > self._free:
                     break
