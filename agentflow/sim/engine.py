@@ -311,6 +311,13 @@ class _DecodeTables:
         self.tabs: dict[int, np.ndarray] = {}
         self.asked: dict[int, int] = {}
 
+    def __deepcopy__(self, memo: dict) -> _DecodeTables:
+        """Shared, not copied: a forked simulation (``Simulation.fork``, the alpha tuner's
+        forecasts) copies its engines' operator model, whose values the tables are a pure
+        function of, so the fork reads and grows the same tables (entries are only added,
+        never changed) instead of copying megabytes per fork."""
+        return self
+
 
 _DECODE_TABLES: weakref.WeakKeyDictionary[OperatorModel, _DecodeTables] = \
     weakref.WeakKeyDictionary()

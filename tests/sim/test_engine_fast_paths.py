@@ -114,3 +114,27 @@ def test_runs_from_the_table_equal_the_direct_runs_event_by_event(monkeypatch, s
     a, b, c = ((e.steps, e.tokens_computed, e.busy_s, e.plans) for e in engines)
     assert a == b
     assert a[:2] == c[:2] and a[2] == pytest.approx(c[2], rel=1e-12) and a[3] < c[3]
+
+
+def test_a_copied_engine_shares_the_tables_and_runs_the_same(monkeypatch):
+    """``Simulation.fork`` deep-copies engines: the copy keeps reading the same tables (they
+    depend only on the operator model's values, which the copy has too) and its runs give
+    the very events the original's do."""
+    import copy
+
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_AFTER", 0)
+    inst = SimInstance(hardware.gpu("L40S"), L8B, request_overhead_s=0.0, name="orig")
+    inst.add("a", 800, 300, 0, 0.0)
+    inst.add("b", 1500, 200, 1, 0.0)
+    inst.step_until(inst.next_event_time())
+    clone = copy.deepcopy(inst)
+    assert clone._tables is inst._tables and clone.ops is not inst.ops
+
+    def rest(e: SimInstance) -> list[tuple]:
+        out = []
+        while (t := e.next_event_time()) is not None:
+            out += [(x.kind, x.seq_id, x.time, x.output_tokens) for x in e.step_until(t)]
+        return out
+
+    ran = rest(clone)
+    assert ran == rest(inst) and len(ran) > 10
