@@ -305,9 +305,7 @@ class InstanceQueue:
                 for w in written:
                     self.reserve(call, kv_at(call, w))
             held.clear()
-            self._kv_bound.clear()
-        self.book.kv_pending[self.index] = 0.0
-        self.book.kv_folded.pop(self.index, None)
+        self._none_held()
 
     def finish(self, call: ScheduledCall, completed: bool = False) -> None:
         """``call`` leaves the instance; ``completed``: it ran to its end (so its prompt was
@@ -328,11 +326,15 @@ class InstanceQueue:
         ``note_progress``), and its share of the pending bound goes with it."""
         grow = self._kv_bound.pop(call)[0]
         if not self._kv_held:
-            self._kv_bound.clear()
-            self.book.kv_pending[self.index] = 0.0
-            self.book.kv_folded.pop(self.index, None)
+            self._none_held()
         elif grow:
             self.book.kv_pending[self.index] -= grow
+
+    def _none_held(self) -> None:
+        """No progress report is held here any more: no bound, nothing for a reader to settle."""
+        self._kv_bound.clear()
+        self.book.kv_pending[self.index] = 0.0
+        self.book.kv_folded.pop(self.index, None)
 
     def _rank(self, entry: _Entry, call: ScheduledCall, now: float,
               view: SchedulerView, key: Key | None = None) -> None:

@@ -583,7 +583,7 @@ class ClusterView:
 
     def _kv_tokens(self, call: ScheduledCall) -> int:
         """KV-cache tokens a call may hold on its instance: prompt + ``_output_reserve``."""
-        return int(call.tokens_on(call.instance) + self._output_reserve(call))
+        return self._kv_tokens_at(call, call.attained_tokens)
 
     def _kv_tokens_at(self, call: ScheduledCall, written: int) -> int:
         """``_kv_tokens`` of ``call`` as of a report of ``written`` output tokens (what it

@@ -1145,7 +1145,8 @@ def _event_key(e: tuple) -> tuple:
 _PY_EVENTS_MAX = 8
 
 
-def _run_events(g0, out, K: int) -> list[tuple[int, int, int]]:
+def _run_events(g0: list[int] | np.ndarray, out: list[int] | np.ndarray, K: int
+                ) -> list[tuple[int, int, int]]:
     """(iteration, sequence index, token count) of every first-token/progress event of a
     decode run of ``K`` iterations, in iteration order (ties: smaller count, then sequence
     order): token counts that are powers of two, reached at iteration ``pw - g0 - 1`` (a
@@ -1154,7 +1155,9 @@ def _run_events(g0, out, K: int) -> list[tuple[int, int, int]]:
         return _run_events_numpy(np.asarray(g0, dtype=np.int64),
                                  np.asarray(out, dtype=np.int64), K)
     if isinstance(g0, np.ndarray):
-        g0, out = g0.tolist(), out.tolist()
+        g0 = g0.tolist()
+    if isinstance(out, np.ndarray):
+        out = out.tolist()
     found = []
     for i, (g, o) in enumerate(zip(g0, out)):
         b = (g + 1).bit_length() - 1  # the first power of two not yet written: >= g + 1
