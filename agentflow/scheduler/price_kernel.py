@@ -140,12 +140,35 @@ def _price_loop(n_wait: np.ndarray, wait_prompt: np.ndarray, wait_output: np.nda
     return 0
 
 
+def _lexmin2_loop(first: np.ndarray, second: np.ndarray) -> int:
+    """``np.lexsort((first, second))[0]`` for NaN-free keys: the least ``second``, then the
+    least ``first``, then the first position (``-0.0`` ties ``0.0``, as ``==`` says). -1 when
+    a key holds a NaN (or the keys are empty): then ``lexmin``'s numpy path decides."""
+    n = second.shape[0]
+    best = -1
+    for i in range(n):
+        s, f = second[i], first[i]
+        if s != s or f != f:
+            return -1
+        if best < 0:
+            best = i
+            continue
+        b = second[best]
+        if s < b or (s == b and f < first[best]):
+            best = i
+    return best
+
+
 if numba is not None:
     _maximum = numba.njit(cache=True, inline="always")(_maximum)
     _minimum = numba.njit(cache=True, inline="always")(_minimum)
     _compiled: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_price_loop)
+    _lexmin2: Any = numba.njit(cache=True, nogil=True)(_lexmin2_loop)
 else:  # pragma: no cover
-    _compiled = None
+    _compiled = _lexmin2 = None
+
+# the key types ``lexmin2`` runs compiled (name ranks, prices): one machine code each
+_LEXMIN_TYPES = (np.dtype(np.int64), np.dtype(np.float64))
 
 EMPTY = np.zeros(0)  # an absent optional input of the loop
 
@@ -153,6 +176,16 @@ EMPTY = np.zeros(0)  # an absent optional input of the loop
 def price_loop(*args: Any) -> int:
     """The compiled loop (``_price_loop``'s arguments)."""
     result: int = _compiled(*args)
+    return result
+
+
+def lexmin2(first: np.ndarray, second: np.ndarray) -> int:
+    """``policies.lexmin.lexmin((first, second))`` by one compiled pass (-1: not decided
+    here — the loop is off, a key is not 1-D int64/float64, or holds a NaN)."""
+    if not (_enabled and first.ndim == 1 and second.ndim == 1
+            and first.dtype in _LEXMIN_TYPES and second.dtype in _LEXMIN_TYPES):
+        return -1
+    result: int = _lexmin2(first, second)
     return result
 
 
@@ -164,6 +197,10 @@ def _warm() -> None:
     price_loop(one, one, one, one, one, one, none, one, none, 0.0, none, 0.0, False, False,
                one, one, one, one, one, one, one, 0.0, 0.0, one, False, one, one, one, none,
                np.empty(1), np.empty(1))
+    ranks, prices = np.zeros(1, dtype=np.int64), np.zeros(1)
+    for a in (ranks, prices):
+        for b in (ranks, prices):
+            lexmin2(a, b)
 
 
 if _enabled:
