@@ -132,6 +132,15 @@ class GPUProfile:
     # many rows up one read serves them all (0: always one read). Host-fitted by agentflow
     # calibrate (4 on this project's AMD EPYC VM; agentflow.sim.llama_batches).
     cpu_tiled_rows: float = 0.0
+    # Where they do not overlap: seconds a llama.cpp CPU forward pass costs on top of its
+    # operators when it computes more than one sequence (a batch of decodes, a decode beside
+    # a prompt chunk). Why: on this project's EPYC VM a decode step of 2 or of 4 sequences
+    # through llama-server cost ~10-12 ms more than the operator sums with per-row weight
+    # reads price (46-52 ms against 35-38 for 2, 62-72 against 54-61 for 4, at 32- and
+    # 512-token contexts alike: a per-pass cost, not a per-row one; stop 50's idle
+    # calibrations), which no single-request row shows. Host-fitted by agentflow calibrate
+    # on its batched rows (0: none, every stored profile, every GPU).
+    cpu_multi_seq_s: float = 0.0
     # A CPU host's co-run factor: the CPU seconds a unit of work costs on one core while no
     # other local instance is busy, over what it costs beside busy ones. ``agentflow
     # calibrate`` fits a host's profile with all its local instances busy at once (as they
@@ -167,8 +176,13 @@ class ModelProfile:
     vocab: int = 128256
     head_bits: int = 16  # LM head weights (GGUF files often keep a tied embedding in 8 bits)
     # Sliding-window attention (tokens; 0: none). llama-server checkpoints such a model's
-    # window state near each prompt's end, which changes how it chunks prompts.
+    # window state near each prompt's end, which changes how it chunks prompts, and its
+    # local layers attend to at most this many keys (``agentflow.step_time``).
     sliding_window: int = 0
+    # With a window: every N-th layer attends to the whole context (a global layer), the
+    # others to the window (llama.cpp's ``swa_pattern``; gemma-3: 6, five local layers to
+    # one global); 0: every layer is local.
+    sliding_window_pattern: int = 0
 
     @property
     def weight_bytes(self) -> float:
@@ -213,7 +227,8 @@ MODELS: dict[str, ModelProfile] = {m.name: m for m in (
     ModelProfile("gemma-3-270m", params_b=0.27, active_params_b=0.27, layers=18, hidden=640,
                  heads=4, kv_heads=1, head_dim=256, weight_bits=4, ffn_hidden=2048,
                  vocab=262144, head_bits=8,  # Q4_K_M's tied embedding is Q8_0
-                 sliding_window=512),  # the GGUF's gemma3.attention.sliding_window
+                 # the GGUF's gemma3.attention.sliding_window; llama.cpp's gemma3 pattern
+                 sliding_window=512, sliding_window_pattern=6),
 )}
 
 

@@ -21,11 +21,14 @@ of ``n_i`` tokens after ``c_i`` cached ones) is, per layer:
 * decode attention: one kernel over the ``B`` decoding sequences, reading ``sum(c_i + 1)``
   tokens of KV cache;
 * prefill attention: one kernel over the prefilling sequences, ``sum(n_i c_i + n_i (n_i+1)/2)``
-  query-key pairs over ``sum(c_i + n_i)`` cached tokens;
+  query-key pairs over ``sum(c_i + n_i)`` cached tokens (a sliding-window model's local
+  layers count only the pairs inside the window, and read at most the window's KV:
+  ``ModelProfile.sliding_window``, ``windowed_pairs``; its decodes too);
 
 times the layers; plus, once per step, the LM head at ``S`` rows, the tensor-parallel
 all-reduces (``tp > 1``) and a fixed per-step overhead (scheduling, input preparation,
-sampling, launch).
+sampling, launch); on a CPU core, a pass computing more than one sequence adds the host's
+``GPUProfile.cpu_multi_seq_s`` (fitted by ``agentflow calibrate`` on its batched rows).
 
 On a GPU four kernel effects Vidur's A100 rows show sit on top of the rooflines (fitted on
 half of the rows, checked on the other half: ``agentflow bench fit_operators``). Each is a
@@ -161,6 +164,18 @@ def step_sums(ns, contexts) -> tuple[int, int, int, int, int, int, int]:
     return T, S, B, dkv, pt, pp, pkv
 
 
+def windowed_pairs(c: int, n: int, window: int) -> int:
+    """Query-key pairs of a chunk of ``n`` tokens after ``c`` cached ones when each query
+    attends to at most ``window`` keys (itself included): ``sum(min(c + i, window))`` for
+    ``i`` in 1..n, in closed form."""
+    a, b = c + 1, c + n
+    if b <= window:
+        return (a + b) * n // 2
+    if a > window:
+        return window * n
+    return (a + window) * (window - a + 1) // 2 + window * (b - window)
+
+
 class OperatorModel:
     """The operator rooflines of one model on ``tp`` GPUs of one kind (constants precomputed).
 
@@ -240,8 +255,17 @@ class OperatorModel:
         self._slots = gpu.sm_count * gpu.attn_blocks_per_sm
         self._wave = gpu.attn_wave_penalty
         self._pf_half = gpu.prefill_attn_half_tokens
+        # Sliding-window attention: the local layers' share of the layers, whose queries
+        # attend to at most ``sliding_window`` keys (``windowed_pairs``); 0: none.
+        self._window = m.sliding_window
+        self._local = 0.0
+        if m.sliding_window > 0:
+            every = m.sliding_window_pattern
+            self._local = (m.layers - (m.layers // every if every > 0 else 0)) / m.layers
         self._lm = (m.hidden, m.vocab / tp, m.hidden * m.vocab * m.head_bits / 8 / tp)
         self._overhead = gpu.step_overhead_s
+        # a CPU pass computing more than one sequence costs this on top (host-fitted)
+        self._multi = gpu.cpu_multi_seq_s if self._serial else 0.0
         # T (serial: (T, B)) -> linear + element-wise seconds per layer; S (or (S, B)) -> head
         self._per_tok: dict[Any, float] = {}
         self._head: dict[Any, float] = {}
@@ -349,6 +373,11 @@ class OperatorModel:
         """One decode-attention kernel: ``B`` sequences attending to ``kv_tokens`` in all."""
         if not B:
             return 0.0
+        if self._local:
+            # a local layer's decode reads at most the window of each sequence's KV: exact
+            # for one sequence (and for B all past the window or all within it), an upper
+            # bound for a batch that mixes both (the sums do not say which attends how far)
+            kv_tokens = kv_tokens - self._local * (kv_tokens - _min(kv_tokens, B * self._window))
         mem = (self._kv_tok * kv_tokens + self._q_tok * B) / self._b_dec
         if not self._serial:
             mem = mem * wave_factor(B * self._kv_heads_gpu, self._slots, self._wave)
@@ -358,6 +387,8 @@ class OperatorModel:
         """One prefill-attention kernel over chunks of ``tokens`` in all."""
         if not tokens:
             return 0.0
+        if self._local:
+            pairs, kv_tokens = self._windowed(tokens, pairs, kv_tokens)
         compute = self._flop_pair * pairs / self._f_pf
         if not self._serial:
             # a chunk of n tokens reaches n / (n + half) of the efficiency (fewer query
@@ -368,6 +399,25 @@ class OperatorModel:
         return self._lat_pf + self._roof(compute,
                                          (self._kv_tok * kv_tokens + self._q_tok * tokens)
                                          / self._b_dec)
+
+    def _windowed(self, tokens, pairs, kv_tokens):
+        """(pairs, KV tokens) of a prefill pass averaged over the layers, the local ones
+        counting only the pairs inside the window. Why it matters: on gemma-3 (15 of 18
+        layers local, window 512) the causal pairs grow with the square of the context
+        where the real cost does not, so a fit on prompts of 32-2048 tokens put the
+        prompts of ~1k tokens 5-6% short and those of 256 and 2048 2-4% long (stop 50's
+        idle calibrations); with the window the same rows fit within ~1%. One sequence's
+        chunk (``pairs`` is then exactly its causal count) is windowed exactly; several
+        sequences' chunks in one pass, whose sums do not say how far each attends, keep the
+        bound ``tokens * window`` on their pairs and their KV as summed."""
+        n, kv, W = int(tokens), int(kv_tokens), self._window
+        c = kv - n
+        if not self.several_sequences(0, tokens, pairs, kv_tokens):
+            local_pairs, local_kv = windowed_pairs(c, n, W), min(kv, W - 1 + n)
+        else:  # several chunks: no single sequence has these sums (n_i * n_j > 0)
+            local_pairs, local_kv = min(int(pairs), n * W), kv
+        f = self._local
+        return pairs - f * (pairs - local_pairs), kv_tokens - f * (kv - local_kv)
 
     # ------------------------------------------------------------------- once per step
     def lm_head_work(self, S):
@@ -414,7 +464,23 @@ class OperatorModel:
             head = self._head[ks] = float(self.lm_head(S, B))
         layer = (per_tok + self.decode_attention(B, decode_kv)
                  + self.prefill_attention(pf_tokens, pf_pairs, pf_kv))
-        return layer * self.layers + head + self.fixed(T)
+        out = layer * self.layers + head + self.fixed(T)
+        if self._multi and self.several_sequences(B, pf_tokens, pf_pairs, pf_kv):
+            out = out + self._multi
+        return out
+
+    @staticmethod
+    def several_sequences(B, pf_tokens, pf_pairs, pf_kv) -> bool:
+        """Whether a pass of these sums computes more than one sequence: two decodes, a
+        decode beside a prompt chunk, or several chunks (one chunk's ``pf_pairs`` is exactly
+        its causal count over ``pf_kv - pf_tokens`` cached tokens; no two chunks' sums are,
+        since ``n_i * n_j > 0``)."""
+        if B >= 2 or (B and pf_tokens):
+            return True
+        if not pf_tokens:
+            return False
+        n, c = int(pf_tokens), int(pf_kv) - int(pf_tokens)
+        return not (c >= 0 and int(pf_pairs) == n * c + n * (n + 1) // 2)
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds per operator class over all layers, and the per-step terms."""
@@ -428,6 +494,8 @@ class OperatorModel:
                 shape.prefill_tokens, shape.prefill_pairs, shape.prefill_kv)) * L,
             "lm_head": float(self.lm_head(shape.seqs, shape.decode_seqs)),
             "allreduce": float(self.allreduce(shape.tokens)),
-            "overhead": self._overhead,
+            "overhead": self._overhead + (self._multi if self._multi and self.several_sequences(
+                shape.decode_seqs, shape.prefill_tokens, shape.prefill_pairs, shape.prefill_kv)
+                else 0.0),
         }
         return out

@@ -529,8 +529,14 @@ _UPPER = {"bw_efficiency": 4.0, "attn_bw_efficiency": 4.0}
 # host; 4: below four rows each row streams the weights, as on this project's EPYC VM,
 # where two decodes in one pass cost 1.99-2.01x one and four 2.80-2.88x).
 CAL_TILED_ROWS = (0.0, 4.0)
+# Fitted only with the batched rows, which are what identify it: the cost of a CPU pass
+# that computes more than one sequence (``GPUProfile.cpu_multi_seq_s``; single requests
+# never run one, so a fit on them alone leaves it 0). Bounded at 0.1 s: stop 50's idle
+# calibrations read ~10-12 ms.
+BATCH_FIT_FIELDS = ("cpu_multi_seq_s",)
+_UPPER["cpu_multi_seq_s"] = 0.1
 # What a host profile stores: the fitted fields and the discrete choice.
-STORED_FIELDS = (*FIT_FIELDS, "cpu_tiled_rows")
+STORED_FIELDS = (*FIT_FIELDS, *BATCH_FIT_FIELDS, "cpu_tiled_rows")
 
 
 def sim_batch(gpu: hardware.GPUProfile, model: hardware.ModelProfile, limits: InstanceConfig,
@@ -621,18 +627,20 @@ def profile_residuals(g: hardware.GPUProfile, model: hardware.ModelProfile,
 def fit_profile(rows: list[tuple], base: hardware.GPUProfile, model: hardware.ModelProfile,
                 limits: InstanceConfig, batched: Sequence[tuple] = ()) -> hardware.GPUProfile:
     """Least squares on the single rows (prefill and decode time) and, if given, the
-    batched rows' mean latency."""
+    batched rows' batch/lone ratios (which also fit ``BATCH_FIT_FIELDS``)."""
     from scipy.optimize import least_squares
 
+    names = (*FIT_FIELDS, *BATCH_FIT_FIELDS) if len(batched) else FIT_FIELDS
+
     def profile(x: np.ndarray) -> hardware.GPUProfile:
-        return replace(base, **dict(zip(FIT_FIELDS, np.exp(x).tolist(), strict=True)))
+        return replace(base, **dict(zip(names, np.exp(x).tolist(), strict=True)))
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return profile_residuals(profile(x), model, limits, rows, batched)
 
-    upper = np.log([_UPPER.get(f, 10.0) for f in FIT_FIELDS])
-    x0 = np.minimum(np.log([getattr(base, f) or 1e-3 for f in FIT_FIELDS]), upper - 1e-3)
-    fit = least_squares(residuals, x0, bounds=(np.full(len(FIT_FIELDS), np.log(1e-5)), upper),
+    upper = np.log([_UPPER.get(f, 10.0) for f in names])
+    x0 = np.minimum(np.log([getattr(base, f) or 1e-3 for f in names]), upper - 1e-3)
+    fit = least_squares(residuals, x0, bounds=(np.full(len(names), np.log(1e-5)), upper),
                         x_scale=1.0, diff_step=1e-3)
     err = np.abs(residuals(fit.x))
     print(f"fit: median |rel err| {np.median(err) * 100:.1f}%, max {err.max() * 100:.1f}% "

@@ -22,12 +22,8 @@ REMOTE = InstanceConfig(name="a100", gpu="A100-80G", model="Llama-3.1-8B")
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    path = tmp_path / "host-profiles.json"
-    monkeypatch.setenv(hp.ENV, str(path))
-    monkeypatch.setattr(hp, "this_host", lambda: EPYC)
-    monkeypatch.setattr(hp, "_warned", set())
-    return path
+def store(host_store):
+    return host_store(EPYC)
 
 
 def entry(host: hp.HostIdentity, **constants: float) -> hp.HostProfile:

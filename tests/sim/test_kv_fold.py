@@ -22,9 +22,8 @@ from agentflow.scheduler.instance import InstanceQueue
 from agentflow.scheduler.loadbook import LoadBook
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.driver import Simulation
-from agentflow.sim.experiment import build_tenant_workload, build_workload
-from agentflow.sim.faults import Fault
-from agentflow.sim.workload import TenantSpec
+from agentflow.sim.experiment import build_workload
+from tests.sim.scenarios import record_rows, small_scenario
 from tests.sim.test_driver import small_trace
 
 
@@ -57,33 +56,20 @@ def folding(eager: bool) -> Iterator[Counter[str]]:
         seen["dispatch settled" if rows is not None else "all settled"] += 1
         book_settle(self, rows)
 
-    InstanceQueue.note_progress = _note  # type: ignore[method-assign]
-    InstanceQueue.settle_kv = _settle  # type: ignore[method-assign]
-    InstanceQueue.finish = _finish  # type: ignore[method-assign]
-    LoadBook.settle_kv = _book_settle  # type: ignore[method-assign]
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(InstanceQueue, "note_progress", _note)
+        mp.setattr(InstanceQueue, "settle_kv", _settle)
+        mp.setattr(InstanceQueue, "finish", _finish)
+        mp.setattr(LoadBook, "settle_kv", _book_settle)
         yield seen
-    finally:
-        InstanceQueue.note_progress = note  # type: ignore[method-assign]
-        InstanceQueue.settle_kv = settle  # type: ignore[method-assign]
-        InstanceQueue.finish = finish  # type: ignore[method-assign]
-        LoadBook.settle_kv = book_settle  # type: ignore[method-assign]
 
 
 def _run(policy: str, eager: bool, tenants: bool, faults: bool, rate: float
          ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], Counter[str]]:
-    cluster, trace = load_cluster("paper-4gpu"), small_trace()
-    if tenants:
-        wl = build_tenant_workload(trace, cluster, [
-            TenantSpec("ui", 1.5, 40.0, "interactive"), TenantSpec("eval", 3.0, None, "batch")],
-            n=30, seed=2)
-    else:
-        wl = build_workload(trace, cluster, n=60, rate=rate, seed=2)
-    names = [name for name, _ in cluster.expanded()]
-    fault = [Fault(6.0, names[0], "down"), Fault(14.0, names[0], "up")] if faults else []
+    scenario = small_scenario(tenants, faults, rate)
     decisions: list[tuple[Any, ...]] = []
     with folding(eager) as seen:
-        sim = Simulation(cluster, policy, faults=fault)
+        sim = scenario.simulation(policy)
         apply = sim._apply
 
         def _apply(ds: Any) -> None:
@@ -94,12 +80,9 @@ def _run(policy: str, eager: bool, tenants: bool, faults: bool, rate: float
             apply(ds)
 
         sim._apply = _apply  # type: ignore[method-assign]
-        result = sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s,
-                         tenants=wl.tenants, classes=wl.classes)
+        result = scenario.run(sim)
         kv = sim.coordinator.loads.kv_used.tolist()  # settled: what any reader sees
-    rows = [(r.id, r.status, r.finish, r.calls, r.reason, r.preemptions)
-            for r in result.records]
-    return rows + [("events", result.events), ("kv", kv)], decisions, seen
+    return record_rows(result) + [("kv", kv)], decisions, seen
 
 
 @pytest.mark.parametrize("policy,tenants,faults,rate", [

@@ -15,12 +15,7 @@ from contextlib import contextmanager
 import pytest
 
 from agentflow.scheduler.paths import WorkflowPaths
-from agentflow.sim.cluster import load_cluster
-from agentflow.sim.driver import Simulation
-from agentflow.sim.experiment import build_tenant_workload, build_workload
-from agentflow.sim.faults import Fault
-from agentflow.sim.workload import TenantSpec
-from tests.sim.test_driver import small_trace
+from tests.sim.scenarios import record_rows, small_scenario
 
 
 @contextmanager
@@ -40,33 +35,18 @@ def counting(eager: bool) -> Iterator[Counter[str]]:
         seen["made when read"] += query.paths_due is not None
         settle(self, query)
 
-    WorkflowPaths._defer_paths = _defer  # type: ignore[method-assign]
-    WorkflowPaths._settle = _settle  # type: ignore[method-assign]
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(WorkflowPaths, "_defer_paths", _defer)
+        mp.setattr(WorkflowPaths, "_settle", _settle)
         yield seen
-    finally:
-        WorkflowPaths._defer_paths = defer  # type: ignore[method-assign]
-        WorkflowPaths._settle = settle  # type: ignore[method-assign]
 
 
 def _records(policy: str, eager: bool, tenants: bool, faults: bool
              ) -> tuple[list[tuple], Counter[str]]:
-    cluster, trace = load_cluster("paper-4gpu"), small_trace()
-    if tenants:
-        wl = build_tenant_workload(trace, cluster, [
-            TenantSpec("ui", 1.5, 40.0, "interactive"), TenantSpec("eval", 3.0, None, "batch")],
-            n=30, seed=2)
-    else:
-        wl = build_workload(trace, cluster, n=60, rate=3.0, seed=2)
-    names = [name for name, _ in cluster.expanded()]
-    fault = [Fault(6.0, names[0], "down"), Fault(14.0, names[0], "up")] if faults else []
+    scenario = small_scenario(tenants, faults)
     with counting(eager) as seen:
-        sim = Simulation(cluster, policy, faults=fault)
-        result = sim.run(wl.queries, wl.arrivals, wl.deadlines(2.0), wl.idle_latency_s,
-                         tenants=wl.tenants, classes=wl.classes)
-    rows = [(r.id, r.status, r.finish, r.calls, r.reason, r.preemptions)
-            for r in result.records]
-    return rows + [("events", result.events)], seen
+        result = scenario.run(scenario.simulation(policy))
+    return record_rows(result), seen
 
 
 @pytest.mark.parametrize("policy,tenants,faults", [

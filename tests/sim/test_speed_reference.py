@@ -29,12 +29,8 @@ def local(name: str) -> InstanceConfig:
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    path = tmp_path / "host-profiles.json"
-    monkeypatch.setenv(hp.ENV, str(path))
-    monkeypatch.setattr(hp, "this_host", lambda: HOST)
-    monkeypatch.setattr(hp, "_warned", set())
-    return path
+def store(host_store):
+    return host_store(HOST)
 
 
 def fitted(**extra) -> hp.HostProfile:
