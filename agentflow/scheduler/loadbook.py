@@ -227,9 +227,15 @@ class LoadBook:
                 self.finish_sum[index] = 0.0  # no drift once the instance is idle
 
     def running(self, now: float) -> np.ndarray:
+        self.retire_due(now)
+        return np.maximum(self.finish_sum - self.finish_n * now, 0.0)
+
+    def retire_due(self, now: float) -> None:
+        """Stop counting the calls past their expected finish at ``now``: what ``running``
+        does first, for a reader that computes the remainders itself (the compiled price,
+        ``scheduler.price_kernel``)."""
         if self.expiry.next_due() <= now:
             self._retire(now)
-        return np.maximum(self.finish_sum - self.finish_n * now, 0.0)
 
     def _retire(self, now: float) -> None:
         """Stop counting every call past its expected finish, as ``stop`` one by one would,

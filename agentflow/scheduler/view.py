@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agentflow.scheduler import classes
+from agentflow.scheduler import classes, price_kernel
 from agentflow.scheduler.call import ScheduledCall
 from agentflow.scheduler.cluster import InstanceSpec
 from agentflow.scheduler.distribution import Distribution
@@ -298,6 +298,65 @@ class ClusterView:
 
     def marginal_price(self, call: ScheduledCall, instances: list[str], now: float
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_marginal_price_numpy``'s result: by the compiled loop where numba is installed
+        (``scheduler.price_kernel``: the same floats, per instance), else by numpy."""
+        if price_kernel.enabled():
+            return self._marginal_price_loop(call, instances, now)
+        return self._marginal_price_numpy(call, instances, now)
+
+    def _marginal_price_loop(self, call: ScheduledCall, instances: list[str], now: float
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_marginal_price_numpy`` by ``price_kernel``'s loop: the same inputs read in the
+        same order (the worse-band work behind, the KV need, the expiry wheel's retirements,
+        the shield, the rows, the peers), the per-instance arithmetic compiled, and the held
+        progress reports settled where the room test needs them, as ``_kv_fits`` does."""
+        idx = self._positions(instances)
+        oh, pf, df = self._coef_vectors()
+        book = self.loads
+        behind = self._work_behind(call)
+        empty = price_kernel.EMPTY
+        prompt_v = need_v = empty
+        need: float | np.ndarray
+        if call.prompt_tokens_on:  # tokenizers disagree: each instance's own count
+            prompt_v = np.array([call.tokens_on(n) for n in self.queues], dtype=float)
+            need = need_v = prompt_v + self._output_reserve(call)
+            need_s = 0.0
+        else:
+            need = call.prompt_tokens + self._output_reserve(call)
+            need_s = float(need)
+        check_kv = not (self._kv_unbounded and isinstance(need, float) and need == need)
+        book.retire_due(now)  # as ``book.running(now)``
+        shielded = self._shielded(call)
+        if shielded:
+            rate, slope, seen = self._batch_coefs(clean=True)
+        else:
+            rate = df
+            _, slope, seen = self._batch_coefs()
+        load = getattr(self, "_class_load", None)
+        peers = empty if load is None else load.peers_running(call)
+        n = oh.shape[0]
+        price, co = np.empty(n), np.empty(n)
+        args = [book.n_wait, book.wait_prompt, book.wait_output, oh, pf, df,
+                empty if behind is None else behind, book.prefill_prompt,
+                prompt_v, float(call.prompt_tokens), need_v, need_s, check_kv,
+                check_kv and bool(book.kv_folded), book.kv_settled, book.kv_pending,
+                self._kv_budget, book.n_run, self._max_inflight, book.finish_sum,
+                book.finish_n, float(now), float(call.mean_output), rate, shielded, slope,
+                seen, self._solo_df(), peers, price, co]
+        if price_kernel.price_loop(*args):  # held reports could change the room test
+            kv, budget = book.kv_settled, self._kv_budget
+            fits = kv + need <= budget  # ``_kv_fits``: settle where unsure, then test again
+            top = kv + book.kv_pending
+            top += need
+            book.settle_kv((fits & (top > budget)).nonzero()[0].tolist())
+            args[13] = False
+            price_kernel.price_loop(*args)
+        if isinstance(idx, slice):
+            return price, co, self._name_rank
+        return price[idx], co[idx], self._name_rank[idx]
+
+    def _marginal_price_numpy(self, call: ScheduledCall, instances: list[str], now: float
+                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``marginal_delay``'s price of each of ``instances`` for ``call`` (before the
         seconds an instance waives: ``saved_s``), the co-runners it would run beside, and
         the name rank: the same floats as ``MarginalDelayDispatch.price_s`` reading

@@ -69,10 +69,13 @@ class HeapLoadBook:
             call.expected_finish = None
 
     def running(self, now):
+        self.retire_due(now)
+        return np.maximum(self.finish_sum - self.finish_n * now, 0.0)
+
+    def retire_due(self, now):  # what the compiled price asks for (``LoadBook.retire_due``)
         heap = self._heap
         if heap and heap[0][0] <= now:
             self._retire(now)
-        return np.maximum(self.finish_sum - self.finish_n * now, 0.0)
 
     def _retire(self, now):
         heap = self._heap

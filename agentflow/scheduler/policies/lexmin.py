@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentflow.scheduler import price_kernel
+
 
 def lexmin(keys: tuple[np.ndarray, ...]) -> int:
-    """``int(np.lexsort(keys)[0])``: the row least by the last key, then the one before it..."""
+    """``int(np.lexsort(keys)[0])``: the row least by the last key, then the one before it...
+    Two keys (every dispatch's names and price) go through one compiled pass where numba is
+    installed (``price_kernel.lexmin2``: the same row for NaN-free keys; else this code)."""
+    if len(keys) == 2:
+        row = price_kernel.lexmin2(keys[0], keys[1])
+        if row >= 0:
+            return row
     rows: np.ndarray | None = None
     for key in reversed(keys):
         values = key if rows is None else key[rows]
