@@ -287,6 +287,7 @@ class Simulation:
         clock = self.clock
         manual = type(clock) is ManualClock
         heap, pop, versions = self._heap, heapq.heappop, self._versions
+        on_instance = self._on_instance
         while heap:
             t, _, kind, payload = pop(heap)
             if manual:  # advance_to(max(t, now)) without two calls per event
@@ -298,7 +299,7 @@ class Simulation:
             if kind == "instance":  # most events: an engine's next iteration end
                 name, version = payload
                 if version == versions[name]:
-                    self._on_instance(name)
+                    on_instance(name)
             elif kind == "arrival":
                 self._on_arrival(*payload)
             elif kind == "tool_done":
@@ -454,8 +455,8 @@ class Simulation:
 
     def _on_instance(self, name: str) -> None:
         engine = self.instances[name]
-        calls, running = self._calls, CallState.RUNNING
-        for ev in engine.step_until(self.clock.now()):
+        calls, running, clock = self._calls, CallState.RUNNING, self.clock
+        for ev in engine.step_until(clock.now()):
             seq_id = ev.seq_id
             call = calls.get(seq_id)  # a first attempt: the engine's id is the call's
             if call is None:
@@ -480,7 +481,14 @@ class Simulation:
                 decisions = self.coordinator.on_call_progress(call, ev.output_tokens_so_far)
                 if decisions:
                     self._apply(decisions)
-        self._reschedule(name)
+        # ``_reschedule(name)`` inline (once per wake, the most common push)
+        versions = self._versions
+        version = versions[name] = versions[name] + 1
+        t = engine.next_event_time()
+        if t is not None:
+            now = clock.now()
+            heapq.heappush(self._heap, (t if t > now else now, next(self._seq), "instance",
+                                        (name, version)))
 
     # ------------------------------------------------------------------------------ helpers
     def _report_progress(self) -> None:

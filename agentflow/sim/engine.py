@@ -300,6 +300,11 @@ _DECODE_TABLE_MAX_S = 16
 _DECODE_TABLE_AFTER = 16  # runs of one batch size computed directly before its table is made
 _DECODE_TABLE_MAX_KV = 1 << 19  # entries per table (4 MiB); longer runs are computed directly
 
+# ``_build_plan``'s short way for a plan that is a decode run of everything running with
+# nothing to admit (most plans of a large fleet); False: always the general loop (the tests
+# compare the two event by event).
+_DECODE_FAST = True
+
 
 class _DecodeTables:
     """One operator model's decode-run durations by batch size (``tabs``: S -> seconds by
@@ -768,95 +773,120 @@ class SimInstance:
             self._running.sort(key=fill_key(self.llama_slots))
         running = self._running
         breaks = self.prompt_breaks  # () on vLLM: no call per sequence to cut at none
-        sched: list[_Seq] = []
-        ns: dict[_Seq, int] = {}
-        preempted = False
-        i = 0
-        while i < len(running) and budget > 0:
-            s = running[i]
-            n = s.prompt + s.generated - s.computed
-            if n > budget:
-                n = budget
-            if breaks:
-                n = self._cut_at_breaks(s, s.computed, n)
-            need = -(-(s.computed + n) // B) - s.blocks
-            if need > self._free:
-                while need > self._free:
-                    victim = max(running, key=lambda r: (r.priority, r.arrival, r.order))
-                    vi = running.index(victim)
-                    self._preempt(victim)
-                    preempted = True
-                    if victim is s:
-                        break
-                    if victim in ns:
-                        budget += ns.pop(victim)
-                        sched.remove(victim)
-                    if vi < i:
-                        i -= 1
-                if s.state != _RUNNING:
-                    continue
-            s.blocks += need
-            self._free -= need
-            if s.first_sched is None:  # launched into a llama-server slot before any token
-                s.first_sched = tb
-            sched.append(s)
-            ns[s] = n
-            budget -= n
-            i += 1
-        if not preempted:
-            w = self._waiting
-            M = self.max_num_batched_tokens
-            while w and budget > 0 and len(running) < self.max_num_seqs:
-                s = w[0][3]
-                if s.state != _WAITING:
-                    heapq.heappop(w)
-                    continue
-                if s.hashes:
-                    comp = self._prefix_hit(s)
-                else:
-                    comp = s.cached if s.first_sched is None else 0
-                unc = s.prompt + s.generated - comp
-                if unc > budget:
-                    if self.chunked_prefill:
-                        n = budget
-                    elif budget == M:  # longer than the budget: runs alone, whole
-                        n = unc
-                    else:
-                        break
-                else:
-                    n = unc
-                if breaks:
-                    n = self._cut_at_breaks(s, comp, n)
-                need = -(-(comp + n) // B)
-                if need > self._free:
-                    break
-                heapq.heappop(w)
-                self._n_waiting -= 1
-                s.state = _RUNNING
-                s.computed = comp
-                if s.hashes:
-                    self._prefix_hold(s, comp)
-                s.blocks = need
+        sched: list[_Seq]
+        if (_DECODE_FAST and self.jump_ahead and running and self.llama_slots is None
+                and not breaks
+                and len(running) <= budget and not self._has_waiting()
+                and self._all_decode(running)):
+            # The most common plan: every running sequence decodes one token and nothing
+            # waits to be admitted. What the general loop below gives then (each asks for
+            # 1 token within the budget, takes its next block from the free pool, nothing
+            # is preempted or admitted), without its per-sequence bookkeeping: the same
+            # schedule, counts and ``step_sums`` (every piece 1 token).
+            for s in running:
+                need = -(-(s.computed + 1) // B) - s.blocks
+                s.blocks += need
                 self._free -= need
                 if s.first_sched is None:
                     s.first_sched = tb
-                running.append(s)
-                if self.llama_slots is not None:
-                    self.llama_slots.take(s.id)
+            sched = list(running)
+            n_run = len(sched)
+            nl = [1] * n_run
+            computed = [s.computed for s in sched]
+            self.plans += 1
+            T = S = nd = n_run
+            dkv, pt, pp, pkv = sum(computed) + n_run, 0, 0, 0
+            run = True
+        else:
+            sched = []
+            ns: dict[_Seq, int] = {}
+            preempted = False
+            i = 0
+            while i < len(running) and budget > 0:
+                s = running[i]
+                n = s.prompt + s.generated - s.computed
+                if n > budget:
+                    n = budget
+                if breaks:
+                    n = self._cut_at_breaks(s, s.computed, n)
+                need = -(-(s.computed + n) // B) - s.blocks
+                if need > self._free:
+                    while need > self._free:
+                        victim = max(running, key=lambda r: (r.priority, r.arrival, r.order))
+                        vi = running.index(victim)
+                        self._preempt(victim)
+                        preempted = True
+                        if victim is s:
+                            break
+                        if victim in ns:
+                            budget += ns.pop(victim)
+                            sched.remove(victim)
+                        if vi < i:
+                            i -= 1
+                    if s.state != _RUNNING:
+                        continue
+                s.blocks += need
+                self._free -= need
+                if s.first_sched is None:  # launched into a llama-server slot before any token
+                    s.first_sched = tb
                 sched.append(s)
                 ns[s] = n
                 budget -= n
-        if not sched:
-            self._plan = None
-            if preempted:  # everything running was preempted: admit from the queue now
-                self._build_plan(tb)
-            return
-        self.plans += 1
-        nl = [ns[s] for s in sched]
-        computed = [s.computed for s in sched]
-        T, S, nd, dkv, pt, pp, pkv = step_sums(nl, computed)
-        run = (self.jump_ahead and not preempted and T == len(sched) == len(running)
-               and all(s.prompt + s.generated - s.computed == 1 for s in sched))
+                i += 1
+            if not preempted:
+                w = self._waiting
+                M = self.max_num_batched_tokens
+                while w and budget > 0 and len(running) < self.max_num_seqs:
+                    s = w[0][3]
+                    if s.state != _WAITING:
+                        heapq.heappop(w)
+                        continue
+                    if s.hashes:
+                        comp = self._prefix_hit(s)
+                    else:
+                        comp = s.cached if s.first_sched is None else 0
+                    unc = s.prompt + s.generated - comp
+                    if unc > budget:
+                        if self.chunked_prefill:
+                            n = budget
+                        elif budget == M:  # longer than the budget: runs alone, whole
+                            n = unc
+                        else:
+                            break
+                    else:
+                        n = unc
+                    if breaks:
+                        n = self._cut_at_breaks(s, comp, n)
+                    need = -(-(comp + n) // B)
+                    if need > self._free:
+                        break
+                    heapq.heappop(w)
+                    self._n_waiting -= 1
+                    s.state = _RUNNING
+                    s.computed = comp
+                    if s.hashes:
+                        self._prefix_hold(s, comp)
+                    s.blocks = need
+                    self._free -= need
+                    if s.first_sched is None:
+                        s.first_sched = tb
+                    running.append(s)
+                    if self.llama_slots is not None:
+                        self.llama_slots.take(s.id)
+                    sched.append(s)
+                    ns[s] = n
+                    budget -= n
+            if not sched:
+                self._plan = None
+                if preempted:  # everything running was preempted: admit from the queue now
+                    self._build_plan(tb)
+                return
+            self.plans += 1
+            nl = [ns[s] for s in sched]
+            computed = [s.computed for s in sched]
+            T, S, nd, dkv, pt, pp, pkv = step_sums(nl, computed)
+            run = (self.jump_ahead and not preempted and T == len(sched) == len(running)
+                   and all(s.prompt + s.generated - s.computed == 1 for s in sched))
         if not run:
             self._plan = _Plan(sched, nl, 1, tb,
                                [tb + self._iteration(sched, nl, T, S, nd, dkv, pt, pp, pkv)],
@@ -906,6 +936,19 @@ class SimInstance:
         p = _Plan(sched, nl, K, tb, ends, True, c0, g0, out)
         p.evs = _run_events(g0, out, K)
         self._plan = p
+
+    def _all_decode(self, running: list[_Seq]) -> bool:
+        """Whether every running sequence would decode one token now and find its next KV
+        block free, in order (the general loop's test, so no preemption can follow)."""
+        B, free = self.block_size, self._free
+        for s in running:
+            if s.prompt + s.generated - s.computed != 1:
+                return False
+            need = -(-(s.computed + 1) // B) - s.blocks
+            if need > free:
+                return False
+            free -= need
+        return True
 
     def _blocks_run_out(self, c0: np.ndarray, K: int) -> int:
         """The iterations a decode run of ``K`` can make before its sequences (``c0`` tokens

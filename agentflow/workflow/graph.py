@@ -78,6 +78,9 @@ class WorkflowRun:
         self.outputs: dict[str, Any] = {}
         self.version = 0  # bumped on every change, so schedulers can cache derived values
         self._state: dict[str, str] = {n: self.PENDING for n in graph.nodes}
+        # nodes pending or running: ``finished`` is this reaching 0 (the simulator asks at
+        # every finished stage; a walk over the states was ~0.6% of a fleet replay)
+        self._open = len(self._state)
         self._started_at: dict[str, float] = {}
         for node_id in order:
             self._add_record(node_id)
@@ -124,7 +127,8 @@ class WorkflowRun:
 
     @property
     def finished(self) -> bool:
-        return all(s in (self.DONE, self.FAILED, self.CANCELLED) for s in self._state.values())
+        """Every node done, failed or cancelled."""
+        return self._open == 0
 
     @property
     def running(self) -> list[str]:
@@ -154,12 +158,15 @@ class WorkflowRun:
         if expansion is not None:
             self._expand(expansion, by=node_id)
         self._state[node_id] = self.DONE
+        self._open -= 1
         self.outputs[node_id] = output
         record = self.query.stage(node_id)
         record.status, record.end, record.summary = "ok", now, summary or record.summary
 
     def mark_failed(self, node_id: str, now: float, error: str) -> None:
         self.version += 1
+        if self._state.get(node_id) in (self.PENDING, self.RUNNING):
+            self._open -= 1
         self._state[node_id] = self.FAILED
         record = self.query.stage(node_id)
         record.status, record.end, record.error = "error", now, error
@@ -170,6 +177,7 @@ class WorkflowRun:
         for node_id, state in self._state.items():
             if state in (self.PENDING, self.RUNNING):
                 self._state[node_id] = self.CANCELLED
+                self._open -= 1
                 record = self.query.stage(node_id)
                 record.status = "cancelled"
                 if state == self.RUNNING:
@@ -199,6 +207,7 @@ class WorkflowRun:
         for node in expansion.nodes:
             self.graph.add_node(node.id, node=node)
             self._state[node.id] = self.PENDING
+            self._open += 1
         self.graph.add_edges_from(expansion.edges)
         try:  # the cycle check is the ready list's order, kept for ``_lexical_order``
             self._keep_order(lexical_order(self.graph))

@@ -138,3 +138,25 @@ def test_a_copied_engine_shares_the_tables_and_runs_the_same(monkeypatch):
 
     ran = rest(clone)
     assert ran == rest(inst) and len(ran) > 10
+
+
+@pytest.mark.parametrize("seed,kw", [
+    (0, {}),
+    (1, {"num_gpu_blocks": 250, "max_num_seqs": 8}),  # preemptions, runs cut by blocks
+    (2, {"max_num_batched_tokens": 256, "request_overhead_s": 0.02}),
+    (3, {"max_num_seqs": 32}),  # wider batches: the array path above _PY_EVENTS_MAX
+    (4, {"num_gpu_blocks": 240, "max_num_seqs": 6}),  # blocks scarce: runs the general loop
+])
+def test_the_short_way_to_a_decode_run_equals_the_general_loop(monkeypatch, seed, kw):
+    """``_build_plan``'s decode-run short way: the same events, loads (KV blocks taken) and
+    tokens written at every wake and action as the general loop, and the same counters."""
+    kw.setdefault("request_overhead_s", 0.0)
+    short = SimInstance(hardware.gpu("A100-80G"), L8B, **kw)
+    fast = _workload(short, seed, n=80)
+    monkeypatch.setattr(engine_mod, "_DECODE_FAST", False)
+    general = SimInstance(hardware.gpu("A100-80G"), L8B, **kw)
+    assert fast == _workload(general, seed, n=80)
+    assert (short.steps, short.tokens_computed, short.busy_s, short.plans,
+            short.preemptions) == (general.steps, general.tokens_computed, general.busy_s,
+                                   general.plans, general.preemptions)
+    assert short.plans > 100
