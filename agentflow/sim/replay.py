@@ -55,6 +55,15 @@ class GrowingDag:
         self._hidden = list(self._order)
         self._by = {n.id: n.expanded_by if n.expanded_by in self._nodes else None
                     for n in trace.nodes}
+        # Which finished stages can trigger which nodes: its named trigger, else each of its
+        # parents (``_due``'s first test). A finished stage that triggers no hidden node
+        # shows nothing, so ``expansion_after`` answers without walking the hidden nodes
+        # (most stages: 13,375 of 20,672 in a 1,000-query replay).
+        self._triggers: dict[str, list[str]] = {}
+        for n in trace.nodes:
+            by = self._by[n.id]
+            for t in ((by,) if by is not None else n.parents):
+                self._triggers.setdefault(t, []).append(n.id)
 
     @property
     def hidden(self) -> list[str]:
@@ -73,13 +82,28 @@ class GrowingDag:
         return graph
 
     def expansion_after(self, node_id: str) -> Expansion | None:
-        """What the graph gains as ``node_id`` finishes (None: nothing)."""
+        """What the graph gains as ``node_id`` finishes (None: nothing).
+
+        Without a hidden node that ``node_id`` triggers, ``_due`` would find none: nothing
+        else changed since the last walk (only finished stages and shown nodes move it, and
+        nodes are shown only here and at arrival), so a node due now must have been due at
+        that walk — and shown by it — unless it was triggered since; take the first due in
+        the walk's (topological) order: its parents are all shown already."""
         self._done.add(node_id)
+        if not any(n not in self._shown and self._triggered(n)
+                   for n in self._triggers.get(node_id, ())):
+            return None
         due = self._due()
         if not due:
             return None
         nodes, edges = self._show(due)
         return Expansion(nodes=nodes, edges=edges)
+
+    def _triggered(self, n: str) -> bool:
+        """Whether hidden node ``n``'s trigger has finished (``_due``'s first test)."""
+        by = self._by[n]
+        return by in self._done if by is not None else \
+            self._done.issuperset(self._nodes[n].parents)
 
     # ------------------------------------------------------------------------------ internals
     def _due(self) -> list[str]:
