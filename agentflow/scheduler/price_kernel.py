@@ -1,5 +1,9 @@
-"""``ClusterView.marginal_price`` as one compiled loop over the instances (numba), where numba
-is installed: the same float operations, in the same order, on each instance.
+"""Compiled loops (numba) for the hottest numeric paths, where numba is installed: the same
+float operations, in the same order, as the numpy code they stand for. ``marginal_price``
+(``ClusterView.marginal_price``: one loop over the instances), ``lexmin2`` (dispatch's pick
+of the least price, ties to the least name rank) and ``sorted_atoms``
+(``Distribution._from_sorted_atoms``: merging, normalising and binning a distribution's
+atoms — every length prediction and stage baseline builds one).
 
 Why: the fused numpy price is ~45 vector operations over every instance per dispatch, and
 numpy's cost here is per operation, not per element (a multiply is ~1 µs on 1,024 floats,
@@ -23,9 +27,15 @@ settled only on the instances where they could change the KV room test (the loop
 whether any such instance exists; the caller settles those and runs the loop again without
 the check, as ``ClusterView._kv_fits`` re-tests after settling).
 
-Without numba (it is optional) ``AVAILABLE`` is False and the view prices with numpy; the
+``sorted_atoms`` writes out the orders numpy sums in: ``np.add.reduceat`` adds a run's
+first weight to the pairwise sum of the rest, ``ndarray.sum`` is 0.0 plus the pairwise sum
+(``_pairwise_sum``: blocks of 128 with eight running sums, halves above), ``cumsum`` and
+``bincount`` add in order; ``test_price_kernel`` checks the sum against numpy's on thousands
+of random arrays, so a numpy whose summation changed fails there first.
+
+Without numba (it is optional) ``AVAILABLE`` is False and numpy computes everything; the
 ``AGENTFLOW_PRICE_KERNEL=0`` environment variable (or ``set_enabled(False)``) turns the
-loop off to compare. The first use compiles the loop (~1-2 s) and caches the machine code
+loops off to compare. The first use compiles the loop (~1-2 s) and caches the machine code
 beside this file (``cache=True``), so later processes load it in milliseconds.
 """
 
@@ -159,13 +169,151 @@ def _lexmin2_loop(first: np.ndarray, second: np.ndarray) -> int:
     return best
 
 
+def _block_sum(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise sum of ``a[lo:lo + n]`` for ``n <= 128`` (one block): under 8
+    terms one by one from 0.0; else eight running sums over the terms in steps of 8,
+    combined as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the leftover terms
+    one by one."""
+    if n < 8:
+        res: float = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    stop = n - n % 8
+    while i < stop:
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+def _pairwise_sum(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise sum of ``a[lo:lo + n]`` (``DOUBLE_pairwise_sum``): a block of at
+    most 128 terms as ``_block_sum``; above, the two halves (the first a multiple of 8)
+    summed so and added, left + right. Written with an explicit stack of halves, not
+    recursion (numba's cache cannot load a recursive function back)."""
+    if n <= 128:
+        return _block_sum(a, lo, n)
+    depth = 64
+    f_lo, f_n = np.empty(depth, dtype=np.int64), np.empty(depth, dtype=np.int64)
+    f_stage, f_left = np.zeros(depth, dtype=np.int64), np.empty(depth)
+    sp = 0
+    f_lo[0], f_n[0], f_stage[0] = lo, n, 0
+    while True:
+        m = f_n[sp]
+        if m > 128:  # a split node, first visit: its left half next
+            f_stage[sp] = 1
+            half = m // 2
+            half -= half % 8
+            f_lo[sp + 1], f_n[sp + 1], f_stage[sp + 1] = f_lo[sp], half, 0
+            sp += 1
+            continue
+        result = _block_sum(a, f_lo[sp], m)
+        sp -= 1
+        while sp >= 0:  # hand the sum up: a left half waits for its right one
+            if f_stage[sp] == 1:
+                f_left[sp] = result
+                f_stage[sp] = 2
+                half = f_n[sp] // 2
+                half -= half % 8
+                f_lo[sp + 1], f_n[sp + 1], f_stage[sp + 1] = f_lo[sp] + half, f_n[sp] - half, 0
+                sp += 1
+                break
+            result = f_left[sp] + result
+            sp -= 1
+        if sp < 0:
+            return result
+
+
+def _atoms_loop(v: np.ndarray, w: np.ndarray, max_support: int
+                ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``Distribution._from_sorted_atoms`` of atoms ``v`` (sorted, non-empty) with weights
+    ``w``, numpy's operations in their order: equal values merged (``np.add.reduceat``: a
+    run's first weight plus the pairwise sum of the rest), normalised by ``w.sum()`` (0.0
+    plus the pairwise sum), and above ``max_support`` atoms binned (``_binned``: sequential
+    ``cumsum``, ``bincount``'s in-order sums). (values, probs, ordered): ``ordered`` False
+    when the binned means came out of strict order — then ``probs`` holds the masses and the
+    caller builds the validating ``Distribution(values, masses)`` as ``_binned`` does."""
+    n = v.shape[0]
+    m = 1
+    for i in range(1, n):
+        if v[i] != v[i - 1]:
+            m += 1
+    if m < n:  # merge runs of equal values
+        vv, ww = np.empty(m), np.empty(m)
+        j, start = 0, 0
+        for i in range(1, n + 1):
+            if i == n or v[i] != v[i - 1]:
+                vv[j] = v[start]
+                ww[j] = w[start] + _pairwise_sum(w, start + 1, i - start - 1)
+                j += 1
+                start = i
+    else:
+        vv, ww = v.copy(), w
+    total = 0.0 + _pairwise_sum(ww, 0, m)
+    p = np.empty(m)
+    for i in range(m):
+        p[i] = ww[i] / total
+    if m <= max_support:
+        return vv, p, True
+    cum = np.empty(m)
+    acc = p[0]
+    cum[0] = acc
+    for i in range(1, m):
+        acc = acc + p[i]
+        cum[i] = acc
+    cum[m - 1] = 1.0
+    mass, moment = np.zeros(max_support), np.zeros(max_support)
+    for i in range(m):
+        slot = np.int64((cum[i] - 0.5 * p[i]) * max_support)
+        if slot > max_support - 1:
+            slot = max_support - 1
+        mass[slot] += p[i]
+        moment[slot] += p[i] * vv[i]
+    k = 0
+    for s in range(max_support):
+        if mass[s] > 0:
+            k += 1
+    values, masses = np.empty(k), np.empty(k)
+    j = 0
+    lo, hi = vv[0], vv[m - 1]
+    for s in range(max_support):
+        if mass[s] > 0:
+            values[j] = _minimum(_maximum(moment[s] / mass[s], lo), hi)
+            masses[j] = mass[s]
+            j += 1
+    for i in range(1, k):
+        if not values[i] > values[i - 1]:
+            return values, masses, False
+    total = 0.0 + _pairwise_sum(masses, 0, k)
+    for i in range(k):
+        masses[i] = masses[i] / total
+    return values, masses, True
+
+
 if numba is not None:
     _maximum = numba.njit(cache=True, inline="always")(_maximum)
     _minimum = numba.njit(cache=True, inline="always")(_minimum)
     _compiled: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_price_loop)
     _lexmin2: Any = numba.njit(cache=True, nogil=True)(_lexmin2_loop)
+    _block_sum = numba.njit(cache=True)(_block_sum)
+    _pairwise_sum = numba.njit(cache=True)(_pairwise_sum)
+    _atoms: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_atoms_loop)
 else:  # pragma: no cover
-    _compiled = _lexmin2 = None
+    _compiled = _lexmin2 = _atoms = None
 
 # the key types ``lexmin2`` runs compiled (name ranks, prices): one machine code each
 _LEXMIN_TYPES = (np.dtype(np.int64), np.dtype(np.float64))
@@ -179,11 +327,33 @@ def price_loop(*args: Any) -> int:
     return result
 
 
+def sorted_atoms(v: np.ndarray, w: np.ndarray, max_support: int
+                 ) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """``_atoms_loop``'s (values, probs, ordered) of float64 atoms, or None where it does not
+    decide (the loop is off, other dtypes, no atoms): then numpy builds them."""
+    if not (_enabled and v.dtype == _F64 and w.dtype == _F64 and v.shape[0] > 0
+            and _plain(v) and _plain(w)):
+        return None
+    result: tuple[np.ndarray, np.ndarray, bool] = _atoms(v, w, max_support)
+    return result
+
+
+_F64 = np.dtype(np.float64)
+
+
+def _plain(a: np.ndarray) -> bool:
+    """C-contiguous and writable: the array type the loops are compiled (and cached) for,
+    so an odd view or a read-only array goes to numpy instead of compiling mid-run."""
+    flags = a.flags
+    return bool(flags.c_contiguous and flags.writeable)
+
+
 def lexmin2(first: np.ndarray, second: np.ndarray) -> int:
     """``policies.lexmin.lexmin((first, second))`` by one compiled pass (-1: not decided
     here — the loop is off, a key is not 1-D int64/float64, or holds a NaN)."""
     if not (_enabled and first.ndim == 1 and second.ndim == 1
-            and first.dtype in _LEXMIN_TYPES and second.dtype in _LEXMIN_TYPES):
+            and first.dtype in _LEXMIN_TYPES and second.dtype in _LEXMIN_TYPES
+            and _plain(first) and _plain(second)):
         return -1
     result: int = _lexmin2(first, second)
     return result
@@ -197,6 +367,7 @@ def _warm() -> None:
     price_loop(one, one, one, one, one, one, none, one, none, 0.0, none, 0.0, False, False,
                one, one, one, one, one, one, one, 0.0, 0.0, one, False, one, one, one, none,
                np.empty(1), np.empty(1))
+    sorted_atoms(np.array([1.0, 1.0, 2.0, 3.0]), np.ones(4), 2)
     ranks, prices = np.zeros(1, dtype=np.int64), np.zeros(1)
     for a in (ranks, prices):
         for b in (ranks, prices):

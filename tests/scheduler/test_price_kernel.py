@@ -116,3 +116,88 @@ def test_max_and_min_follow_numpy_on_ties_and_nan():
                                                                   np.minimum)):
             got, want = ours(a, b), float(ref(np.array([a]), np.array([b]))[0])
             assert _bits(np.array([got])) == _bits(np.array([want])), (ours, a, b)
+
+
+# ------------------------------------------- a distribution's atoms: merged, normalised, binned
+
+
+def test_the_pairwise_sum_is_numpy_s():
+    """``_pairwise_sum`` against ``ndarray.sum`` (0.0 plus it) and ``np.add.reduceat`` (a
+    run's first term plus it) on random arrays of 1 to 5,000 terms over ten decades: the
+    orders ``sorted_atoms`` relies on."""
+    rng = np.random.default_rng(3)
+    for _ in range(1500):
+        n = int(rng.integers(1, 5000))
+        a = rng.random(n) * 10.0 ** rng.uniform(-5, 5, n)
+        lo = int(rng.integers(0, min(n, 3)))
+        assert float(a[lo:].sum()) == 0.0 + price_kernel._pairwise_sum(a, lo, n - lo)
+        assert float(np.add.reduceat(a, [lo])[0]) == a[lo] + price_kernel._pairwise_sum(
+            a, lo + 1, n - lo - 1)
+
+
+def _atoms_case(rng, t):
+    n = int(rng.integers(1, 1200))
+    kind = t % 5
+    if kind == 0:  # short outputs: long runs of equal values
+        v = np.sort(rng.integers(1, 60, n).astype(float))
+    elif kind == 1:
+        v = np.sort(rng.integers(1, 3000, n).astype(float))
+    elif kind == 2:
+        v = np.sort(rng.random(n) * 1000)
+    elif kind == 3:
+        v = np.sort(np.round(rng.lognormal(4, 1.5, n)))
+    else:  # values a few ulps apart: binned means that collide (the validating fallback)
+        v = np.sort(1.0 + rng.integers(0, 40, n) * np.finfo(float).eps)
+    w = (rng.random(n) * 10.0 ** rng.uniform(-3, 3, n) if t % 3
+         else np.where(rng.random(n) < 0.9, 1.0, rng.random(n)))  # window outputs and a prior
+    return v, w, int(rng.choice([1, 2, 8, 16, 32, 64]))
+
+
+def test_sorted_atoms_are_numpy_s_bit_for_bit():
+    from agentflow.scheduler.distribution import Distribution
+
+    rng = np.random.default_rng(4)
+    previous = price_kernel.set_enabled(True)
+    fallbacks = 0
+    try:
+        for t in range(2500):
+            v, w, ms = _atoms_case(rng, t)
+            price_kernel.set_enabled(True)
+            fast = Distribution._from_sorted_atoms(v.copy(), w.copy(), ms)
+            got = price_kernel.sorted_atoms(v.copy(), w.copy(), ms)
+            assert got is not None
+            fallbacks += not got[2]
+            price_kernel.set_enabled(False)
+            ref = Distribution._from_sorted_atoms(v.copy(), w.copy(), ms)
+            assert _bits(fast.values) == _bits(ref.values), (t, ms)
+            assert _bits(fast.probs) == _bits(ref.probs), (t, ms)
+    finally:
+        price_kernel.set_enabled(previous)
+    assert fallbacks > 0  # the out-of-order binned means were met too
+
+
+def test_predictions_are_the_same_with_the_loop():
+    """A learned length model's predictions and stage baselines (the two callers on the
+    hot path), loop on and off, on one seeded history."""
+    from agentflow.scheduler.lengths.learned import LearnedLengthModel
+
+    rng = np.random.default_rng(5)
+    stages = ["evaluate", "revise", "generate_candidate_llama-agent", "unknown"]
+    models = {on: LearnedLengthModel(window=300) for on in (True, False)}
+    previous = price_kernel.set_enabled(True)
+    try:
+        for i in range(900):
+            stage = stages[int(rng.integers(0, len(stages)))]
+            key = "" if i % 3 else f"question {int(rng.integers(0, 40))}"
+            prompt = int(rng.integers(50, 4000))
+            out = float(np.round(rng.lognormal(4, 1.2)))
+            cap = None if i % 4 else 200
+            answers = []
+            for on, m in models.items():
+                price_kernel.set_enabled(on)
+                d = m.predict(stage, key, prompt, max_tokens=cap)
+                answers.append((_bits(d.values), _bits(d.probs)))
+                m.observe(stage, key, out, prompt)
+            assert answers[0] == answers[1], i
+    finally:
+        price_kernel.set_enabled(previous)
