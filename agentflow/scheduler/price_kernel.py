@@ -1,9 +1,11 @@
 """Compiled loops (numba) for the hottest numeric paths, where numba is installed: the same
 float operations, in the same order, as the numpy code they stand for. ``marginal_price``
 (``ClusterView.marginal_price``: one loop over the instances), ``lexmin2`` (dispatch's pick
-of the least price, ties to the least name rank) and ``sorted_atoms``
+of the least price, ties to the least name rank), ``sorted_atoms``
 (``Distribution._from_sorted_atoms``: merging, normalising and binning a distribution's
-atoms — every length prediction and stage baseline builds one).
+atoms — every length prediction and stage baseline builds one), and ``stage_rows`` /
+``neighbours`` (``LearnedLengthModel.predict``'s window rows, prompt-length terms, filter
+and selection key around numpy's ``np.exp`` and ``argpartition``, which stay numpy's).
 
 Why: the fused numpy price is ~45 vector operations over every instance per dispatch, and
 numpy's cost here is per operation, not per element (a multiply is ~1 µs on 1,024 floats,
@@ -304,6 +306,63 @@ def _atoms_loop(v: np.ndarray, w: np.ndarray, max_support: int
     return values, masses, True
 
 
+def _stage_rows_loop(stage: np.ndarray, count: int, sid: int, log_in: np.ndarray,
+                     log_prompt: float, scale: float, with_factor: bool
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """``LearnedLengthModel.predict``'s window rows of stage ``sid`` (``(stage[:count] ==
+    sid).nonzero()[0]``) and, ``with_factor``, each row's prompt-length term before its
+    ``np.exp`` (``|log_in[row] - log_prompt| * scale``, numpy's in-place steps in order; the
+    exponential stays numpy's)."""
+    n = 0
+    for i in range(count):
+        if stage[i] == sid:
+            n += 1
+    rows = np.empty(n, dtype=np.int64)
+    factor = np.empty(n if with_factor else 0)
+    j = 0
+    for i in range(count):
+        if stage[i] == sid:
+            rows[j] = i
+            if with_factor:
+                factor[j] = abs(log_in[i] - log_prompt) * scale
+            j += 1
+    return rows, factor
+
+
+def _neighbours_loop(rows: np.ndarray, sims: np.ndarray, fix_nan: bool, floor: float,
+                     positive: bool, k: int, seq: np.ndarray, observed: int, recency: float
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``predict``'s neighbour filter after the similarities: NaN similarities (entries
+    without a prompt length) count 1.0 (``fix_nan``), rows at or above ``floor`` (and above
+    0, ``positive``) kept in order, and when more than ``k`` remain the negated selection
+    key ``-((seq - observed) * recency + sim)`` for numpy's ``argpartition``."""
+    n = sims.shape[0]
+    if fix_nan:
+        for i in range(n):
+            if sims[i] != sims[i]:
+                sims[i] = 1.0
+    m = 0
+    for i in range(n):
+        x = sims[i]
+        if x >= floor and (not positive or x > 0):
+            m += 1
+    kept_rows, kept = np.empty(m, dtype=np.int64), np.empty(m)
+    j = 0
+    for i in range(n):
+        x = sims[i]
+        if x >= floor and (not positive or x > 0):
+            kept_rows[j] = rows[i]
+            kept[j] = x
+            j += 1
+    key = np.empty(m if m > k else 0)
+    if m > k:
+        for i in range(m):
+            t = (seq[kept_rows[i]] - observed) * recency
+            t += kept[i]
+            key[i] = -t
+    return kept_rows, kept, key
+
+
 if numba is not None:
     _maximum = numba.njit(cache=True, inline="always")(_maximum)
     _minimum = numba.njit(cache=True, inline="always")(_minimum)
@@ -312,8 +371,10 @@ if numba is not None:
     _block_sum = numba.njit(cache=True)(_block_sum)
     _pairwise_sum = numba.njit(cache=True)(_pairwise_sum)
     _atoms: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_atoms_loop)
+    stage_rows: Any = numba.njit(cache=True, nogil=True)(_stage_rows_loop)
+    neighbours: Any = numba.njit(cache=True, nogil=True)(_neighbours_loop)
 else:  # pragma: no cover
-    _compiled = _lexmin2 = _atoms = None
+    _compiled = _lexmin2 = _atoms = stage_rows = neighbours = None
 
 # the key types ``lexmin2`` runs compiled (name ranks, prices): one machine code each
 _LEXMIN_TYPES = (np.dtype(np.int64), np.dtype(np.float64))
@@ -368,6 +429,8 @@ def _warm() -> None:
                one, one, one, one, one, one, one, 0.0, 0.0, one, False, one, one, one, none,
                np.empty(1), np.empty(1))
     sorted_atoms(np.array([1.0, 1.0, 2.0, 3.0]), np.ones(4), 2)
+    rows, factor = stage_rows(np.zeros(2, dtype=np.int32), 2, 0, np.zeros(2), 0.0, -1.0, True)
+    neighbours(rows, factor, True, 0.2, False, 1, np.zeros(2, dtype=np.int64), 2, 1e-9)
     ranks, prices = np.zeros(1, dtype=np.int64), np.zeros(1)
     for a in (ranks, prices):
         for b in (ranks, prices):

@@ -54,6 +54,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from agentflow.scheduler import price_kernel
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.embedders import CachedEmbedder, Embedder, HashingEmbedder
 from agentflow.scheduler.lengths.base import LengthModel
@@ -328,17 +329,31 @@ class LearnedLengthModel(LengthModel):
             # method forms of flatnonzero/any/argpartition and ufuncs writing in place: the
             # same operations, and so the same floats, without numpy's Python-level wrappers
             # and temporaries (this runs for every call)
-            rows = (self._stage[:self._count] == sid).nonzero()[0]
+            compiled = price_kernel.enabled()  # the same steps as loops (price_kernel)
             factor = None
-            if input_tokens is not None:
-                factor = self._log_in[rows]
-                factor -= math.log1p(input_tokens)
-                np.abs(factor, out=factor)
-                factor *= -1.0 / self.input_scale
-                np.exp(factor, out=factor)
-                if self._nan_in:  # an entry without a known prompt length counts fully
-                    factor[np.isnan(factor)] = 1.0
+            if compiled:
+                rows, factor = price_kernel.stage_rows(
+                    self._stage, self._count, sid, self._log_in,
+                    0.0 if input_tokens is None else math.log1p(input_tokens),
+                    -1.0 / self.input_scale, input_tokens is not None)
+                if input_tokens is None:
+                    factor = None
+                else:
+                    np.exp(factor, out=factor)
+            else:
+                rows = (self._stage[:self._count] == sid).nonzero()[0]
+                if input_tokens is not None:
+                    factor = self._log_in[rows]
+                    factor -= math.log1p(input_tokens)
+                    np.abs(factor, out=factor)
+                    factor *= -1.0 / self.input_scale
+                    np.exp(factor, out=factor)
+            fix_nan = factor is not None and bool(self._nan_in)
             if q.any():
+                if fix_nan:  # an entry without a known prompt length counts fully
+                    assert factor is not None
+                    factor[np.isnan(factor)] = 1.0
+                    fix_nan = False
                 sims = _dot(*self._stage_rows(sid, rows), q).astype(np.float64)
                 if factor is not None:
                     sims *= factor
@@ -346,6 +361,10 @@ class LearnedLengthModel(LengthModel):
                 sims = factor
             else:  # no key text: the text says nothing, so prompt length and recency decide
                 sims = np.ones(rows.size)
+            if compiled:
+                return self._neighbours(rows, sims, fix_nan, baseline, max_tokens)
+            if fix_nan:
+                sims[np.isnan(sims)] = 1.0
             # a positive floor already rules out similarities <= 0 (and NaN fails both)
             ok = sims >= self.min_similarity
             if self.min_similarity <= 0:
@@ -365,4 +384,24 @@ class LearnedLengthModel(LengthModel):
                     np.concatenate((self._out[rows], baseline.values)),
                     np.concatenate((sims, baseline.probs * self.prior_strength)),
                     self.max_support)
+        return dist.clip(max_tokens) if max_tokens is not None else dist
+
+    def _neighbours(self, rows: np.ndarray, sims: np.ndarray, fix_nan: bool,
+                    baseline: Distribution, max_tokens: int | None) -> Distribution:
+        """The rest of ``predict`` (the lock held) with the filter and selection key by one
+        compiled pass (``price_kernel.neighbours``): the same rows, similarities and keys,
+        then numpy's ``argpartition`` and the mixture, as ``predict`` makes them."""
+        rows, sims, key = price_kernel.neighbours(
+            rows, sims, fix_nan, self.min_similarity, self.min_similarity <= 0, self.k,
+            self._seq, self._observed, 1e-9 / self.window)
+        if not rows.size:
+            dist = baseline
+        else:
+            if rows.size > self.k:
+                top = key.argpartition(self.k - 1)[:self.k]
+                rows, sims = rows[top], sims[top]
+            dist = Distribution._from_atoms(
+                np.concatenate((self._out[rows], baseline.values)),
+                np.concatenate((sims, baseline.probs * self.prior_strength)),
+                self.max_support)
         return dist.clip(max_tokens) if max_tokens is not None else dist
