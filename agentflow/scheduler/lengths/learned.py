@@ -380,10 +380,7 @@ class LearnedLengthModel(LengthModel):
                     key += sims
                     top = np.negative(key, out=key).argpartition(self.k - 1)[:self.k]
                     rows, sims = rows[top], sims[top]
-                dist = Distribution._from_atoms(
-                    np.concatenate((self._out[rows], baseline.values)),
-                    np.concatenate((sims, baseline.probs * self.prior_strength)),
-                    self.max_support)
+                dist = self._mixture(rows, sims, baseline)
         return dist.clip(max_tokens) if max_tokens is not None else dist
 
     def _neighbours(self, rows: np.ndarray, sims: np.ndarray, fix_nan: bool,
@@ -400,8 +397,14 @@ class LearnedLengthModel(LengthModel):
             if rows.size > self.k:
                 top = key.argpartition(self.k - 1)[:self.k]
                 rows, sims = rows[top], sims[top]
-            dist = Distribution._from_atoms(
-                np.concatenate((self._out[rows], baseline.values)),
-                np.concatenate((sims, baseline.probs * self.prior_strength)),
-                self.max_support)
+            dist = self._mixture(rows, sims, baseline)
         return dist.clip(max_tokens) if max_tokens is not None else dist
+
+    def _mixture(self, rows: np.ndarray, sims: np.ndarray,
+                 baseline: Distribution) -> Distribution:
+        """The chosen neighbours' outputs weighted by their similarity, mixed with the stage
+        baseline at ``prior_strength``: one rule for both ways ``predict`` picks them."""
+        return Distribution._from_atoms(
+            np.concatenate((self._out[rows], baseline.values)),
+            np.concatenate((sims, baseline.probs * self.prior_strength)),
+            self.max_support)
