@@ -160,3 +160,48 @@ def test_the_short_way_to_a_decode_run_equals_the_general_loop(monkeypatch, seed
             short.preemptions) == (general.steps, general.tokens_computed, general.busy_s,
                                    general.plans, general.preemptions)
     assert short.plans > 100
+
+
+@pytest.mark.parametrize("gpu,model", [
+    ("H100", "Llama-3.1-8B"), ("A6000", "Llama-3.1-8B"), ("H100", "Qwen3-30B-A3B"),
+    ("Xeon-core", "gemma-3-270m"),
+])
+def test_decode_ends_summed_in_python_equal_numpys_cumsum(monkeypatch, gpu, model):
+    """``_decode_ends``: the table's slice summed by ``accumulate`` from ``tb`` gives
+    ``np.cumsum``'s floats bit for bit (sequential sums), at normal speed and slowed down."""
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_AFTER", 0)
+    inst = SimInstance(hardware.gpu(gpu), hardware.model(model), name=f"e-{gpu}")
+    rng = random.Random(11)
+    for trial in range(400):
+        S = rng.randint(1, 20)  # above _DECODE_TABLE_MAX_S too: computed directly
+        dkv = sum(rng.randint(1, 6000) for _ in range(S))
+        K = rng.choice([2, 3, rng.randint(2, 64), rng.randint(2, 3000)])
+        tb = rng.choice([0.0, rng.uniform(0, 1e4), 1e-7 * rng.random()])
+        inst.slowdown = 1.0 if trial % 4 else rng.choice([1.37, 2.5])
+        dt = inst._decode_run(S, dkv, K)
+        dt[0] += tb
+        want = np.cumsum(dt)
+        got = inst._decode_ends(S, dkv, K, tb)
+        assert type(got) is list and all(type(x) is float for x in got)
+        assert _bits(np.array(got)) == _bits(want), (gpu, S, dkv, K, tb, inst.slowdown)
+        monkeypatch.setattr(engine_mod, "_PY_DECODE_ENDS", False)
+        assert _bits(np.array(inst._decode_ends(S, dkv, K, tb))) == _bits(want)
+        monkeypatch.setattr(engine_mod, "_PY_DECODE_ENDS", True)
+
+
+@pytest.mark.parametrize("seed,kw", [
+    (0, {}),
+    (1, {"num_gpu_blocks": 250, "max_num_seqs": 8}),
+    (2, {"max_num_batched_tokens": 256, "request_overhead_s": 0.02}),
+    (3, {"max_num_seqs": 32}),
+])
+def test_decode_ends_in_python_equal_the_array_path_event_by_event(monkeypatch, seed, kw):
+    kw.setdefault("request_overhead_s", 0.0)
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_AFTER", 2)  # direct runs, then the table
+    py = SimInstance(hardware.gpu("H100"), L8B, **kw)
+    fast = _workload(py, seed, n=80)
+    monkeypatch.setattr(engine_mod, "_PY_DECODE_ENDS", False)
+    arr = SimInstance(hardware.gpu("H100"), L8B, **kw)
+    assert fast == _workload(arr, seed, n=80)
+    assert (py.steps, py.tokens_computed, py.busy_s, py.plans) == \
+        (arr.steps, arr.tokens_computed, arr.busy_s, arr.plans)
