@@ -10,6 +10,7 @@ for bit, so an off-by-one slice, a wrong stride or a missed slowdown fails here.
 from __future__ import annotations
 
 import random
+from array import array
 
 import numpy as np
 import pytest
@@ -182,7 +183,9 @@ def test_decode_ends_summed_in_python_equal_numpys_cumsum(monkeypatch, gpu, mode
         dt[0] += tb
         want = np.cumsum(dt)
         got = inst._decode_ends(S, dkv, K, tb)
-        assert type(got) is list and all(type(x) is float for x in got)
+        assert type(got) is (list if K <= engine_mod._PY_ENDS_MAX and inst.slowdown == 1.0
+                             and S <= engine_mod._DECODE_TABLE_MAX_S else array)
+        assert all(type(x) is float for x in got) and len(got) == K
         assert _bits(np.array(got)) == _bits(want), (gpu, S, dkv, K, tb, inst.slowdown)
         monkeypatch.setattr(engine_mod, "_PY_DECODE_ENDS", False)
         assert _bits(np.array(inst._decode_ends(S, dkv, K, tb))) == _bits(want)
