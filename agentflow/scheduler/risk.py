@@ -101,7 +101,12 @@ def miss_probability(coordinator: Any, query: QueryState, now: float) -> float:
 # (lower in 28 of 40), paper-4gpu x1.005 +-0.006 (19 of 40), all 80 x0.988 +-0.006. Share
 # 0.05: hetero x0.978, paper x1.010 (seeds 1-10); no cap: x0.976 / x1.031 — on paper-4gpu a
 # 70B prompt's prefill is seconds, long enough that holds capped only by the whole slack pushed
-# safe queries into the tail.
+# safe queries into the tail. Re-measured before landing (stop 52, on 4534c02, the rule off
+# and on in one process, seeds 1-20 at 1.5, 2 and 3 x L1: 60 cells per cluster): hetero-8
+# x0.969 +-0.008 (lower in 46 of 60; per load x0.971 / x0.974 / x0.961), paper-4gpu x1.000
+# +-0.005 (29 of 60; x0.997 / x1.009 / x0.992), all 120 x0.984 +-0.005; mean latency
+# hetero-8 x0.975 +-0.003, paper-4gpu x0.999 +-0.003. On seeds 1-3 alone it reads worse on
+# paper-4gpu at 1.5 x (x1.034): three seeds are inside one cell's 3-6% spread.
 # Rules measured and not taken (the budget in rank order, stopping safe calls for an at-risk
 # one, a hold by projected latency, ...): docs/scheduler.md, "Where the queue order acts".
 RANK_HOLD = True
