@@ -1,0 +1,158 @@
+"""Stop 52 (#36) cuts to the coordinator's per-event work give the values the code they
+replaced gave, bit for bit: each is checked here against that code, kept in the test.
+
+- ``ExactColumnMeans`` keeps its blocks' share of the sums as it moves (``_tally``), not
+  walked at every ``means``: the same means as the walk, through random joins, leaves,
+  block values (some not finite), row values and counted sets.
+- ``TenantShares.pairs_in_flight`` is ``len(active_pairs())``, kept as queries come and go.
+- ``InstanceTimeModel._fit_prefill``'s sums are updated term by term, not in two loops: the
+  same floats as the loops.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from agentflow.scheduler.call import QueryState
+from agentflow.scheduler.exact_mean import _SHIFT, ExactColumnMeans
+from agentflow.scheduler.fairness import TenantShares
+from agentflow.scheduler.time_model import RATIO_CEILING, RATIO_FLOOR, InstanceTimeModel
+
+
+def _walked_means(m: ExactColumnMeans) -> tuple[float, ...]:
+    """``ExactColumnMeans.means`` as it was (main 4534c02): every block walked per read."""
+    use_all = m._n_counted == 0
+    rows = [i for i in m._odd_rows if use_all or m._counted[i]]
+    k = len(m._ints) if use_all else m._n_counted
+    blocks = [(b, len(b.members) if use_all else b.n_counted)
+              for b in m._blocks.values() if b.members]
+    odd = any(not math.isfinite(x) for b, n in blocks if n for x in b.values)
+    if rows or odd:
+        picked = [m._row_values(i) for i in range(len(m._ints)) if use_all or m._counted[i]]
+        return tuple(sum(v[j] for v in picked) / k for j in range(len(m._sums)))
+    sums = list(m._all if use_all else m._sums)
+    for block, n in blocks:
+        for j, x in enumerate(block.ints):
+            sums[j] += n * x
+    return tuple(s / (k << _SHIFT) for s in sums)
+
+
+def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return all((x == y) or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
+
+
+def _value(rng: random.Random) -> float:
+    r = rng.random()
+    if r < 0.03:
+        return math.inf
+    if r < 0.05:
+        return math.nan
+    if r < 0.1:
+        return 0.0
+    return rng.uniform(1e-9, 3.0) * 10.0 ** rng.randint(-6, 3)
+
+
+def test_kept_block_totals_give_the_walked_means() -> None:
+    for seed in range(30):
+        rng = random.Random(seed)
+        n, cols = rng.randint(1, 40), 3
+        m = ExactColumnMeans(n, cols)
+        keys = [("g", b) for b in range(rng.randint(1, 5))]
+        checked = 0
+        for _ in range(400):
+            op = rng.random()
+            if op < 0.3:
+                m.set_row(rng.randrange(n), [_value(rng) for _ in range(cols)])
+            elif op < 0.55:
+                m.join_block(rng.randrange(n), rng.choice(keys))
+            elif op < 0.75:
+                m.set_block(rng.choice(keys), [_value(rng) for _ in range(cols)])
+            elif op < 0.85:
+                m.set_counted([rng.random() < 0.7 for _ in range(n)])
+            elif op < 0.9:
+                m.set_counted([False] * n)
+            got, want = m.means(), _walked_means(m)
+            assert _same(got, want), (seed, got, want)
+            checked += 1
+        assert checked == 400
+
+
+def test_the_kept_totals_fail_when_a_move_is_not_tallied() -> None:
+    """The check above can fail: a block whose value moves without ``_tally`` reads wrong."""
+    m = ExactColumnMeans(4, 1)
+    for i in range(4):
+        m.set_row(i, [1.0])
+    m.join_block(0, "b")
+    m.join_block(1, "b")
+    m.set_block("b", [2.0])
+    assert m.means() == _walked_means(m) == (1.5,)
+    block = m._blocks["b"]
+    block.values, block.ints = (4.0,), [4 << _SHIFT]  # moved behind the totals' back
+    assert m.means() != _walked_means(m)
+
+
+def test_pairs_in_flight_is_the_number_of_active_pairs() -> None:
+    rng = random.Random(7)
+    shares = TenantShares(quantum_s=1.0)
+    live: list[QueryState] = []
+    for k in range(2000):
+        if live and rng.random() < 0.5:
+            q = live.pop(rng.randrange(len(live)))
+            shares.leave(q)
+            if rng.random() < 0.1:
+                shares.leave(q)  # a second leave is ignored by both counts
+        else:
+            q = QueryState(id=f"q{k}", arrival=0.0, deadline=None,
+                           slo_class=rng.choice(["standard", "batch", None]),
+                           tenant=rng.choice(["A", "B", "C", None]))
+            shares.arrive(q, now=float(k))
+            live.append(q)
+        assert shares.pairs_in_flight() == len(shares.active_pairs())
+
+
+def _looped_fit(m: InstanceTimeModel, y: float, own: float, ahead: float,
+                co_runners: float) -> None:
+    """``_fit_prefill``'s sums as main 4534c02 updated them (two loops), then its refit."""
+    if not all(math.isfinite(v) for v in (y, own, ahead, co_runners)):
+        return
+    total = own + ahead + co_runners
+    y = min(max(y, RATIO_FLOOR * total), RATIO_CEILING * total)
+    keep = 1.0 - 1.0 / m.prefill_window
+    x = (own, ahead, co_runners)
+    w = 1.0 / total
+    xx, xy = m._prefill_xx, m._prefill_xy
+    for i in range(3):
+        xy[i] = keep * xy[i] + w * y * x[i]
+        for j in range(3):
+            xx[i][j] = keep * xx[i][j] + w * x[i] * x[j]
+    m._prefill_yy = keep * m._prefill_yy + w * y * y
+
+
+def test_the_written_out_prefill_sums_are_the_loops_floats() -> None:
+    rng = random.Random(3)
+    a = InstanceTimeModel(overhead_s=0.01, prefill_s_per_token=1e-4, decode_s_per_token=0.02)
+    b = InstanceTimeModel(overhead_s=0.01, prefill_s_per_token=1e-4, decode_s_per_token=0.02)
+    for _ in range(3000):
+        args = [rng.uniform(1e-4, 2.0) * 10.0 ** rng.randint(-3, 2) for _ in range(4)]
+        if rng.random() < 0.2:
+            args[rng.randrange(1, 4)] = 0.0
+        if rng.random() < 0.01:
+            args[rng.randrange(4)] = math.inf
+        a._fit_prefill(*args)
+        _looped_fit(b, *args)
+        assert a._prefill_xy == b._prefill_xy and a._prefill_xx == b._prefill_xx
+        assert a._prefill_yy == b._prefill_yy
+
+
+def test_the_prefill_check_can_fail() -> None:
+    """A regrouped product in the written-out sums would show: the sums are compared exactly,
+    and regrouping changes floats on these inputs."""
+    rng = random.Random(4)
+    differs = False
+    for _ in range(200):
+        y, own, ahead, co = (rng.uniform(0.01, 3.0) for _ in range(4))
+        total = own + ahead + co
+        w = 1.0 / total
+        differs |= (w * own) * ahead != w * (own * ahead)
+    assert differs  # so regrouping ``w * x[i] * x[j]`` would change floats the test reads
