@@ -7,6 +7,8 @@ replaced gave, bit for bit: each is checked here against that code, kept in the 
 - ``TenantShares.pairs_in_flight`` is ``len(active_pairs())``, kept as queries come and go.
 - ``InstanceTimeModel._fit_prefill``'s sums are updated term by term, not in two loops: the
   same floats as the loops.
+- ``LearnedLengthModel.predict``'s mixture after the selection is one compiled pass
+  (``price_kernel.mixture``): the same atoms as numpy's steps.
 """
 
 from __future__ import annotations
@@ -14,9 +16,15 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
+import pytest
+
+from agentflow.scheduler import price_kernel
 from agentflow.scheduler.call import QueryState
+from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.exact_mean import _SHIFT, ExactColumnMeans
 from agentflow.scheduler.fairness import TenantShares
+from agentflow.scheduler.lengths.learned import LearnedLengthModel
 from agentflow.scheduler.time_model import RATIO_CEILING, RATIO_FLOOR, InstanceTimeModel
 
 
@@ -156,3 +164,55 @@ def test_the_prefill_check_can_fail() -> None:
         w = 1.0 / total
         differs |= (w * own) * ahead != w * (own * ahead)
     assert differs  # so regrouping ``w * x[i] * x[j]`` would change floats the test reads
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype=np.float64).tobytes()
+
+
+@pytest.mark.skipif(not price_kernel.AVAILABLE, reason="numba is not installed")
+def test_the_compiled_mixture_is_the_numpy_mixture_bit_for_bit() -> None:
+    """``price_kernel.mixture`` (selection, mixture, stable sort, atoms in one pass) against
+    ``LearnedLengthModel._mixture`` after numpy's fancy indexing, on random neighbour sets
+    with many equal outputs (the stable order decides the weights' sums), with and without
+    a selection, at several supports."""
+    rng = np.random.default_rng(11)
+    model = LearnedLengthModel(window=400)
+    for i in range(400):
+        model.observe("s", "", float(rng.integers(1, 12) if i % 2 else rng.integers(1, 900)),
+                      int(rng.integers(10, 2000)))
+    previous = price_kernel.set_enabled(True)
+    try:
+        for case in range(1500):
+            n = int(rng.integers(1, 300))
+            rows = np.sort(rng.choice(model._count, size=n, replace=False)).astype(np.int64)
+            sims = rng.uniform(0.2, 1.0, size=n)
+            if case % 3 == 0:
+                sims = np.round(sims, 1)  # ties in similarity too
+            top = None if n <= model.k or case % 7 == 0 else \
+                rng.permutation(n)[:model.k].astype(np.int64)
+            baseline = model.stage_distribution("s")
+            model.max_support = int(rng.choice([1, 4, 32, 64]))
+            fast = price_kernel.mixture(model._out, rows, sims, top, baseline.values,
+                                        baseline.probs, model.prior_strength,
+                                        model.max_support)
+            assert fast is not None
+            r, s_ = (rows, sims) if top is None else (rows[top], sims[top])
+            ref = model._mixture(r, s_, baseline)
+            got = Distribution._trusted(fast[0], fast[1]) if fast[2] else \
+                Distribution(fast[0], fast[1])
+            assert _bits(got.values) == _bits(ref.values), case
+            assert _bits(got.probs) == _bits(ref.probs), case
+            model.max_support = 32
+    finally:
+        price_kernel.set_enabled(previous)
+
+
+def test_the_mixture_is_left_to_numpy_when_the_loops_are_off() -> None:
+    previous = price_kernel.set_enabled(False)
+    try:
+        one = np.ones(1)
+        assert price_kernel.mixture(one, np.zeros(1, dtype=np.int64), one, None, one, one,
+                                    2.0, 32) is None
+    finally:
+        price_kernel.set_enabled(previous)

@@ -394,10 +394,19 @@ class LearnedLengthModel(LengthModel):
         if not rows.size:
             dist = baseline
         else:
-            if rows.size > self.k:
-                top = key.argpartition(self.k - 1)[:self.k]
-                rows, sims = rows[top], sims[top]
-            dist = self._mixture(rows, sims, baseline)
+            top = key.argpartition(self.k - 1)[:self.k] if rows.size > self.k else None
+            # the selection, the mixture and its atoms by one compiled pass (the same
+            # floats as ``_mixture``'s numpy steps: ``price_kernel.mixture``)
+            fast = price_kernel.mixture(self._out, rows, sims, top, baseline.values,
+                                        baseline.probs, self.prior_strength, self.max_support)
+            if fast is None:
+                if top is not None:
+                    rows, sims = rows[top], sims[top]
+                dist = self._mixture(rows, sims, baseline)
+            elif fast[2]:
+                dist = Distribution._trusted(fast[0], fast[1])
+            else:  # the binned means out of order: as ``_from_sorted_atoms`` falls back
+                dist = Distribution(fast[0], fast[1])
         return dist.clip(max_tokens) if max_tokens is not None else dist
 
     def _mixture(self, rows: np.ndarray, sims: np.ndarray,
