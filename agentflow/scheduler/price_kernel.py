@@ -5,9 +5,10 @@ of the least price, ties to the least name rank), ``sorted_atoms``
 (``Distribution._from_sorted_atoms``: merging, normalising and binning a distribution's
 atoms — every length prediction and stage baseline builds one), and ``stage_rows`` /
 ``neighbours`` (``LearnedLengthModel.predict``'s window rows, prompt-length terms, filter
-and selection key around numpy's ``np.exp`` and ``argpartition``, which stay numpy's), and
+and selection key around numpy's ``np.exp`` and ``argpartition``, which stay numpy's),
 ``mixture`` (the chosen neighbours mixed with the stage baseline, stably sorted and made
-atoms: the ~10 numpy steps after ``argpartition`` as one call).
+atoms: the ~10 numpy steps after ``argpartition`` as one call) and ``baseline`` (a stage's
+outputs merged with its prior's atoms, rebuilt at each observation of the stage).
 
 Why: the fused numpy price is ~45 vector operations over every instance per dispatch, and
 numpy's cost here is per operation, not per element (a multiply is ~1 µs on 1,024 floats,
@@ -394,6 +395,28 @@ def _mixture_loop(out: np.ndarray, rows: np.ndarray, sims: np.ndarray, top: np.n
     return atoms
 
 
+def _baseline_loop(outs: np.ndarray, prior_values: np.ndarray, prior_probs: np.ndarray,
+                   prior_weight: float, max_support: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``LearnedLengthModel._baseline``'s atoms as ``_atoms_loop``'s (values, probs, ordered):
+    the stage's sorted outputs (weight 1.0 each) and the prior's sorted, distinct atoms
+    (weight ``probs * prior_weight``) merged, each prior atom after the outputs equal to it
+    (its place ``searchsorted(side="right") + its index``, as numpy places it)."""
+    n, k = outs.shape[0], prior_values.shape[0]
+    values, weights = np.empty(n + k), np.empty(n + k)
+    i = j = 0
+    for pos in range(n + k):
+        if j < k and (i >= n or outs[i] > prior_values[j]):
+            values[pos] = prior_values[j]
+            weights[pos] = prior_probs[j] * prior_weight
+            j += 1
+        else:
+            values[pos] = outs[i]
+            weights[pos] = 1.0
+            i += 1
+    atoms: tuple[np.ndarray, np.ndarray, bool] = _atoms(values, weights, max_support)
+    return atoms
+
+
 if numba is not None:
     _maximum = numba.njit(cache=True, inline="always")(_maximum)
     _minimum = numba.njit(cache=True, inline="always")(_minimum)
@@ -405,8 +428,9 @@ if numba is not None:
     stage_rows: Any = numba.njit(cache=True, nogil=True)(_stage_rows_loop)
     neighbours: Any = numba.njit(cache=True, nogil=True)(_neighbours_loop)
     _mixture: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_mixture_loop)
+    _baseline: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_baseline_loop)
 else:  # pragma: no cover
-    _compiled = _lexmin2 = _atoms = stage_rows = neighbours = _mixture = None
+    _compiled = _lexmin2 = _atoms = stage_rows = neighbours = _mixture = _baseline = None
 
 # the key types ``lexmin2`` runs compiled (name ranks, prices): one machine code each
 _LEXMIN_TYPES = (np.dtype(np.int64), np.dtype(np.float64))
@@ -455,6 +479,19 @@ def mixture(out: np.ndarray, rows: np.ndarray, sims: np.ndarray, top: np.ndarray
 _NO_TOP = np.zeros(0, dtype=np.int64)
 
 
+def baseline(outs: np.ndarray, prior_values: np.ndarray, prior_probs: np.ndarray,
+             prior_weight: float, max_support: int) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """``_baseline_loop``'s (values, probs, ordered), or None where it does not decide (the
+    loop is off, ``max_support < 1``, no atoms, an array of another dtype): then numpy does."""
+    if not (_enabled and max_support >= 1 and outs.dtype == _F64
+            and prior_values.dtype == _F64 and prior_probs.dtype == _F64
+            and outs.shape[0] + prior_values.shape[0] > 0):
+        return None
+    result: tuple[np.ndarray, np.ndarray, bool] = _baseline(
+        outs, prior_values, prior_probs, prior_weight, max_support)
+    return result
+
+
 def _plain(a: np.ndarray) -> bool:
     """C-contiguous and writable: the array type the loops are compiled (and cached) for,
     so an odd view or a read-only array goes to numpy instead of compiling mid-run."""
@@ -492,6 +529,8 @@ def _warm() -> None:
     for chosen in (top, None):
         mixture(np.ones(2), np.zeros(1, dtype=np.int64), np.ones(1), chosen, base_values,
                 base_probs, 2.0, 32)
+    for outs in (np.array([1.0, 3.0]), np.zeros(0)):  # a window's, and none yet
+        baseline(outs, base_values, base_probs, 4.0, 32)
     ranks, prices = np.zeros(1, dtype=np.int64), np.zeros(1)
     for a in (ranks, prices):
         for b in (ranks, prices):

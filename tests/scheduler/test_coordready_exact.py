@@ -216,3 +216,38 @@ def test_the_mixture_is_left_to_numpy_when_the_loops_are_off() -> None:
                                     2.0, 32) is None
     finally:
         price_kernel.set_enabled(previous)
+
+
+@pytest.mark.skipif(not price_kernel.AVAILABLE, reason="numba is not installed")
+def test_the_compiled_baseline_is_the_numpy_baseline_bit_for_bit() -> None:
+    """``price_kernel.baseline`` (a stage's outputs merged with its prior, then atoms)
+    against ``_baseline``'s numpy merge, with prior atoms equal to outputs (their place
+    among equal values decides the weights' sums), empty windows and several supports."""
+    rng = np.random.default_rng(12)
+    for case in range(1500):
+        k = int(rng.integers(1, 20))  # a prior of odd weights, some atoms shared below
+        prior = Distribution(np.unique(rng.integers(1, 60, size=k)).astype(float), None) \
+            if case % 5 == 0 else None
+        if prior is not None:
+            prior = Distribution(prior.values, rng.uniform(0.1, 1.0, size=prior.values.size))
+        model = LearnedLengthModel(window=600, max_support=int(rng.choice([1, 3, 32, 80])),
+                                   priors=None if prior is None else {"evaluate": prior},
+                                   stage_prior_weight=float(rng.choice([4.0, 3.3, 0.7])))
+        prior = model.prior("evaluate")
+        n = int(rng.integers(0, 500))
+        pool = np.concatenate((prior.values, rng.integers(1, 60, size=20).astype(float)))
+        for _ in range(n):
+            model.observe("evaluate", "", float(rng.choice(pool)), 100)
+        sid = model._stage_ids.get("evaluate")
+        if sid is None:
+            continue
+        answers = []
+        for on in (True, False):
+            previous = price_kernel.set_enabled(on)
+            try:
+                model._baselines.clear()
+                d = model._baseline("evaluate", sid)
+            finally:
+                price_kernel.set_enabled(previous)
+            answers.append((_bits(d.values), _bits(d.probs)))
+        assert answers[0] == answers[1], case

@@ -236,6 +236,13 @@ class LearnedLengthModel(LengthModel):
         # at every rebuild (one per observation of the stage).
         prior = self.prior(stage)
         outs = self._sorted_outs.get(sid, _NO_OUTS)
+        fast = price_kernel.baseline(outs, prior.values, prior.probs, self.stage_prior_weight,
+                                     self.max_support)  # the merge and atoms in one pass
+        if fast is not None:
+            dist = Distribution._trusted(fast[0], fast[1]) if fast[2] \
+                else Distribution(fast[0], fast[1])
+            self._baselines[sid] = dist
+            return dist
         n, k = outs.size, prior.values.size
         at = outs.searchsorted(prior.values, side="right") + np.arange(k)  # merged places
         values, weights = np.empty(n + k), np.ones(n + k)
