@@ -417,6 +417,27 @@ def _baseline_loop(outs: np.ndarray, prior_values: np.ndarray, prior_probs: np.n
     return atoms
 
 
+def _sorted_insert_loop(outs: np.ndarray, x: float) -> np.ndarray:
+    """``np.concatenate((outs[:at], (x,), outs[at:]))`` at ``at = outs.searchsorted(x)``."""
+    n = outs.shape[0]
+    at = np.searchsorted(outs, x)
+    out = np.empty(n + 1)
+    out[:at] = outs[:at]
+    out[at] = x
+    out[at + 1:] = outs[at:]
+    return out
+
+
+def _sorted_remove_loop(outs: np.ndarray, x: float) -> np.ndarray:
+    """``np.concatenate((outs[:at], outs[at + 1:]))`` at ``at = outs.searchsorted(x)``."""
+    n = outs.shape[0]
+    at = np.searchsorted(outs, x)
+    out = np.empty(n - 1)
+    out[:at] = outs[:at]
+    out[at:] = outs[at + 1:]
+    return out
+
+
 if numba is not None:
     _maximum = numba.njit(cache=True, inline="always")(_maximum)
     _minimum = numba.njit(cache=True, inline="always")(_minimum)
@@ -429,8 +450,11 @@ if numba is not None:
     neighbours: Any = numba.njit(cache=True, nogil=True)(_neighbours_loop)
     _mixture: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_mixture_loop)
     _baseline: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_baseline_loop)
+    _sorted_insert: Any = numba.njit(cache=True, nogil=True)(_sorted_insert_loop)
+    _sorted_remove: Any = numba.njit(cache=True, nogil=True)(_sorted_remove_loop)
 else:  # pragma: no cover
     _compiled = _lexmin2 = _atoms = stage_rows = neighbours = _mixture = _baseline = None
+    _sorted_insert = _sorted_remove = None
 
 # the key types ``lexmin2`` runs compiled (name ranks, prices): one machine code each
 _LEXMIN_TYPES = (np.dtype(np.int64), np.dtype(np.float64))
@@ -477,6 +501,25 @@ def mixture(out: np.ndarray, rows: np.ndarray, sims: np.ndarray, top: np.ndarray
 
 
 _NO_TOP = np.zeros(0, dtype=np.int64)
+
+
+def sorted_insert(outs: np.ndarray, x: float) -> np.ndarray:
+    """A sorted float64 array with ``x`` inserted where ``searchsorted`` puts it (a new
+    array): one compiled call, else numpy's ``concatenate``."""
+    if _enabled and outs.dtype == _F64:
+        inserted: np.ndarray = _sorted_insert(outs, x)
+        return inserted
+    at = int(outs.searchsorted(x))
+    return np.concatenate((outs[:at], (x,), outs[at:]))
+
+
+def sorted_remove(outs: np.ndarray, x: float) -> np.ndarray:
+    """A sorted float64 array holding ``x`` without its first copy (a new array)."""
+    if _enabled and outs.dtype == _F64:
+        removed: np.ndarray = _sorted_remove(outs, x)
+        return removed
+    at = int(outs.searchsorted(x))
+    return np.concatenate((outs[:at], outs[at + 1:]))
 
 
 def baseline(outs: np.ndarray, prior_values: np.ndarray, prior_probs: np.ndarray,
@@ -531,6 +574,7 @@ def _warm() -> None:
                 base_probs, 2.0, 32)
     for outs in (np.array([1.0, 3.0]), np.zeros(0)):  # a window's, and none yet
         baseline(outs, base_values, base_probs, 4.0, 32)
+    sorted_remove(sorted_insert(np.zeros(0), 1.0), 1.0)
     ranks, prices = np.zeros(1, dtype=np.int64), np.zeros(1)
     for a in (ranks, prices):
         for b in (ranks, prices):

@@ -251,3 +251,28 @@ def test_the_compiled_baseline_is_the_numpy_baseline_bit_for_bit() -> None:
                 price_kernel.set_enabled(previous)
             answers.append((_bits(d.values), _bits(d.probs)))
         assert answers[0] == answers[1], case
+
+
+@pytest.mark.skipif(not price_kernel.AVAILABLE, reason="numba is not installed")
+def test_the_window_s_sorted_outputs_move_as_numpy_moves_them() -> None:
+    """``price_kernel.sorted_insert`` / ``sorted_remove`` (``observe``'s upkeep of each
+    stage's sorted outputs) give numpy's arrays, loops on and off, through a random history
+    with many equal values."""
+    rng = np.random.default_rng(13)
+    arrays = {on: np.zeros(0) for on in (True, False)}
+    held: list[float] = []
+    for _ in range(3000):
+        remove = bool(held) and rng.random() < 0.45
+        x = float(held.pop(int(rng.integers(0, len(held))))) if remove \
+            else float(rng.integers(0, 40) if rng.random() < 0.7 else rng.uniform(0, 900))
+        if not remove:
+            held.append(x)
+        for on in (True, False):
+            previous = price_kernel.set_enabled(on)
+            try:
+                move = price_kernel.sorted_remove if remove else price_kernel.sorted_insert
+                arrays[on] = move(arrays[on], x)
+            finally:
+                price_kernel.set_enabled(previous)
+        assert _bits(arrays[True]) == _bits(arrays[False])
+        assert _bits(arrays[True]) == _bits(np.sort(np.array(held, dtype=float)))

@@ -286,13 +286,10 @@ class LearnedLengthModel(LengthModel):
             evicted = int(self._stage[slot])
             if evicted >= 0:
                 self._rings[evicted].leave(slot)
-                gone = self._sorted_outs[evicted]
-                at = int(gone.searchsorted(self._out[slot]))
-                self._sorted_outs[evicted] = np.concatenate((gone[:at], gone[at + 1:]))
-            outs = self._sorted_outs.get(sid, _NO_OUTS)
-            at = int(outs.searchsorted(float(output_tokens)))
-            self._sorted_outs[sid] = np.concatenate(
-                (outs[:at], (float(output_tokens),), outs[at:]))
+                self._sorted_outs[evicted] = price_kernel.sorted_remove(
+                    self._sorted_outs[evicted], float(self._out[slot]))
+            self._sorted_outs[sid] = price_kernel.sorted_insert(
+                self._sorted_outs.get(sid, _NO_OUTS), float(output_tokens))
             ring = self._rings.get(sid)
             if ring is None:
                 ring = self._rings[sid] = _StageRing(self._dim, min(64, self.window))
