@@ -85,13 +85,35 @@ def miss_probability(coordinator: Any, query: QueryState, now: float) -> float:
 # 0.984x (lower in 18 of 20 cells), P95 0.995x (+-0.006: no clear change; 11 lower, 8
 # higher); k = 1 holds too little (P95 0.957 and 0.975 of md+fcfs on seeds 1-3 and 4-7,
 # against 0.960 and 0.956 unbounded); k = 8 is as k = 4 (P95 0.990x of unbounded, 14 cells).
-# Rules measured and not taken since (the budget in rank order, stopping safe calls for an
-# at-risk one, hold by projected latency, a greedy stall hold, ...): docs/scheduler.md, "Where
-# the queue order acts" — none beats this one on paper-4gpu over seeds 1-10.
+#
+# Second rule, whatever the decoders' risk (``_spares_stall``): the prompt of a safe query
+# also waits while the decoders here that finish soonest would each be spared its prefill
+# chunks for less than the wait: for some j, j x its prefill seconds > the j-th smallest
+# expected remainder w_j of the other queries' decoding calls, and w_j is at most
+# ``HOLD_SPARE_SLACK_SHARE`` of its slack. Why: every decoder beside a prompt pays the
+# prompt's whole prefill (its chunks lengthen each of their steps), so holding it while j of
+# them end saves j x prefill seconds of decode time for w_j of its own; the slack cap keeps a
+# safe query from waiting itself towards risk (a query without a deadline has no slack to
+# share: the rule leaves it alone). The at-risk rule above never acts where no
+# query nears its deadline (hetero-8 at 1.5-2 x L1: 665 of 666 stall seconds are safe on safe);
+# this one does. Measured (trace1, 80 queries, depth 2, 1.5 and 2 x L1, seeds 1-20: 40 cells
+# per cluster), flowsage / md+fcfs P95 paired against without it: hetero-8 x0.973 +-0.009
+# (lower in 28 of 40), paper-4gpu x1.005 +-0.006 (19 of 40), all 80 x0.988 +-0.006. Share
+# 0.05: hetero x0.978, paper x1.010 (seeds 1-10); no cap: x0.976 / x1.031 — on paper-4gpu a
+# 70B prompt's prefill is seconds, long enough that holds capped only by the whole slack pushed
+# safe queries into the tail. Re-measured before landing (stop 52, on 4534c02, the rule off
+# and on in one process, seeds 1-20 at 1.5, 2 and 3 x L1: 60 cells per cluster): hetero-8
+# x0.969 +-0.008 (lower in 46 of 60; per load x0.971 / x0.974 / x0.961), paper-4gpu x1.000
+# +-0.005 (29 of 60; x0.997 / x1.009 / x0.992), all 120 x0.984 +-0.005; mean latency
+# hetero-8 x0.975 +-0.003, paper-4gpu x0.999 +-0.003. On seeds 1-3 alone it reads worse on
+# paper-4gpu at 1.5 x (x1.034): three seeds are inside one cell's 3-6% spread.
+# Rules measured and not taken (the budget in rank order, stopping safe calls for an at-risk
+# one, a hold by projected latency, ...): docs/scheduler.md, "Where the queue order acts".
 RANK_HOLD = True
 HOLD_SAFE = 0.02
 HOLD_AT_RISK = 0.4
 HOLD_WAIT_PER_STALL: float | None = 4.0  # None: no bound on the wait
+HOLD_SPARE_SLACK_SHARE: float | None = 0.01  # None: the second rule off
 
 
 def hold_for_rank(coordinator: Any, queue: RunningQueue, call: ScheduledCall,
@@ -119,4 +141,20 @@ def hold_for_rank(coordinator: Any, queue: RunningQueue, call: ScheduledCall,
             if wait > HOLD_WAIT_PER_STALL * stall:
                 continue  # a long wait for a short stall saved
         return True
-    return False
+    if HOLD_SPARE_SLACK_SHARE is None or not math.isfinite(mine):
+        return False  # off, or a query without a deadline: no slack to take a share of
+    if stall is None:
+        stall = float(coordinator.time_models[queue.name].prefill_s(
+            call.tokens_on(queue.name)))
+    return _spares_stall(coordinator, queue, call, now, stall,
+                         HOLD_SPARE_SLACK_SHARE * mine)
+
+
+def _spares_stall(coordinator: Any, queue: RunningQueue, call: ScheduledCall, now: float,
+                  stall: float, limit: float) -> bool:
+    """Whether, for some j, the j decoding calls (of other queries) on ``queue`` that end
+    soonest are spared more decode seconds (j x ``stall``, the held prompt's prefill) than
+    ``call`` waits for them (the j-th smallest expected remainder, at most ``limit``)."""
+    left = sorted(remaining_s(coordinator, r, queue.name, now) for r in queue.running
+                  if r.attained_tokens > 0 and r.query is not call.query)
+    return any(w < limit and (j + 1) * stall > w for j, w in enumerate(left))

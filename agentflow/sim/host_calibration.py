@@ -41,6 +41,7 @@ import numpy as np
 
 from agentflow import hardware
 from agentflow.config import InstanceConfig
+from agentflow.event_loop import close_loop
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.engine import SimInstance
 
@@ -793,7 +794,7 @@ def measure_together(args: argparse.Namespace, names: Sequence[str]) -> dict[str
         maker.close()
     finally:
         loop.run_until_complete(close_all(backends))
-        loop.close()
+        close_loop(loop)
     return dict(zip(names, got, strict=True))
 
 

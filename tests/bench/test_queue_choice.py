@@ -8,10 +8,17 @@ import argparse
 import pytest
 
 from agentflow.bench.scheduler.queue_choice import (
+    AXIS_LOADS,
     PARTS,
     RISK_CLASSES,
+    at_risk_share,
+    axis_defaults,
+    axis_rows,
+    axis_summary,
     best_depth_per_kind,
+    format_axis,
     parse_depths,
+    parse_seeds,
     risk_class,
     run_cell,
     run_depth,
@@ -122,3 +129,78 @@ def test_stall_by_risk_splits_the_attributed_stall_and_changes_nothing() -> None
 def test_risk_classes_use_the_holds_thresholds() -> None:
     assert [risk_class(p) for p in (0.0, 0.02, 0.1, 0.39, 0.4, 1.0)] == [
         "safe", "safe", "middle", "middle", "at_risk", "at_risk"]
+
+
+def test_seeds_take_lists_and_inclusive_ranges() -> None:
+    assert parse_seeds("1,2,5-8") == [1, 2, 5, 6, 7, 8]
+    assert parse_seeds("1-3") == [1, 2, 3]
+    for bad in ("3-1", "a", "1-b", "", "-2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_seeds(bad)
+
+
+def test_the_axis_preset_fills_only_what_was_not_named() -> None:
+    args = argparse.Namespace(clusters="hetero-8", loads=[1.5, 2.0], l1="",
+                              pending=[1, 2, None])
+    axis_defaults(args, ["--axis", "--clusters", "hetero-8"])
+    assert args.clusters == "hetero-8"  # named: kept
+    assert args.loads == list(AXIS_LOADS) == [1.5, 2.0, 3.0]
+    assert args.pending == [2] and "hetero-8=" in args.l1
+    args = argparse.Namespace(clusters="x", loads=[4.0], l1="x=1", pending=[1])
+    axis_defaults(args, ["--axis", "--loads=4", "--l1", "x=1", "--pending", "1"])
+    assert (args.loads, args.l1, args.pending) == ([4.0], "x=1", [1])
+
+
+def test_at_risk_share_is_the_stall_on_at_risk_decodes() -> None:
+    table = {"at_risk": {"at_risk": 1.0, "middle": 0.0, "safe": 3.0},
+             "middle": {"at_risk": 0.0, "middle": 2.0, "safe": 0.0},
+             "safe": {"at_risk": 0.0, "middle": 0.0, "safe": 14.0}}
+    assert at_risk_share(table) == pytest.approx(0.2)
+    zero = {d: {p: 0.0 for p in RISK_CLASSES} for d in RISK_CLASSES}
+    assert at_risk_share(zero) is None
+
+
+def _axis_cell(cluster: str, load: float, seed: int, fs: float, md: float, other: float,
+               wait_md: float) -> dict:
+    def run(p95: float, wait: float, table: dict | None = None) -> dict:
+        return {"p95": p95, "wait_share": wait, "choice": 3, "admissions": 10,
+                "stall_by_risk": table or {}}
+    table = {"at_risk": {"safe": 1.0}, "middle": {}, "safe": {"safe": 3.0}}
+    return {"cluster": cluster, "load": load, "seed": seed,
+            "own": {"fs": run(fs, 0.01), "md": run(md, wait_md, table),
+                    "x": run(other, 0.0), "y": run(other * 3, 0.0)}}
+
+
+def test_axis_rows_and_means_per_load_cluster_all_and_contended() -> None:
+    cells = {"a/x1.5/s1": _axis_cell("a", 1.5, 1, 1.0, 2.0, 4.0, 0.01),
+             "a/x3/s1": _axis_cell("a", 3.0, 1, 2.0, 1.0, 1.0, 0.08),
+             "b/x3/s1": _axis_cell("b", 3.0, 1, 1.0, 1.0, 2.0, 0.02)}
+    rows = axis_rows(cells, ("fs", "md"), ["x", "y"])
+    assert [r["ratio"] for r in rows] == [0.5, 2.0, 1.0]
+    assert [r["vs_best"] for r in rows] == [0.25, 2.0, 0.5]
+    assert all(r["best"] == "x" for r in rows)
+    assert rows[0]["at_risk"] == pytest.approx(0.25)
+    assert rows[0]["choice"]["md"] == (3, 10) and rows[1]["wait"]["md"] == 0.08
+    s = axis_summary(rows, "md", contended_wait=0.05)
+    assert s["x3"]["n"] == 2 and s["x3"]["ratio"] == pytest.approx(2.0 ** 0.5)
+    assert s["a"]["ratio"] == pytest.approx(1.0)  # sqrt(0.5 * 2)
+    assert s["b x3"]["vs_best"] == pytest.approx(0.5)
+    assert s["all"]["n"] == 3 and s["all"]["ratio"] == pytest.approx(1.0)
+    contended = s["contended (md wait >= 0.05)"]
+    assert contended["n"] == 1 and contended["ratio"] == pytest.approx(2.0)
+    text = format_axis(rows, s, ("fs", "md"))
+    assert "a/x3/s1" in text and "0.250" in text
+    none = axis_summary(rows, "md", contended_wait=0.5)["contended (md wait >= 0.5)"]
+    assert none["n"] == 0  # reported, not dropped, when no cell contends
+
+
+def test_the_stall_table_can_be_kept_for_one_policy_only() -> None:
+    trace = [TraceQuery(id=f"t{i}", question=f"question {i}", nodes=[
+        TraceNode("a", "link", "llm", (), 6000, 40),
+        TraceNode("b", "generate", "llm", ("a",), 3000, 400)]) for i in range(4)]
+    wl = build_workload(trace, CLUSTER, n=8, rate=2.0, seed=1)
+    cell = run_cell(CLUSTER, wl, ["flowsage", "marginal_delay+fcfs"], [], [2],
+                    by_risk=["marginal_delay+fcfs"])
+    own = cell["own"]
+    assert own["flowsage"]["stall_by_risk"] == {}
+    assert set(own["marginal_delay+fcfs"]["stall_by_risk"]) == set(RISK_CLASSES)

@@ -74,11 +74,9 @@ def test_the_factor_is_the_median_ratio_and_one_when_nothing_was_measured():
         calib.corun_factor([(0.0, 4.0)])
 
 
-def test_the_host_profile_stores_the_factor_and_the_simulator_takes_it(tmp_path, monkeypatch):
-    path = tmp_path / "host-profiles.json"
+def test_the_host_profile_stores_the_factor_and_the_simulator_takes_it(host_store):
     host = hp.HostIdentity("AMD EPYC")
-    monkeypatch.setenv(hp.ENV, str(path))
-    monkeypatch.setattr(hp, "this_host", lambda: host)
+    host_store(host)
     e = hp.HostProfile(base="Xeon-core", model="gemma-3-270m", host=host,
                        constants={"compute_efficiency": 0.3}, alone_factor=1.12,
                        corun_pairs=((4.48, 4.0), (4.4, 4.0)))

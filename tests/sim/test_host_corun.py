@@ -126,7 +126,7 @@ def test_the_background_is_the_other_processes_share_of_the_machine():
 
 
 def test_resim_prices_the_saved_run_with_the_hosts_factor_and_shows_it_off(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, host_store, capsys):
     """A host profile with a factor: ``--resim`` simulates with it, the saved run's other
     processes as background; a "real" side that is that very replay gives engine work 1,
     and the line with the factor off gives less (the lone stretches priced beside)."""
@@ -141,8 +141,7 @@ def test_resim_prices_the_saved_run_with_the_hosts_factor_and_shows_it_off(
     from agentflow.sim.workload import load_trace
 
     host = hp.HostIdentity("AMD EPYC")
-    monkeypatch.setenv(hp.ENV, str(tmp_path / "host-profiles.json"))
-    monkeypatch.setattr(hp, "this_host", lambda: host)
+    host_store(host)
     hp.save(hp.HostProfile(base="Xeon-core", model="gemma-3-270m", host=host,
                            constants={}, alone_factor=1.2))
     environment = {"others_cpu_s": 20.0, "wall_s": 100.0, "cpus": 2.0}  # background 0.1

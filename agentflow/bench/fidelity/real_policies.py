@@ -42,6 +42,7 @@ from agentflow.bench.fidelity.real_vs_sim import (
     scaled,
     sim_engines,
 )
+from agentflow.event_loop import close_loop
 from agentflow.llm.base import SamplingParams
 from agentflow.scheduler import QueryRejected
 from agentflow.scheduler.fast_lane import FAST_LANE_CALLS
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if backends:
             loop.run_until_complete(close_all(backends))
-        loop.close()
+        close_loop(loop)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from agentflow.bench.fidelity.real_policies import run_real, scaled_trace, sim_cluster
 from agentflow.bench.scheduler.policy_suite import find_l1, tenant_scenarios
+from agentflow.event_loop import close_loop
 from agentflow.scheduler.fast_lane import FAST_LANE_CALLS, parse_fast_lane
 from agentflow.scheduler.health import HealthSettings
 from agentflow.sim.driver import Simulation
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if backends:
             loop.run_until_complete(close_all(backends))
-        loop.close()
+        close_loop(loop)
     print("\nprotected tenant's P95 over its P95 alone")
     rows = ratio_rows(results)
     for row in rows:

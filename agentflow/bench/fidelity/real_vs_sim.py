@@ -120,6 +120,7 @@ from agentflow.bench.fidelity.probe import (
     speed_probes,
     speed_references,
 )
+from agentflow.event_loop import close_loop
 from agentflow.sim.cluster import load_cluster
 from agentflow.sim.engine import SimInstance, engine_for
 from agentflow.sim.host_calibration import (
@@ -949,7 +950,7 @@ def main(argv: list[str] | None = None) -> None:
         maker.close()
     finally:
         loop.run_until_complete(close_all(backends))
-        loop.close()
+        close_loop(loop)
     off = [abs(real.prompt_tokens[c.id] - c.prompt_tokens) for cs in w.calls for c in cs]
     print(f"real replay: {real.wall_s:.1f} s wall; prompt tokens as served vs planned: "
           f"mean |diff| {np.mean(off):.2f}, max {max(off)}")

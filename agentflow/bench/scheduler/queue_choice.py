@@ -6,7 +6,8 @@ much of a call's time was spent waiting at all.
         [--policies flowsage,marginal_delay+fcfs]
         [--others vllm,hexgen-flow,sagesched,llf,least_loaded+edf]
         [--loads 1.5,2] [--seeds 1,2,3] [--queries 80] [--l1 paper-4gpu=0.0325,...]
-        [--inflight N] [--attribute] [--json OUT]
+        [--inflight N] [--attribute] [--stall-by-risk] [--json OUT]
+    agentflow bench queue_choice --axis [--seeds 1-3 | --seeds 1-20]
 
 Why: under ``marginal_delay`` almost every call is admitted to an instance the moment it is
 ready, so the agentflow queue rarely holds two calls to order and ``marginal_delay+fcfs``
@@ -30,14 +31,29 @@ md+fcfs per depth and flowsage / best other. CPU-heavy: keep ``--queries`` small
 shared box. ``--inflight N`` caps every instance's admitted calls at N (``max_inflight``):
 the rest wait in agentflow's queue, as they do on an engine with few slots (llama-server),
 which shows what the order is worth once queues form.
+
+``--axis`` is the suite along a contention axis (issue 38): the queue can only matter where
+calls contend, so the cells span load rather than sit at the policy suite's one level. The
+loads are fixed up front, the same multiples of each cluster's own L1 on every cluster
+(``AXIS_LOADS``: the suite's 1.5, then 2 and 3 x L1 — not chosen by where flowsage wins), at
+the clusters' configured engine-side depth, both clusters (the known L1 rates of the policy
+suite, ``AXIS_L1``), and it reports every cell: flowsage / md+fcfs P95, flowsage / best
+other, the waiting share and the admissions with a choice under each of the pair, and the
+**at-risk share** — of the decode seconds that co-running prompt chunks add under md+fcfs,
+the part on decodes of queries at risk (miss probability >= the hold's ``HOLD_AT_RISK``;
+``StallByRisk``), i.e. what the rank hold could move. Then geometric means per (cluster,
+load), per load, per cluster and over all cells, and over the cells where calls contend by
+a rule stated here, not by result: md+fcfs's LLM calls spend at least ``CONTENDED_WAIT`` of
+their time waiting.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +92,31 @@ def parse_floats(text: str, what: str) -> list[float]:
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"{what}: {text!r} needs positive numbers")
     return values
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``1,2,5-8`` -> [1, 2, 5, 6, 7, 8] (a range is inclusive)."""
+    out: list[int] = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not (lo.isdigit() and (not sep or hi.isdigit())):
+            raise argparse.ArgumentTypeError(f"--seeds: {part!r} is not a seed or a range a-b")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise argparse.ArgumentTypeError(f"--seeds: {part!r} is an empty range")
+        out.extend(range(first, last + 1))
+    if not out:
+        raise argparse.ArgumentTypeError("--seeds: no seed given")
+    return out
+
+
+# ``--axis``: the contention axis (module docstring). Stated before any run, not tuned.
+AXIS_CLUSTERS = ("paper-4gpu", "hetero-8")
+AXIS_LOADS = (1.5, 2.0, 3.0)
+AXIS_L1 = "paper-4gpu=0.0325,hetero-8=0.48"  # the policy suite's L1 (vllm P95 2 x idle)
+CONTENDED_WAIT = 0.05  # a cell contends when md+fcfs's calls wait >= 5% of their time
 
 
 def depth_label(depth: Depth) -> str:
@@ -179,6 +220,14 @@ class StallByRisk:
                 for d in RISK_CLASSES}
 
 
+def at_risk_share(table: Mapping[str, Mapping[str, float]]) -> float | None:
+    """Of all stall seconds in a ``StallByRisk.table``, the share on at-risk decodes (None:
+    no stall at all) — what the rank hold, which only moves prompts off at-risk decodes,
+    has to act on."""
+    total = sum(v for row in table.values() for v in row.values())
+    return sum(table["at_risk"].values()) / total if total > 0 else None
+
+
 def run_depth(cluster: SimClusterConfig, wl: Any, policy: str, attribute: bool = False,
               by_risk: bool = False) -> dict[str, Any]:
     """One policy on one cluster: P95 and mean latency, SLO attainment, the admissions with a
@@ -260,6 +309,94 @@ def summarize(cells: Mapping[str, Mapping[str, Any]], pair: tuple[str, str],
     return out
 
 
+def axis_rows(cells: Mapping[str, Mapping[str, Any]], pair: tuple[str, str],
+              others: list[str]) -> list[dict[str, Any]]:
+    """One row per cell of ``--axis``, at the cluster's own depth: ``ratio`` (``pair[0]`` /
+    ``pair[1]`` P95), ``vs_best`` (``pair[0]`` over the best of ``others``), each of the
+    pair's waiting share and admissions with a choice, and ``at_risk`` (``at_risk_share`` of
+    ``pair[1]``'s stall table; None where it was not kept or nothing stalled)."""
+    first, second = pair
+    rows = []
+    for key, cell in cells.items():
+        own = cell["own"]
+        rivals = {p: own[p]["p95"] for p in others if p in own}
+        best = min(rivals, key=lambda p: rivals[p]) if rivals else None
+        table = own[second].get("stall_by_risk")
+        rows.append({
+            "cell": key, "cluster": cell["cluster"], "load": cell["load"],
+            "seed": cell["seed"], "ratio": own[first]["p95"] / own[second]["p95"],
+            "vs_best": own[first]["p95"] / rivals[best] if best else None, "best": best,
+            "wait": {p: own[p]["wait_share"] for p in pair},
+            "choice": {p: (own[p]["choice"], own[p]["admissions"]) for p in pair},
+            "at_risk": at_risk_share(table) if table else None})
+    return rows
+
+
+def axis_summary(rows: list[dict[str, Any]], second: str,
+                 contended_wait: float = CONTENDED_WAIT) -> dict[str, dict[str, Any]]:
+    """Geometric means of ``ratio`` and ``vs_best`` over groups of ``axis_rows``: per
+    (cluster, load), per load, per cluster, all, and ``contended`` (the cells where
+    ``second``'s calls waited at least ``contended_wait`` of their time: a rule on the
+    baseline's contention, not on the result). Each group: n, ratio, vs_best."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+
+    def add(name: str, row: dict[str, Any]) -> None:
+        groups.setdefault(name, []).append(row)
+
+    for row in rows:
+        add(f"{row['cluster']} x{row['load']:g}", row)
+    for row in rows:
+        add(f"x{row['load']:g}", row)
+    for row in rows:
+        add(row["cluster"], row)
+    contended = f"contended (md wait >= {contended_wait:g})"
+    groups[contended] = []  # shown even when no cell contends
+    for row in rows:
+        add("all", row)
+        if row["wait"][second] >= contended_wait:
+            add(contended, row)
+    return {name: {"n": len(g), "ratio": geomean([r["ratio"] for r in g]),
+                   "vs_best": geomean([r["vs_best"] for r in g if r["vs_best"] is not None])}
+            for name, g in groups.items()}
+
+
+def format_axis(rows: list[dict[str, Any]], summary: Mapping[str, Mapping[str, Any]],
+                pair: tuple[str, str]) -> str:
+    """The per-cell table and the group means, as printed by ``--axis``."""
+    first, second = pair
+    head = (f"{'cell':<22} {'fs/md':>6} {'fs/best':>7} {'best':<16} {'wait md':>7} "
+            f"{'wait fs':>7} {'choice md':>10} {'choice fs':>10} {'at-risk':>7}")
+    lines = [f"per cell ({first} = fs, {second} = md; wait: share of the LLM calls' time "
+             "waiting; choice: admissions made with 2+ calls waiting; at-risk: share of the "
+             "md run's prefill stall on at-risk decodes)", head]
+    for r in rows:
+        vb = f"{r['vs_best']:.3f}" if r["vs_best"] is not None else "-"
+        ar = f"{r['at_risk']:.3f}" if r["at_risk"] is not None else "-"
+        cm, cf = (f"{r['choice'][p][0]}/{r['choice'][p][1]}" for p in (second, first))
+        lines.append(f"{r['cell']:<22} {r['ratio']:6.3f} {vb:>7} {r['best'] or '-':<16} "
+                     f"{r['wait'][second]:7.3f} {r['wait'][first]:7.3f} {cm:>10} {cf:>10} "
+                     f"{ar:>7}")
+    lines.append("geomean (n cells: fs/md, fs/best)")
+    for name, g in summary.items():
+        lines.append(f"  {name:<30} n={g['n']:<4} {g['ratio']:.3f}  {g['vs_best']:.3f}")
+    return "\n".join(lines)
+
+
+def axis_defaults(args: argparse.Namespace, given: list[str]) -> None:
+    """``--axis``: fill the axis's clusters, loads, L1 rates and depth (2, the clusters'
+    configured one) into ``args``, except where the command line (``given``) named them."""
+    def named(flag: str) -> bool:
+        return any(a == flag or a.startswith(flag + "=") for a in given)
+    if not named("--clusters"):
+        args.clusters = ",".join(AXIS_CLUSTERS)
+    if not named("--loads"):
+        args.loads = list(AXIS_LOADS)
+    if not named("--l1"):
+        args.l1 = AXIS_L1
+    if not named("--pending"):
+        args.pending = [2]
+
+
 # `agentflow bench NAME --quick`: a short run (registry.expand_quick)
 QUICK_ARGS: tuple[str, ...] = ("--clusters", "paper-4gpu", "--pending", "2,off",
                                "--queries", "40", "--seeds", "1", "--loads", "1.5",
@@ -283,9 +420,13 @@ def _line(label: str, policy: str, f: dict[str, Any], wall: float) -> str:
 
 
 def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[str],
-             depths: list[Depth], attribute: bool = False, by_risk: bool = False
-             ) -> dict[str, Any]:
-    """One (cluster, load, seed) cell: the sweep, the per-kind tuned depth, the others."""
+             depths: list[Depth], attribute: bool = False,
+             by_risk: bool | Collection[str] = False) -> dict[str, Any]:
+    """One (cluster, load, seed) cell: the sweep, the per-kind tuned depth, the others
+    (``by_risk``: the stall table for every policy, or for those named)."""
+    def risk_for(policy: str) -> bool:
+        return by_risk if isinstance(by_risk, bool) else policy in by_risk
+
     cell: dict[str, Any] = {"depths": {}, "own": {}, "tuned_depths": {}}
     sweeps: dict[str, dict[Depth, dict[str, Any]]] = {p: {} for p in policies}
     for depth in depths:
@@ -293,8 +434,8 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
         runs = cell["depths"].setdefault(label, {})
         for policy in policies:
             t0 = time.perf_counter()
-            runs[policy] = sweeps[policy][depth] = run_depth(with_depth(base, depth), wl,
-                                                             policy, attribute, by_risk)
+            runs[policy] = sweeps[policy][depth] = run_depth(
+                with_depth(base, depth), wl, policy, attribute, risk_for(policy))
             print(_line(label, policy, runs[policy], time.perf_counter() - t0), flush=True)
     if len(depths) > 1:
         runs = cell["depths"].setdefault(TUNED, {})
@@ -303,7 +444,7 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
             cell["tuned_depths"][policy] = {k: depth_label(d) for k, d in chosen.items()}
             t0 = time.perf_counter()
             runs[policy] = run_depth(with_depth(base, chosen), wl, policy, attribute,
-                                     by_risk)
+                                     risk_for(policy))
             print(_line(TUNED, policy, runs[policy], time.perf_counter() - t0)
                   + "  depths " + " ".join(f"{k}={depth_label(d)}"
                                            for k, d in sorted(chosen.items())), flush=True)
@@ -314,7 +455,7 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
             cell["own"][policy] = cell["depths"][own_label][policy]
             continue
         t0 = time.perf_counter()
-        cell["own"][policy] = run_depth(base, wl, policy, attribute, by_risk)
+        cell["own"][policy] = run_depth(base, wl, policy, attribute, risk_for(policy))
         print(_line("own", policy, cell["own"][policy], time.perf_counter() - t0), flush=True)
     return cell
 
@@ -331,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
                         "'best other'")
     p.add_argument("--loads", type=lambda s: parse_floats(s, "--loads"), default=[1.5, 2.0],
                    help="x L1 (the policy suite's 1.5)")
-    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1,2,3"),
+                   help="seeds: 1,2,3 or ranges 1-20")
     p.add_argument("--queries", type=int, default=80)
     p.add_argument("--l1", default="", help="CLUSTER=RATE,... known L1 rates (else searched)")
     p.add_argument("--inflight", type=int, help="every instance's max_inflight (default: as "
@@ -344,8 +486,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="also print the decode seconds co-running prompt chunks added, by the "
                         "decoder's and the prompt's miss probability (at risk >= the hold's "
                         "0.4, safe <= 0.02, middle between)")
+    p.add_argument("--axis", action="store_true",
+                   help="the contention axis: both clusters at 1.5, 2 and 3 x their known "
+                        "L1, the configured depth, the at-risk share under the second "
+                        "policy, and a per-cell table with geomeans per load and overall "
+                        "(explicit --clusters/--loads/--pending/--l1 still win)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    if args.axis:
+        axis_defaults(args, list(sys.argv[1:] if argv is None else argv))
     if args.inflight is not None and args.inflight < 1:
         p.error("--inflight must be >= 1")
     known = {k: float(v) for k, v in (x.split("=") for x in args.l1.split(",") if x)}
@@ -353,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(policies) != 2:
         p.error("--policies takes exactly two policies (the pair compared)")
     others = [x for x in args.others.split(",") if x and x not in policies]
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    seeds: list[int] = args.seeds
     trace = workloads()["trace1"]
     cells: dict[str, Any] = {}
     l1s: dict[str, float] = {}
@@ -374,17 +523,25 @@ def main(argv: list[str] | None = None) -> int:
                 key = f"{name}/x{load:g}/s{seed}"
                 print(f"{key}: L1 {l1:.4g} q/s, rate {load * l1:.4g}, {args.queries} queries",
                       flush=True)
+                by_risk: bool | Collection[str] = args.stall_by_risk or (
+                    [policies[1]] if args.axis else False)
                 cells[key] = run_cell(base, wl, policies, others, args.pending,
-                                      args.attribute, args.stall_by_risk)
+                                      args.attribute, by_risk)
+                cells[key].update(cluster=name, load=load, seed=seed)
                 pair = cells[key]["depths"]
                 print("    " + "  ".join(
                     f"{lab}: {pair[lab][policies[0]]['p95'] / pair[lab][policies[1]]['p95']:.3f}"
                     for lab in pair) + f"  ({policies[0]} / {policies[1]} P95)", flush=True)
     summary = summarize(cells, (policies[0], policies[1]), others)
     print(f"geomean over {len(cells)} cells: " + json.dumps(summary), flush=True)
+    out: dict[str, Any] = {"l1": l1s, "cells": cells, "summary": summary}
+    if args.axis:
+        pair = (policies[0], policies[1])
+        rows = axis_rows(cells, pair, others)
+        out["axis"] = {"rows": rows, "summary": axis_summary(rows, policies[1])}
+        print(format_axis(rows, out["axis"]["summary"], pair), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"l1": l1s, "cells": cells, "summary": summary},
-                                        indent=1))
+        args.json.write_text(json.dumps(out, indent=1))
     return 0
 
 
