@@ -92,10 +92,12 @@ from __future__ import annotations
 import heapq
 import operator
 import weakref
+from array import array
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 import numpy as np
 
@@ -220,9 +222,10 @@ class _Seq:
 class _Plan:
     """``K`` iterations starting at ``t0``; ``m`` of them committed so far.
 
-    ``ends`` is a list of Python floats (each iteration's end), so a wake reads and bisects
-    it without numpy scalars; a run's ``c0`` / ``g0`` / ``out`` are lists for the few
-    sequences most engines run (``_PY_EVENTS_MAX``) and arrays above."""
+    ``ends`` holds Python floats (each iteration's end: a list, or a long decode run's
+    ``array('d')``), so a wake reads and bisects it without numpy scalars; a run's ``c0`` /
+    ``g0`` / ``out`` are lists for the few sequences most engines run (``_PY_EVENTS_MAX``)
+    and arrays above."""
 
     __slots__ = (
         "K",
@@ -304,6 +307,15 @@ _DECODE_TABLE_MAX_KV = 1 << 19  # entries per table (4 MiB); longer runs are com
 # nothing to admit (most plans of a large fleet); False: always the general loop (the tests
 # compare the two event by event).
 _DECODE_FAST = True
+
+# ``SimInstance.step_until``'s short way for a wake inside a decode run (False: always
+# through ``_advance``; the same events, the tests compare).
+_WAKE_FAST = True
+
+# ``SimInstance._decode_ends``: a decode run's ends summed from the table's slice in Python
+# (False: through numpy's multiply and cumsum; the same floats, the tests compare).
+_PY_DECODE_ENDS = True
+_PY_ENDS_MAX = 64  # up to this many iterations summed in Python, a buffer above
 
 
 class _DecodeTables:
@@ -526,6 +538,37 @@ class SimInstance:
                 return tab[dkv:stop:S] * self.slowdown
         return self._durations(S, S, S, dkv + S * np.arange(K, dtype=np.int64))
 
+    def _decode_ends(self, S: int, dkv: int, K: int, tb: float) -> list[float] | array:
+        """The ends of a decode run's ``K`` iterations from ``tb`` (``_decode_run``'s
+        durations summed in order: ``((tb + dt0) + dt1) + ...``), as Python floats: a list
+        for a short run, an ``array('d')`` for a long one.
+
+        Why: a plan is built ~1.3 times a call, and a run is planned to its end though an
+        arrival usually cuts it (59% of the iterations planned were run in a 500-query
+        replay); ``tolist`` made a float object per planned iteration, a long run's
+        hundreds of them churned through the allocator. A long run's ends now stay in
+        one buffer (``array('d')``: the same doubles, read as floats one at a time, bisected
+        and sliced as the list was). A short one where the shared table covers it at normal
+        speed is summed from the slice by ``itertools.accumulate``: the same IEEE additions
+        in the same order as ``np.cumsum`` (sequential), and ``x * 1.0 == x``, without
+        numpy's multiply, element update and cumsum. ``_PY_DECODE_ENDS = False``: the
+        list from numpy's path, as before (the tests compare)."""
+        tab = None
+        if S <= _DECODE_TABLE_MAX_S:  # as ``_decode_run`` (one table request per run)
+            stop = dkv + S * (K - 1) + 1
+            tab = _decode_table(self.ops, self._tables, S, stop)
+        if tab is None:
+            dt = self._durations(S, S, S, dkv + S * np.arange(K, dtype=np.int64))
+        elif _PY_DECODE_ENDS and K <= _PY_ENDS_MAX and self.slowdown == 1.0:
+            dts = tab[dkv:stop:S].tolist()
+            dts[0] = dts[0] + tb
+            return list(accumulate(dts))
+        else:
+            dt = tab[dkv:stop:S] * self.slowdown
+        dt[0] += tb
+        ends = np.cumsum(dt)  # sequential: ((tb + dt0) + dt1) + ...
+        return array("d", ends.tobytes()) if _PY_DECODE_ENDS else ends.tolist()
+
     def _duration(self, T: int, S: int, B: int, dec_kv: int, pf_tokens: int = 0,
                   pf_pairs: int = 0, pf_kv: int = 0) -> float:
         """One iteration, with the same float operations in the same order as
@@ -676,6 +719,23 @@ class SimInstance:
     def step_until(self, t: float) -> list[SeqEvent]:
         """Run every iteration that ends at or before ``t``; the events, in time order (ties:
         admission order, then first_token < progress < finished)."""
+        p = self._plan
+        if _WAKE_FAST and p is not None and p.run and not self._buf:
+            # Woken at the end ``next_event_time`` gave, inside a decode run and before its
+            # last iteration: what ``_advance`` does then (commit through that iteration,
+            # nothing finishes, no new plan), without its loop. Most wakes of a fleet.
+            k = p.wake
+            if p.m <= k and k + 1 < p.K:
+                ends = p.ends
+                if ends[k] == t and ends[k + 1] > t:
+                    events: list = []
+                    self._commit(p, k + 1, events)
+                    if t > self._now:
+                        self._now = t
+                    if len(events) < 2:
+                        return [events[0][3]] if events else []
+                    events.sort(key=_event_key)
+                    return [e[3] for e in events]
         events, self._buf = self._buf, []
         self._advance(t, events)
         if t > self._now:
@@ -968,11 +1028,13 @@ class SimInstance:
                 cnt = np.where(firsts <= K - 1, (K - 1 - firsts) // B + 1, 0)
                 if int(cnt.sum()) > self._free:
                     K = self._blocks_run_out(c0, K)
+        ends: list[float] | array
         if K == 1:
             ends = [tb + self._iteration(sched, nl, T, S, nd, dkv, pt, pp, pkv)]
+        elif self.llama_slots is None:
+            ends = self._decode_ends(S, dkv, K, tb)
         else:
-            dt = self._decode_run(S, dkv, K) if self.llama_slots is None \
-                else self._llama_decode_run(sched, np.arange(K, dtype=np.int64))
+            dt = self._llama_decode_run(sched, np.arange(K, dtype=np.int64))
             dt[0] += tb
             ends = np.cumsum(dt).tolist()  # sequential: ((tb + dt0) + dt1) + ...
         if self._pending:  # cut after the iteration in flight when a request turns eligible

@@ -10,6 +10,7 @@ for bit, so an off-by-one slice, a wrong stride or a missed slowdown fails here.
 from __future__ import annotations
 
 import random
+from array import array
 
 import numpy as np
 import pytest
@@ -160,3 +161,99 @@ def test_the_short_way_to_a_decode_run_equals_the_general_loop(monkeypatch, seed
             short.preemptions) == (general.steps, general.tokens_computed, general.busy_s,
                                    general.plans, general.preemptions)
     assert short.plans > 100
+
+
+@pytest.mark.parametrize("gpu,model", [
+    ("H100", "Llama-3.1-8B"), ("A6000", "Llama-3.1-8B"), ("H100", "Qwen3-30B-A3B"),
+    ("Xeon-core", "gemma-3-270m"),
+])
+def test_decode_ends_summed_in_python_equal_numpys_cumsum(monkeypatch, gpu, model):
+    """``_decode_ends``: the table's slice summed by ``accumulate`` from ``tb`` gives
+    ``np.cumsum``'s floats bit for bit (sequential sums), at normal speed and slowed down."""
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_AFTER", 0)
+    inst = SimInstance(hardware.gpu(gpu), hardware.model(model), name=f"e-{gpu}")
+    rng = random.Random(11)
+    for trial in range(400):
+        S = rng.randint(1, 20)  # above _DECODE_TABLE_MAX_S too: computed directly
+        dkv = sum(rng.randint(1, 6000) for _ in range(S))
+        K = rng.choice([2, 3, rng.randint(2, 64), rng.randint(2, 3000)])
+        tb = rng.choice([0.0, rng.uniform(0, 1e4), 1e-7 * rng.random()])
+        inst.slowdown = 1.0 if trial % 4 else rng.choice([1.37, 2.5])
+        dt = inst._decode_run(S, dkv, K)
+        dt[0] += tb
+        want = np.cumsum(dt)
+        got = inst._decode_ends(S, dkv, K, tb)
+        assert type(got) is (list if K <= engine_mod._PY_ENDS_MAX and inst.slowdown == 1.0
+                             and S <= engine_mod._DECODE_TABLE_MAX_S else array)
+        assert all(type(x) is float for x in got) and len(got) == K
+        assert _bits(np.array(got)) == _bits(want), (gpu, S, dkv, K, tb, inst.slowdown)
+        monkeypatch.setattr(engine_mod, "_PY_DECODE_ENDS", False)
+        assert _bits(np.array(inst._decode_ends(S, dkv, K, tb))) == _bits(want)
+        monkeypatch.setattr(engine_mod, "_PY_DECODE_ENDS", True)
+
+
+@pytest.mark.parametrize("seed,kw", [
+    (0, {}),
+    (1, {"num_gpu_blocks": 250, "max_num_seqs": 8}),
+    (2, {"max_num_batched_tokens": 256, "request_overhead_s": 0.02}),
+    (3, {"max_num_seqs": 32}),
+])
+def test_decode_ends_in_python_equal_the_array_path_event_by_event(monkeypatch, seed, kw):
+    kw.setdefault("request_overhead_s", 0.0)
+    monkeypatch.setattr(engine_mod, "_DECODE_TABLE_AFTER", 2)  # direct runs, then the table
+    py = SimInstance(hardware.gpu("H100"), L8B, **kw)
+    fast = _workload(py, seed, n=80)
+    monkeypatch.setattr(engine_mod, "_PY_DECODE_ENDS", False)
+    arr = SimInstance(hardware.gpu("H100"), L8B, **kw)
+    assert fast == _workload(arr, seed, n=80)
+    assert (py.steps, py.tokens_computed, py.busy_s, py.plans) == \
+        (arr.steps, arr.tokens_computed, arr.busy_s, arr.plans)
+
+
+@pytest.mark.parametrize("seed,kw", [
+    (0, {}),
+    (1, {"num_gpu_blocks": 250, "max_num_seqs": 8}),  # preemptions, runs cut by blocks
+    (2, {"max_num_batched_tokens": 256, "request_overhead_s": 0.02}),
+    (3, {"max_num_seqs": 32}),
+    (5, {"jump_ahead": False}),  # no decode runs: the short way never applies
+])
+def test_the_short_way_of_a_wake_equals_advancing_event_by_event(monkeypatch, seed, kw):
+    """``step_until``'s short way for a wake at the end it asked for inside a decode run:
+    the same events, loads and tokens written at every wake and action as ``_advance``."""
+    kw.setdefault("request_overhead_s", 0.0)
+    short = SimInstance(hardware.gpu("L40S"), L8B, **kw)
+    fast = _workload(short, seed, n=80)
+    monkeypatch.setattr(engine_mod, "_WAKE_FAST", False)
+    slow = SimInstance(hardware.gpu("L40S"), L8B, **kw)
+    assert fast == _workload(slow, seed, n=80)
+    assert (short.steps, short.tokens_computed, short.busy_s, short.plans) == \
+        (slow.steps, slow.tokens_computed, slow.busy_s, slow.plans)
+
+
+def _late_wakes(inst: SimInstance, seed: int, n: int = 80) -> list[tuple]:
+    """Adds at random times; the engine woken at the time it asked for or, one wake in
+    three, somewhat later (several iterations may have ended by then)."""
+    rnd = random.Random(seed)
+    adds, t = [], 0.0
+    for k in range(n):
+        t += rnd.expovariate(4.0)
+        adds.append((t, f"s{k}", rnd.randint(20, 3000), rnd.randint(1, 700)))
+    out: list[tuple] = []
+    for at, sid, prompt, output in adds + [(float("inf"), "", 0, 0)]:
+        while (t := inst.next_event_time()) is not None and t <= at:
+            if rnd.random() < 1 / 3:
+                t = min(at, t + rnd.choice([1e-4, 0.01, 0.2]))
+            out += [(e.kind, e.seq_id, e.time, e.output_tokens) for e in inst.step_until(t)]
+        if sid:
+            inst.add(sid, prompt, output, 0, at)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_late_wakes_take_the_long_way_and_see_the_same_events(monkeypatch, seed):
+    short = SimInstance(hardware.gpu("A6000"), L8B, request_overhead_s=0.0)
+    fast = _late_wakes(short, seed)
+    monkeypatch.setattr(engine_mod, "_WAKE_FAST", False)
+    slow = SimInstance(hardware.gpu("A6000"), L8B, request_overhead_s=0.0)
+    assert fast == _late_wakes(slow, seed)
+    assert len(fast) > 300
