@@ -113,6 +113,9 @@ class TenantShares:
         self.set_weights(weights or {})
         self._classes = classes
         self._tenants: dict[TenantKey, _Tenant] = {}
+        # pairs with a query in flight (``len(active_pairs())``, kept as ``active`` moves:
+        # the coordinator asks at every admission whether two could meet)
+        self._pairs_in_flight = 0
         # per group, the least-served virtual time when its last pair in flight left
         self._idle_floor: dict[object, float] = {}
 
@@ -168,6 +171,10 @@ class TenantShares:
         """(class, tenant) pairs with a query in flight."""
         return {k for k, t in self._tenants.items() if t.active > 0}
 
+    def pairs_in_flight(self) -> int:
+        """``len(active_pairs())``, without building the set."""
+        return self._pairs_in_flight
+
     def present_pairs(self, now: float) -> list[TenantKey]:
         """Pairs with a query in flight, or silent for less than ``PRESENCE_GAPS`` of their
         mean gap between arrivals (a pair seen once is present only while in flight)."""
@@ -218,6 +225,7 @@ class TenantShares:
             if floor is not None and floor - t.lag > t.vt:
                 t.vt = floor - t.lag  # its lag at leaving, no credit for the idle time
             t.lag = 0.0
+            self._pairs_in_flight += 1
         t.active += 1
         return self._reflag(group)
 
@@ -230,6 +238,7 @@ class TenantShares:
         t.active -= 1
         group = self.group(key[0])
         if t.active == 0:  # idle from now on: remember how far behind it leaves
+            self._pairs_in_flight -= 1
             floor = self._least_active(group, exclude=key)
             if floor is None:  # the last one out: a tenant that comes back to the empty
                 # group is placed against this, or it would bring back all it fell behind

@@ -5,7 +5,10 @@ of the least price, ties to the least name rank), ``sorted_atoms``
 (``Distribution._from_sorted_atoms``: merging, normalising and binning a distribution's
 atoms — every length prediction and stage baseline builds one), and ``stage_rows`` /
 ``neighbours`` (``LearnedLengthModel.predict``'s window rows, prompt-length terms, filter
-and selection key around numpy's ``np.exp`` and ``argpartition``, which stay numpy's).
+and selection key around numpy's ``np.exp`` and ``argpartition``, which stay numpy's),
+``mixture`` (the chosen neighbours mixed with the stage baseline, stably sorted and made
+atoms: the ~10 numpy steps after ``argpartition`` as one call) and ``baseline`` (a stage's
+outputs merged with its prior's atoms, rebuilt at each observation of the stage).
 
 Why: the fused numpy price is ~45 vector operations over every instance per dispatch, and
 numpy's cost here is per operation, not per element (a multiply is ~1 µs on 1,024 floats,
@@ -363,6 +366,78 @@ def _neighbours_loop(rows: np.ndarray, sims: np.ndarray, fix_nan: bool, floor: f
     return kept_rows, kept, key
 
 
+def _mixture_loop(out: np.ndarray, rows: np.ndarray, sims: np.ndarray, top: np.ndarray,
+                  use_top: bool, base_values: np.ndarray, base_probs: np.ndarray,
+                  strength: float, max_support: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``LearnedLengthModel._mixture`` after the selection, as ``_atoms_loop``'s (values,
+    probs, ordered): the chosen neighbours (``rows[top]``, ``sims[top]``; all of them
+    without ``use_top``) and their outputs ``out[row]``, then the baseline's atoms with
+    weights ``probs * strength`` (numpy's elementwise multiply), in ``np.concatenate``'s
+    order, stably sorted by value (a stable sort's permutation is the only one: numpy's
+    ``argsort(kind="stable")`` gives the same), then merged, normalised and binned."""
+    nb = top.shape[0] if use_top else rows.shape[0]
+    nbase = base_values.shape[0]
+    n = nb + nbase
+    values, weights = np.empty(n), np.empty(n)
+    for i in range(nb):
+        j = top[i] if use_top else i
+        values[i] = out[rows[j]]
+        weights[i] = sims[j]
+    for i in range(nbase):
+        values[nb + i] = base_values[i]
+        weights[nb + i] = base_probs[i] * strength
+    order = np.argsort(values, kind="mergesort")
+    v, w = np.empty(n), np.empty(n)
+    for i in range(n):
+        v[i] = values[order[i]]
+        w[i] = weights[order[i]]
+    atoms: tuple[np.ndarray, np.ndarray, bool] = _atoms(v, w, max_support)
+    return atoms
+
+
+def _baseline_loop(outs: np.ndarray, prior_values: np.ndarray, prior_probs: np.ndarray,
+                   prior_weight: float, max_support: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``LearnedLengthModel._baseline``'s atoms as ``_atoms_loop``'s (values, probs, ordered):
+    the stage's sorted outputs (weight 1.0 each) and the prior's sorted, distinct atoms
+    (weight ``probs * prior_weight``) merged, each prior atom after the outputs equal to it
+    (its place ``searchsorted(side="right") + its index``, as numpy places it)."""
+    n, k = outs.shape[0], prior_values.shape[0]
+    values, weights = np.empty(n + k), np.empty(n + k)
+    i = j = 0
+    for pos in range(n + k):
+        if j < k and (i >= n or outs[i] > prior_values[j]):
+            values[pos] = prior_values[j]
+            weights[pos] = prior_probs[j] * prior_weight
+            j += 1
+        else:
+            values[pos] = outs[i]
+            weights[pos] = 1.0
+            i += 1
+    atoms: tuple[np.ndarray, np.ndarray, bool] = _atoms(values, weights, max_support)
+    return atoms
+
+
+def _sorted_insert_loop(outs: np.ndarray, x: float) -> np.ndarray:
+    """``np.concatenate((outs[:at], (x,), outs[at:]))`` at ``at = outs.searchsorted(x)``."""
+    n = outs.shape[0]
+    at = np.searchsorted(outs, x)
+    out = np.empty(n + 1)
+    out[:at] = outs[:at]
+    out[at] = x
+    out[at + 1:] = outs[at:]
+    return out
+
+
+def _sorted_remove_loop(outs: np.ndarray, x: float) -> np.ndarray:
+    """``np.concatenate((outs[:at], outs[at + 1:]))`` at ``at = outs.searchsorted(x)``."""
+    n = outs.shape[0]
+    at = np.searchsorted(outs, x)
+    out = np.empty(n - 1)
+    out[:at] = outs[:at]
+    out[at:] = outs[at + 1:]
+    return out
+
+
 if numba is not None:
     _maximum = numba.njit(cache=True, inline="always")(_maximum)
     _minimum = numba.njit(cache=True, inline="always")(_minimum)
@@ -373,8 +448,13 @@ if numba is not None:
     _atoms: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_atoms_loop)
     stage_rows: Any = numba.njit(cache=True, nogil=True)(_stage_rows_loop)
     neighbours: Any = numba.njit(cache=True, nogil=True)(_neighbours_loop)
+    _mixture: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_mixture_loop)
+    _baseline: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(_baseline_loop)
+    _sorted_insert: Any = numba.njit(cache=True, nogil=True)(_sorted_insert_loop)
+    _sorted_remove: Any = numba.njit(cache=True, nogil=True)(_sorted_remove_loop)
 else:  # pragma: no cover
-    _compiled = _lexmin2 = _atoms = stage_rows = neighbours = None
+    _compiled = _lexmin2 = _atoms = stage_rows = neighbours = _mixture = _baseline = None
+    _sorted_insert = _sorted_remove = None
 
 # the key types ``lexmin2`` runs compiled (name ranks, prices): one machine code each
 _LEXMIN_TYPES = (np.dtype(np.int64), np.dtype(np.float64))
@@ -400,6 +480,59 @@ def sorted_atoms(v: np.ndarray, w: np.ndarray, max_support: int
 
 
 _F64 = np.dtype(np.float64)
+_I64 = np.dtype(np.int64)
+
+
+def mixture(out: np.ndarray, rows: np.ndarray, sims: np.ndarray, top: np.ndarray | None,
+            base_values: np.ndarray, base_probs: np.ndarray, strength: float,
+            max_support: int) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """``_mixture_loop``'s (values, probs, ordered), or None where it does not decide (the
+    loop is off, ``max_support < 1``): then numpy does. ``top``: the selected positions of
+    ``rows``/``sims`` (None: all of them). The arrays are the predictor's own (its window's
+    outputs, the kernel's rows and similarities, argpartition's positions, a distribution's
+    read-only atoms), always of the types the loop is compiled and cached for; another
+    type would compile once more, with the same arithmetic."""
+    if not (_enabled and max_support >= 1):
+        return None
+    result: tuple[np.ndarray, np.ndarray, bool] = _mixture(
+        out, rows, sims, _NO_TOP if top is None else top, top is not None, base_values,
+        base_probs, strength, max_support)
+    return result
+
+
+_NO_TOP = np.zeros(0, dtype=np.int64)
+
+
+def sorted_insert(outs: np.ndarray, x: float) -> np.ndarray:
+    """A sorted float64 array with ``x`` inserted where ``searchsorted`` puts it (a new
+    array): one compiled call, else numpy's ``concatenate``."""
+    if _enabled and outs.dtype == _F64:
+        inserted: np.ndarray = _sorted_insert(outs, x)
+        return inserted
+    at = int(outs.searchsorted(x))
+    return np.concatenate((outs[:at], (x,), outs[at:]))
+
+
+def sorted_remove(outs: np.ndarray, x: float) -> np.ndarray:
+    """A sorted float64 array holding ``x`` without its first copy (a new array)."""
+    if _enabled and outs.dtype == _F64:
+        removed: np.ndarray = _sorted_remove(outs, x)
+        return removed
+    at = int(outs.searchsorted(x))
+    return np.concatenate((outs[:at], outs[at + 1:]))
+
+
+def baseline(outs: np.ndarray, prior_values: np.ndarray, prior_probs: np.ndarray,
+             prior_weight: float, max_support: int) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """``_baseline_loop``'s (values, probs, ordered), or None where it does not decide (the
+    loop is off, ``max_support < 1``, no atoms, an array of another dtype): then numpy does."""
+    if not (_enabled and max_support >= 1 and outs.dtype == _F64
+            and prior_values.dtype == _F64 and prior_probs.dtype == _F64
+            and outs.shape[0] + prior_values.shape[0] > 0):
+        return None
+    result: tuple[np.ndarray, np.ndarray, bool] = _baseline(
+        outs, prior_values, prior_probs, prior_weight, max_support)
+    return result
 
 
 def _plain(a: np.ndarray) -> bool:
@@ -430,7 +563,18 @@ def _warm() -> None:
                np.empty(1), np.empty(1))
     sorted_atoms(np.array([1.0, 1.0, 2.0, 3.0]), np.ones(4), 2)
     rows, factor = stage_rows(np.zeros(2, dtype=np.int32), 2, 0, np.zeros(2), 0.0, -1.0, True)
-    neighbours(rows, factor, True, 0.2, False, 1, np.zeros(2, dtype=np.int64), 2, 1e-9)
+    kept, sims, _ = neighbours(rows, factor, True, 0.2, False, 1, np.zeros(2, dtype=np.int64),
+                               2, 1e-9)
+    base_values, base_probs = np.array([1.0, 2.0]), np.array([0.5, 0.5])
+    base_values.setflags(write=False)  # a Distribution's atoms are read-only
+    base_probs.setflags(write=False)
+    top = np.zeros(1, dtype=np.int64)
+    for chosen in (top, None):
+        mixture(np.ones(2), np.zeros(1, dtype=np.int64), np.ones(1), chosen, base_values,
+                base_probs, 2.0, 32)
+    for outs in (np.array([1.0, 3.0]), np.zeros(0)):  # a window's, and none yet
+        baseline(outs, base_values, base_probs, 4.0, 32)
+    sorted_remove(sorted_insert(np.zeros(0), 1.0), 1.0)
     ranks, prices = np.zeros(1, dtype=np.int64), np.zeros(1)
     for a in (ranks, prices):
         for b in (ranks, prices):

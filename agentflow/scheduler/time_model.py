@@ -217,20 +217,34 @@ class InstanceTimeModel:
     def _fit_prefill(self, y: float, own: float, ahead: float, co_runners: float) -> None:
         """One TTFT (less overhead) ``y`` against its base-priced own prefill, pending
         prompts and co-runner steps; refits ``prefill_ratio`` and the contention terms."""
-        if not all(math.isfinite(v) for v in (y, own, ahead, co_runners)):
+        isfinite = math.isfinite
+        if not (isfinite(y) and isfinite(own) and isfinite(ahead) and isfinite(co_runners)):
             return  # one inf would never decay out of the sums, one NaN would poison them
         total = own + ahead + co_runners
         # as the per-call ratio always was: no single call says the instance is more than
         # 20x slower (or faster) than its whole priced TTFT, however odd its timing
         y = min(max(y, RATIO_FLOOR * total), RATIO_CEILING * total)
         keep = 1.0 - 1.0 / self.prefill_window
-        x = (own, ahead, co_runners)
+        x0, x1, x2 = own, ahead, co_runners
         w = 1.0 / total
         xx, xy = self._prefill_xx, self._prefill_xy
-        for i in range(3):
-            xy[i] = keep * xy[i] + w * y * x[i]
-            for j in range(3):
-                xx[i][j] = keep * xx[i][j] + w * x[i] * x[j]
+        # the sums' update, ``xy[i] = keep * xy[i] + w * y * x[i]`` and ``xx[i][j] = keep *
+        # xx[i][j] + w * x[i] * x[j]`` for i, j in 0..2, written out term for term (the
+        # same operations in the same order, so the same floats, without the two loops:
+        # this runs at every finished call)
+        wy = w * y
+        xy[0] = keep * xy[0] + wy * x0
+        r = xx[0]
+        wx = w * x0
+        r[0], r[1], r[2] = keep * r[0] + wx * x0, keep * r[1] + wx * x1, keep * r[2] + wx * x2
+        xy[1] = keep * xy[1] + wy * x1
+        r = xx[1]
+        wx = w * x1
+        r[0], r[1], r[2] = keep * r[0] + wx * x0, keep * r[1] + wx * x1, keep * r[2] + wx * x2
+        xy[2] = keep * xy[2] + wy * x2
+        r = xx[2]
+        wx = w * x2
+        r[0], r[1], r[2] = keep * r[0] + wx * x0, keep * r[1] + wx * x1, keep * r[2] + wx * x2
         self._prefill_yy = keep * self._prefill_yy + w * y * y
         best = _bounded_least_squares(xx, xy, self._prefill_yy)
         if best is None:

@@ -4,6 +4,8 @@ geometric means over cells, and a real (small) cell run end to end in the simula
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 
 import pytest
 
@@ -186,6 +188,9 @@ def test_axis_rows_and_means_per_load_cluster_all_and_contended() -> None:
     assert s["a"]["ratio"] == pytest.approx(1.0)  # sqrt(0.5 * 2)
     assert s["b x3"]["vs_best"] == pytest.approx(0.5)
     assert s["all"]["n"] == 3 and s["all"]["ratio"] == pytest.approx(1.0)
+    logs = [math.log(0.5), math.log(2.0), 0.0]
+    assert s["all"]["se"] == pytest.approx(statistics.stdev(logs) / math.sqrt(3))
+    assert math.isnan(s["b x3"]["se"])  # one cell: no spread to read
     contended = s["contended (md wait >= 0.05)"]
     assert contended["n"] == 1 and contended["ratio"] == pytest.approx(2.0)
     text = format_axis(rows, s, ("fs", "md"))

@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 import time
 from collections.abc import Collection, Mapping
@@ -356,8 +358,19 @@ def axis_summary(rows: list[dict[str, Any]], second: str,
         if row["wait"][second] >= contended_wait:
             add(contended, row)
     return {name: {"n": len(g), "ratio": geomean([r["ratio"] for r in g]),
+                   "se": log_se([r["ratio"] for r in g]),
                    "vs_best": geomean([r["vs_best"] for r in g if r["vs_best"] is not None])}
             for name, g in groups.items()}
+
+
+def log_se(values: list[float]) -> float:
+    """The standard error of the mean log of ``values`` (a geomean's relative spread: one
+    cell moves 3-6% by seed, so a geomean over n cells carries about that / sqrt(n)); nan
+    under two values."""
+    if len(values) < 2:
+        return math.nan
+    logs = [math.log(v) for v in values]
+    return float(statistics.stdev(logs) / math.sqrt(len(logs)))
 
 
 def format_axis(rows: list[dict[str, Any]], summary: Mapping[str, Mapping[str, Any]],
@@ -376,9 +389,10 @@ def format_axis(rows: list[dict[str, Any]], summary: Mapping[str, Mapping[str, A
         lines.append(f"{r['cell']:<22} {r['ratio']:6.3f} {vb:>7} {r['best'] or '-':<16} "
                      f"{r['wait'][second]:7.3f} {r['wait'][first]:7.3f} {cm:>10} {cf:>10} "
                      f"{ar:>7}")
-    lines.append("geomean (n cells: fs/md, fs/best)")
+    lines.append("geomean (n cells: fs/md +- s.e. of the log, fs/best)")
     for name, g in summary.items():
-        lines.append(f"  {name:<30} n={g['n']:<4} {g['ratio']:.3f}  {g['vs_best']:.3f}")
+        lines.append(f"  {name:<30} n={g['n']:<4} {g['ratio']:.3f} +-{g['se']:.3f}  "
+                     f"{g['vs_best']:.3f}")
     return "\n".join(lines)
 
 

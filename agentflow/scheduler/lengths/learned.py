@@ -236,6 +236,13 @@ class LearnedLengthModel(LengthModel):
         # at every rebuild (one per observation of the stage).
         prior = self.prior(stage)
         outs = self._sorted_outs.get(sid, _NO_OUTS)
+        fast = price_kernel.baseline(outs, prior.values, prior.probs, self.stage_prior_weight,
+                                     self.max_support)  # the merge and atoms in one pass
+        if fast is not None:
+            dist = Distribution._trusted(fast[0], fast[1]) if fast[2] \
+                else Distribution(fast[0], fast[1])
+            self._baselines[sid] = dist
+            return dist
         n, k = outs.size, prior.values.size
         at = outs.searchsorted(prior.values, side="right") + np.arange(k)  # merged places
         values, weights = np.empty(n + k), np.ones(n + k)
@@ -279,13 +286,10 @@ class LearnedLengthModel(LengthModel):
             evicted = int(self._stage[slot])
             if evicted >= 0:
                 self._rings[evicted].leave(slot)
-                gone = self._sorted_outs[evicted]
-                at = int(gone.searchsorted(self._out[slot]))
-                self._sorted_outs[evicted] = np.concatenate((gone[:at], gone[at + 1:]))
-            outs = self._sorted_outs.get(sid, _NO_OUTS)
-            at = int(outs.searchsorted(float(output_tokens)))
-            self._sorted_outs[sid] = np.concatenate(
-                (outs[:at], (float(output_tokens),), outs[at:]))
+                self._sorted_outs[evicted] = price_kernel.sorted_remove(
+                    self._sorted_outs[evicted], float(self._out[slot]))
+            self._sorted_outs[sid] = price_kernel.sorted_insert(
+                self._sorted_outs.get(sid, _NO_OUTS), float(output_tokens))
             ring = self._rings.get(sid)
             if ring is None:
                 ring = self._rings[sid] = _StageRing(self._dim, min(64, self.window))
@@ -394,10 +398,19 @@ class LearnedLengthModel(LengthModel):
         if not rows.size:
             dist = baseline
         else:
-            if rows.size > self.k:
-                top = key.argpartition(self.k - 1)[:self.k]
-                rows, sims = rows[top], sims[top]
-            dist = self._mixture(rows, sims, baseline)
+            top = key.argpartition(self.k - 1)[:self.k] if rows.size > self.k else None
+            # the selection, the mixture and its atoms by one compiled pass (the same
+            # floats as ``_mixture``'s numpy steps: ``price_kernel.mixture``)
+            fast = price_kernel.mixture(self._out, rows, sims, top, baseline.values,
+                                        baseline.probs, self.prior_strength, self.max_support)
+            if fast is None:
+                if top is not None:
+                    rows, sims = rows[top], sims[top]
+                dist = self._mixture(rows, sims, baseline)
+            elif fast[2]:
+                dist = Distribution._trusted(fast[0], fast[1])
+            else:  # the binned means out of order: as ``_from_sorted_atoms`` falls back
+                dist = Distribution(fast[0], fast[1])
         return dist.clip(max_tokens) if max_tokens is not None else dist
 
     def _mixture(self, rows: np.ndarray, sims: np.ndarray,
