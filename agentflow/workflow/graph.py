@@ -93,28 +93,16 @@ class WorkflowRun:
         return self._state[node_id]
 
     def ready(self) -> list[Node]:
-        """Pending nodes whose parents have all finished, in a stable (topological) order.
-
-        A node never becomes pending again once it has started, failed or been cancelled
-        (only a new node from an expansion is pending, and an expansion rebuilds the kept
-        order), so the walk drops the entries it finds past pending from the kept order:
-        later calls walk what is still pending, not the whole graph (the simulator asks at
-        every finished stage, ~1.3x a call). Same list, same order."""
+        """Pending nodes whose parents have all finished, in a stable (topological) order."""
         state, pending, done = self._state, self.PENDING, self.DONE
         ready = []
-        order = self._lexical_order()
-        keep = []
-        for entry in order:
-            n, node, parents = entry
+        for n, node, parents in self._lexical_order():
             if state[n] == pending:
-                keep.append(entry)
                 for p in parents:  # all(...) without a generator per pending node
                     if state[p] != done:
                         break
                 else:
                     ready.append(node)
-        if len(keep) < len(order):
-            order[:] = keep
         return ready
 
     def _lexical_order(self) -> list[tuple[str, Node, list[str]]]:
