@@ -18,12 +18,21 @@ import numpy as np
 import pytest
 
 from agentflow.bench.scheduler.scheduler_overhead import workflow
-from agentflow.scheduler import PRESETS, Coordinator, InstanceSpec
+from agentflow.scheduler import PRESETS, Coordinator, InstanceSpec, loadbook
 from agentflow.scheduler.decisions import StartCall
 from agentflow.scheduler.lengths.learned import LearnedLengthModel
 from agentflow.scheduler.loadbook import ExpiryWheel, LoadBook
 from agentflow.workflow import ManualClock
 from tests.scheduler.test_view_rows import replay
+
+
+@pytest.fixture(autouse=True, params=[0, loadbook.SMALL_READ, 10 ** 9],
+                ids=["vector-reads", "small-reads", "scalar-reads"])
+def _read_path(request, monkeypatch):
+    """Every test on each way the wheel reads due tickets (``loadbook.SMALL_READ``): all
+    by vector operations (0, the stop-51 code), ticket by ticket up to the default, and
+    ticket by ticket however many fall due: the same sums and decisions each time."""
+    monkeypatch.setattr(loadbook, "SMALL_READ", request.param)
 
 # ------------------------------------------------------------------ the heap, as it was
 
@@ -200,13 +209,13 @@ def _burst_log(cls: type[Coordinator], policy: str, sizes: list[int] | None = No
     clock = ManualClock(0.0)
     c = cls(BURST_SPECS, clock=clock, policy=policy, length_model=LearnedLengthModel())
     if sizes is not None:
-        due = c.loads.expiry.due
+        due = c.loads.expiry._due  # what ``LoadBook._retire`` reads
 
         def counted(now):
             tickets = due(now)
             sizes.append(len(tickets))
             return tickets
-        c.loads.expiry.due = counted
+        c.loads.expiry._due = counted
     log: list[tuple] = []
     running: list = []
 
@@ -241,3 +250,28 @@ def test_every_decision_matches_the_heap_book_when_hundreds_fall_due_at_once(pol
     assert len(old) > 400
     assert max(sizes) >= 40, sorted(sizes)[-5:]  # bursts really fell due together
     assert new == old
+
+
+def test_a_few_tickets_of_one_instance_retire_in_the_vector_path_s_order(monkeypatch):
+    """Several calls of one instance falling due in one small read subtract in (finish,
+    seq) order, as ``np.subtract.at`` after the vector path's lexsort does: the sums are
+    compared bit for bit with the vector path's on random finishes (fails if the few-ticket
+    path subtracts in another order)."""
+    sums = {}
+    for small in (0, 10 ** 9):
+        rng = random.Random(9)  # the same history for both
+        monkeypatch.setattr(loadbook, "SMALL_READ", small)
+        book, calls, out = LoadBook(3), [], []
+        seq = 0
+        for step in range(400):
+            now = step * 0.05
+            for _ in range(rng.randint(0, 6)):
+                call = _Call(seq)
+                seq += 1
+                ends = now + rng.uniform(0.0, 0.3) * 10 ** rng.randint(-3, 1)
+                book.start(rng.randrange(3), call, ends)
+                calls.append(call)
+            book.retire_due(now + 0.04)
+            out.append(book.finish_sum.tobytes() + book.finish_n.tobytes())
+        sums[small] = out
+    assert sums[0] == sums[10 ** 9]
