@@ -91,6 +91,22 @@ def _workload(inst: SimInstance, seed: int, n: int = 60) -> list[tuple]:
     return out
 
 
+def _same_with_switch_off(monkeypatch, switch: str, gpu: str, seed: int, kw: dict
+                          ) -> SimInstance:
+    """Run the seeded workload on an engine as it is, then with ``engine.<switch>`` off on a
+    fresh one: the same events, loads and tokens at every wake and action, and the same
+    counters. Returns the first engine (for a test's own checks)."""
+    kw.setdefault("request_overhead_s", 0.0)
+    on = SimInstance(hardware.gpu(gpu), L8B, **kw)
+    events = _workload(on, seed, n=80)
+    monkeypatch.setattr(engine_mod, switch, False)
+    off = SimInstance(hardware.gpu(gpu), L8B, **kw)
+    assert events == _workload(off, seed, n=80)
+    assert (on.steps, on.tokens_computed, on.busy_s, on.plans, on.preemptions) == \
+        (off.steps, off.tokens_computed, off.busy_s, off.plans, off.preemptions)
+    return on
+
+
 @pytest.mark.parametrize("seed,kw", [
     (0, {}),
     (1, {"num_gpu_blocks": 250, "max_num_seqs": 8}),  # preemptions, runs cut by blocks
@@ -151,15 +167,7 @@ def test_a_copied_engine_shares_the_tables_and_runs_the_same(monkeypatch):
 def test_the_short_way_to_a_decode_run_equals_the_general_loop(monkeypatch, seed, kw):
     """``_build_plan``'s decode-run short way: the same events, loads (KV blocks taken) and
     tokens written at every wake and action as the general loop, and the same counters."""
-    kw.setdefault("request_overhead_s", 0.0)
-    short = SimInstance(hardware.gpu("A100-80G"), L8B, **kw)
-    fast = _workload(short, seed, n=80)
-    monkeypatch.setattr(engine_mod, "_DECODE_FAST", False)
-    general = SimInstance(hardware.gpu("A100-80G"), L8B, **kw)
-    assert fast == _workload(general, seed, n=80)
-    assert (short.steps, short.tokens_computed, short.busy_s, short.plans,
-            short.preemptions) == (general.steps, general.tokens_computed, general.busy_s,
-                                   general.plans, general.preemptions)
+    short = _same_with_switch_off(monkeypatch, "_DECODE_FAST", "A100-80G", seed, kw)
     assert short.plans > 100
 
 
@@ -199,15 +207,8 @@ def test_decode_ends_summed_in_python_equal_numpys_cumsum(monkeypatch, gpu, mode
     (3, {"max_num_seqs": 32}),
 ])
 def test_decode_ends_in_python_equal_the_array_path_event_by_event(monkeypatch, seed, kw):
-    kw.setdefault("request_overhead_s", 0.0)
     monkeypatch.setattr(engine_mod, "_DECODE_TABLE_AFTER", 2)  # direct runs, then the table
-    py = SimInstance(hardware.gpu("H100"), L8B, **kw)
-    fast = _workload(py, seed, n=80)
-    monkeypatch.setattr(engine_mod, "_PY_DECODE_ENDS", False)
-    arr = SimInstance(hardware.gpu("H100"), L8B, **kw)
-    assert fast == _workload(arr, seed, n=80)
-    assert (py.steps, py.tokens_computed, py.busy_s, py.plans) == \
-        (arr.steps, arr.tokens_computed, arr.busy_s, arr.plans)
+    _same_with_switch_off(monkeypatch, "_PY_DECODE_ENDS", "H100", seed, kw)
 
 
 @pytest.mark.parametrize("seed,kw", [
@@ -220,14 +221,7 @@ def test_decode_ends_in_python_equal_the_array_path_event_by_event(monkeypatch, 
 def test_the_short_way_of_a_wake_equals_advancing_event_by_event(monkeypatch, seed, kw):
     """``step_until``'s short way for a wake at the end it asked for inside a decode run:
     the same events, loads and tokens written at every wake and action as ``_advance``."""
-    kw.setdefault("request_overhead_s", 0.0)
-    short = SimInstance(hardware.gpu("L40S"), L8B, **kw)
-    fast = _workload(short, seed, n=80)
-    monkeypatch.setattr(engine_mod, "_WAKE_FAST", False)
-    slow = SimInstance(hardware.gpu("L40S"), L8B, **kw)
-    assert fast == _workload(slow, seed, n=80)
-    assert (short.steps, short.tokens_computed, short.busy_s, short.plans) == \
-        (slow.steps, slow.tokens_computed, slow.busy_s, slow.plans)
+    _same_with_switch_off(monkeypatch, "_WAKE_FAST", "L40S", seed, kw)
 
 
 def _late_wakes(inst: SimInstance, seed: int, n: int = 80) -> list[tuple]:
