@@ -1483,11 +1483,8 @@ def _run_events(g0: list[int] | np.ndarray, out: list[int] | np.ndarray, K: int
     if len(g0) > _PY_EVENTS_MAX:
         return _run_events_numpy(np.asarray(g0, dtype=np.int64),
                                  np.asarray(out, dtype=np.int64), K)
-    if isinstance(g0, np.ndarray):
-        g0 = g0.tolist()
-    if isinstance(out, np.ndarray):
-        out = out.tolist()
-    return _run_events_py(g0, out, K)
+    return _run_events_py(g0.tolist() if isinstance(g0, np.ndarray) else g0,
+                          out.tolist() if isinstance(out, np.ndarray) else out, K)
 
 
 def _run_events_py(g0: list[int], out: list[int], K: int) -> list[tuple[int, int, int]]:
