@@ -123,6 +123,7 @@ class Coordinator(WorkflowPaths):
         self._init_view(instances)
         for q in self.queues.values():  # how a held progress report is priced
             q.kv_at = self._kv_tokens_at
+            q.kv_at_most = self._kv_tokens_at_most
         self.length_model = length_model if length_model is not None \
             else make_length_model(parse_policy(policy).length_model)
         self.max_waiting_calls = max_waiting_calls

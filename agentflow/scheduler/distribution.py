@@ -345,7 +345,14 @@ class Distribution:
         """``conditional_above(a).quantile(q)`` without building the conditional
         distribution (the same arithmetic, so the same float): what the scheduler reads
         at every progress report of a running call (``ClusterView._output_reserve``)."""
-        start = int(self.values.searchsorted(a, side="right"))
+        return self.conditional_quantile_from(int(self.values.searchsorted(a, side="right")),
+                                              q, a)
+
+    def conditional_quantile_from(self, start: int, q: float, a: float | None = None
+                                  ) -> float:
+        """``conditional_quantile`` for an ``a`` whose ``values.searchsorted(a, "right")``
+        the caller has made (``start``): for a caller that searched already (a held
+        report's survival test reads the same index). ``a``: for the error message."""
         # The answer depends on ``a`` only through ``start``: a call's reports at 1, 2, 4,
         # ... tokens mostly fall below its distribution's first atoms, so most repeat one
         # computation; kept per (start, q) on this immutable distribution (a kept answer

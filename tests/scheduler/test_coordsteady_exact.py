@@ -8,6 +8,10 @@ replaced gave, bit for bit: each is checked here against that code, kept in the 
   tokens written or its cap move: at every pricing of a seeded simulation (the admission
   gate's rank hold prices decoding co-runners at each admission it tries), the same float
   as pricing on a fresh copy of the prediction, with no kept answer anywhere.
+- ``InstanceQueue.settle_kv`` reserves once per held call, at the most its reports ask
+  (``ClusterView._kv_tokens_at_most``), not report by report: at every settle of seeded
+  simulations under KV pressure, the instance's KV total and every call's reservation are
+  the floats the report-by-report loop (kept here) gives.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from agentflow.scheduler import remaining, risk
 from agentflow.scheduler.call import QueryState, ScheduledCall
 from agentflow.scheduler.distribution import Distribution
 from agentflow.scheduler.gittins import expected_residual
+from agentflow.scheduler.instance import InstanceQueue
 
 
 def _fresh(d: Distribution) -> Distribution:
@@ -132,3 +137,48 @@ def test_a_residual_of_a_copied_prediction_is_the_same_float() -> None:
         d = Distribution(rng.uniform(0, 3000, n), rng.uniform(0.01, 1, n))
         for a in rng.integers(0, 3500, 5).tolist():
             assert _bits(expected_residual(d, a)) == _bits(expected_residual(_fresh(d), a))
+
+
+def _settled_report_by_report(q: InstanceQueue) -> tuple[float, dict[str, int]]:
+    """What ``settle_kv`` gave before (1342d94): each held report priced and reserved in
+    turn (``reserve``'s rule written out on plain numbers, nothing moved)."""
+    assert q.kv_at is not None
+    total = float(q.book.kv_settled[q.index])
+    reserved = {}
+    for call, written in q._kv_held.items():
+        r = call.kv_reserved
+        for w in written:
+            k = q.kv_at(call, w)
+            if call in q.running and k > r:
+                total += k - r
+                r = k
+        reserved[call.id] = r
+    return total, reserved
+
+
+@pytest.mark.parametrize("tenants,rate", [(False, 30.0), (True, 0.0), (False, 3.0)])
+def test_one_reservation_per_call_is_the_report_by_report_settle(
+        monkeypatch: pytest.MonkeyPatch, tenants: bool, rate: float) -> None:
+    from tests.sim.scenarios import small_scenario
+
+    counts: Counter[str] = Counter()
+    settle = InstanceQueue.settle_kv
+
+    def checked(self: InstanceQueue) -> None:
+        if not self._kv_held:
+            settle(self)
+            return
+        assert self.kv_at_most is not None  # the coordinator's one-reservation rule
+        want_total, want = _settled_report_by_report(self)
+        calls = list(self._kv_held)
+        counts["reports"] += sum(len(w) for w in self._kv_held.values())
+        counts["many"] += sum(len(w) > 1 for w in self._kv_held.values())
+        settle(self)
+        assert _bits(float(self.book.kv_settled[self.index])) == _bits(want_total)
+        assert {c.id: c.kv_reserved for c in calls} == want
+        counts["settles"] += 1
+
+    monkeypatch.setattr(InstanceQueue, "settle_kv", checked)
+    scenario = small_scenario(tenants, False, rate)
+    scenario.run(scenario.simulation("flowsage"))
+    assert counts["settles"] > 20 and counts["many"] > 20  # calls with several reports
