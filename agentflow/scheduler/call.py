@@ -102,6 +102,9 @@ class ScheduledCall:
     prefix_hashes: tuple[bytes, ...] = field(default=(), repr=False)
     prefix_pseudo_tokens: int = field(default=0, repr=False)
     max_tokens: int | None = None  # its output cap, when the runtime gave one
+    # (output, attained tokens, max tokens, expected_residual of them): what
+    # ``remaining.remaining_s`` last conditioned on, kept (a pure function of the three)
+    residual_memo: tuple[Any, ...] | None = field(default=None, repr=False)
 
     def prefix_tokens(self, blocks: int) -> int:
         """The prompt tokens ``blocks`` leading hashed blocks cover (trace/tokenizer units)."""

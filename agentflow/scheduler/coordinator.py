@@ -123,6 +123,7 @@ class Coordinator(WorkflowPaths):
         self._init_view(instances)
         for q in self.queues.values():  # how a held progress report is priced
             q.kv_at = self._kv_tokens_at
+            q.kv_at_most = self._kv_tokens_at_most
         self.length_model = length_model if length_model is not None \
             else make_length_model(parse_policy(policy).length_model)
         self.max_waiting_calls = max_waiting_calls
@@ -248,28 +249,13 @@ class Coordinator(WorkflowPaths):
         if output_tokens > attained:
             call.attained_tokens = attained = output_tokens
         if crossed:
-            # ``_paths_stamp`` and ``_defer_paths`` written out (a report is ~5 of a call's
-            # ~7 events): the same tests and the same stamp and put-off pass, in fewer calls
-            run = query.run
-            calls = query.calls
-            stamp = (run.version if run is not None else None, query.calls_version,
-                     len(calls), len(query.done_nodes))
+            # one put-off test for both events (``_defer_paths``, as ``on_call_done``'s)
+            stamp = self._paths_stamp(query)  # before this report's own bump
             query.calls_version += 1  # re-rank at bucket boundaries, not every token
-            deferred = False
-            if self._queue_policy.query_dependent and run is not None \
-                    and query.paths_stamp == stamp:
-                waiting = CallState.WAITING
-                for c in calls:
-                    if c.instance is not None and c.state == waiting:
-                        break
-                else:
-                    stamp = query.paths_stamp = (stamp[0], stamp[1] + 1, stamp[2], stamp[3])
-                    query.paths_due = (self.clock.now(), self._mean_coefs(),
-                                       self._stage_prompts, stamp)
-                    self._prompts_held = True
-                    deferred = True
-            if not deferred:
-                self._refresh(query, self.clock.now())
+            now = self.clock.now()
+            if not (self._queue_policy.query_dependent and query.run is not None
+                    and self._defer_paths(query, now, stamp)):
+                self._refresh(query, now)
             if call.instance is not None:
                 # held, priced when its instance's KV is read (``InstanceQueue.note_progress``)
                 self.queues[call.instance].note_progress(call, attained)

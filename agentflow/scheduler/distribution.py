@@ -53,7 +53,7 @@ class Distribution:
     relies on that); compare contents with ``np.allclose`` on ``values``/``probs``.
     """
 
-    __slots__ = ("values", "probs", "_cum", "_tail", "_cq", "_mean")
+    __slots__ = ("values", "probs", "_cum", "_tail", "_cq", "_mean", "_ca")
 
     values: np.ndarray
     probs: np.ndarray
@@ -91,6 +91,7 @@ class Distribution:
         self._tail: np.ndarray | None = None
         self._cq: dict[tuple[int, float], float] | None = None  # conditional_quantile's
         self._mean: float | None = None  # ``mean``'s (immutable atoms: the same float)
+        self._ca: dict[int, Distribution] | None = None  # ``conditional_above``'s, by start
 
     @classmethod
     def _trusted(cls, values: np.ndarray, probs: np.ndarray) -> Distribution:
@@ -325,16 +326,33 @@ class Distribution:
         """The distribution of X given X > a (what remains possible once ``a`` was attained).
         Raises ValueError when P(X > a) = 0: the caller must decide what an over-run means."""
         start = int(self.values.searchsorted(a, side="right"))
+        # The result depends on ``a`` only through ``start``, and both distributions are
+        # immutable: kept per start (a running call's remainder is priced at every
+        # admission its instance tries, ``remaining.remaining_s``, with few distinct starts)
+        kept = self._ca
+        if kept is None:
+            kept = self._ca = {}
+        hit = kept.get(start)
+        if hit is not None:
+            return hit
         if start >= self.values.size:
             raise ValueError(f"no probability mass above {a} (max {self.max()})")
         p = self.probs[start:]
-        return Distribution._trusted(self.values[start:], p / p.sum())
+        out = kept[start] = Distribution._trusted(self.values[start:], p / p.sum())
+        return out
 
     def conditional_quantile(self, a: float, q: float) -> float:
         """``conditional_above(a).quantile(q)`` without building the conditional
         distribution (the same arithmetic, so the same float): what the scheduler reads
         at every progress report of a running call (``ClusterView._output_reserve``)."""
-        start = int(self.values.searchsorted(a, side="right"))
+        return self.conditional_quantile_from(int(self.values.searchsorted(a, side="right")),
+                                              q, a)
+
+    def conditional_quantile_from(self, start: int, q: float, a: float | None = None
+                                  ) -> float:
+        """``conditional_quantile`` for an ``a`` whose ``values.searchsorted(a, "right")``
+        the caller has made (``start``): for a caller that searched already (a held
+        report's survival test reads the same index). ``a``: for the error message."""
         # The answer depends on ``a`` only through ``start``: a call's reports at 1, 2, 4,
         # ... tokens mostly fall below its distribution's first atoms, so most repeat one
         # computation; kept per (start, q) on this immutable distribution (a kept answer

@@ -649,6 +649,33 @@ class ClusterView:
         reads as ``attained_tokens`` then): how a held report is priced when settled."""
         return int(call.tokens_on(call.instance) + self._reserve_at(call.output, written))
 
+    def _kv_tokens_at_most(self, call: ScheduledCall, written: list[int]) -> int:
+        """The most ``_kv_tokens_at(call, w)`` gives over ``written`` (non-empty): the
+        prompt read once, the reserves compared before the sum. The same int: ``prompt +
+        r`` (rounded to nearest) and ``int`` are non-decreasing in ``r``, so the maximum
+        of the sums is the sum at the maximum reserve."""
+        # ``_reserve_at`` per report, its two searches of the same index made once: the
+        # survival test reads the tail at the index ``conditional_quantile`` starts from
+        output = call.output
+        values = output.values
+        tail = output._tail
+        if tail is None:
+            tail = output._tail_array()
+        best: float | None = None
+        for w in written:
+            if w <= 0:
+                r: float = output.quantile(0.9)
+            else:
+                start = int(values.searchsorted(w, side="right"))
+                if tail.item(start) > 0:
+                    r = max(output.conditional_quantile_from(start, 0.9, w), w)
+                else:
+                    r = 2 * w
+            if best is None or r > best:
+                best = r
+        assert best is not None  # a held call has at least one report
+        return int(call.tokens_on(call.instance) + best)
+
     @staticmethod
     def _output_reserve(call: ScheduledCall) -> float:
         """Output tokens to hold KV for: the 90th percentile of the predicted length, given
