@@ -55,9 +55,12 @@ def test_decode_run_past_the_table_is_computed_directly(monkeypatch):
     assert _bits(inst._decode_run(2, 4990, 40)) == _bits(want)
 
 
-def _workload(inst: SimInstance, seed: int, n: int = 60) -> list[tuple]:
+def _workload(inst: SimInstance, seed: int, n: int = 60, prefix: str = "") -> list[tuple]:
     """Adds and aborts at random times, the engine woken at each event and each action;
-    every event and every ``load`` / ``tokens_written`` reading along the way."""
+    every event and every ``load`` / ``tokens_written`` reading along the way. ``prefix``:
+    "hashed", each prompt carries prefix-block hashes shared with a quarter of the others
+    (automatic prefix caching: hits found at admission); "cached", a third of each prompt
+    is a prefix-cache hit at its first admission (none after a preemption)."""
     rnd = random.Random(seed)
     acts, t = [], 0.0
     for k in range(n):
@@ -81,7 +84,14 @@ def _workload(inst: SimInstance, seed: int, n: int = 60) -> list[tuple]:
     for a in acts:
         wake(a[0])
         out.append(("at", sorted(inst.tokens_written(a[0]).items())))
-        if a[1] == "add":
+        if a[1] == "add" and prefix == "cached":
+            inst.add(a[2], a[3], a[4], a[5], a[0], cached_tokens=a[3] // 3)
+        elif a[1] == "add" and prefix == "hashed":
+            group = int(a[2][1:]) % 4
+            inst.add(a[2], a[3], a[4], a[5], a[0],
+                     prefix_hashes=tuple((group, j) for j in range(a[3] // 64)),
+                     tokens_per_block=64.0)
+        elif a[1] == "add":
             inst.add(a[2], a[3], a[4], a[5], a[0])
         else:
             inst.abort(a[2], a[0])
@@ -91,17 +101,19 @@ def _workload(inst: SimInstance, seed: int, n: int = 60) -> list[tuple]:
     return out
 
 
-def _same_with_switch_off(monkeypatch, switch: str, gpu: str, seed: int, kw: dict
-                          ) -> SimInstance:
+def _same_with_switch_off(monkeypatch, switch: str, gpu: str, seed: int, kw: dict,
+                          prefix: str = "") -> SimInstance:
     """Run the seeded workload on an engine as it is, then with ``engine.<switch>`` off on a
     fresh one: the same events, loads and tokens at every wake and action, and the same
     counters. Returns the first engine (for a test's own checks)."""
     kw.setdefault("request_overhead_s", 0.0)
     on = SimInstance(hardware.gpu(gpu), L8B, **kw)
-    events = _workload(on, seed, n=80)
+    events = _workload(on, seed, n=80, prefix=prefix)
     monkeypatch.setattr(engine_mod, switch, False)
     off = SimInstance(hardware.gpu(gpu), L8B, **kw)
-    assert events == _workload(off, seed, n=80)
+    assert events == _workload(off, seed, n=80, prefix=prefix)
+    assert (on.prefix_lookup_tokens, on.prefix_hit_tokens) == \
+        (off.prefix_lookup_tokens, off.prefix_hit_tokens)
     assert (on.steps, on.tokens_computed, on.busy_s, on.plans, on.preemptions) == \
         (off.steps, off.tokens_computed, off.busy_s, off.plans, off.preemptions)
     return on
@@ -251,3 +263,101 @@ def test_late_wakes_take_the_long_way_and_see_the_same_events(monkeypatch, seed)
     slow = SimInstance(hardware.gpu("A6000"), L8B, request_overhead_s=0.0)
     assert fast == _late_wakes(slow, seed)
     assert len(fast) > 300
+
+
+_ONE_PASS_CASES = [
+    (0, {}),
+    (1, {"num_gpu_blocks": 250, "max_num_seqs": 8}),  # preemptions, runs cut by blocks
+    (2, {"max_num_batched_tokens": 256, "request_overhead_s": 0.02}),
+    (3, {"max_num_seqs": 32}),  # 9-16 sequences (lists, not arrays) and above 16
+    (4, {"num_gpu_blocks": 240, "max_num_seqs": 6}),  # blocks scarce: the general loop
+    (5, {"jump_ahead": False}),  # no decode runs: every plan one iteration
+    (6, {"max_num_batched_tokens": 512, "chunked_prefill": False}),  # whole prompts only
+    (7, {"max_num_seqs": 3}),  # admissions stopped by the sequence limit
+]
+
+
+def _counting(monkeypatch, method: str) -> list[int]:
+    """How often ``SimInstance.<method>`` answered with a plan (not False / None)."""
+    made = [0]
+    f = getattr(SimInstance, method)
+
+    def counted(self, *a):
+        got = f(self, *a)
+        if got is not None and got is not False:
+            made[0] += 1
+        return got
+
+    monkeypatch.setattr(SimInstance, method, counted)
+    return made
+
+
+@pytest.mark.parametrize("seed,kw", _ONE_PASS_CASES)
+@pytest.mark.parametrize("prefix", ["", "hashed", "cached"])
+def test_a_decode_run_in_one_pass_equals_the_short_way(monkeypatch, seed, kw, prefix):
+    """``_one_pass_run``: the same events, loads (KV blocks taken) and tokens written at
+    every wake and action as the short way it replaces, and the same counters; it makes
+    plans wherever decode runs exist (fails on a wrong block count, run length, event
+    order or a skipped ``first_sched``)."""
+    made = _counting(monkeypatch, "_one_pass_run")
+    _same_with_switch_off(monkeypatch, "_RUN_ONE_PASS", "A100-80G", seed, dict(kw), prefix)
+    assert (made[0] > 0) == kw.get("jump_ahead", True)
+
+
+@pytest.mark.parametrize("seed,kw", _ONE_PASS_CASES)
+@pytest.mark.parametrize("prefix", ["", "hashed", "cached"])
+def test_a_schedule_without_preemption_equals_the_general_loop(monkeypatch, seed, kw, prefix):
+    """``_schedule_without_preemption``: the same events, loads and tokens written at every
+    wake and action as ``_build_plan``'s general loop, and the same counters (prefix-cache
+    hits included); it makes most plans that admit or run a prompt chunk, and leaves the
+    ones that preempt to the loop."""
+    made = _counting(monkeypatch, "_schedule_without_preemption")
+    on = _same_with_switch_off(monkeypatch, "_NO_PREEMPT_ONE_PASS", "H100", seed, dict(kw),
+                               prefix)
+    assert made[0] > 50
+    if prefix == "hashed":
+        assert on.prefix_hit_tokens > 0
+
+
+def test_a_decode_runs_events_in_python_equal_numpys_for_wide_batches() -> None:
+    """``_run_events_py`` (lists of any length, what a one-pass run of up to
+    ``_ONE_PASS_MAX`` sequences lists) equals ``_run_events_numpy``, order included."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        s = rng.randint(1, 2 * engine_mod._ONE_PASS_MAX)
+        g0 = [rng.choice([0, 0, 1, 2, 3, rng.randint(0, 3000)]) for _ in range(s)]
+        out = [g + rng.randint(1, 3000) for g in g0]
+        k = rng.randint(1, min(o - g for g, o in zip(g0, out)))
+        want = engine_mod._run_events_numpy(np.array(g0, dtype=np.int64),
+                                            np.array(out, dtype=np.int64), k)
+        assert engine_mod._run_events_py(g0, out, k) == want, (g0, out, k)
+
+
+@pytest.mark.parametrize("blocks,outputs", [(400, (3000, 2500, 2800)), (350, (2000, 2600, 2400)),
+                                            (250, (900, 1200, 1100, 1000))])
+def test_a_one_pass_run_cut_by_blocks_equals_the_short_way(monkeypatch, blocks, outputs):
+    """Long decodes on a small KV cache with nothing waiting: one-pass runs end where the
+    free blocks run out (``_blocks_run_out``); the same events, KV used and tokens written
+    at every wake as the short way, every other wake a little late."""
+    cuts = _counting(monkeypatch, "_blocks_run_out")
+
+    def run() -> tuple[list[tuple], int]:
+        inst = SimInstance(hardware.gpu("L40S"), L8B, request_overhead_s=0.0,
+                           num_gpu_blocks=blocks)
+        made = _counting(monkeypatch, "_one_pass_run")
+        for i, o in enumerate(outputs):
+            inst.add(f"s{i}", 100 + 37 * i, o, i % 2, 0.0)
+        out: list[tuple] = []
+        late = False
+        while (t := inst.next_event_time()) is not None:
+            late = not late
+            for e in inst.step_until(t + (1e-3 if late else 0.0)):
+                out.append((e.kind, e.seq_id, e.time, e.output_tokens, e.preempted))
+            out.append(("load", inst.load().kv_blocks_used, sorted(inst.tokens_written(t).items())))
+        return out, made[0]
+
+    on, made = run()
+    assert made > 0 and cuts[0] > 0
+    monkeypatch.setattr(engine_mod, "_RUN_ONE_PASS", False)
+    off, _ = run()
+    assert on == off
