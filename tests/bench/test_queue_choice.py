@@ -21,9 +21,13 @@ from agentflow.bench.scheduler.queue_choice import (
     format_axis,
     parse_depths,
     parse_seeds,
+    parse_targets,
+    point_label,
     risk_class,
     run_cell,
     run_depth,
+    saturation_points,
+    saturation_rate,
     summarize,
     with_depth,
 )
@@ -209,3 +213,76 @@ def test_the_stall_table_can_be_kept_for_one_policy_only() -> None:
     own = cell["own"]
     assert own["flowsage"]["stall_by_risk"] == {}
     assert set(own["marginal_delay+fcfs"]["stall_by_risk"]) == set(RISK_CLASSES)
+
+
+def _falling(half: float, calls: list[float]):
+    """An SLO attainment that falls with the rate, 0.5 at ``half``; records each rate run."""
+    def attainment(rate: float) -> float:
+        calls.append(rate)
+        return 1.0 / (1.0 + (rate / half) ** 2)
+    return attainment
+
+
+def test_saturation_brackets_by_doubling_then_bisects_in_log_rate() -> None:
+    calls: list[float] = []
+    seen: dict[float, float] = {}
+    rate = saturation_rate(_falling(3.0, calls), 0.5, start=1.0, iterations=6, seen=seen)
+    # doubled 1 -> 2 -> 4 (bracket [2, 4]), then 6 bisections: within 2^(1/128) of 3
+    assert calls[:3] == [1.0, 2.0, 4.0] and len(calls) == 3 + 6
+    assert abs(math.log(rate / 3.0)) <= math.log(2.0) / 2 ** 7 + 1e-12
+    lo = max(r for r, a in seen.items() if a >= 0.5)
+    hi = min(r for r, a in seen.items() if a < 0.5)
+    assert lo < rate < hi and rate == pytest.approx(math.sqrt(lo * hi))
+    # a second target reads the bracket from what was run: no new doubling
+    calls.clear()
+    high = saturation_rate(_falling(3.0, calls), 0.8, start=1.0, iterations=3, seen=seen)
+    assert calls == pytest.approx([2 ** 0.5, 2 ** 0.75, 2 ** 0.625])  # bisecting [1, 2]
+    assert high < rate and abs(math.log(high / 1.5)) <= math.log(2.0) / 2 ** 4
+
+
+def test_saturation_halves_from_a_start_past_the_target_and_fails_where_none_is() -> None:
+    calls: list[float] = []
+    rate = saturation_rate(_falling(0.3, calls), 0.5, start=1.0, iterations=0)
+    assert calls == [1.0, 0.5, 0.25] and rate == pytest.approx(math.sqrt(0.125))
+    with pytest.raises(ValueError, match="no rate brackets"):
+        saturation_rate(lambda rate: 1.0, 0.5, start=1.0, max_steps=3)
+
+
+def test_saturation_targets_parse_and_label() -> None:
+    assert parse_targets("0.9,0.7, 0.5") == [0.9, 0.7, 0.5]
+    for bad in ("1", "0", "1.2", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_targets(bad)
+    assert [point_label(t) for t in (0.9, 0.7, 0.5, 0.333)] == ["slo90", "slo70", "slo50",
+                                                                "slo33"]
+
+
+def test_saturation_points_read_the_baselines_attainment_in_a_real_simulation() -> None:
+    from agentflow.sim.slo import IdleLatency
+    trace = [TraceQuery(id=f"t{i}", question=f"question {i}", nodes=[
+        TraceNode("a", "link", "llm", (), 8000, 50),
+        TraceNode("b", "generate", "llm", ("a",), 8000, 50)]) for i in range(6)]
+    idle = IdleLatency(CLUSTER)  # prompt-heavy: deadlines are missed from ~2 q/s
+    rates, seen = saturation_points(CLUSTER, trace, idle, [0.5], [1], 30,
+                                    "marginal_delay+fcfs", start=1.0, iterations=2)
+    rate = rates[0.5]
+    lo = max(r for r, a in seen.items() if a >= 0.5)
+    hi = min(r for r, a in seen.items() if r > lo and a < 0.5)
+    assert lo < rate < hi
+    # the reading is the baseline's own: rerun at the bracket's ends
+    for r, want in ((lo, True), (hi, False)):
+        wl = build_workload(trace, CLUSTER, n=30, rate=r, seed=1, idle=idle)
+        assert (run_depth(CLUSTER, wl, "marginal_delay+fcfs")["slo"] >= 0.5) is want
+
+
+def test_axis_groups_saturation_points_by_their_label() -> None:
+    cells = {"a/slo90/s1": _axis_cell("a", 1.2, 1, 1.0, 2.0, 4.0, 0.01),
+             "a/slo90/s2": _axis_cell("a", 1.2, 2, 1.0, 1.0, 4.0, 0.01),
+             "a/slo50/s1": _axis_cell("a", 2.7, 1, 2.0, 1.0, 1.0, 0.08)}
+    for key, cell in cells.items():
+        cell["point"] = key.split("/")[1]
+    rows = axis_rows(cells, ("fs", "md"), ["x", "y"])
+    assert [r["point"] for r in rows] == ["slo90", "slo90", "slo50"]
+    s = axis_summary(rows, "md")
+    assert s["slo90"]["n"] == 2 and s["slo90"]["ratio"] == pytest.approx(0.5 ** 0.5)
+    assert s["a slo50"]["n"] == 1 and "x1.2" not in s

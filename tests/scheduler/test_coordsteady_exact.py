@@ -12,6 +12,10 @@ replaced gave, bit for bit: each is checked here against that code, kept in the 
   (``ClusterView._kv_tokens_at_most``), not report by report: at every settle of seeded
   simulations under KV pressure, the instance's KV total and every call's reservation are
   the floats the report-by-report loop (kept here) gives.
+- ``WorkflowPaths._critical_paths`` rebuilds a grown graph's order from the graph's own
+  dicts, not through ``run.node`` and ``graph.successors``: every pass of seeded
+  simulations (with tool steps and expansions) gives the paths, bounds, work left and
+  kept order of the old build, and the same records.
 """
 
 from __future__ import annotations
@@ -182,3 +186,42 @@ def test_one_reservation_per_call_is_the_report_by_report_settle(
     scenario = small_scenario(tenants, False, rate)
     scenario.run(scenario.simulation("flowsage"))
     assert counts["settles"] > 20 and counts["many"] > 20  # calls with several reports
+
+
+def test_the_rebuilt_order_is_the_old_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At every rebuild of seeded simulations (graphs that grew), the pass made on the old
+    build and the pass made on the new one, from the same state, give the same paths,
+    bounds, work left and kept order (the new one's state goes on)."""
+    from agentflow.scheduler import paths
+    from tests.sim.scenarios import small_scenario
+
+    counts: Counter[str] = Counter()
+    original = paths.WorkflowPaths._critical_paths
+
+    def outputs(query: QueryState) -> tuple[Any, ...]:
+        assert query.topo is not None
+        return (tuple(query.path_cache.items()), query.path_lo, query.path_hi,
+                query.work_left, query.paths_stamp,
+                tuple((n, node.id, tuple(succ)) for n, node, succ in query.topo[1]))
+
+    def both(self: Any, query: QueryState, now: float, coefs: Any = None,
+             prompts: Any = None) -> None:
+        assert query.run is not None
+        if query.topo is not None and query.topo[0] == len(query.run.graph):
+            original(self, query, now, coefs, prompts)
+            return
+        before = (query.topo, query.paths_stamp, query.paths_due)
+        monkeypatch.setattr(paths, "_DICT_REBUILD", False)
+        original(self, query, now, coefs, prompts)  # makes any prediction the pass needs
+        old = outputs(query)
+        query.topo, query.paths_stamp, query.paths_due = before
+        monkeypatch.setattr(paths, "_DICT_REBUILD", True)
+        original(self, query, now, coefs, prompts)
+        assert outputs(query) == old
+        counts["rebuilt"] += 1
+
+    monkeypatch.setattr(paths.WorkflowPaths, "_critical_paths", both)
+    for tenants in (False, True):
+        scenario = small_scenario(tenants, False)
+        scenario.run(scenario.simulation("flowsage"))
+    assert counts["rebuilt"] > 100  # graphs grew and were ordered again

@@ -8,6 +8,8 @@ much of a call's time was spent waiting at all.
         [--loads 1.5,2] [--seeds 1,2,3] [--queries 80] [--l1 paper-4gpu=0.0325,...]
         [--inflight N] [--attribute] [--stall-by-risk] [--json OUT]
     agentflow bench queue_choice --axis [--seeds 1-3 | --seeds 1-20]
+    agentflow bench queue_choice --axis --saturation 0.9,0.7,0.5 [--sat-seeds 1,2]
+        [--queries 240] [--seeds 1-5]
 
 Why: under ``marginal_delay`` almost every call is admitted to an instance the moment it is
 ready, so the agentflow queue rarely holds two calls to order and ``marginal_delay+fcfs``
@@ -45,6 +47,20 @@ the part on decodes of queries at risk (miss probability >= the hold's ``HOLD_AT
 load), per load, per cluster and over all cells, and over the cells where calls contend by
 a rule stated here, not by result: md+fcfs's LLM calls spend at least ``CONTENDED_WAIT`` of
 their time waiting.
+
+``--saturation T1,T2,...`` places the axis's load points by the baseline's own saturation
+instead of by vllm's L1 (issue 38: at fixed multiples of L1 hetero-8 never queues and
+paper-4gpu at 3 x is past its deadlines, so neither reaches the middle regime where the order
+could act): for each cluster and each target T (an SLO attainment, e.g. 0.9 / 0.7 / 0.5),
+the arrival rate at which ``pair[1]``'s (md+fcfs's) SLO attainment, averaged over
+``--sat-seeds``, falls to T — bracketed by doubling or halving from the cluster's L1, then
+bisected in log rate ``--sat-iterations`` times (``saturation_rate``; each run at the
+cluster's configured depth, ``--queries`` queries). The rule reads only the baseline, not
+flowsage; the cells are then run at those rates and reported like ``--axis``'s (a point is
+named ``slo90`` etc., its load printed as a multiple of L1). Keep ``--queries`` large
+enough that the arrivals outlast a query: with 80 hetero-8 queries arrive in a burst the
+cluster absorbs (md+fcfs meets 97% of deadlines at 3 x L1 with 80 queries, 59% at 4 x with
+240).
 """
 
 from __future__ import annotations
@@ -119,6 +135,95 @@ AXIS_CLUSTERS = ("paper-4gpu", "hetero-8")
 AXIS_LOADS = (1.5, 2.0, 3.0)
 AXIS_L1 = "paper-4gpu=0.0325,hetero-8=0.48"  # the policy suite's L1 (vllm P95 2 x idle)
 CONTENDED_WAIT = 0.05  # a cell contends when md+fcfs's calls wait >= 5% of their time
+SAT_ITERATIONS = 4  # log-rate bisection steps of ``--saturation`` (a 2x bracket -> ~4%)
+
+
+def parse_targets(text: str) -> list[float]:
+    """``0.9,0.7,0.5`` -> [0.9, 0.7, 0.5]: SLO attainments strictly between 0 and 1."""
+    values = parse_floats(text, "--saturation")
+    if any(v >= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"--saturation: {text!r} needs attainments below 1")
+    return values
+
+
+def point_label(target: float) -> str:
+    """0.9 -> ``slo90``: the name of a ``--saturation`` load point."""
+    return f"slo{round(100 * target):d}"
+
+
+def saturation_rate(attainment: Any, target: float, start: float,
+                    iterations: int = SAT_ITERATIONS,
+                    seen: dict[float, float] | None = None, max_steps: int = 12) -> float:
+    """The arrival rate at which ``attainment(rate)`` (an SLO attainment that falls as the
+    rate grows) falls to ``target``: a bracket [lo, hi] with attainment(lo) >= target >
+    attainment(hi), taken from ``seen`` (rate -> attainment, shared between targets and
+    filled here) where it holds one, else found by doubling or halving from ``start``; then
+    ``iterations`` bisections in log rate; the bracket's geometric middle is returned.
+    ``max_steps`` bounds the doubling/halving (a target never reached raises ValueError)."""
+    seen = {} if seen is None else seen
+
+    def f(rate: float) -> float:
+        if rate not in seen:
+            seen[rate] = float(attainment(rate))
+        return seen[rate]
+
+    if not seen:
+        f(start)
+    ok = [r for r, a in seen.items() if a >= target]
+    lo = max(ok) if ok else None
+    above = [r for r, a in seen.items() if a < target and (lo is None or r > lo)]
+    hi = min(above) if above else None
+    steps = 0
+    while lo is None or hi is None:
+        steps += 1
+        if steps > max_steps:
+            raise ValueError(f"no rate brackets SLO attainment {target:g} within "
+                             f"{max_steps} doublings of {start:g} q/s")
+        if lo is None:
+            assert hi is not None
+            rate = hi / 2
+            if f(rate) >= target:
+                lo = rate
+            else:
+                hi = rate
+        else:
+            rate = lo * 2
+            if f(rate) < target:
+                hi = rate
+            else:
+                lo = rate
+    for _ in range(iterations):
+        mid = math.sqrt(lo * hi)
+        if f(mid) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
+def saturation_points(cluster: SimClusterConfig, trace: Any, idle: IdleLatency,
+                      targets: list[float], seeds: list[int], n: int, policy: str,
+                      start: float, iterations: int = SAT_ITERATIONS
+                      ) -> tuple[dict[float, float], dict[float, float]]:
+    """``saturation_rate`` for every target on one cluster, ``policy``'s SLO attainment
+    (mean over ``seeds``, ``n`` queries, the cluster as configured) as the reading; the
+    evaluations are shared between targets (highest target first). Returns ({target:
+    rate}, {rate: attainment} of every rate run)."""
+    seen: dict[float, float] = {}
+
+    def attainment(rate: float) -> float:
+        values = []
+        for seed in seeds:
+            wl = build_workload(trace, cluster, n=n, rate=rate, seed=seed, idle=idle)
+            values.append(run_depth(cluster, wl, policy)["slo"] or 0.0)
+        print(f"  saturation: {policy} at {rate:.4g} q/s: SLO attainment "
+              f"{statistics.fmean(values):.3f} (seeds {','.join(map(str, seeds))})",
+              flush=True)
+        return statistics.fmean(values)
+
+    rates = {t: saturation_rate(attainment, t, start, iterations, seen)
+             for t in sorted(targets, reverse=True)}
+    return {t: rates[t] for t in targets}, dict(sorted(seen.items()))
 
 
 def depth_label(depth: Depth) -> str:
@@ -326,6 +431,7 @@ def axis_rows(cells: Mapping[str, Mapping[str, Any]], pair: tuple[str, str],
         table = own[second].get("stall_by_risk")
         rows.append({
             "cell": key, "cluster": cell["cluster"], "load": cell["load"],
+            "point": cell.get("point") or f"x{cell['load']:g}",
             "seed": cell["seed"], "ratio": own[first]["p95"] / own[second]["p95"],
             "vs_best": own[first]["p95"] / rivals[best] if best else None, "best": best,
             "wait": {p: own[p]["wait_share"] for p in pair},
@@ -345,10 +451,13 @@ def axis_summary(rows: list[dict[str, Any]], second: str,
     def add(name: str, row: dict[str, Any]) -> None:
         groups.setdefault(name, []).append(row)
 
+    def point(row: dict[str, Any]) -> str:
+        return str(row.get("point") or f"x{row['load']:g}")
+
     for row in rows:
-        add(f"{row['cluster']} x{row['load']:g}", row)
+        add(f"{row['cluster']} {point(row)}", row)
     for row in rows:
-        add(f"x{row['load']:g}", row)
+        add(point(row), row)
     for row in rows:
         add(row["cluster"], row)
     contended = f"contended (md wait >= {contended_wait:g})"
@@ -505,6 +614,15 @@ def main(argv: list[str] | None = None) -> int:
                         "L1, the configured depth, the at-risk share under the second "
                         "policy, and a per-cell table with geomeans per load and overall "
                         "(explicit --clusters/--loads/--pending/--l1 still win)")
+    p.add_argument("--saturation", type=parse_targets, default=None,
+                   help="place the load points by the second policy's own saturation: the "
+                        "rates where its SLO attainment (mean over --sat-seeds) falls to "
+                        "each of these, e.g. 0.9,0.7,0.5, by bisection from L1 (replaces "
+                        "--loads)")
+    p.add_argument("--sat-seeds", type=parse_seeds, default=parse_seeds("1,2"),
+                   help="seeds whose mean SLO attainment --saturation bisects on")
+    p.add_argument("--sat-iterations", type=int, default=SAT_ITERATIONS,
+                   help="log-rate bisection steps per --saturation target")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.axis:
@@ -520,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     trace = workloads()["trace1"]
     cells: dict[str, Any] = {}
     l1s: dict[str, float] = {}
+    saturation: dict[str, Any] = {}
+    if args.sat_iterations < 0:
+        p.error("--sat-iterations must be >= 0")
     for name in args.clusters.split(","):
         base = cluster_named(name)
         if args.inflight is not None:
@@ -530,18 +651,31 @@ def main(argv: list[str] | None = None) -> int:
         if l1 is None:
             l1 = find_l1(trace, base, idle, max(60, 8 * len(base.expanded())), seeds[0])
         l1s[name] = l1
-        for load in args.loads:
+        points: list[tuple[str | None, float]] = [(None, load * l1) for load in args.loads]
+        if args.saturation:
+            rates, seen = saturation_points(base, trace, idle, args.saturation,
+                                            args.sat_seeds, args.queries, policies[1], l1,
+                                            args.sat_iterations)
+            saturation[name] = {"rates": {point_label(t): r for t, r in rates.items()},
+                                "seen": seen}
+            print(f"{name}: {policies[1]} saturation points " + ", ".join(
+                f"{point_label(t)} {r:.4g} q/s ({r / l1:.2f} x L1)" for t, r in rates.items()),
+                  flush=True)
+            points = [(point_label(t), r) for t, r in rates.items()]
+        for label, rate in points:
+            load = rate / l1
             for seed in seeds:
-                wl = build_workload(trace, base, n=args.queries, rate=load * l1, seed=seed,
+                wl = build_workload(trace, base, n=args.queries, rate=rate, seed=seed,
                                     idle=idle)
-                key = f"{name}/x{load:g}/s{seed}"
-                print(f"{key}: L1 {l1:.4g} q/s, rate {load * l1:.4g}, {args.queries} queries",
+                key = f"{name}/{label or f'x{load:g}'}/s{seed}"
+                print(f"{key}: L1 {l1:.4g} q/s, rate {rate:.4g}, {args.queries} queries",
                       flush=True)
                 by_risk: bool | Collection[str] = args.stall_by_risk or (
                     [policies[1]] if args.axis else False)
                 cells[key] = run_cell(base, wl, policies, others, args.pending,
                                       args.attribute, by_risk)
-                cells[key].update(cluster=name, load=load, seed=seed)
+                cells[key].update(cluster=name, load=load, seed=seed, point=label,
+                                  rate=rate)
                 pair = cells[key]["depths"]
                 print("    " + "  ".join(
                     f"{lab}: {pair[lab][policies[0]]['p95'] / pair[lab][policies[1]]['p95']:.3f}"
@@ -549,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(cells, (policies[0], policies[1]), others)
     print(f"geomean over {len(cells)} cells: " + json.dumps(summary), flush=True)
     out: dict[str, Any] = {"l1": l1s, "cells": cells, "summary": summary}
+    if saturation:
+        out["saturation"] = saturation
     if args.axis:
         pair = (policies[0], policies[1])
         rows = axis_rows(cells, pair, others)
