@@ -53,7 +53,7 @@ class Distribution:
     relies on that); compare contents with ``np.allclose`` on ``values``/``probs``.
     """
 
-    __slots__ = ("values", "probs", "_cum", "_tail", "_cq", "_mean", "_ca")
+    __slots__ = ("values", "probs", "_cum", "_tail", "_cq", "_mean")
 
     values: np.ndarray
     probs: np.ndarray
@@ -91,7 +91,6 @@ class Distribution:
         self._tail: np.ndarray | None = None
         self._cq: dict[tuple[int, float], float] | None = None  # conditional_quantile's
         self._mean: float | None = None  # ``mean``'s (immutable atoms: the same float)
-        self._ca: dict[int, Distribution] | None = None  # ``conditional_above``'s, by start
 
     @classmethod
     def _trusted(cls, values: np.ndarray, probs: np.ndarray) -> Distribution:
@@ -326,20 +325,10 @@ class Distribution:
         """The distribution of X given X > a (what remains possible once ``a`` was attained).
         Raises ValueError when P(X > a) = 0: the caller must decide what an over-run means."""
         start = int(self.values.searchsorted(a, side="right"))
-        # The result depends on ``a`` only through ``start``, and both distributions are
-        # immutable: kept per start (a running call's remainder is priced at every
-        # admission its instance tries, ``remaining.remaining_s``, with few distinct starts)
-        kept = self._ca
-        if kept is None:
-            kept = self._ca = {}
-        hit = kept.get(start)
-        if hit is not None:
-            return hit
         if start >= self.values.size:
             raise ValueError(f"no probability mass above {a} (max {self.max()})")
         p = self.probs[start:]
-        out = kept[start] = Distribution._trusted(self.values[start:], p / p.sum())
-        return out
+        return Distribution._trusted(self.values[start:], p / p.sum())
 
     def conditional_quantile(self, a: float, q: float) -> float:
         """``conditional_above(a).quantile(q)`` without building the conditional

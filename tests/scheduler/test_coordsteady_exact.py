@@ -1,9 +1,6 @@
 """Stop 53 (#36) cuts to what grows with calls in flight give the values the code they
 replaced gave, bit for bit: each is checked here against that code, kept in the test.
 
-- ``Distribution.conditional_above`` keeps its answer per start index (the answer depends
-  on ``a`` only through it): the same atoms as building it again, for random
-  distributions and levels.
 - ``remaining.remaining_s`` keeps a call's ``expected_residual`` until its prediction, its
   tokens written or its cap move: at every pricing of a seeded simulation (the admission
   gate's rank hold prices decoding co-runners at each admission it tries), the same float
@@ -12,11 +9,14 @@ replaced gave, bit for bit: each is checked here against that code, kept in the 
   (``ClusterView._kv_tokens_at_most``), not report by report: at every settle of seeded
   simulations under KV pressure, the instance's KV total and every call's reservation are
   the floats the report-by-report loop (kept here) gives.
+- ``WorkflowPaths._critical_paths`` rebuilds a grown graph's order from the graph's own
+  dicts, not through ``run.node`` and ``graph.successors``: every pass of seeded
+  simulations (with tool steps and expansions) gives the paths, bounds, work left and
+  kept order of the old build, and the same records.
 """
 
 from __future__ import annotations
 
-import random
 import struct
 from collections import Counter
 from typing import Any
@@ -38,33 +38,6 @@ def _fresh(d: Distribution) -> Distribution:
 
 def _bits(x: float) -> bytes:
     return struct.pack("<d", x)
-
-
-def _random_distribution(rng: random.Random) -> Distribution:
-    n = rng.randint(1, 40)
-    values = [rng.choice([rng.uniform(0, 5), float(rng.randint(1, 4000))]) for _ in range(n)]
-    return Distribution(values, [rng.uniform(1e-6, 1.0) for _ in range(n)])
-
-
-def test_kept_conditionals_are_the_built_ones() -> None:
-    rng = random.Random(7)
-    checked = 0
-    for _ in range(300):
-        d = _random_distribution(rng)
-        levels = [float(rng.randint(0, 4000)) for _ in range(12)] + [0.0, *d.values[:3]]
-        for a in levels * 2:  # each level twice: the second read is the kept answer
-            try:
-                got = d.conditional_above(a)
-            except ValueError:
-                with pytest.raises(ValueError):
-                    _fresh(d).conditional_above(a)
-                continue
-            want = _fresh(d).conditional_above(a)
-            assert got.values.tobytes() == want.values.tobytes()
-            assert got.probs.tobytes() == want.probs.tobytes()
-            assert _bits(got.mean()) == _bits(want.mean())
-            checked += 1
-    assert checked > 3000
 
 
 def _call(output: Distribution, attained: int, cap: int | None = None) -> ScheduledCall:
@@ -182,3 +155,42 @@ def test_one_reservation_per_call_is_the_report_by_report_settle(
     scenario = small_scenario(tenants, False, rate)
     scenario.run(scenario.simulation("flowsage"))
     assert counts["settles"] > 20 and counts["many"] > 20  # calls with several reports
+
+
+def test_the_rebuilt_order_is_the_old_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At every rebuild of seeded simulations (graphs that grew), the pass made on the old
+    build and the pass made on the new one, from the same state, give the same paths,
+    bounds, work left and kept order (the new one's state goes on)."""
+    from agentflow.scheduler import paths
+    from tests.sim.scenarios import small_scenario
+
+    counts: Counter[str] = Counter()
+    original = paths.WorkflowPaths._critical_paths
+
+    def outputs(query: QueryState) -> tuple[Any, ...]:
+        assert query.topo is not None
+        return (tuple(query.path_cache.items()), query.path_lo, query.path_hi,
+                query.work_left, query.paths_stamp,
+                tuple((n, node.id, tuple(succ)) for n, node, succ in query.topo[1]))
+
+    def both(self: Any, query: QueryState, now: float, coefs: Any = None,
+             prompts: Any = None) -> None:
+        assert query.run is not None
+        if query.topo is not None and query.topo[0] == len(query.run.graph):
+            original(self, query, now, coefs, prompts)
+            return
+        before = (query.topo, query.paths_stamp, query.paths_due)
+        monkeypatch.setattr(paths, "_DICT_REBUILD", False)
+        original(self, query, now, coefs, prompts)  # makes any prediction the pass needs
+        old = outputs(query)
+        query.topo, query.paths_stamp, query.paths_due = before
+        monkeypatch.setattr(paths, "_DICT_REBUILD", True)
+        original(self, query, now, coefs, prompts)
+        assert outputs(query) == old
+        counts["rebuilt"] += 1
+
+    monkeypatch.setattr(paths.WorkflowPaths, "_critical_paths", both)
+    for tenants in (False, True):
+        scenario = small_scenario(tenants, False)
+        scenario.run(scenario.simulation("flowsage"))
+    assert counts["rebuilt"] > 100  # graphs grew and were ordered again
