@@ -337,11 +337,23 @@ class Distribution:
         return self.conditional_quantile_from(int(self.values.searchsorted(a, side="right")),
                                               q, a)
 
+    def quantile_above(self, a: float, q: float) -> float | None:
+        """``conditional_quantile(a, q)`` when ``survival(a) > 0``, else None: one search
+        of ``values`` for both (the survival test reads the tail at the index the
+        conditional quantile starts from), the same floats as the two calls. What the
+        scheduler's KV reserve asks at every priced progress report."""
+        start = int(self.values.searchsorted(a, side="right"))
+        tail = self._tail
+        if tail is None:
+            tail = self._tail_array()
+        if tail.item(start) > 0:
+            return self.conditional_quantile_from(start, q, a)
+        return None
+
     def conditional_quantile_from(self, start: int, q: float, a: float | None = None
                                   ) -> float:
         """``conditional_quantile`` for an ``a`` whose ``values.searchsorted(a, "right")``
-        the caller has made (``start``): for a caller that searched already (a held
-        report's survival test reads the same index). ``a``: for the error message."""
+        the caller has made (``start``). ``a``: for the error message."""
         # The answer depends on ``a`` only through ``start``: a call's reports at 1, 2, 4,
         # ... tokens mostly fall below its distribution's first atoms, so most repeat one
         # computation; kept per (start, q) on this immutable distribution (a kept answer

@@ -654,26 +654,8 @@ class ClusterView:
         prompt read once, the reserves compared before the sum. The same int: ``prompt +
         r`` (rounded to nearest) and ``int`` are non-decreasing in ``r``, so the maximum
         of the sums is the sum at the maximum reserve."""
-        # ``_reserve_at`` per report, its two searches of the same index made once: the
-        # survival test reads the tail at the index ``conditional_quantile`` starts from
         output = call.output
-        values = output.values
-        tail = output._tail
-        if tail is None:
-            tail = output._tail_array()
-        best: float | None = None
-        for w in written:
-            if w <= 0:
-                r: float = output.quantile(0.9)
-            else:
-                start = int(values.searchsorted(w, side="right"))
-                if tail.item(start) > 0:
-                    r = max(output.conditional_quantile_from(start, 0.9, w), w)
-                else:
-                    r = 2 * w
-            if best is None or r > best:
-                best = r
-        assert best is not None  # a held call has at least one report
+        best = max(self._reserve_at(output, w) for w in written)
         return int(call.tokens_on(call.instance) + best)
 
     @staticmethod
@@ -689,8 +671,9 @@ class ClusterView:
         """``_output_reserve`` of a call predicted ``output`` that has written ``written``."""
         if written <= 0:
             return output.quantile(0.9)
-        if output.survival(written) > 0:
-            return max(output.conditional_quantile(written, 0.9), written)
+        above = output.quantile_above(written, 0.9)  # None: written past its last atom
+        if above is not None:
+            return max(above, written)
         return 2 * written
 
 

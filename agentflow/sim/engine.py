@@ -971,48 +971,11 @@ class SimInstance:
                     budget -= n
                     i += 1
                 if not preempted:
-                    w = self._waiting
-                    M = self.max_num_batched_tokens
-                    while w and budget > 0 and len(running) < self.max_num_seqs:
-                        s = w[0][3]
-                        if s.state != _WAITING:
-                            heapq.heappop(w)
-                            continue
-                        if s.hashes:
-                            comp = self._prefix_hit(s)
-                        else:
-                            comp = s.cached if s.first_sched is None else 0
-                        unc = s.prompt + s.generated - comp
-                        if unc > budget:
-                            if self.chunked_prefill:
-                                n = budget
-                            elif budget == M:  # longer than the budget: runs alone, whole
-                                n = unc
-                            else:
-                                break
-                        else:
-                            n = unc
-                        if breaks:
-                            n = self._cut_at_breaks(s, comp, n)
-                        need = -(-(comp + n) // B)
-                        if need > self._free:
-                            break
-                        heapq.heappop(w)
-                        self._n_waiting -= 1
-                        s.state = _RUNNING
-                        s.computed = comp
-                        if s.hashes:
-                            self._prefix_hold(s, comp)
-                        s.blocks = need
-                        self._free -= need
-                        if s.first_sched is None:
-                            s.first_sched = tb
-                        running.append(s)
-                        if self.llama_slots is not None:
-                            self.llama_slots.take(s.id)
-                        sched.append(s)
+                    first = len(sched)
+                    admitted: list[int] = []
+                    self._admit_waiting(tb, running, sched, admitted, budget, breaks)
+                    for s, n in zip(sched[first:], admitted):
                         ns[s] = n
-                        budget -= n
                 if not sched:
                     self._plan = None
                     if preempted:  # everything running was preempted: admit from the queue now
@@ -1183,6 +1146,16 @@ class SimInstance:
         for s, need in zip(sched, needs):  # each was admitted: its first_sched is set
             s.blocks += need
         self._free = free
+        self._admit_waiting(tb, running, sched, nl, budget, ())
+        return sched, nl
+
+    def _admit_waiting(self, tb: float, running: list[_Seq], sched: list[_Seq],
+                       counts: list[int], budget: int, breaks: tuple[int, ...]) -> None:
+        """Admissions from the waiting queue, in its order, within the ``budget`` tokens
+        the running sequences left (vLLM's schedule after the running ones; one loop for
+        the general schedule and the no-preemption pass): each admitted sequence is
+        appended to ``running`` and ``sched``, its token count to ``counts``."""
+        B = self.block_size
         w = self._waiting
         M = self.max_num_batched_tokens
         while w and budget > 0 and len(running) < self.max_num_seqs:
@@ -1204,6 +1177,8 @@ class SimInstance:
                     break
             else:
                 n = unc
+            if breaks:
+                n = self._cut_at_breaks(s, comp, n)
             need = -(-(comp + n) // B)
             if need > self._free:
                 break
@@ -1218,10 +1193,11 @@ class SimInstance:
             if s.first_sched is None:
                 s.first_sched = tb
             running.append(s)
+            if self.llama_slots is not None:
+                self.llama_slots.take(s.id)
             sched.append(s)
-            nl.append(n)
+            counts.append(n)
             budget -= n
-        return sched, nl
 
     def _all_decode(self, running: list[_Seq]) -> bool:
         """Whether every running sequence would decode one token now and find its next KV

@@ -161,5 +161,22 @@ def test_scalar_paths_give_the_floats_the_array_paths_give() -> None:
                 assert d.conditional_quantile(a, 0.9) == d.conditional_above(a).quantile(0.9)
     with pytest.raises(ValueError, match="no probability mass"):
         Distribution.point(3.0).conditional_quantile(3.0, 0.9)
+
+
+def test_quantile_above_is_the_survival_test_then_the_conditional_quantile() -> None:
+    """``quantile_above`` (one search for both, what the KV reserve reads per report) gives
+    ``conditional_quantile`` where ``survival > 0`` and None where no mass is above."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        d = Distribution(rng.integers(1, 600, size=n).astype(float), rng.random(n) + 1e-3)
+        for a in (0, 1, int(d.values[0]), int(d.values[len(d.values) // 2]),
+                  int(d.values[-1]) - 1, int(d.values[-1]), int(d.values[-1]) + 7):
+            for q in (0.5, 0.9):
+                got = d.quantile_above(a, q)
+                if d.survival(a) > 0:
+                    assert got == d.conditional_quantile(a, q)
+                else:
+                    assert got is None
     with pytest.raises(ValueError, match="quantile level"):
         Distribution.point(3.0).quantile(1.5)
