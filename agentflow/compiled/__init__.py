@@ -136,7 +136,7 @@ follow_imports = normal
 ignore_errors = False
 """
 
-FORMAT = 1  # of the cache folder: bump when what it holds changes
+FORMAT = 2  # of the cache folder: bump when what it holds changes
 _MANIFEST = "manifest.json"
 _ENV_DIR = "AGENTFLOW_COMPILED_DIR"  # set in the child: the folder it runs on
 
@@ -267,7 +267,7 @@ def build(root: Path | None = None, modules: Sequence[str] | None = None,
     seconds = time.monotonic() - start
     out = stage / "out"
     found: dict[str, str] = {}
-    shared: list[str] = []
+    shared: dict[str, str] = {}  # mypyc's shared library: top-level, or beside a lone module
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     for so in sorted((work / "build").glob("lib*/**/*")):
         if not so.name.endswith(suffixes):
@@ -275,12 +275,8 @@ def build(root: Path | None = None, modules: Sequence[str] | None = None,
         rel = so.relative_to(next((work / "build").glob("lib*")))
         stem = so.name.split(".")[0]
         name = ".".join((*rel.parent.parts, stem))
-        if name in mods:
-            dest = out / "ext" / rel
-            found[name] = dest.relative_to(out).as_posix()
-        else:  # mypyc's shared library of the group, imported by its top-level name
-            dest = out / "lib" / rel
-            shared.append(dest.relative_to(out).as_posix())
+        dest = out / "ext" / rel
+        (found if name in mods else shared)[name] = dest.relative_to(out).as_posix()
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(so, dest)
     missing = sorted(set(mods) - set(found))
@@ -386,11 +382,9 @@ def activate(folder: Path, root: Path | None = None) -> dict:
     early = sorted(m for m in data["modules"] if m in sys.modules)
     if early:
         raise CompileError(f"already imported as pure Python: {early}")
-    for rel in data["shared"]:
-        lib = str(folder / "lib" / Path(rel).relative_to("lib").parent)
-        if lib not in sys.path:
-            sys.path.insert(0, lib)
-    table = {m: folder / rel for m, rel in data["modules"].items()}
+    # the modules and mypyc's shared library (which each imports by its name) both through
+    # the finder: nothing of the cache goes on sys.path
+    table = {m: folder / rel for m, rel in {**data["shared"], **data["modules"]}.items()}
     sys.meta_path.insert(0, _Finder(table))
     _active = data
     return data

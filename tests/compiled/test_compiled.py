@@ -97,7 +97,7 @@ def test_a_missing_or_stale_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(compiled.CompileError, match="no compiled copy"):
         compiled.activate(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps(
-        {"key": "0000000000000000", "format": compiled.FORMAT, "modules": {}, "shared": []}))
+        {"key": "0000000000000000", "format": compiled.FORMAT, "modules": {}, "shared": {}}))
     with pytest.raises(compiled.CompileError, match="other sources"):
         compiled.activate(tmp_path)
 
