@@ -118,9 +118,88 @@ HOLD_SPARE_SLACK_SHARE: float | None = 0.01  # None: the second rule off
 
 def hold_for_rank(coordinator: Any, queue: RunningQueue, call: ScheduledCall,
                   now: float) -> bool:
-    """Whether ``call`` (the best waiting call on ``queue``, which runs something) waits."""
+    """Whether ``call`` (the best waiting call on ``queue``, which runs something) waits.
+
+    Priced in the order that needs least: a co-runner's own remainder on the instance first
+    (its residual is kept on the call, ``remaining.remaining_s``), which the wait bound and
+    the second rule both read, and its query's critical path (slack, miss probability:
+    often a put-off pass to make, ``WorkflowPaths._settle``) only for a co-runner the wait
+    bound leaves in; one path read gives both its slack and its miss probability. The
+    tests are pure and each only skips a co-runner, so the answer is the one the stop-53
+    order gives (``_hold_for_rank_priced``, kept as the reference ``_WAIT_FIRST`` = False
+    runs: tests/scheduler/test_gatecut_exact.py compares every decision); a pass not made
+    here is made as of its report when someone reads the paths, or replaced by the
+    query's next event's own pass — the same floats either way."""
     if not RANK_HOLD:
         return False
+    if not _WAIT_FIRST:
+        return _hold_for_rank_priced(coordinator, queue, call, now)
+    query = call.query
+    deadline = query.deadline
+    if deadline is None:
+        mine = math.inf  # no slack to lose, nothing to miss (``slack_s``, ``miss_probability``)
+    else:
+        remaining = float(coordinator.remaining_s(query, now))
+        mine = deadline - now - remaining
+        if not mine > 0:
+            return False
+        z = mine / remaining_spread_s(query, remaining)
+        if 0.5 * math.erfc(z / _SQRT2) > HOLD_SAFE:
+            return False
+    name = queue.name
+    bound = HOLD_WAIT_PER_STALL
+    share = HOLD_SPARE_SLACK_SHARE
+    spare = share is not None and math.isfinite(mine)  # the second rule applies
+    stall: float | None = None  # the call's prefill seconds here, priced once if needed
+    waits: list[float] = []  # the decoding co-runners' remainders, for the second rule
+    for r in queue.running:
+        if r.attained_tokens == 0:
+            continue  # still prefilling itself
+        theirs_q = r.query
+        if theirs_q is query:
+            continue  # its own query's sibling
+        wait = remaining_s(coordinator, r, name, now)
+        if spare:
+            waits.append(wait)
+        if bound is not None:
+            if stall is None:
+                stall = float(coordinator.time_models[name].prefill_s(call.tokens_on(name)))
+            if wait > bound * stall:
+                continue  # a long wait for a short stall saved
+        their_deadline = theirs_q.deadline
+        if their_deadline is None:
+            continue  # infinite slack: never less than the call's
+        theirs_left = float(coordinator.remaining_s(theirs_q, now))
+        theirs = their_deadline - now - theirs_left
+        if theirs >= mine:
+            continue
+        z = theirs / remaining_spread_s(theirs_q, theirs_left)
+        if 0.5 * math.erfc(z / _SQRT2) < HOLD_AT_RISK:
+            continue
+        if mine - wait <= theirs:
+            continue  # it could not wait for r to end and keep more slack than r has now
+        return True
+    if not spare or share is None:
+        return False  # off, or a query without a deadline: no slack to take a share of
+    if stall is None:
+        stall = float(coordinator.time_models[name].prefill_s(call.tokens_on(name)))
+    limit = share * mine
+    waits.sort()
+    for j, w in enumerate(waits):
+        if w < limit and (j + 1) * stall > w:
+            return True
+    return False
+
+
+# the co-runner-cheap order above (False: ``_hold_for_rank_priced``, stop 53's; tests compare)
+_WAIT_FIRST = True
+_SQRT2 = math.sqrt(2.0)
+
+
+def _hold_for_rank_priced(coordinator: Any, queue: RunningQueue, call: ScheduledCall,
+                          now: float) -> bool:
+    """``hold_for_rank`` as stop 53 priced it: every decoding co-runner's slack and miss
+    probability first (the reference the tests compare the order above with)."""
     mine = slack_s(coordinator, call.query, now)
     if not mine > 0 or miss_probability(coordinator, call.query, now) > HOLD_SAFE:
         return False
