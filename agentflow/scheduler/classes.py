@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 # served within a priority level, which is the "vllm with class priority" baseline.
 # The other baselines (hexgen-flow's urgency, sagesched's gittins, llf, edf) stay as their
 # papers describe them: class-blind.
+# ``flowsage-savable`` (``scheduler.savable``, registered at run time by the benchmarks that
+# measure it) is flowsage's queue with one option: ranked and shared alike.
 CLASS_RANKED: dict[str, bool] = {"fcfs": False, "flowsage": True,  # name -> fair
                                  "flowsage-savable": True}
 

@@ -2,7 +2,12 @@
 at most ``LOST_MEET`` gets no capacity that a query still savable could use — in the queue
 (``FlowSageQueue(lost_meet=...)``: ranked behind every savable query, as if it had no
 deadline) and in the admission hold (``savable_running``: no prompt waits to spare a lost
-query's decode). The ``flowsage-savable`` preset; ``flowsage`` as shipped has it off.
+query's decode). ``flowsage`` as shipped has it off; ``register()`` adds the queue and preset
+``flowsage-savable`` (marginal_delay + it) to this process's registry, as the benchmarks that
+measure it do (``bench queue_choice``, ``bench light_load``). Not shipped: measured at the
+saturation points it meets more deadlines than flowsage and costs the P95 (paper-4gpu
+x1.028; docs/scheduler.md, "Where the queue order acts"), so it is an experiment's option,
+which the product's ``--help`` does not list.
 
 The rule, stated before it was measured (notes, requests.md, stop 54):
 
@@ -29,15 +34,33 @@ The rule, stated before it was measured (notes, requests.md, stop 54):
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from agentflow.scheduler.policies.queue_flowsage import LOST_MEET, lost_z, remaining_spread_s
+from agentflow.scheduler.policies.queue_flowsage import (
+    LOST_MEET,
+    FlowSageQueue,
+    lost_z,
+    remaining_spread_s,
+)
 
 if TYPE_CHECKING:
     from agentflow.scheduler.call import QueryState, ScheduledCall
 
-__all__ = ["LOST_MEET", "SavableRunning", "is_lost", "lost_z", "lost_z_of",
+__all__ = ["LOST_MEET", "NAME", "SavableRunning", "is_lost", "lost_z", "lost_z_of", "register",
            "savable_running"]
+
+NAME = "flowsage-savable"
+_FACTORY = partial(FlowSageQueue, lost_meet=LOST_MEET)  # one object: registering is idempotent
+
+
+def register() -> None:
+    """Add the queue ``flowsage-savable`` and the preset of that name (marginal_delay + it)
+    to this process's policy registry; again: a no-op."""
+    from agentflow.scheduler import policies
+
+    policies.register_queue(NAME, _FACTORY)
+    policies.PRESETS.setdefault(NAME, ("marginal_delay", NAME))
 
 
 def lost_z_of(coordinator: Any) -> float | None:

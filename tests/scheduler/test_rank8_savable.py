@@ -13,14 +13,23 @@ from typing import Any
 
 import pytest
 
-from agentflow.scheduler import savable
+from agentflow.scheduler import Coordinator, policies, savable
 from agentflow.scheduler.instance import InstanceQueue
-from agentflow.scheduler.policies import PRESETS, QUEUE, parse_policy, resolve
+from agentflow.scheduler.policies import parse_policy, resolve
 from agentflow.scheduler.policies.queue_flowsage import LOST_MEET, FlowSageQueue, lost_z
 from agentflow.scheduler.ranking import key_at, next_switch, segment_at
 from agentflow.sim.cluster import SimClusterConfig, SimInstanceConfig
 from agentflow.sim.driver import Simulation, StageTiming
 from agentflow.sim.workload import TraceNode, TraceQuery
+
+
+@pytest.fixture(autouse=True)
+def registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flowsage-savable in the registry for each test (as the benchmarks register it), the
+    product's registry restored after it."""
+    monkeypatch.setattr(policies, "QUEUE", dict(policies.QUEUE))
+    monkeypatch.setattr(policies, "PRESETS", dict(policies.PRESETS))
+    savable.register()
 
 
 # ------------------------------------------------------------------------ the bound itself
@@ -41,14 +50,15 @@ def test_bounds_outside_zero_to_a_half_are_refused(bad: float):
 
 
 def test_registry_names_the_variant_and_leaves_flowsage_off():
-    assert PRESETS["flowsage-savable"] == ("marginal_delay", "flowsage-savable")
+    assert policies.PRESETS["flowsage-savable"] == ("marginal_delay", "flowsage-savable")
+    savable.register()  # again: a no-op
     _, plain = resolve("flowsage")
     _, variant = resolve("flowsage-savable")
     assert isinstance(plain, FlowSageQueue) and plain.lost_meet is None
     assert isinstance(variant, FlowSageQueue) and variant.lost_meet == LOST_MEET
     assert variant.name == "flowsage"  # the hold, class ranking and fair shares act alike
     assert parse_policy("marginal_delay+flowsage-savable").queue == "flowsage-savable"
-    assert "flowsage-savable" in QUEUE
+    assert "flowsage-savable" in policies.QUEUE
 
 
 # ------------------------------------------------------------------------------ the key
@@ -226,3 +236,27 @@ def test_seeded_run_lost_calls_do_not_jump_savable_ones(monkeypatch: pytest.Monk
     assert jumped_plain > 0  # flowsage serves lost calls ahead of savable ones
     assert lost > 0  # lost calls still run (behind)
     assert jumped == 0
+
+
+def test_shipped_registry_does_not_hold_it(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.undo()  # the product's registry, as a user's --help reads it
+    assert "flowsage-savable" not in policies.QUEUE
+    assert "flowsage-savable" not in policies.PRESETS
+
+
+def test_every_decision_matches_the_eager_queue_with_retries():
+    """The seeded replay of test_decide_exact (progress, failures and retries, instances down
+    and up, cancels) under the variant: its keys switch tier at known instants, so a query's
+    entry dropped and re-made by a retry leaves a timer of the same (switch, seq, version)
+    in the heap (the push number breaks that tie)."""
+    from tests.scheduler.test_decide_exact import (
+        ReferenceCoordinator,
+        _checked,
+        _compare,
+    )
+    from tests.scheduler.test_view_rows import replay
+
+    new = replay(Coordinator, "flowsage-savable", seed=7, check=_checked)
+    old = replay(ReferenceCoordinator, "flowsage-savable", seed=7)
+    assert sum(1 for e in old if e[0] == "start") > 100
+    _compare(new, old)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from agentflow.scheduler.policies.base import DispatchPolicy, QueuePolicy, SchedulerView
@@ -25,7 +24,7 @@ from agentflow.scheduler.policies.dispatch_round_robin import RoundRobinDispatch
 from agentflow.scheduler.policies.dispatch_workload_balanced import WorkloadBalancedDispatch
 from agentflow.scheduler.policies.queue_edf import EdfQueue
 from agentflow.scheduler.policies.queue_fcfs import FcfsQueue
-from agentflow.scheduler.policies.queue_flowsage import LOST_MEET, FlowSageQueue
+from agentflow.scheduler.policies.queue_flowsage import FlowSageQueue
 from agentflow.scheduler.policies.queue_gittins import GittinsQueue
 from agentflow.scheduler.policies.queue_llf import LlfQueue
 from agentflow.scheduler.policies.queue_urgency import UrgencyQueue
@@ -47,9 +46,6 @@ QUEUE: dict[str, Callable[..., QueuePolicy]] = {
     "urgency": UrgencyQueue,
     "gittins": GittinsQueue,
     "flowsage": FlowSageQueue,
-    # flowsage with lost queries (meet probability <= LOST_MEET) ranked behind the savable
-    # ones and not spared by the admission hold (scheduler.savable; issue 38)
-    "flowsage-savable": partial(FlowSageQueue, lost_meet=LOST_MEET),
 }
 
 
@@ -74,7 +70,6 @@ PRESETS: dict[str, tuple[str, str]] = {
     "sagesched": ("least_loaded", "gittins"),
     "llf": ("least_loaded", "llf"),
     "flowsage": ("marginal_delay", "flowsage"),
-    "flowsage-savable": ("marginal_delay", "flowsage-savable"),
 }
 PRESETS["oracle"] = PRESETS["flowsage"]  # flowsage with true lengths: the yardstick
 # Presets that also fix the length model (every other name uses DEFAULT_LENGTH_MODEL).
