@@ -33,6 +33,7 @@ import numpy as np
 from agentflow.scheduler.policies.base import QueuePolicy
 from agentflow.scheduler.ranking import Segment, segment_at
 from agentflow.scheduler.risk import hold_for_rank, ranks_by_risk
+from agentflow.scheduler.savable import lost_z_of, savable_running
 from agentflow.slo_classes import DEFAULT_CLASS, SloClass, resolve_class
 
 if TYPE_CHECKING:
@@ -45,7 +46,10 @@ if TYPE_CHECKING:
 # served within a priority level, which is the issue's "vllm with class priority" baseline.
 # The other baselines (hexgen-flow's urgency, sagesched's gittins, llf, edf) stay as their
 # papers describe them: class-blind.
-CLASS_RANKED: dict[str, bool] = {"fcfs": False, "flowsage": True}  # name -> fair
+# ``flowsage-savable`` (``scheduler.savable``, registered at run time by the benchmarks that
+# measure it) is flowsage's queue with one option: ranked and shared alike.
+CLASS_RANKED: dict[str, bool] = {"fcfs": False, "flowsage": True,  # name -> fair
+                                 "flowsage-savable": True}
 
 TIER_BAND = 32  # a policy's own tiers must lie in [0, TIER_BAND)
 SHED_STEP = 0.8  # each class position below the default class: count limits x this
@@ -265,14 +269,20 @@ def headroom_gate(coordinator: Any) -> Any:
     First, the fast lane's cap (``scheduler.fast_lane``), which holds while a better tenant
     is present, in flight or not; then, under flowsage, the rank-aware hold
     (``scheduler.risk.hold_for_rank``: a slack-rich prefill waits while calls of less slack
-    decode here)."""
+    decode here; under ``flowsage-savable`` it reads the instance without the running calls
+    of lost queries, ``scheduler.savable``)."""
+    z_lost = lost_z_of(coordinator)
+
     def gate(queue: Any, call: ScheduledCall, need: int) -> bool:
         lane = coordinator.fast_lane
         if lane is not None and lane.holds(queue, call):
             return False
-        if ranks_by_risk(coordinator) and hold_for_rank(coordinator, queue, call,
-                                                        coordinator.clock.now()):
-            return False
+        if ranks_by_risk(coordinator):
+            now = coordinator.clock.now()
+            seen = queue if z_lost is None else savable_running(coordinator, queue, now,
+                                                                  z_lost)
+            if hold_for_rank(coordinator, seen, call, now):
+                return False
         best = best_active_band(coordinator)
         if best is None:
             return True

@@ -11,6 +11,7 @@ same call.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -45,7 +46,11 @@ class InstanceQueue:
         self.running: set[ScheduledCall] = set()
         self._tiers: dict[int, KineticTournament] = {}
         self._tier_order: list[int] = []
-        self._timers: list[tuple[float, int, int, _Entry]] = []
+        # (switch, seq, version, push number, entry): the push number breaks the tie of a
+        # query's entry dropped and re-made by a retry (same seq, version and switch), which
+        # would otherwise compare two entries
+        self._timers: list[tuple[float, int, int, int, _Entry]] = []
+        self._timer_pushes = itertools.count()
         # ranked entries: one per waiting call, or one per query for per-query policies
         self._entries: dict[object, _Entry] = {}
         # placed entries whose key moved since: re-placed at the next pick (``_rank``)
@@ -390,7 +395,8 @@ class InstanceQueue:
         entry.version += 1
         switch = next_switch(entry.key, now)
         if switch is not None:
-            heapq.heappush(self._timers, (switch, entry.seq, entry.version, entry))
+            heapq.heappush(self._timers, (switch, entry.seq, entry.version,
+                                          next(self._timer_pushes), entry))
 
     def _unplace(self, entry: _Entry) -> None:
         if entry.slot is not None:
@@ -401,7 +407,7 @@ class InstanceQueue:
     def _fire_timers(self, now: float) -> None:
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, _, version, entry = heapq.heappop(timers)
+            _, _, version, _, entry = heapq.heappop(timers)
             if version == entry.version and entry.slot is not None:
                 self._place(entry, now)
 

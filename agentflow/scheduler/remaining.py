@@ -5,6 +5,7 @@ the import order (preemption reads the classes)."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from agentflow.scheduler.gittins import expected_residual
@@ -48,3 +49,35 @@ def prefill_left_s(coordinator: Any, call: ScheduledCall, instance: str, now: fl
     ahead_s = float(model.prompt_s(call.prefill_ahead_at_start))
     done_s = max(0.0, now - call.started_at - ahead_s)
     return max(0.0, float(model.prefill_s(call.tokens_on(instance))) - done_s)
+
+
+# Relative margin under a prediction's mean in ``remaining_at_least_s``: far above the
+# rounding of a mean of a few hundred non-negative atoms (~1e-13 of it), far below anything
+# the hold compares with.
+_MEAN_MARGIN = 1e-9
+
+
+def remaining_at_least_s(coordinator: Any, call: ScheduledCall, instance: str) -> float:
+    """A lower bound on ``remaining_s(coordinator, call, instance, now)`` at any ``now``,
+    without the conditioning (``-inf`` where the instance's decode rate is negative): the
+    decode seconds of the prediction's mean, less a margin, less the tokens written, at
+    most the cap's room. Why it holds, float for float: ``E[C | C > a]`` is at least
+    ``E[C]`` (conditioning on an upper set), and past every size the over-run rule prices
+    at least the largest, which is at least the mean; both means are computed within
+    ~1e-13 of the exact ones (non-negative atoms), inside ``_MEAN_MARGIN``; the cap's clamp
+    is ``min``/``max`` of the same floats; ``decode_s`` is a product with non-negative
+    factors, non-decreasing in the tokens as rounded; the prefill left is never negative.
+    What it is for: the admission gate's rank hold skips a co-runner whose remainder cannot
+    be small enough to matter (``risk.hold_for_rank``) without conditioning its
+    prediction (~9 us where the kept residual has moved)."""
+    model = coordinator.time_models[instance]
+    if not (model.decode_s_per_token >= 0 and model.decode_ratio >= 0):
+        return -math.inf
+    attained = call.attained_tokens
+    tokens = call.output.mean() * (1.0 - _MEAN_MARGIN) - attained
+    cap = call.max_tokens
+    if cap is not None:
+        tokens = min(tokens, float(cap) - attained)
+    if not tokens > 0:
+        return -math.inf  # nothing better than the trivial bound
+    return float(model.decode_s(tokens))

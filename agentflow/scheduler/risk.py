@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentflow.scheduler.policies.queue_flowsage import remaining_spread_s
-from agentflow.scheduler.remaining import remaining_s
+from agentflow.scheduler.remaining import remaining_at_least_s, remaining_s
 
 if TYPE_CHECKING:
     from agentflow.scheduler.call import QueryState, ScheduledCall
@@ -118,9 +118,95 @@ HOLD_SPARE_SLACK_SHARE: float | None = 0.01  # None: the second rule off
 
 def hold_for_rank(coordinator: Any, queue: RunningQueue, call: ScheduledCall,
                   now: float) -> bool:
-    """Whether ``call`` (the best waiting call on ``queue``, which runs something) waits."""
+    """Whether ``call`` (the best waiting call on ``queue``, which runs something) waits.
+
+    Priced in the order that needs least: a co-runner whose remainder is surely too long to
+    matter to either rule (``remaining.remaining_at_least_s``: one multiply) is left out;
+    each other decoding co-runner's own remainder on the instance is priced once (its
+    residual is kept on the call, ``remaining.remaining_s``), which the second rule and the
+    wait bound both read; then the second rule, which reads no paths;
+    then the at-risk rule, reading a co-runner's query's critical path (slack and miss
+    probability from one read: often a put-off pass to make, ``WorkflowPaths._settle``)
+    only where the wait bound leaves it in. The tests are pure, the hold is the first rule
+    or the second, and each test only skips a co-runner, so the answer is the one the
+    stop-53 order gives (``_hold_for_rank_priced``, kept as the reference: what
+    ``_WAIT_FIRST = False`` runs; tests/scheduler/test_gatecut_exact.py compares every
+    decision); a paths pass not made here is made as of its report when someone reads
+    the paths, or replaced by the query's next event's own pass: the same floats."""
     if not RANK_HOLD:
         return False
+    if not _WAIT_FIRST:
+        return _hold_for_rank_priced(coordinator, queue, call, now)
+    query = call.query
+    deadline = query.deadline
+    if deadline is None:
+        mine = math.inf  # no slack to lose, nothing to miss (``slack_s``, ``miss_probability``)
+    else:
+        remaining = float(coordinator.remaining_s(query, now))
+        mine = deadline - now - remaining
+        if not mine > 0:
+            return False
+        z = mine / remaining_spread_s(query, remaining)
+        if 0.5 * math.erfc(z / _SQRT2) > HOLD_SAFE:
+            return False
+    name = queue.name
+    stall = float(coordinator.time_models[name].prefill_s(call.tokens_on(name)))
+    bound = HOLD_WAIT_PER_STALL
+    share = HOLD_SPARE_SLACK_SHARE
+    spare = share is not None and math.isfinite(mine)  # a query without a deadline has
+    limit = share * mine if share is not None and spare else -math.inf  # no slack to share
+    # A co-runner whose remainder is surely above the wait bound (the first rule skips it)
+    # and at least the second rule's cap (it can neither act nor come before one that does
+    # in that rule's order) is left out unpriced (``remaining_at_least_s``); without a
+    # bound the first rule reads every co-runner.
+    above = bound * stall if bound is not None and _BOUND_SKIP else math.inf
+    decoding: list[tuple[float, ScheduledCall]] = []  # (its remainder here, co-runner)
+    for r in queue.running:
+        if r.attained_tokens == 0 or r.query is query:
+            continue  # still prefilling itself, or its own query's sibling
+        if above < math.inf:
+            least = remaining_at_least_s(coordinator, r, name)
+            if least > above and least >= limit:
+                continue
+        decoding.append((remaining_s(coordinator, r, name, now), r))
+    if not decoding:
+        return False
+    if spare:  # the second rule first: it reads no paths
+        waits = sorted([w for w, _ in decoding])
+        for j, w in enumerate(waits):
+            if w < limit and (j + 1) * stall > w:
+                return True
+    for wait, r in decoding:
+        if bound is not None and wait > bound * stall:
+            continue  # a long wait for a short stall saved
+        theirs_q = r.query
+        their_deadline = theirs_q.deadline
+        if their_deadline is None:
+            continue  # infinite slack: never less than the call's
+        theirs_left = float(coordinator.remaining_s(theirs_q, now))
+        theirs = their_deadline - now - theirs_left
+        if theirs >= mine:
+            continue
+        z = theirs / remaining_spread_s(theirs_q, theirs_left)
+        if 0.5 * math.erfc(z / _SQRT2) < HOLD_AT_RISK:
+            continue
+        if mine - wait <= theirs:
+            continue  # it could not wait for r to end and keep more slack than r has now
+        return True
+    return False
+
+
+# the co-runner-cheap order above (False: ``_hold_for_rank_priced``, stop 53's; tests compare)
+_WAIT_FIRST = True
+# and in it, co-runners that cannot matter left unpriced (False: every one priced; tests compare)
+_BOUND_SKIP = True
+_SQRT2 = math.sqrt(2.0)
+
+
+def _hold_for_rank_priced(coordinator: Any, queue: RunningQueue, call: ScheduledCall,
+                          now: float) -> bool:
+    """``hold_for_rank`` as stop 53 priced it: every decoding co-runner's slack and miss
+    probability first (the reference the tests compare the order above with)."""
     mine = slack_s(coordinator, call.query, now)
     if not mine > 0 or miss_probability(coordinator, call.query, now) > HOLD_SAFE:
         return False

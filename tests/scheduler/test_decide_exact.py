@@ -86,7 +86,8 @@ class ReferenceQueue(InstanceQueue):
         entry.version += 1
         switch = next_switch(entry.key, now)
         if switch is not None:
-            heapq.heappush(self._timers, (switch, entry.seq, entry.version, entry))
+            heapq.heappush(self._timers, (switch, entry.seq, entry.version,
+                                          next(self._timer_pushes), entry))
 
 
 class ReferenceCoordinator(Coordinator):

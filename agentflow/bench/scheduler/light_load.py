@@ -29,6 +29,7 @@ from agentflow.bench.scheduler.policy_suite import (
     tenant_scenarios,
     workloads,
 )
+from agentflow.scheduler import savable
 from agentflow.sim.driver import StageTiming
 from agentflow.sim.experiment import build_tenant_workload, reference_latencies, run_policy
 from agentflow.sim.slo import IdleLatency
@@ -64,6 +65,7 @@ QUICK_ARGS: tuple[str, ...] = ("--span", "30")
 
 
 def main(argv: list[str] | None = None) -> int:
+    savable.register()  # flowsage-savable, measured here (not a shipped policy)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cluster", default="hetero-8")
     p.add_argument("--policy", default="flowsage")

@@ -78,7 +78,7 @@ from typing import Any
 import numpy as np
 
 from agentflow.bench.scheduler.policy_suite import cluster_named, find_l1, geomean, workloads
-from agentflow.scheduler import risk
+from agentflow.scheduler import risk, savable
 from agentflow.sim.cluster import SimClusterConfig
 from agentflow.sim.driver import Simulation, StageTiming, _engine_id
 from agentflow.sim.experiment import build_workload
@@ -584,6 +584,7 @@ def run_cell(base: SimClusterConfig, wl: Any, policies: list[str], others: list[
 
 
 def main(argv: list[str] | None = None) -> int:
+    savable.register()  # flowsage-savable, measured here (not a shipped policy)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clusters", default="paper-4gpu,hetero-8")
     p.add_argument("--pending", type=parse_depths, default=parse_depths("1,2,off"),
