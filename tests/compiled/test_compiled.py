@@ -123,8 +123,11 @@ def test_sim_speed_compiled_reports_a_build_error(monkeypatch: pytest.MonkeyPatc
 
 
 # ---------------------------------------------------------------------------------- slow
-SIM_ARGS = ["--cluster", "hetero-64", "--queries", "120", "--rate", "6", "--seed", "3",
-            "--digest"]
+def _sim_args() -> list[str]:
+    from agentflow.datasets.demo import TRACE_FILE  # ships with the repository
+
+    return ["--cluster", "hetero-64", "--queries", "120", "--rate", "6", "--seed", "3",
+            "--trace", str(TRACE_FILE), "--digest"]
 
 
 def _digest(cmd: list[str], root: Path) -> str:
@@ -138,11 +141,11 @@ def _digest(cmd: list[str], root: Path) -> str:
 
 def _compiled_digest(folder: Path, root: Path) -> str:
     return _digest([sys.executable, "-m", "agentflow.compiled", "run", str(folder),
-                    "agentflow.bench.scheduler.sim_speed", *SIM_ARGS], root)
+                    "agentflow.bench.scheduler.sim_speed", *_sim_args()], root)
 
 
 def _pure_digest(root: Path) -> str:
-    return _digest([sys.executable, "-m", "agentflow.bench.scheduler.sim_speed", *SIM_ARGS],
+    return _digest([sys.executable, "-m", "agentflow.bench.scheduler.sim_speed", *_sim_args()],
                    root)
 
 
