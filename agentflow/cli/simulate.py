@@ -108,6 +108,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, default=None,
                    help="also write every policy's metrics to this JSON file")
     p.add_argument("--plot", type=Path, default=None, help="SLO attainment vs scale (PNG)")
+    p.add_argument("--compiled", action="store_true",
+                   help="run on the mypyc-compiled copy of the simulator's hot modules "
+                        "(agentflow.compiled; built into its cache first if needed; the "
+                        "same results)")
     p.set_defaults(func=cmd_simulate, simulate_parser=p)
     steps = p.add_subparsers(dest="simulate_command", metavar="SUBCOMMAND",
                              title="subcommands")
@@ -158,6 +162,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from agentflow.sim.workload import load_trace
 
     console = Console(stderr=True)
+    if args.compiled:  # the same command in a child whose hot modules are the compiled copy
+        import sys
+
+        from agentflow import compiled
+
+        rest = [a for a in sys.argv[1:] if a != "--compiled"]
+        try:
+            return compiled.run_module("agentflow", rest)
+        except compiled.CompileError as err:
+            console.print(f"agentflow simulate --compiled: {err}", highlight=False)
+            return 2
     if args.trace is None:
         from agentflow.datasets.demo import TRACE_FILE
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import networkx as nx
 import numpy as np
@@ -38,7 +38,7 @@ _COST_SAMPLES = 256
 
 class WorkflowPaths(ClusterView):
     # quantile levels of the optimistic and pessimistic paths (a symmetric 80% band)
-    PATH_QUANTILES = (0.1, 0.9)
+    PATH_QUANTILES: ClassVar[tuple[float, float]] = (0.1, 0.9)
 
     # Set by the coordinator: the lengths it predicts with, and the queue policy whose
     # ``query_dependent`` says whether paths are kept current at events.
@@ -171,7 +171,7 @@ class WorkflowPaths(ClusterView):
         graph = run.graph
         shape = len(graph)  # the graph only grows, and only by new nodes (expansions)
         if query.topo is None or query.topo[0] != shape:
-            order = generation_order(graph)  # nx.topological_sort's list
+            order: list[str] = generation_order(graph)  # nx.topological_sort's list
             if _DICT_REBUILD and type(run) is WorkflowRun and type(graph) is nx.DiGraph:
                 # ``run.node`` and ``graph.successors`` read from the graph's own dicts
                 # (``graph.nodes[n]`` is ``graph._node[n]``; successors iterate
@@ -209,7 +209,7 @@ class WorkflowPaths(ClusterView):
         after: dict[str | None, float] = {}
         total = total_lo = total_hi = work = 0.0
         finished = 0
-        prompt: float
+        prompt: int
         for n, node, succ in reverse_order:
             state = state_of(n)
             if (state != pending and state != running) or n in done:
@@ -290,7 +290,7 @@ class WorkflowPaths(ClusterView):
 
     def _stage_lengths(self, query: QueryState, node: Node, call: ScheduledCall | None,
                        prompts: dict[str, tuple[float, int]] | None = None
-                       ) -> tuple[float, tuple[float, float, float]]:
+                       ) -> tuple[int, tuple[float, float, float]]:
         """(prompt tokens, (mean, P10, P90) output tokens) of an LLM stage: its call's
         when it has one, else what ``_future_lengths`` expects (``prompts``: the stage
         prompt means to read; None: the current ones)."""

@@ -210,7 +210,7 @@ class _Seq:
         self.first_sched: float | None = None
         self.first_token: float | None = None
         self.preempted = 0
-        self.hashes: tuple = ()  # chained prefix-block hashes (prefix caching), or none
+        self.hashes: tuple[bytes, ...] = ()  # chained prefix-block hashes (prefix caching), or none
         self.tok_per_block = 0.0  # the trace's tokens per hashed block
         self.held = False  # whether it holds references to its blocks in the prefix cache
         # attribution only (``SimInstance.attribute``): [prefill s, decode s, of which
@@ -628,7 +628,7 @@ class SimInstance:
 
     # --------------------------------------------------------------------------------- API
     def add(self, seq_id: str, prompt_tokens: int, output_tokens: int, priority: int,
-            now: float, cached_tokens: int = 0, prefix_hashes: tuple = (),
+            now: float, cached_tokens: int = 0, prefix_hashes: tuple[bytes, ...] = (),
             tokens_per_block: float = 0.0) -> None:
         """Admit a request at ``now``; it generates exactly ``output_tokens`` (at least 1).
 

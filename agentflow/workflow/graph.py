@@ -63,7 +63,12 @@ class GraphError(ValueError):
 class WorkflowRun:
     """The DAG of one query and where each node stands."""
 
-    PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "ok", "error", "cancelled"
+    # one name a line: mypyc compiles no tuple assignment in a class body
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "ok"
+    FAILED = "error"
+    CANCELLED = "cancelled"
 
     def __init__(self, query: Query, graph: nx.DiGraph):
         for node_id, data in graph.nodes(data=True):
@@ -82,6 +87,8 @@ class WorkflowRun:
         # every finished stage; a walk over the states was ~0.6% of a fleet replay)
         self._open = len(self._state)
         self._started_at: dict[str, float] = {}
+        # ``_lexical_order``'s cache: (graph shape, (id, node, parents) in its order)
+        self._order: tuple[Any, ...] | None = None
         for node_id in order:
             self._add_record(node_id)
 
@@ -111,7 +118,7 @@ class WorkflowRun:
         simulator asks for the ready nodes at every finished stage."""
         g = self.graph
         shape = _shape(g)
-        cached = self.__dict__.get("_order")
+        cached = self._order
         if cached is None or cached[0] != shape:
             cached = self._keep_order(lexical_order(g))
         return cached[1]

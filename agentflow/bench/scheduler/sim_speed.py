@@ -2,7 +2,7 @@
 
     agentflow bench sim_speed [--cluster hetero-1024] [--queries 500,5000] [--rate 80]
         [--policy flowsage] [--trace trace2.json] [--seed 0] [--profile FILE]
-        [--digest] [--window CALLS]
+        [--digest] [--window CALLS] [--compiled]
 
 Replays ``--queries`` queries of a HexGen-Flow trace (trace2 by default: not the trace the
 policies were tuned on) arriving at ``--rate`` queries/s on ``--cluster`` (a name or a
@@ -22,7 +22,9 @@ the fleet differently (a 500-query run is mostly ramp and drain). Each window is
 as it closes, with the run's CPU seconds and calls/CPU-s so far, so a long run stopped
 before its end (a 50k-query run is tens of CPU-minutes) still reports. The simulator is what
 proves policies at fleet size: a day of traffic (100k queries, ~1.9M calls) must replay in
-minutes, not hours.
+minutes, not hours. ``--compiled`` runs the same command on the mypyc-compiled copy of the hot
+modules (``agentflow.compiled``, built into its cache first when the sources changed); the
+header line says which ran, and ``--digest`` shows the records are the same.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import hashlib
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,7 +138,18 @@ def main(argv: list[str] | None = None) -> None:
                    help="print a hash of each run's query records (compare checkouts)")
     p.add_argument("--window", type=int, metavar="CALLS",
                    help="the longest run's calls/CPU-s per window of CALLS finished calls")
+    p.add_argument("--compiled", action="store_true",
+                   help="run on the mypyc-compiled copy of the hot modules "
+                        "(agentflow.compiled; built into its cache first if needed)")
     args = p.parse_args(argv)
+    if args.compiled:  # the same run in a child whose hot modules are the compiled copy
+        from agentflow import compiled
+
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--compiled"]
+        try:
+            raise SystemExit(compiled.run_module("agentflow.bench.scheduler.sim_speed", rest))
+        except compiled.CompileError as err:
+            raise SystemExit(f"sim_speed --compiled: {err}") from None
     trace = Path(args.trace) if args.trace else HEXGEN_TRACES / "trace2.json"
     if args.trace is None and not trace.is_file():  # a fresh clone has no ../shared
         from agentflow.datasets.demo import TRACE_FILE
@@ -147,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     lengths = [int(n) for n in args.queries.split(",")]
     n_inst = len(load_cluster(args.cluster).expanded())
     print(f"{args.policy} on {args.cluster} ({n_inst} instances), {trace.name} at "
-          f"{args.rate:g} q/s")
+          f"{args.rate:g} q/s" + _build_note())
     print(f"{'queries':>9} {'done':>7} {'calls':>9} {'CPU s':>9} {'calls/CPU-s':>12} "
           f"{'queries/CPU-s':>14}")
     rates = []
@@ -176,6 +190,15 @@ def main(argv: list[str] | None = None) -> None:
     if len(rates) > 1:
         print(f"calls/CPU-s at {lengths[-1]} over at {lengths[0]} queries: "
               f"{rates[-1] / rates[0]:.2f}")
+
+
+def _build_note() -> str:
+    """``, compiled (N modules)`` when this process runs on the compiled copy."""
+    from agentflow import compiled
+
+    if compiled.active() is None:
+        return ", pure Python"
+    return f", compiled ({len(compiled.compiled_modules())} modules)"
 
 
 def _print_window(w: Window, cpu_s: float) -> None:
