@@ -57,9 +57,16 @@ def miss_probability(coordinator: Any, query: QueryState, now: float) -> float:
     remaining path read as a normal law); 0 without a deadline."""
     if query.deadline is None:
         return 0.0
+    return 0.5 * math.erfc(deadline_z(coordinator, query, now) / math.sqrt(2.0))
+
+
+def deadline_z(coordinator: Any, query: QueryState, now: float) -> float:
+    """``z = slack / sigma``: the query's slack at its mean remaining path over flowsage's
+    spread (the normal law ``miss_probability`` and ``savable.is_lost`` read); the query
+    must have a deadline."""
+    assert query.deadline is not None
     remaining = float(coordinator.remaining_s(query, now))
-    z = (query.deadline - now - remaining) / remaining_spread_s(query, remaining)
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+    return (query.deadline - now - remaining) / remaining_spread_s(query, remaining)
 
 
 # --------------------------------------------------------------------- admission hold

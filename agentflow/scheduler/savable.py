@@ -37,12 +37,8 @@ from collections.abc import Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from agentflow.scheduler.policies.queue_flowsage import (
-    LOST_MEET,
-    FlowSageQueue,
-    lost_z,
-    remaining_spread_s,
-)
+from agentflow.scheduler.policies.queue_flowsage import LOST_MEET, FlowSageQueue, lost_z
+from agentflow.scheduler.risk import deadline_z
 
 if TYPE_CHECKING:
     from agentflow.scheduler.call import QueryState, ScheduledCall
@@ -76,9 +72,7 @@ def is_lost(coordinator: Any, query: QueryState, now: float, z_bound: float) -> 
     without a deadline never is)."""
     if query.deadline is None:
         return False
-    remaining = float(coordinator.remaining_s(query, now))
-    z = (query.deadline - now - remaining) / remaining_spread_s(query, remaining)
-    return z <= z_bound
+    return deadline_z(coordinator, query, now) <= z_bound
 
 
 class SavableRunning:
